@@ -1,0 +1,3 @@
+//! The `spillway` command line.
+
+fn main() {}

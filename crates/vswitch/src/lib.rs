@@ -1,0 +1,13 @@
+//! # spillway-vswitch
+//!
+//! The vSwitch (placeholder; being written).
+
+#![deny(unsafe_code)]
+
+pub mod ids;
+pub mod time;
+pub mod verdict;
+
+pub use ids::{Epoch, PortId, SecurityGroupId, TenantId};
+pub use time::Instant;
+pub use verdict::{DropCounters, DropKind, DropReason, Verdict};

@@ -1,0 +1,237 @@
+//! What happens to a packet: forwarded to a port, or dropped for a named, counted reason.
+//!
+//! A drop is a value, not an error: the pipeline returns it, counts it by [`DropKind`], and the
+//! caller decides whether to log it. Errors (`thiserror` enums) are for things the caller must act
+//! on (bad config, full table on insert); a dropped packet is ordinary data-plane behaviour.
+
+use crate::ids::{PortId, SecurityGroupId};
+use core::fmt;
+
+/// The fate of one packet.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Verdict {
+    /// Transmit the (possibly rewritten) frame on this port.
+    Forward(PortId),
+    /// Drop it, counted under `reason.kind()`.
+    Drop(DropReason),
+}
+
+/// Why a packet was dropped, naming the layer and, where there is one, the rule.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DropReason {
+    /// The frame did not parse; the wire error says which header and field.
+    Malformed(spillway_wire::WireError),
+    /// A frame arrived on a port the policy does not know.
+    UnknownPort(PortId),
+    /// A VXLAN packet carried a VNI no tenant owns.
+    UnknownVni(u32),
+    /// Anti-spoofing: the source MAC is not the port's MAC.
+    SpoofedMac,
+    /// Anti-spoofing: the source IP is not one of the port's addresses.
+    SpoofedIp,
+    /// ARP is recognised but not routed by the vSwitch (answered by the control plane later).
+    ArpNotRouted,
+    /// Neither IPv4 nor IPv6 nor ARP.
+    UnsupportedEtherType(u16),
+    /// IP fragments are not reassembled; they are dropped and counted.
+    Fragment,
+    /// A frame on the uplink that is neither our VXLAN nor addressed to a SNAT address.
+    NotForUs,
+    /// A security group rule denied the first packet of a connection.
+    SecurityGroupDeny {
+        /// The group holding the rule.
+        group: SecurityGroupId,
+        /// The rule's index in the group, as written in the config.
+        rule: u32,
+    },
+    /// No security group rule matched an inbound connection (default deny inbound).
+    SecurityGroupDefaultDeny,
+    /// No route for the destination.
+    NoRoute,
+    /// The route says blackhole.
+    Blackhole,
+    /// The destination is in a local subnet but no VM port has that address.
+    NoSuchVm,
+    /// A packet that does not start a connection and belongs to none (e.g. a TCP ACK without
+    /// state, or an inbound SNAT packet without a mapping).
+    NoConnection,
+    /// A TCP packet invalid for the connection's state.
+    ConntrackInvalid,
+    /// The conntrack table is full; new connections are dropped, established ones keep working.
+    ConntrackFull,
+    /// No free SNAT port for this tenant.
+    SnatExhausted,
+    /// The route or action list asked for a drop.
+    PolicyDrop,
+}
+
+/// The counter index of a [`DropReason`], without its payload.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+#[repr(u8)]
+pub enum DropKind {
+    /// [`DropReason::Malformed`]
+    Malformed,
+    /// [`DropReason::UnknownPort`]
+    UnknownPort,
+    /// [`DropReason::UnknownVni`]
+    UnknownVni,
+    /// [`DropReason::SpoofedMac`]
+    SpoofedMac,
+    /// [`DropReason::SpoofedIp`]
+    SpoofedIp,
+    /// [`DropReason::ArpNotRouted`]
+    ArpNotRouted,
+    /// [`DropReason::UnsupportedEtherType`]
+    UnsupportedEtherType,
+    /// [`DropReason::Fragment`]
+    Fragment,
+    /// [`DropReason::NotForUs`]
+    NotForUs,
+    /// [`DropReason::SecurityGroupDeny`]
+    SecurityGroupDeny,
+    /// [`DropReason::SecurityGroupDefaultDeny`]
+    SecurityGroupDefaultDeny,
+    /// [`DropReason::NoRoute`]
+    NoRoute,
+    /// [`DropReason::Blackhole`]
+    Blackhole,
+    /// [`DropReason::NoSuchVm`]
+    NoSuchVm,
+    /// [`DropReason::NoConnection`]
+    NoConnection,
+    /// [`DropReason::ConntrackInvalid`]
+    ConntrackInvalid,
+    /// [`DropReason::ConntrackFull`]
+    ConntrackFull,
+    /// [`DropReason::SnatExhausted`]
+    SnatExhausted,
+    /// [`DropReason::PolicyDrop`]
+    PolicyDrop,
+}
+
+impl DropKind {
+    /// Number of kinds; the length of a counter array.
+    pub const COUNT: usize = 19;
+
+    /// Every kind, in counter order.
+    pub const ALL: [DropKind; DropKind::COUNT] = [
+        DropKind::Malformed,
+        DropKind::UnknownPort,
+        DropKind::UnknownVni,
+        DropKind::SpoofedMac,
+        DropKind::SpoofedIp,
+        DropKind::ArpNotRouted,
+        DropKind::UnsupportedEtherType,
+        DropKind::Fragment,
+        DropKind::NotForUs,
+        DropKind::SecurityGroupDeny,
+        DropKind::SecurityGroupDefaultDeny,
+        DropKind::NoRoute,
+        DropKind::Blackhole,
+        DropKind::NoSuchVm,
+        DropKind::NoConnection,
+        DropKind::ConntrackInvalid,
+        DropKind::ConntrackFull,
+        DropKind::SnatExhausted,
+        DropKind::PolicyDrop,
+    ];
+
+    /// The dotted metric name, e.g. `vswitch.drop.sg_deny`.
+    pub fn metric(self) -> &'static str {
+        match self {
+            DropKind::Malformed => "vswitch.drop.malformed",
+            DropKind::UnknownPort => "vswitch.drop.unknown_port",
+            DropKind::UnknownVni => "vswitch.drop.unknown_vni",
+            DropKind::SpoofedMac => "vswitch.drop.spoofed_mac",
+            DropKind::SpoofedIp => "vswitch.drop.spoofed_ip",
+            DropKind::ArpNotRouted => "vswitch.drop.arp_not_routed",
+            DropKind::UnsupportedEtherType => "vswitch.drop.unsupported_ethertype",
+            DropKind::Fragment => "vswitch.drop.fragment",
+            DropKind::NotForUs => "vswitch.drop.not_for_us",
+            DropKind::SecurityGroupDeny => "vswitch.drop.sg_deny",
+            DropKind::SecurityGroupDefaultDeny => "vswitch.drop.sg_default_deny",
+            DropKind::NoRoute => "vswitch.drop.no_route",
+            DropKind::Blackhole => "vswitch.drop.blackhole",
+            DropKind::NoSuchVm => "vswitch.drop.no_such_vm",
+            DropKind::NoConnection => "vswitch.drop.no_connection",
+            DropKind::ConntrackInvalid => "vswitch.drop.ct_invalid",
+            DropKind::ConntrackFull => "vswitch.drop.ct_full",
+            DropKind::SnatExhausted => "vswitch.drop.snat_exhausted",
+            DropKind::PolicyDrop => "vswitch.drop.policy",
+        }
+    }
+}
+
+impl DropReason {
+    /// The counter this drop is counted under.
+    pub fn kind(&self) -> DropKind {
+        match self {
+            DropReason::Malformed(_) => DropKind::Malformed,
+            DropReason::UnknownPort(_) => DropKind::UnknownPort,
+            DropReason::UnknownVni(_) => DropKind::UnknownVni,
+            DropReason::SpoofedMac => DropKind::SpoofedMac,
+            DropReason::SpoofedIp => DropKind::SpoofedIp,
+            DropReason::ArpNotRouted => DropKind::ArpNotRouted,
+            DropReason::UnsupportedEtherType(_) => DropKind::UnsupportedEtherType,
+            DropReason::Fragment => DropKind::Fragment,
+            DropReason::NotForUs => DropKind::NotForUs,
+            DropReason::SecurityGroupDeny { .. } => DropKind::SecurityGroupDeny,
+            DropReason::SecurityGroupDefaultDeny => DropKind::SecurityGroupDefaultDeny,
+            DropReason::NoRoute => DropKind::NoRoute,
+            DropReason::Blackhole => DropKind::Blackhole,
+            DropReason::NoSuchVm => DropKind::NoSuchVm,
+            DropReason::NoConnection => DropKind::NoConnection,
+            DropReason::ConntrackInvalid => DropKind::ConntrackInvalid,
+            DropReason::ConntrackFull => DropKind::ConntrackFull,
+            DropReason::SnatExhausted => DropKind::SnatExhausted,
+            DropReason::PolicyDrop => DropKind::PolicyDrop,
+        }
+    }
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DropReason::Malformed(e) => write!(f, "malformed: {e}"),
+            DropReason::UnknownPort(p) => write!(f, "unknown ingress {p}"),
+            DropReason::UnknownVni(v) => write!(f, "unknown vni {v}"),
+            DropReason::SecurityGroupDeny { group, rule } => {
+                write!(f, "denied by {group} rule {rule}")
+            }
+            DropReason::UnsupportedEtherType(t) => write!(f, "unsupported ethertype {t:#06x}"),
+            other => {
+                let name = other.kind().metric();
+                f.write_str(name.trim_start_matches("vswitch.drop."))
+            }
+        }
+    }
+}
+
+/// Drop counters, one per [`DropKind`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DropCounters([u64; DropKind::COUNT]);
+
+impl DropCounters {
+    /// Count one drop.
+    #[inline]
+    pub fn add(&mut self, reason: &DropReason) {
+        self.0[reason.kind() as usize] += 1;
+    }
+
+    /// The count of one kind.
+    pub fn get(&self, kind: DropKind) -> u64 {
+        self.0[kind as usize]
+    }
+
+    /// Sum over all kinds.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// `(metric name, count)` for every kind, in a stable order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        DropKind::ALL
+            .iter()
+            .map(|k| (k.metric(), self.0[*k as usize]))
+    }
+}
