@@ -51,3 +51,15 @@ impl fmt::Display for Epoch {
         write!(f, "epoch:{}", self.0)
     }
 }
+
+/// Direction of traffic relative to the VM, the only meaning the word has in Spillway:
+/// `Egress` leaves the VM (its vNIC transmits), `Ingress` arrives at the VM.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Toward the VM.
+    Ingress,
+    /// From the VM.
+    Egress,
+}

@@ -8,6 +8,6 @@ pub mod ids;
 pub mod time;
 pub mod verdict;
 
-pub use ids::{Epoch, PortId, SecurityGroupId, TenantId};
+pub use ids::{Direction, Epoch, PortId, SecurityGroupId, TenantId};
 pub use time::Instant;
 pub use verdict::{DropCounters, DropKind, DropReason, Verdict};
