@@ -94,7 +94,7 @@ fn flatten<V: Copy + Eq>(entries: &[(Prefix, V)], family: Family) -> (Vec<u128>,
         .iter()
         .enumerate()
         .filter(|(_, (p, _))| p.family() == family)
-        .map(|(i, (p, _))| (p.range().0, p.len(), i))
+        .map(|(i, (p, _))| (p.range().0, p.prefix_len(), i))
         .collect();
     // By start, then shorter (containing) prefixes first, then config order so a duplicate
     // prefix's later entry overwrites the earlier one.
@@ -143,8 +143,8 @@ fn flatten<V: Copy + Eq>(entries: &[(Prefix, V)], family: Family) -> (Vec<u128>,
 pub(crate) fn reference_lookup<V: Copy>(entries: &[(Prefix, V)], ip: IpAddr16) -> Option<V> {
     let mut best: Option<(u8, V)> = None;
     for (p, v) in entries {
-        if p.contains(ip) && best.is_none_or(|(len, _)| p.len() >= len) {
-            best = Some((p.len(), *v));
+        if p.contains(ip) && best.is_none_or(|(len, _)| p.prefix_len() >= len) {
+            best = Some((p.prefix_len(), *v));
         }
     }
     best.map(|(_, v)| v)

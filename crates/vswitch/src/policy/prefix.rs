@@ -72,7 +72,7 @@ impl Prefix {
     }
 
     /// The prefix length.
-    pub fn len(&self) -> u8 {
+    pub fn prefix_len(&self) -> u8 {
         self.len
     }
 
