@@ -161,14 +161,37 @@ fn unknown_field_is_rejected_with_its_line() {
     let text = BASE.replacen("name = \"acme\"", "name = \"acme\"\ncolour = \"red\"", 1);
     let e = Policy::from_toml_str(&text, FILE).expect_err("unknown field");
     let msg = e.to_string();
-    assert!(msg.starts_with("policy.toml:11:"), "{msg}");
+    assert!(
+        msg.starts_with("policy.toml:11:1: tenant[0].colour: "),
+        "{msg}"
+    );
     assert!(msg.contains("unknown field `colour`"), "{msg}");
+    assert_eq!(e.field(), Some("tenant[0].colour"));
 }
 
 #[test]
 fn wrong_type_is_a_toml_error() {
     let e = err_with("vni = 1001", "vni = \"1001\"");
     assert!(matches!(e, ConfigError::Toml { line: 11, .. }), "{e}");
+    assert_eq!(e.field(), Some("tenant[0].vni"));
+    assert!(e.to_string().contains("expected u32"), "{e}");
+}
+
+#[test]
+fn toml_errors_in_nested_arrays_name_the_indexed_path() {
+    let e = err_with("target = \"internet\"", "target = \"moon\"");
+    assert_eq!(e.field(), Some("tenant[0].route[1].target"), "{e}");
+    assert!(e.to_string().contains("unknown variant `moon`"), "{e}");
+    let e = err_with("direction = \"egress\"", "direction = \"sideways\"");
+    assert_eq!(
+        e.field(),
+        Some("security_group[0].rule[2].direction"),
+        "{e}"
+    );
+    let e = err_with("vni = 1002", "vni = 1002\nbogus = 1");
+    assert_eq!(e.field(), Some("tenant[1].bogus"), "{e}");
+    let e = err_with("gateway_mac", "gateway_mac_typo = 1\ngateway_mac");
+    assert_eq!(e.field(), Some("host.gateway_mac_typo"), "{e}");
 }
 
 #[test]
@@ -622,4 +645,10 @@ fn config_built_in_code_compiles() {
         p.route(TenantId(3), ip("fd00:3::1")),
         Some(RouteTarget::Local)
     );
+}
+
+#[test]
+fn policy_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<Policy>();
 }
