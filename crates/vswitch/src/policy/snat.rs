@@ -40,6 +40,17 @@ pub enum SnatError {
     },
 }
 
+impl SnatError {
+    /// The drop a failed allocation turns into: `Some(SnatExhausted)` for exhaustion; release
+    /// errors are caller bugs, not packet drops, and give `None`.
+    pub fn drop_reason(self) -> Option<crate::verdict::DropReason> {
+        match self {
+            SnatError::Exhausted { .. } => Some(crate::verdict::DropReason::SnatExhausted),
+            SnatError::OutOfRange { .. } | SnatError::NotAllocated { .. } => None,
+        }
+    }
+}
+
 /// The ports of one range, allocated by a cursor. Bounded by the range.
 #[derive(Clone, Debug)]
 pub struct SnatPool {
@@ -216,6 +227,10 @@ mod tests {
             })
         );
         assert_eq!(p.in_use(), 4);
+        assert_eq!(
+            p.allocate().map_err(SnatError::drop_reason),
+            Err(Some(crate::verdict::DropReason::SnatExhausted))
+        );
         p.check_invariants();
     }
 

@@ -652,3 +652,56 @@ fn policy_can_be_shared_across_threads() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
     assert_send_sync::<Policy>();
 }
+
+mod differential {
+    //! `Policy::route` through the whole compile path (strings parsed, host bits cleared,
+    //! subnets added as local) against the linear-scan oracle over the compiled tenant's
+    //! subnets and routes.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_route() -> impl Strategy<Value = (String, u8)> {
+        (any::<[u8; 4]>(), 0u8..=32, 0u8..4)
+            .prop_map(|(o, len, t)| (format!("10.{}.{}.{}/{len}", o[1] & 7, o[2], o[3]), t))
+    }
+
+    proptest! {
+        #[test]
+        fn policy_route_matches_linear_scan(
+            routes in proptest::collection::vec(arb_route(), 0..40),
+            probes in proptest::collection::vec(any::<[u8; 4]>(), 1..40),
+        ) {
+            let mut cfg: PolicyConfig = toml::from_str(BASE).expect("base parses");
+            let mut seen = std::collections::BTreeSet::new();
+            cfg.tenants[1].routes.clear();
+            for (prefix, t) in routes {
+                let p: Prefix = prefix.parse().expect("generated prefix");
+                if p == "10.1.0.0/16".parse().expect("subnet") || !seen.insert(p) {
+                    continue;
+                }
+                let target = match t {
+                    0 => RouteTargetSection::Local,
+                    1 => RouteTargetSection::Internet,
+                    2 => RouteTargetSection::Blackhole,
+                    _ => RouteTargetSection::Tunnel("192.0.2.9".into()),
+                };
+                cfg.tenants[1].routes.push(RouteSection { prefix, target });
+            }
+            let policy = Policy::compile(cfg, FILE).expect("valid");
+            let tenant = policy.tenant(TenantId(2)).expect("tenant 2");
+            let entries: Vec<(Prefix, RouteTarget)> = tenant
+                .subnets
+                .iter()
+                .map(|&p| (p, RouteTarget::Local))
+                .chain(tenant.routes.iter().map(|r| (r.prefix, r.target)))
+                .collect();
+            for o in probes {
+                let dst = IpAddr16::from_v4([10, o[1] & 7, o[2], o[3]]);
+                prop_assert_eq!(
+                    policy.route(TenantId(2), dst),
+                    lpm::reference_lookup(&entries, dst)
+                );
+            }
+        }
+    }
+}
