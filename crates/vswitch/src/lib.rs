@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod ids;
+pub mod policy;
 pub mod time;
 pub mod verdict;
 
