@@ -68,7 +68,9 @@ fn table(capacity: usize, n: u64) -> FlowTable<BenchMatch, u64> {
 fn benches(c: &mut Criterion) {
     let mut t = table(N as usize, N);
     let mut rng = 7u64;
-    let probes: Vec<BenchMatch> = (0..(1 << 20)).map(|_| key(splitmix(&mut rng) % N)).collect();
+    let probes: Vec<BenchMatch> = (0..(1 << 20))
+        .map(|_| key(splitmix(&mut rng) % N))
+        .collect();
     let mask = probes.len() - 1;
 
     let mut g = c.benchmark_group("vswitch/flow_table");

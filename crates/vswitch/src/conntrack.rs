@@ -547,12 +547,7 @@ impl Conntrack {
     }
 
     /// The live, unexpired connection in `zone` with `key` as either tuple, and which tuple.
-    pub fn lookup(
-        &self,
-        now: Instant,
-        zone: TenantId,
-        key: &FlowKey,
-    ) -> Option<(CtHandle, CtDir)> {
+    pub fn lookup(&self, now: Instant, zone: TenantId, key: &FlowKey) -> Option<(CtHandle, CtDir)> {
         let (slot, dir) = self.find(zone, key)?;
         let c = self.slots[slot as usize]
             .as_ref()

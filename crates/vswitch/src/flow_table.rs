@@ -368,7 +368,8 @@ where
                 let slot = bucket.slots[i];
                 if slot != EMPTY
                     && bucket.tags[i] == tag
-                    && self.entries[slot as usize].0
+                    && self.entries[slot as usize]
+                        .0
                         .as_ref()
                         .is_some_and(|e| e.key == *key)
                 {
@@ -397,7 +398,8 @@ where
 
     /// The entry at `idx`. Panics if `idx` does not name a live entry (a caller bug).
     pub fn entry(&self, idx: EntryIdx) -> &Entry<K, V> {
-        self.entries[idx.0 as usize].0
+        self.entries[idx.0 as usize]
+            .0
             .as_ref()
             .expect("EntryIdx names a live entry: callers drop indices when entries go")
     }
@@ -409,7 +411,8 @@ where
 
     /// Mutable value at `idx`. Panics like [`FlowTable::entry`].
     pub fn value_mut(&mut self, idx: EntryIdx) -> &mut V {
-        &mut self.entries[idx.0 as usize].0
+        &mut self.entries[idx.0 as usize]
+            .0
             .as_mut()
             .expect("EntryIdx names a live entry: callers drop indices when entries go")
             .value
@@ -440,7 +443,8 @@ where
     fn account(&mut self, now: Instant, found: Option<u32>, bytes: u32) -> Option<EntryIdx> {
         if let Some(slot) = found {
             let idle_timeout_ns = self.idle_timeout_ns;
-            let e = self.entries[slot as usize].0
+            let e = self.entries[slot as usize]
+                .0
                 .as_mut()
                 .expect("find returns occupied slots");
             if !(e.evictable && now.0.saturating_sub(e.last_seen.0) >= idle_timeout_ns) {
@@ -507,7 +511,8 @@ where
             for i in 0..n {
                 let c = cand[i];
                 let found = if c != EMPTY
-                    && self.entries[c as usize].0
+                    && self.entries[c as usize]
+                        .0
                         .as_ref()
                         .is_some_and(|e| e.key == keys[i])
                 {
@@ -604,7 +609,8 @@ where
 
     /// Removes the entry at `slot` from the buckets and the slab.
     fn remove_slot(&mut self, slot: u32) -> Entry<K, V> {
-        let e = self.entries[slot as usize].0
+        let e = self.entries[slot as usize]
+            .0
             .take()
             .expect("remove_slot is called on occupied slots");
         let mut b = self.home(e.hash);
@@ -667,7 +673,8 @@ where
         for _ in 0..budget.min(cap) {
             let slot = self.expire_cursor;
             self.expire_cursor = (self.expire_cursor + 1) % cap;
-            if self.entries[slot].0
+            if self.entries[slot]
+                .0
                 .as_ref()
                 .is_some_and(|e| self.is_idle(e, now))
             {

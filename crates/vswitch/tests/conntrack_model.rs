@@ -68,11 +68,26 @@ fn tcp(s: TcpState) -> Result<CtState, CtError> {
 fn tcp_three_way_handshake_reaches_established() {
     let mut t = ct(4);
     let h = open_tcp(&mut t, secs(1), 1000);
-    assert_eq!(t.get(h).map(|c| c.state()), Some(CtState::Tcp(TcpState::SynSent)));
-    assert_eq!(t.update(secs(1), h, Original, SYN, 60), tcp(TcpState::SynSent));
-    assert_eq!(t.update(secs(1), h, Reply, SYN | ACK, 60), tcp(TcpState::SynReceived));
-    assert_eq!(t.update(secs(1), h, Original, ACK, 52), tcp(TcpState::Established));
-    assert_eq!(t.update(secs(2), h, Reply, ACK | PSH, 1000), tcp(TcpState::Established));
+    assert_eq!(
+        t.get(h).map(|c| c.state()),
+        Some(CtState::Tcp(TcpState::SynSent))
+    );
+    assert_eq!(
+        t.update(secs(1), h, Original, SYN, 60),
+        tcp(TcpState::SynSent)
+    );
+    assert_eq!(
+        t.update(secs(1), h, Reply, SYN | ACK, 60),
+        tcp(TcpState::SynReceived)
+    );
+    assert_eq!(
+        t.update(secs(1), h, Original, ACK, 52),
+        tcp(TcpState::Established)
+    );
+    assert_eq!(
+        t.update(secs(2), h, Reply, ACK | PSH, 1000),
+        tcp(TcpState::Established)
+    );
     let c = t.get(h).expect("live");
     assert_eq!((c.packets(Original), c.bytes(Original)), (2, 112));
     assert_eq!((c.packets(Reply), c.bytes(Reply)), (2, 1060));
@@ -92,11 +107,21 @@ fn tcp_six_packet_connection_ends_in_time_wait() {
         (Original, ACK, TcpState::TimeWait),
     ];
     for (dir, flags, want) in steps {
-        assert_eq!(t.update(secs(1), h, dir, flags, 60), tcp(want), "{dir:?} {flags:#x}");
+        assert_eq!(
+            t.update(secs(1), h, dir, flags, 60),
+            tcp(want),
+            "{dir:?} {flags:#x}"
+        );
     }
     // Time-wait lasts 120 s by default.
-    assert!(t.lookup(secs(120), Z, &tuple(ip_proto::TCP, 1000)).is_some());
-    assert!(t.lookup(secs(121), Z, &tuple(ip_proto::TCP, 1000)).is_none());
+    assert!(
+        t.lookup(secs(120), Z, &tuple(ip_proto::TCP, 1000))
+            .is_some()
+    );
+    assert!(
+        t.lookup(secs(121), Z, &tuple(ip_proto::TCP, 1000))
+            .is_none()
+    );
 }
 
 #[test]
@@ -106,10 +131,22 @@ fn tcp_four_way_close_passes_close_wait() {
     for (dir, flags) in [(Reply, SYN | ACK), (Original, ACK)] {
         t.update(secs(1), h, dir, flags, 0).expect("handshake");
     }
-    assert_eq!(t.update(secs(2), h, Reply, FIN | ACK, 0), tcp(TcpState::FinWait { closer: Reply }));
-    assert_eq!(t.update(secs(2), h, Original, ACK, 0), tcp(TcpState::CloseWait { closer: Reply }));
-    assert_eq!(t.update(secs(3), h, Original, ACK | PSH, 10), tcp(TcpState::CloseWait { closer: Reply }));
-    assert_eq!(t.update(secs(4), h, Original, FIN | ACK, 0), tcp(TcpState::LastAck { closer: Reply }));
+    assert_eq!(
+        t.update(secs(2), h, Reply, FIN | ACK, 0),
+        tcp(TcpState::FinWait { closer: Reply })
+    );
+    assert_eq!(
+        t.update(secs(2), h, Original, ACK, 0),
+        tcp(TcpState::CloseWait { closer: Reply })
+    );
+    assert_eq!(
+        t.update(secs(3), h, Original, ACK | PSH, 10),
+        tcp(TcpState::CloseWait { closer: Reply })
+    );
+    assert_eq!(
+        t.update(secs(4), h, Original, FIN | ACK, 0),
+        tcp(TcpState::LastAck { closer: Reply })
+    );
     assert_eq!(t.update(secs(4), h, Reply, ACK, 0), tcp(TcpState::TimeWait));
 }
 
@@ -117,10 +154,16 @@ fn tcp_four_way_close_passes_close_wait() {
 fn tcp_rst_closes_from_any_state() {
     let mut t = ct(4);
     let h = open_tcp(&mut t, secs(1), 1000);
-    assert_eq!(t.update(secs(1), h, Reply, RST | ACK, 0), tcp(TcpState::Close));
+    assert_eq!(
+        t.update(secs(1), h, Reply, RST | ACK, 0),
+        tcp(TcpState::Close)
+    );
     // Close lasts 10 s; a stray ACK keeps it closed, a new SYN reopens.
     assert_eq!(t.update(secs(2), h, Original, ACK, 0), tcp(TcpState::Close));
-    assert_eq!(t.update(secs(3), h, Original, SYN, 0), tcp(TcpState::SynSent));
+    assert_eq!(
+        t.update(secs(3), h, Original, SYN, 0),
+        tcp(TcpState::SynSent)
+    );
     let states = [
         TcpState::SynSent,
         TcpState::SynReceived,
@@ -157,8 +200,14 @@ fn tcp_first_packet_without_bare_syn_is_invalid_and_counted() {
 fn tcp_retransmitted_syn_keeps_state_and_invalid_segments_change_nothing() {
     let mut t = ct(4);
     let h = open_tcp(&mut t, secs(1), 1000);
-    assert_eq!(t.update(secs(2), h, Original, SYN, 60), tcp(TcpState::SynSent));
-    assert_eq!(t.update(secs(2), h, Original, ACK, 60), Err(CtError::Invalid));
+    assert_eq!(
+        t.update(secs(2), h, Original, SYN, 60),
+        tcp(TcpState::SynSent)
+    );
+    assert_eq!(
+        t.update(secs(2), h, Original, ACK, 60),
+        Err(CtError::Invalid)
+    );
     assert_eq!(t.update(secs(2), h, Reply, SYN, 60), Err(CtError::Invalid));
     let c = t.get(h).expect("live");
     assert_eq!(c.state(), CtState::Tcp(TcpState::SynSent));
@@ -176,7 +225,10 @@ fn tcp_retransmitted_syn_keeps_state_and_invalid_segments_change_nothing() {
 
 #[test]
 fn tcp_syn_in_time_wait_reopens() {
-    assert_eq!(TcpState::TimeWait.next(Original, SYN), Ok(TcpState::SynSent));
+    assert_eq!(
+        TcpState::TimeWait.next(Original, SYN),
+        Ok(TcpState::SynSent)
+    );
     assert_eq!(TcpState::TimeWait.next(Reply, SYN), Err(CtError::Invalid));
 }
 
@@ -187,26 +239,47 @@ fn timeouts_follow_the_state_and_are_driven_by_now() {
     let h = open_tcp(&mut t, secs(0), 1);
     // SynSent: 120 s.
     assert!(t.lookup(secs(119), Z, &tuple(ip_proto::TCP, 1)).is_some());
-    t.update(secs(119), h, Reply, SYN | ACK, 0).expect("syn-ack");
+    t.update(secs(119), h, Reply, SYN | ACK, 0)
+        .expect("syn-ack");
     // SynReceived: 60 s from the last packet.
     assert!(t.lookup(secs(178), Z, &tuple(ip_proto::TCP, 1)).is_some());
     assert!(t.lookup(secs(179), Z, &tuple(ip_proto::TCP, 1)).is_none());
-    assert_eq!(t.update(secs(179), h, Original, ACK, 0), Err(CtError::Stale));
+    assert_eq!(
+        t.update(secs(179), h, Original, ACK, 0),
+        Err(CtError::Stale)
+    );
 
     let u = tuple(ip_proto::UDP, 2);
-    let hu = t.create(secs(0), Z, u, u.reversed(), 0, 0, no_reclaim).expect("udp");
+    let hu = t
+        .create(secs(0), Z, u, u.reversed(), 0, 0, no_reclaim)
+        .expect("udp");
     assert_eq!(t.get(hu).map(|c| c.state()), Some(CtState::Unreplied));
-    assert!(t.lookup(secs(0) + (to.udp_unreplied - Duration::from_nanos(1)), Z, &u).is_some());
+    assert!(
+        t.lookup(
+            secs(0) + (to.udp_unreplied - Duration::from_nanos(1)),
+            Z,
+            &u
+        )
+        .is_some()
+    );
     t.update(secs(10), hu, Reply, 0, 100).expect("reply");
     assert_eq!(t.get(hu).map(|c| c.state()), Some(CtState::Replied));
-    assert!(t.lookup(secs(10) + (to.udp_replied - Duration::from_nanos(1)), Z, &u).is_some());
+    assert!(
+        t.lookup(secs(10) + (to.udp_replied - Duration::from_nanos(1)), Z, &u)
+            .is_some()
+    );
     assert!(t.lookup(secs(10) + to.udp_replied, Z, &u).is_none());
 
     let i = tuple(ip_proto::ICMP, 7);
-    let hi = t.create(secs(0), Z, i, i.reversed(), 0, 0, no_reclaim).expect("icmp");
+    let hi = t
+        .create(secs(0), Z, i, i.reversed(), 0, 0, no_reclaim)
+        .expect("icmp");
     t.update(secs(0), hi, Reply, 0, 64).expect("echo reply");
     assert!(t.lookup(secs(29), Z, &i).is_some());
-    assert!(t.lookup(secs(30), Z, &i).is_none(), "icmp: 30 s even when replied");
+    assert!(
+        t.lookup(secs(30), Z, &i).is_none(),
+        "icmp: 30 s even when replied"
+    );
 
     let mut tags = Vec::new();
     let n = t.expire(secs(10_000), 8, |c| tags.push(c.orig()));
@@ -223,14 +296,23 @@ fn full_table_reclaims_expired_else_rejects_and_keeps_established() {
     t.update(secs(0), a, Reply, SYN | ACK, 0).expect("syn-ack");
     t.update(secs(0), a, Original, ACK, 0).expect("ack");
     let u = tuple(ip_proto::UDP, 9);
-    t.create(secs(0), Z, u, u.reversed(), 0, 99, no_reclaim).expect("udp");
+    t.create(secs(0), Z, u, u.reversed(), 0, 99, no_reclaim)
+        .expect("udp");
     let k = tuple(ip_proto::TCP, 3);
-    assert_eq!(t.create(secs(1), Z, k, k.reversed(), SYN, 0, no_reclaim), Err(CtError::Full));
+    assert_eq!(
+        t.create(secs(1), Z, k, k.reversed(), SYN, 0, no_reclaim),
+        Err(CtError::Full)
+    );
     assert_eq!(t.counters().rejected_full, 1);
-    assert!(t.update(secs(1), a, Reply, ACK, 10).is_ok(), "established keeps working");
+    assert!(
+        t.update(secs(1), a, Reply, ACK, 10).is_ok(),
+        "established keeps working"
+    );
     // After 30 s the unreplied UDP connection is reclaimed for the new one, its tag handed back.
     let mut released = Vec::new();
-    let h = t.create(secs(31), Z, k, k.reversed(), SYN, 0, |c| released.push(c.tag()));
+    let h = t.create(secs(31), Z, k, k.reversed(), SYN, 0, |c| {
+        released.push(c.tag())
+    });
     assert!(h.is_ok());
     assert_eq!(released, vec![99]);
     assert_eq!(t.counters().expired, 1);
@@ -242,11 +324,18 @@ fn full_table_reclaims_expired_else_rejects_and_keeps_established() {
 fn zones_isolate_identical_tuples() {
     let mut t = ct(4);
     let k = tuple(ip_proto::UDP, 5);
-    let a = t.create(secs(0), TenantId(1), k, k.reversed(), 0, 1, no_reclaim).expect("zone 1");
-    let b = t.create(secs(0), TenantId(2), k, k.reversed(), 0, 2, no_reclaim).expect("zone 2");
+    let a = t
+        .create(secs(0), TenantId(1), k, k.reversed(), 0, 1, no_reclaim)
+        .expect("zone 1");
+    let b = t
+        .create(secs(0), TenantId(2), k, k.reversed(), 0, 2, no_reclaim)
+        .expect("zone 2");
     assert_ne!(a, b);
     assert_eq!(t.lookup(secs(0), TenantId(1), &k), Some((a, Original)));
-    assert_eq!(t.lookup(secs(0), TenantId(2), &k.reversed()), Some((b, Reply)));
+    assert_eq!(
+        t.lookup(secs(0), TenantId(2), &k.reversed()),
+        Some((b, Reply))
+    );
     assert_eq!(t.lookup(secs(0), TenantId(3), &k), None);
 }
 
@@ -258,7 +347,9 @@ fn nat_reply_tuple_is_matched_in_reply_direction() {
     let mut reply = orig.reversed();
     reply.dst_ip = IpAddr16::from_v4([203, 0, 113, 5]);
     reply.dst_port = 61000;
-    let h = t.create(secs(0), Z, orig, reply, SYN, 61000, no_reclaim).expect("create");
+    let h = t
+        .create(secs(0), Z, orig, reply, SYN, 61000, no_reclaim)
+        .expect("create");
     assert_eq!(t.lookup(secs(0), Z, &reply), Some((h, Reply)));
     assert_eq!(t.lookup(secs(0), Z, &orig.reversed()), None);
     assert_eq!(t.get(h).map(|c| c.tag()), Some(61000));
@@ -268,12 +359,16 @@ fn nat_reply_tuple_is_matched_in_reply_direction() {
 fn handle_is_stale_after_expiry_and_slot_reuse() {
     let mut t = ct(1);
     let u = tuple(ip_proto::UDP, 1);
-    let h1 = t.create(secs(0), Z, u, u.reversed(), 0, 0, no_reclaim).expect("create");
+    let h1 = t
+        .create(secs(0), Z, u, u.reversed(), 0, 0, no_reclaim)
+        .expect("create");
     assert_eq!(t.expire(secs(30), 1, |_| {}), 1);
     assert_eq!(t.get(h1), None);
     assert_eq!(t.update(secs(30), h1, Original, 0, 1), Err(CtError::Stale));
     let v = tuple(ip_proto::UDP, 2);
-    let h2 = t.create(secs(31), Z, v, v.reversed(), 0, 0, no_reclaim).expect("create");
+    let h2 = t
+        .create(secs(31), Z, v, v.reversed(), 0, 0, no_reclaim)
+        .expect("create");
     assert_eq!(h1.slot, h2.slot, "capacity 1 reuses the slot");
     assert_ne!(h1.generation, h2.generation);
     assert_eq!(t.touch(secs(31), h1), Err(CtError::Stale));
@@ -337,9 +432,14 @@ impl Model {
     /// Removes a connection the tracker handed back (swept or reclaimed): it must be in the
     /// model and expired.
     fn take_expired(&mut self, now: Instant, zone: TenantId, orig: FlowKey, tag: u64) {
-        let (id, dir) = self.find(zone, &orig).expect("handed-back connection is in the model");
+        let (id, dir) = self
+            .find(zone, &orig)
+            .expect("handed-back connection is in the model");
         assert_eq!(dir, Original);
-        assert!(Self::expired(&self.conns[&id], now), "handed back before expiry");
+        assert!(
+            Self::expired(&self.conns[&id], now),
+            "handed back before expiry"
+        );
         assert_eq!(self.conns[&id].tag, tag);
         self.conns.remove(&id);
         self.expired += 1;
@@ -351,7 +451,10 @@ impl Model {
     fn create(&mut self, now: Instant, c: ModelConn, capacity: usize) -> Result<u64, CtError> {
         for k in [c.orig, c.reply] {
             if let Some((id, _)) = self.find(c.zone, &k) {
-                assert!(!Self::expired(&self.conns[&id], now), "expired conflict not reclaimed");
+                assert!(
+                    !Self::expired(&self.conns[&id], now),
+                    "expired conflict not reclaimed"
+                );
                 return Err(CtError::Exists);
             }
         }
@@ -373,9 +476,22 @@ impl Model {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Create { zone: u32, a: u16, b: u16, tcp: bool },
-    Lookup { zone: u32, a: u16, b: u16 },
-    Reply { zone: u32, a: u16, b: u16 },
+    Create {
+        zone: u32,
+        a: u16,
+        b: u16,
+        tcp: bool,
+    },
+    Lookup {
+        zone: u32,
+        a: u16,
+        b: u16,
+    },
+    Reply {
+        zone: u32,
+        a: u16,
+        b: u16,
+    },
     Expire(usize),
     Advance(u64),
 }

@@ -77,8 +77,8 @@ impl Model {
             last_seen: now,
             evictable,
         };
-        if self.map.contains_key(&key) {
-            self.map.insert(key, fresh);
+        if let Some(e) = self.map.get_mut(&key) {
+            *e = fresh;
             self.counters.inserts += 1;
             return Ok(Inserted::Replaced);
         }
@@ -148,23 +148,25 @@ fn config() -> impl Strategy<Value = FlowTableConfig> {
         0usize..3,
         any::<u64>(),
     )
-        .prop_map(|(capacity, idle, reject, fewest, extra, hash_seed)| FlowTableConfig {
-            capacity,
-            // Time is counted in whole nanoseconds so the model and table share one unit.
-            idle_timeout: Duration::from_nanos(idle),
-            full: if reject {
-                FullPolicy::Reject
-            } else {
-                FullPolicy::EvictLeastValuable
+        .prop_map(
+            |(capacity, idle, reject, fewest, extra, hash_seed)| FlowTableConfig {
+                capacity,
+                // Time is counted in whole nanoseconds so the model and table share one unit.
+                idle_timeout: Duration::from_nanos(idle),
+                full: if reject {
+                    FullPolicy::Reject
+                } else {
+                    FullPolicy::EvictLeastValuable
+                },
+                evict: if fewest {
+                    EvictBy::FewestPackets
+                } else {
+                    EvictBy::LeastRecentlyUsed
+                },
+                evict_sample: capacity + extra,
+                hash_seed,
             },
-            evict: if fewest {
-                EvictBy::FewestPackets
-            } else {
-                EvictBy::LeastRecentlyUsed
-            },
-            evict_sample: capacity + extra,
-            hash_seed,
-        })
+        )
 }
 
 fn assert_same(t: &FlowTable<Key, u32>, m: &Model) {
@@ -306,7 +308,11 @@ fn hw_table_evicts_lowest_value_when_full() {
 
 #[test]
 fn lru_table_evicts_oldest_last_seen_ties_by_key() {
-    let mut t = small(3, FullPolicy::EvictLeastValuable, EvictBy::LeastRecentlyUsed);
+    let mut t = small(
+        3,
+        FullPolicy::EvictLeastValuable,
+        EvictBy::LeastRecentlyUsed,
+    );
     t.insert(at(0), 30, 0, true).expect("room");
     t.insert(at(0), 20, 0, true).expect("room");
     t.insert(at(0), 10, 0, true).expect("room");
@@ -333,10 +339,17 @@ fn reject_mode_refuses_and_counts_when_full() {
 
 #[test]
 fn pinned_entries_are_never_evicted_or_expired() {
-    let mut t = small(2, FullPolicy::EvictLeastValuable, EvictBy::LeastRecentlyUsed);
+    let mut t = small(
+        2,
+        FullPolicy::EvictLeastValuable,
+        EvictBy::LeastRecentlyUsed,
+    );
     t.insert(T0, 1, 0, false).expect("room");
     t.insert(T0, 2, 0, false).expect("room");
-    assert_eq!(t.insert(at(100), 3, 0, true), Err(TableFull { capacity: 2 }));
+    assert_eq!(
+        t.insert(at(100), 3, 0, true),
+        Err(TableFull { capacity: 2 })
+    );
     assert_eq!(t.counters().rejected_full, 1);
     assert_eq!(t.expire(at(1_000), 10, |_, _| panic!("pinned expired")), 0);
     assert!(t.lookup(at(1_000), &1, 1).is_some());
@@ -378,11 +391,18 @@ fn sampled_eviction_takes_evictable_victims_and_spares_pinned() {
 
 #[test]
 fn idle_entry_is_a_miss_until_expire_hands_it_over() {
-    let mut t = small(4, FullPolicy::EvictLeastValuable, EvictBy::LeastRecentlyUsed);
+    let mut t = small(
+        4,
+        FullPolicy::EvictLeastValuable,
+        EvictBy::LeastRecentlyUsed,
+    );
     t.insert(T0, 1, 11, true).expect("room");
     t.insert(T0, 2, 22, true).expect("room");
     assert!(t.lookup(at(9), &2, 1).is_some());
-    assert!(t.lookup(at(10), &1, 1).is_none(), "idle for exactly the timeout");
+    assert!(
+        t.lookup(at(10), &1, 1).is_none(),
+        "idle for exactly the timeout"
+    );
     assert_eq!(t.len(), 2, "idle entry stays until expire");
     let mut got = Vec::new();
     assert_eq!(t.expire(at(10), 4, |k, v| got.push((k, v))), 1);
@@ -393,7 +413,11 @@ fn idle_entry_is_a_miss_until_expire_hands_it_over() {
 
 #[test]
 fn expire_examines_at_most_budget_slots_and_resumes() {
-    let mut t = small(16, FullPolicy::EvictLeastValuable, EvictBy::LeastRecentlyUsed);
+    let mut t = small(
+        16,
+        FullPolicy::EvictLeastValuable,
+        EvictBy::LeastRecentlyUsed,
+    );
     for k in 0..16 {
         t.insert(T0, k, 0, true).expect("room");
     }
@@ -409,7 +433,11 @@ fn expire_examines_at_most_budget_slots_and_resumes() {
 
 #[test]
 fn entry_index_is_stable_across_other_inserts_and_removes() {
-    let mut t = small(64, FullPolicy::EvictLeastValuable, EvictBy::LeastRecentlyUsed);
+    let mut t = small(
+        64,
+        FullPolicy::EvictLeastValuable,
+        EvictBy::LeastRecentlyUsed,
+    );
     t.insert(T0, 5, 55, true).expect("room");
     let idx: EntryIdx = t.lookup(T0, &5, 1).expect("hit");
     for k in 10..60 {
