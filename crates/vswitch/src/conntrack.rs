@@ -427,6 +427,8 @@ fn is_icmp(proto: u8) -> bool {
 }
 
 /// Names a connection: slot plus generation. Valid until the connection is removed or expires.
+/// Generations are `u32` and wrap: a handle held across 2^32 reuses of one slot could alias, far
+/// beyond any flow entry's lifetime (entries are recomputed on every epoch change and idle out).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct CtHandle {
     /// Slab slot.
@@ -527,7 +529,10 @@ impl Conntrack {
     }
 
     fn find(&self, zone: TenantId, key: &FlowKey) -> Option<(u32, CtDir)> {
-        let h = key_hash(&self.hasher, zone, key);
+        self.find_hashed(key_hash(&self.hasher, zone, key), zone, key)
+    }
+
+    fn find_hashed(&self, h: u64, zone: TenantId, key: &FlowKey) -> Option<(u32, CtDir)> {
         self.index
             .find(h, |&e| {
                 let (s, d) = unpack(e);
@@ -608,8 +613,13 @@ impl Conntrack {
         } else {
             CtState::Unreplied
         };
-        for key in [orig, reply] {
-            if let Some((slot, _)) = self.find(zone, &key) {
+        // Each tuple is hashed once, for both the conflict check and the index insert.
+        let hashes = [
+            key_hash(&self.hasher, zone, &orig),
+            key_hash(&self.hasher, zone, &reply),
+        ];
+        for (h, key) in hashes.into_iter().zip([orig, reply]) {
+            if let Some((slot, _)) = self.find_hashed(h, zone, &key) {
                 let c = self.slots[slot as usize]
                     .as_ref()
                     .expect("find returns live slots");
@@ -655,16 +665,15 @@ impl Conntrack {
             bytes: [0, 0],
             tag,
         });
-        self.index_insert(slot, zone, &orig, CtDir::Original);
+        self.index_insert(hashes[0], slot, CtDir::Original);
         if reply != orig {
-            self.index_insert(slot, zone, &reply, CtDir::Reply);
+            self.index_insert(hashes[1], slot, CtDir::Reply);
         }
         self.counters.created += 1;
         Ok(self.handle(slot))
     }
 
-    fn index_insert(&mut self, slot: u32, zone: TenantId, key: &FlowKey, dir: CtDir) {
-        let h = key_hash(&self.hasher, zone, key);
+    fn index_insert(&mut self, h: u64, slot: u32, dir: CtDir) {
         let slots = &self.slots;
         let hasher = &self.hasher;
         self.index.insert_unique(h, pack(slot, dir), |&e| {
