@@ -6,8 +6,8 @@
 //! Connection setup rate (CPS) is one of the DPU limits that makes Spillway spill, so this bounds
 //! the slow path's CPS per core. `lookup_1m` looks up random existing tuples (original or reply
 //! direction) in a tracker holding 1,000,000 connections: the per-packet cost of the stateful
-//! check on the slow path. `lookup_10k` repeats it on 10,000 connections (cache-resident index;
-//! the slab is still 1M slots) for the CPU-only ratio. Keys and probes come from a fixed-seed splitmix64.
+//! check on the slow path. `lookup_10k` repeats it on 10,000 connections (a 10,000-capacity tracker
+//! whose index and slab fit in cache) for the CPU-only ratio. Keys and probes come from a fixed-seed splitmix64.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -38,9 +38,9 @@ fn key(i: u64) -> FlowKey {
     }
 }
 
-fn tracker() -> Conntrack {
+fn tracker(capacity: usize) -> Conntrack {
     Conntrack::new(ConntrackConfig {
-        capacity: N,
+        capacity,
         hash_seed: 11,
         ..ConntrackConfig::default()
     })
@@ -52,7 +52,7 @@ fn benches(c: &mut Criterion) {
     g.sample_size(10).measurement_time(Duration::from_secs(5));
     g.throughput(Throughput::Elements(1));
 
-    let mut t = tracker();
+    let mut t = tracker(N);
     let mut live: Vec<CtHandle> = Vec::with_capacity(N);
     let mut next = 0u64;
     g.bench_function("create", |b| {
@@ -84,7 +84,7 @@ fn benches(c: &mut Criterion) {
     drop(live);
     drop(t);
 
-    let mut t = tracker();
+    let mut t = tracker(N);
     for i in 0..N as u64 {
         let k = key(i);
         t.create(Instant(1), TenantId(1), k, k.reversed(), 0, i, |_| {})
@@ -111,7 +111,7 @@ fn benches(c: &mut Criterion) {
 
     // The same lookups in a tracker that fits in cache: the CPU cost alone, for the ratio.
     let small = 10_000u64;
-    let mut t = tracker();
+    let mut t = tracker(small as usize);
     for i in 0..small {
         let k = key(i);
         t.create(Instant(1), TenantId(1), k, k.reversed(), 0, i, |_| {})
