@@ -54,8 +54,9 @@ impl fmt::Display for Epoch {
 
 /// Direction of traffic relative to the VM, the only meaning the word has in Spillway:
 /// `Egress` leaves the VM (its vNIC transmits), `Ingress` arrives at the VM.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// Toward the VM.

@@ -4,6 +4,8 @@
 
 #![deny(unsafe_code)]
 
+pub mod conntrack;
+pub mod flow_table;
 pub mod ids;
 pub mod policy;
 pub mod time;
