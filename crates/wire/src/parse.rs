@@ -22,7 +22,7 @@
 //! (longer buffers are rejected with `BadField("frame length")`).
 
 use crate::error::{Layer, WireError};
-use crate::ethernet::{self, EthernetRepr, ethertype};
+use crate::ethernet::{self, ethertype};
 use crate::icmp;
 use crate::ipv6::{self, walk_ext_headers};
 use crate::key::{FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
@@ -166,8 +166,16 @@ pub fn parse_frame(buf: &[u8], opts: &ParseOptions) -> Result<ParsedFrame, WireE
             buf.len() as u32,
         ));
     }
-    let outer = parse_headers(buf, 0)?;
-    let is_vxlan = match outer.key {
+    let mut out = ParsedFrame {
+        outer: Headers::default(),
+        vxlan: None,
+        inner: None,
+    };
+    // Parse into the output in place: `Headers` is ~80 bytes, and building it in a temporary
+    // and moving it costs as much as the parse itself.
+    parse_headers(&mut out.outer, buf, 0)?;
+    let outer = &out.outer;
+    let is_vxlan = match &outer.key {
         Some(k) => {
             k.proto == ip_proto::UDP
                 && k.dst_port == opts.vxlan_port
@@ -176,25 +184,22 @@ pub fn parse_frame(buf: &[u8], opts: &ParseOptions) -> Result<ParsedFrame, WireE
         None => false,
     };
     if !is_vxlan {
-        return Ok(ParsedFrame {
-            outer,
-            vxlan: None,
-            inner: None,
-        });
+        return Ok(out);
     }
     let off = outer.payload_offset as usize;
     let end = off + outer.payload_len as usize;
     // `end <= buf.len()` was checked against the UDP length; `get` keeps this panic-free anyway.
     let udp_data = buf.get(..end).unwrap_or(buf);
-    let vx: &[u8; vxlan::HEADER_LEN] =
-        udp_data
-            .get(off..)
-            .and_then(|s| s.first_chunk())
-            .ok_or(WireError::truncated(
-                Layer::Vxlan,
-                vxlan::HEADER_LEN,
-                outer.payload_len as usize,
-            ))?;
+    let Some(vx) = udp_data
+        .get(off..)
+        .and_then(|s| s.first_chunk::<{ vxlan::HEADER_LEN }>())
+    else {
+        return Err(WireError::truncated(
+            Layer::Vxlan,
+            vxlan::HEADER_LEN,
+            outer.payload_len as usize,
+        ));
+    };
     if vx[0] & vxlan::FLAG_I == 0 {
         return Err(WireError::bad_field(
             Layer::Vxlan,
@@ -205,38 +210,71 @@ pub fn parse_frame(buf: &[u8], opts: &ParseOptions) -> Result<ParsedFrame, WireE
     }
     let vni = Vni::new(u32::from_be_bytes([0, vx[4], vx[5], vx[6]])).unwrap_or_default();
     let inner_offset = off + vxlan::HEADER_LEN;
-    let inner = parse_headers(udp_data, inner_offset).map_err(WireError::in_inner)?;
-    Ok(ParsedFrame {
-        outer,
-        vxlan: Some(VxlanInfo {
-            vni,
-            offset: off as u16,
-            inner_offset: inner_offset as u16,
-            inner_len: (end - inner_offset) as u16,
-        }),
-        inner: Some(inner),
-    })
+    out.vxlan = Some(VxlanInfo {
+        vni,
+        offset: off as u16,
+        inner_offset: inner_offset as u16,
+        inner_len: (end - inner_offset) as u16,
+    });
+    let inner = out.inner.insert(Headers::default());
+    parse_headers(inner, udp_data, inner_offset).map_err(WireError::in_inner)?;
+    Ok(out)
+}
+
+/// An IPv4 address in mapped form, built as one 128-bit value so it is a single store.
+#[inline(always)]
+fn v4_mapped(b: [u8; 4]) -> IpAddr16 {
+    let v = (0xffff_u128 << 32) | u32::from_be_bytes(b) as u128;
+    IpAddr16(v.to_be_bytes())
 }
 
 /// Parses the frame starting at `start` and ending at `buf.len()`.
+/// `h` must be `Headers::default()`.
 #[inline(always)]
-fn parse_headers(buf: &[u8], start: usize) -> Result<Headers, WireError> {
-    let frame = buf.get(start..).unwrap_or_default();
-    let eth = EthernetRepr::parse(frame)?;
-    let l3_offset = start + eth.header_len();
-    let mut h = Headers {
-        src_mac: eth.src,
-        dst_mac: eth.dst,
-        vlans: eth.vlans,
-        vlan_count: eth.vlan_count,
-        ethertype: eth.ethertype,
-        l3_offset: l3_offset as u16,
-        ..Headers::default()
+fn parse_headers(h: &mut Headers, buf: &[u8], start: usize) -> Result<(), WireError> {
+    // Ethernet and tags are read straight into `h` rather than through `EthernetRepr`: a
+    // returned temporary written with narrow stores and read back wide stalls store forwarding,
+    // which cost more than the rest of the parse.
+    let Some(e) = buf
+        .get(start..)
+        .and_then(|f| f.first_chunk::<{ ethernet::HEADER_LEN }>())
+    else {
+        return Err(truncated(
+            Layer::Ethernet,
+            ethernet::HEADER_LEN,
+            buf.len().saturating_sub(start),
+        ));
     };
+    h.dst_mac = MacAddr([e[0], e[1], e[2], e[3], e[4], e[5]]);
+    h.src_mac = MacAddr([e[6], e[7], e[8], e[9], e[10], e[11]]);
+    let mut ethertype = u16::from_be_bytes([e[12], e[13]]);
+    let mut l3_offset = start + ethernet::HEADER_LEN;
+    if ethernet::is_vlan_tpid(ethertype) {
+        let mut n = 0usize;
+        while ethernet::is_vlan_tpid(ethertype) {
+            if n == ethernet::VLAN_TAGS_MAX {
+                return Err(WireError::too_deep(Layer::Vlan, "vlan tags", 2, 3));
+            }
+            let Some(t) = buf.get(l3_offset..).and_then(|f| f.first_chunk::<4>()) else {
+                return Err(truncated(
+                    Layer::Vlan,
+                    l3_offset - start + ethernet::VLAN_TAG_LEN,
+                    buf.len() - start,
+                ));
+            };
+            h.vlans[n] = u16::from_be_bytes([t[0], t[1]]);
+            ethertype = u16::from_be_bytes([t[2], t[3]]);
+            n += 1;
+            l3_offset += ethernet::VLAN_TAG_LEN;
+        }
+        h.vlan_count = n as u8;
+    }
+    h.ethertype = ethertype;
+    h.l3_offset = l3_offset as u16;
     let l3 = buf.get(l3_offset..).unwrap_or_default();
-    match eth.ethertype {
-        ethertype::IPV4 => parse_ipv4(&mut h, buf, l3)?,
-        ethertype::IPV6 => parse_ipv6(&mut h, buf, l3)?,
+    match ethertype {
+        ethertype::IPV4 => parse_ipv4(h, buf, l3)?,
+        ethertype::IPV6 => parse_ipv6(h, buf, l3)?,
         ethertype::ARP => {
             arp::ArpPacket::new_checked(l3)?;
             h.l3 = L3::Arp;
@@ -250,50 +288,20 @@ fn parse_headers(buf: &[u8], start: usize) -> Result<Headers, WireError> {
             h.payload_offset = h.l4_offset;
         }
     }
-    Ok(h)
+    Ok(())
 }
 
 #[inline(always)]
 fn parse_ipv4(h: &mut Headers, buf: &[u8], l3: &[u8]) -> Result<(), WireError> {
     let ip: &[u8; 20] = l3
         .first_chunk()
-        .ok_or(WireError::truncated(Layer::Ipv4, 20, l3.len()))?;
-    if ip[0] >> 4 != 4 {
-        return Err(WireError::bad_field(
-            Layer::Ipv4,
-            "version",
-            4,
-            (ip[0] >> 4) as u32,
-        ));
-    }
+        .ok_or_else(|| truncated(Layer::Ipv4, 20, l3.len()))?;
     let hlen = ((ip[0] & 0x0f) as usize) * 4;
-    if hlen < 20 {
-        return Err(WireError::bad_field(
-            Layer::Ipv4,
-            "ihl",
-            5,
-            (hlen / 4) as u32,
-        ));
-    }
-    if hlen > l3.len() {
-        return Err(WireError::truncated(Layer::Ipv4, hlen, l3.len()));
-    }
     let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-    if total < hlen {
-        return Err(WireError::length(
-            Layer::Ipv4,
-            "total length",
-            hlen as u32,
-            total as u32,
-        ));
-    }
-    if total > l3.len() {
-        return Err(WireError::length(
-            Layer::Ipv4,
-            "total length",
-            l3.len() as u32,
-            total as u32,
-        ));
+    // One combined test on the fast path; the cold function finds out which rule failed.
+    // `hlen <= total <= l3.len()` also proves the header itself is present.
+    if !(ip[0] >> 4 == 4 && hlen >= 20 && hlen <= total && total <= l3.len()) {
+        return Err(ipv4_error(ip, l3.len()));
     }
     let fo = u16::from_be_bytes([ip[6], ip[7]]);
     let offset = fo & crate::ipv4::OFFSET_MASK;
@@ -308,8 +316,8 @@ fn parse_ipv4(h: &mut Headers, buf: &[u8], l3: &[u8]) -> Result<(), WireError> {
     h.l3_len = total as u16;
     h.ttl = ip[8];
     let key = FlowKey {
-        src_ip: IpAddr16::from_v4([ip[12], ip[13], ip[14], ip[15]]),
-        dst_ip: IpAddr16::from_v4([ip[16], ip[17], ip[18], ip[19]]),
+        src_ip: v4_mapped([ip[12], ip[13], ip[14], ip[15]]),
+        dst_ip: v4_mapped([ip[16], ip[17], ip[18], ip[19]]),
         src_port: 0,
         dst_port: 0,
         proto: ip[9],
@@ -320,11 +328,55 @@ fn parse_ipv4(h: &mut Headers, buf: &[u8], l3: &[u8]) -> Result<(), WireError> {
     parse_l4(h, key, dgram, l4_abs, offset != 0, false)
 }
 
+#[cold]
+#[inline(never)]
+fn ipv4_error(ip: &[u8; 20], avail: usize) -> WireError {
+    let hlen = ((ip[0] & 0x0f) as usize) * 4;
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    if ip[0] >> 4 != 4 {
+        WireError::bad_field(Layer::Ipv4, "version", 4, (ip[0] >> 4) as u32)
+    } else if hlen < 20 {
+        WireError::bad_field(Layer::Ipv4, "ihl", 5, (hlen / 4) as u32)
+    } else if hlen > avail {
+        WireError::truncated(Layer::Ipv4, hlen, avail)
+    } else if total < hlen {
+        WireError::length(Layer::Ipv4, "total length", hlen as u32, total as u32)
+    } else {
+        WireError::length(Layer::Ipv4, "total length", avail as u32, total as u32)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn udp_error(len: usize, avail: usize) -> WireError {
+    if len < 8 {
+        WireError::length(Layer::Udp, "length", 8, len as u32)
+    } else {
+        WireError::length(Layer::Udp, "length", avail as u32, len as u32)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn tcp_error(doff: usize, avail: usize) -> WireError {
+    if doff < 20 {
+        WireError::bad_field(Layer::Tcp, "data offset", 5, (doff / 4) as u32)
+    } else {
+        WireError::truncated(Layer::Tcp, doff, avail)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn truncated(layer: Layer, expected: usize, actual: usize) -> WireError {
+    WireError::truncated(layer, expected, actual)
+}
+
 #[inline(always)]
 fn parse_ipv6(h: &mut Headers, buf: &[u8], l3: &[u8]) -> Result<(), WireError> {
     let ip: &[u8; 40] = l3
         .first_chunk()
-        .ok_or(WireError::truncated(Layer::Ipv6, 40, l3.len()))?;
+        .ok_or_else(|| truncated(Layer::Ipv6, 40, l3.len()))?;
     if ip[0] >> 4 != 6 {
         return Err(WireError::bad_field(
             Layer::Ipv6,
@@ -403,20 +455,12 @@ fn parse_l4(
     if !opaque {
         match key.proto {
             ip_proto::TCP => {
-                let t: &[u8; 20] =
-                    seg.first_chunk()
-                        .ok_or(WireError::truncated(Layer::Tcp, 20, seg.len()))?;
+                let t: &[u8; 20] = seg
+                    .first_chunk()
+                    .ok_or_else(|| truncated(Layer::Tcp, 20, seg.len()))?;
                 let doff = (t[12] >> 4) as usize * 4;
-                if doff < 20 {
-                    return Err(WireError::bad_field(
-                        Layer::Tcp,
-                        "data offset",
-                        5,
-                        (doff / 4) as u32,
-                    ));
-                }
-                if doff > seg.len() {
-                    return Err(WireError::truncated(Layer::Tcp, doff, seg.len()));
+                if !(doff >= 20 && doff <= seg.len()) {
+                    return Err(tcp_error(doff, seg.len()));
                 }
                 key.src_port = u16::from_be_bytes([t[0], t[1]]);
                 key.dst_port = u16::from_be_bytes([t[2], t[3]]);
@@ -425,20 +469,12 @@ fn parse_l4(
                 payload_len = seg.len() - doff;
             }
             ip_proto::UDP => {
-                let u: &[u8; 8] =
-                    seg.first_chunk()
-                        .ok_or(WireError::truncated(Layer::Udp, 8, seg.len()))?;
+                let u: &[u8; 8] = seg
+                    .first_chunk()
+                    .ok_or_else(|| truncated(Layer::Udp, 8, seg.len()))?;
                 let len = u16::from_be_bytes([u[4], u[5]]) as usize;
-                if len < 8 {
-                    return Err(WireError::length(Layer::Udp, "length", 8, len as u32));
-                }
-                if len > seg.len() {
-                    return Err(WireError::length(
-                        Layer::Udp,
-                        "length",
-                        seg.len() as u32,
-                        len as u32,
-                    ));
+                if !(len >= 8 && len <= seg.len()) {
+                    return Err(udp_error(len, seg.len()));
                 }
                 key.src_port = u16::from_be_bytes([u[0], u[1]]);
                 key.dst_port = u16::from_be_bytes([u[2], u[3]]);
@@ -447,9 +483,9 @@ fn parse_l4(
             }
             ip_proto::ICMP | ip_proto::ICMPV6 if (key.proto == ip_proto::ICMPV6) == v6 => {
                 let layer = if v6 { Layer::Icmpv6 } else { Layer::Icmp };
-                let m: &[u8; 8] =
-                    seg.first_chunk()
-                        .ok_or(WireError::truncated(layer, 8, seg.len()))?;
+                let m: &[u8; 8] = seg
+                    .first_chunk()
+                    .ok_or_else(|| truncated(layer, 8, seg.len()))?;
                 if icmp::is_echo(v6, m[0]) {
                     let id = u16::from_be_bytes([m[4], m[5]]);
                     key.src_port = id;

@@ -23,8 +23,22 @@ struct Rewrite {
 }
 
 fn rewrite() -> impl Strategy<Value = Rewrite> {
-    (any::<[u8; 4]>(), any::<[u8; 16]>(), any::<u16>(), any::<u16>(), any::<u8>(), any::<u32>())
-        .prop_map(|(src4, dst6, sport, dport, ttl, seq)| Rewrite { src4, dst6, sport, dport, ttl, seq })
+    (
+        any::<[u8; 4]>(),
+        any::<[u8; 16]>(),
+        any::<u16>(),
+        any::<u16>(),
+        any::<u8>(),
+        any::<u32>(),
+    )
+        .prop_map(|(src4, dst6, sport, dport, ttl, seq)| Rewrite {
+            src4,
+            dst6,
+            sport,
+            dport,
+            ttl,
+            seq,
+        })
         .prop_map(|mut r| {
             for p in [&mut r.sport, &mut r.dport] {
                 if *p == 4789 {
@@ -45,7 +59,9 @@ fn put16(f: &mut [u8], at: usize, v: u16) {
 
 /// Applies `r` to `f` in place with incremental checksum updates only.
 fn rewrite_incrementally(spec: &FrameSpec, f: &mut [u8], r: &Rewrite) {
-    let h = parse_frame(f, &ParseOptions::default()).expect("valid").outer;
+    let h = parse_frame(f, &ParseOptions::default())
+        .expect("valid")
+        .outer;
     let l3 = h.l3_offset as usize;
     let l4 = h.l4_offset as usize;
     let v4 = matches!(spec.net, Net::V4 { .. });
@@ -59,10 +75,18 @@ fn rewrite_incrementally(spec: &FrameSpec, f: &mut [u8], r: &Rewrite) {
     let has_ports = matches!(spec.l4, L4::Tcp { .. } | L4::Udp { .. });
     let mut l4c = csum_at.map(|at| get16(f, at));
     let upd_bytes = |c: u16, old: &[u8], new: &[u8]| {
-        if udp && v4 { checksum::update_udp_v4_bytes(c, old, new) } else { udp_fix(udp, update_bytes(c, old, new)) }
+        if udp && v4 {
+            checksum::update_udp_v4_bytes(c, old, new)
+        } else {
+            udp_fix(udp, update_bytes(c, old, new))
+        }
     };
     let upd16 = |c: u16, old: u16, new: u16| {
-        if udp && v4 { checksum::update_udp_v4_16(c, old, new) } else { udp_fix(udp, update16(c, old, new)) }
+        if udp && v4 {
+            checksum::update_udp_v4_16(c, old, new)
+        } else {
+            udp_fix(udp, update16(c, old, new))
+        }
     };
     if v4 {
         // Source address: in the IP header checksum and the pseudo header.

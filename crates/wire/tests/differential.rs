@@ -68,22 +68,41 @@ fn theirs(p: &SlicedPacket<'_>) -> Option<Common> {
     };
     let echo = |t: u8, b: [u8; 4]| {
         let id = u16::from_be_bytes([b[0], b[1]]);
-        if matches!(t, 0 | 8 | 128 | 129) { (id, id) } else { ((t as u16) << 8, 0) }
+        if matches!(t, 0 | 8 | 128 | 129) {
+            (id, id)
+        } else {
+            ((t as u16) << 8, 0)
+        }
     };
     let ports = match &p.transport {
         Some(TransportSlice::Tcp(t)) => Some((t.source_port(), t.destination_port())),
         Some(TransportSlice::Udp(u)) => Some((u.source_port(), u.destination_port())),
         Some(TransportSlice::Icmpv4(i)) => {
             let (s, d) = echo(i.type_u8(), i.bytes5to8());
-            Some(if matches!(i.type_u8(), 0 | 8) { (s, d) } else { ((s & 0xff00) | i.code_u8() as u16, d) })
+            Some(if matches!(i.type_u8(), 0 | 8) {
+                (s, d)
+            } else {
+                ((s & 0xff00) | i.code_u8() as u16, d)
+            })
         }
         Some(TransportSlice::Icmpv6(i)) => {
             let (s, d) = echo(i.type_u8(), i.bytes5to8());
-            Some(if matches!(i.type_u8(), 128 | 129) { (s, d) } else { ((s & 0xff00) | i.code_u8() as u16, d) })
+            Some(if matches!(i.type_u8(), 128 | 129) {
+                (s, d)
+            } else {
+                ((s & 0xff00) | i.code_u8() as u16, d)
+            })
         }
         _ => None,
     };
-    Some(Common { vlans, src, dst, proto, fragmented, ports })
+    Some(Common {
+        vlans,
+        src,
+        dst,
+        proto,
+        fragmented,
+        ports,
+    })
 }
 
 proptest! {

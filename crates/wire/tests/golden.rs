@@ -62,9 +62,17 @@ fn golden_ipv4_tcp_parses_every_field() {
     let k = h.key.expect("ip has a key");
     assert_eq!(k.src_ip, IpAddr16::from_v4([10, 0, 0, 1]));
     assert_eq!(k.dst_ip, IpAddr16::from_v4([10, 0, 0, 2]));
-    assert_eq!((k.proto, k.src_port, k.dst_port), (ip_proto::TCP, 40000, 80));
+    assert_eq!(
+        (k.proto, k.src_port, k.dst_port),
+        (ip_proto::TCP, 40000, 80)
+    );
     assert!(checksum::ipv4_header_valid(&IPV4_TCP[18..38]));
-    assert!(checksum::verify_l4_v4([10, 0, 0, 1], [10, 0, 0, 2], 6, &IPV4_TCP[38..]));
+    assert!(checksum::verify_l4_v4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        6,
+        &IPV4_TCP[38..]
+    ));
 }
 
 #[test]
@@ -87,14 +95,22 @@ fn golden_ipv4_tcp_is_what_the_builder_emits() {
 fn golden_ipv6_ext_headers_are_walked_to_udp() {
     let p = parse_frame(&IPV6_EXT_UDP, &ParseOptions::default()).expect("valid frame");
     let h = p.outer;
-    assert_eq!((h.l3, h.l3_offset, h.l3_len, h.ttl), (L3::Ipv6, 14, 84, 255));
+    assert_eq!(
+        (h.l3, h.l3_offset, h.l3_len, h.ttl),
+        (L3::Ipv6, 14, 84, 255)
+    );
     // 4 extension headers of 8 bytes each after the 40-byte fixed header.
     assert_eq!((h.l4_offset, h.payload_offset, h.payload_len), (86, 94, 4));
     assert_eq!(h.fragment, Fragment::First);
     let k = h.key.expect("ip has a key");
     assert_eq!((k.src_ip, k.dst_ip), (IpAddr16(v6(1)), IpAddr16(v6(2))));
     assert_eq!((k.proto, k.src_port, k.dst_port), (ip_proto::UDP, 5353, 53));
-    assert!(checksum::verify_l4_v6(&v6(1), &v6(2), 17, &IPV6_EXT_UDP[86..]));
+    assert!(checksum::verify_l4_v6(
+        &v6(1),
+        &v6(2),
+        17,
+        &IPV6_EXT_UDP[86..]
+    ));
 }
 
 #[test]
@@ -124,12 +140,21 @@ fn golden_ipv6_ext_headers_are_what_the_builder_emits() {
 fn golden_vxlan_parses_outer_and_inner() {
     let p = parse_frame(&VXLAN_ICMP, &ParseOptions::default()).expect("valid frame");
     let outer = p.outer.key.expect("outer key");
-    assert_eq!((outer.proto, outer.src_port, outer.dst_port), (17, 49152, 4789));
+    assert_eq!(
+        (outer.proto, outer.src_port, outer.dst_port),
+        (17, 49152, 4789)
+    );
     assert_eq!(outer.src_ip, IpAddr16::from_v4([10, 0, 0, 1]));
     let v = p.vxlan.expect("vxlan");
-    assert_eq!((v.vni.get(), v.offset, v.inner_offset, v.inner_len), (0x123456, 42, 50, 46));
+    assert_eq!(
+        (v.vni.get(), v.offset, v.inner_offset, v.inner_len),
+        (0x123456, 42, 50, 46)
+    );
     let h = p.inner.expect("inner headers");
-    assert_eq!((h.l3, h.l3_offset, h.l3_len, h.l4_offset), (L3::Ipv4, 64, 32, 84));
+    assert_eq!(
+        (h.l3, h.l3_offset, h.l3_len, h.l4_offset),
+        (L3::Ipv4, 64, 32, 84)
+    );
     assert_eq!((h.payload_offset, h.payload_len), (92, 4));
     let k = h.key.expect("inner key");
     assert_eq!(k.src_ip, IpAddr16::from_v4([192, 168, 0, 1]));
@@ -156,7 +181,10 @@ fn golden_vxlan_outer_header_is_what_write_header_emits() {
         .icmp_echo(7, 1, false)
         .payload(b"ping")
         .build();
-    assert_eq!(spillway_wire::build::vxlan_encap(&inner, &outer), VXLAN_ICMP);
+    assert_eq!(
+        spillway_wire::build::vxlan_encap(&inner, &outer),
+        VXLAN_ICMP
+    );
 }
 
 #[test]
@@ -164,7 +192,10 @@ fn vxlan_without_i_flag_is_a_bad_field() {
     let mut f = VXLAN_ICMP;
     f[42] = 0;
     let e = parse_frame(&f, &ParseOptions::default()).unwrap_err();
-    assert_eq!((e.layer, e.kind, e.inner), (Layer::Vxlan, ErrorKind::BadField("I flag"), false));
+    assert_eq!(
+        (e.layer, e.kind, e.inner),
+        (Layer::Vxlan, ErrorKind::BadField("I flag"), false)
+    );
 }
 
 #[test]
@@ -179,8 +210,14 @@ fn inner_errors_are_marked_and_displayed_as_inner() {
     let mut f = VXLAN_ICMP;
     f[64] = 0x44; // inner IHL 4
     let e = parse_frame(&f, &ParseOptions::default()).unwrap_err();
-    assert_eq!((e.layer, e.kind, e.inner), (Layer::Ipv4, ErrorKind::BadField("ihl"), true));
-    assert_eq!(e.to_string(), "inner frame: ipv4: bad ihl: expected 5, got 4");
+    assert_eq!(
+        (e.layer, e.kind, e.inner),
+        (Layer::Ipv4, ErrorKind::BadField("ihl"), true)
+    );
+    assert_eq!(
+        e.to_string(),
+        "inner frame: ipv4: bad ihl: expected 5, got 4"
+    );
 }
 
 #[test]
@@ -197,7 +234,10 @@ fn ipv4_malformed_fields_give_the_documented_kinds() {
     let opts = ParseOptions::default();
     let mut f = IPV4_TCP;
     f[18] = 0x44;
-    assert_eq!(parse_frame(&f, &opts).unwrap_err().kind, ErrorKind::BadField("ihl"));
+    assert_eq!(
+        parse_frame(&f, &opts).unwrap_err().kind,
+        ErrorKind::BadField("ihl")
+    );
     let mut f = IPV4_TCP;
     f[21] = 19; // total length below the header
     assert_eq!(
@@ -213,7 +253,10 @@ fn ipv4_malformed_fields_give_the_documented_kinds() {
     let mut f = IPV4_TCP;
     f[50] = 0x40; // TCP data offset 4
     let e = parse_frame(&f, &opts).unwrap_err();
-    assert_eq!((e.layer, e.kind), (Layer::Tcp, ErrorKind::BadField("data offset")));
+    assert_eq!(
+        (e.layer, e.kind),
+        (Layer::Tcp, ErrorKind::BadField("data offset"))
+    );
     let mut f = IPV4_TCP;
     f[50] = 0x70; // data offset 7 = 28 bytes, only 25 left
     let e = parse_frame(&f, &opts).unwrap_err();
@@ -225,14 +268,24 @@ fn ipv4_fragments_first_keeps_ports_nonfirst_zeroes_them() {
     let mut f = IPV4_TCP;
     f[24] = 0x20; // MF, offset 0
     f[25] = 0;
-    let h = parse_frame(&f, &ParseOptions::default()).expect("first fragment").outer;
-    assert_eq!((h.fragment, h.key.map(|k| k.dst_port)), (Fragment::First, Some(80)));
+    let h = parse_frame(&f, &ParseOptions::default())
+        .expect("first fragment")
+        .outer;
+    assert_eq!(
+        (h.fragment, h.key.map(|k| k.dst_port)),
+        (Fragment::First, Some(80))
+    );
     f[25] = 3; // offset 3 (24 bytes)
-    let h = parse_frame(&f, &ParseOptions::default()).expect("later fragment").outer;
+    let h = parse_frame(&f, &ParseOptions::default())
+        .expect("later fragment")
+        .outer;
     assert_eq!(h.fragment, Fragment::NonFirst);
     let k = h.key.expect("key");
     assert_eq!((k.proto, k.src_port, k.dst_port), (6, 0, 0));
-    assert_eq!((h.l4_offset, h.payload_offset, h.payload_len, h.tcp_flags), (38, 38, 25, 0));
+    assert_eq!(
+        (h.l4_offset, h.payload_offset, h.payload_len, h.tcp_flags),
+        (38, 38, 25, 0)
+    );
 }
 
 #[test]
@@ -247,7 +300,10 @@ fn udp_length_errors_are_length_mismatches() {
         let mut f = udp.clone();
         f[39] = bad; // UDP length low byte (11 is right)
         let e = parse_frame(&f, &opts).unwrap_err();
-        assert_eq!((e.layer, e.kind), (Layer::Udp, ErrorKind::LengthMismatch("length")));
+        assert_eq!(
+            (e.layer, e.kind),
+            (Layer::Udp, ErrorKind::LengthMismatch("length"))
+        );
     }
 }
 
@@ -259,11 +315,21 @@ fn three_vlan_tags_are_too_deep_and_9100_is_a_tag() {
         .ipv4([1, 1, 1, 1], [2, 2, 2, 2])
         .udp(1, 2)
         .build();
-    let h = parse_frame(&f, &ParseOptions::default()).expect("qinq").outer;
+    let h = parse_frame(&f, &ParseOptions::default())
+        .expect("qinq")
+        .outer;
     assert_eq!((h.vlan_count, h.vlans), (2, [1, 2]));
-    let f = FrameBuilder::new().vlan(1).vlan(2).vlan(3).ipv4([1; 4], [2; 4]).build();
+    let f = FrameBuilder::new()
+        .vlan(1)
+        .vlan(2)
+        .vlan(3)
+        .ipv4([1; 4], [2; 4])
+        .build();
     let e = parse_frame(&f, &ParseOptions::default()).unwrap_err();
-    assert_eq!((e.layer, e.kind), (Layer::Vlan, ErrorKind::TooDeep("vlan tags")));
+    assert_eq!(
+        (e.layer, e.kind),
+        (Layer::Vlan, ErrorKind::TooDeep("vlan tags"))
+    );
 }
 
 #[test]
@@ -274,7 +340,10 @@ fn ipv6_limits_and_opaque_protocols() {
         b = b.ipv6_ext(Ipv6Ext::DestOpts(vec![]));
     }
     let e = parse_frame(&b.clone().tcp(1, 2).build(), &opts).unwrap_err();
-    assert_eq!((e.layer, e.kind), (Layer::Ipv6Ext, ErrorKind::TooDeep("extension headers")));
+    assert_eq!(
+        (e.layer, e.kind),
+        (Layer::Ipv6Ext, ErrorKind::TooDeep("extension headers"))
+    );
     // Hop-by-hop anywhere but first is malformed (RFC 8200 section 4.1).
     let f = FrameBuilder::new()
         .ipv6(v6(1), v6(2))
@@ -294,10 +363,21 @@ fn ipv6_limits_and_opaque_protocols() {
         .build();
     let h = parse_frame(&f, &opts).expect("ah").outer;
     let k = h.key.expect("key");
-    assert_eq!((k.proto, k.src_port, k.dst_port, h.l4_offset), (51, 0, 0, 54));
+    assert_eq!(
+        (k.proto, k.src_port, k.dst_port, h.l4_offset),
+        (51, 0, 0, 54)
+    );
     // No Next Header.
-    let f = FrameBuilder::new().ipv6(v6(1), v6(2)).raw(59).payload(&[1, 2]).build();
-    let k = parse_frame(&f, &opts).expect("no next").outer.key.expect("key");
+    let f = FrameBuilder::new()
+        .ipv6(v6(1), v6(2))
+        .raw(59)
+        .payload(&[1, 2])
+        .build();
+    let k = parse_frame(&f, &opts)
+        .expect("no next")
+        .outer
+        .key
+        .expect("key");
     assert_eq!((k.proto, k.src_port), (59, 0));
     // Payload length beyond the frame.
     let mut f = FrameBuilder::new().ipv6(v6(1), v6(2)).udp(1, 2).build();
@@ -315,21 +395,40 @@ fn arp_is_recognised_and_validated() {
         .arp(1, [10, 0, 0, 1], MacAddr::ZERO, [10, 0, 0, 2])
         .payload(&[0; 18]) // Ethernet minimum-size padding
         .build();
-    let h = parse_frame(&f, &ParseOptions::default()).expect("arp").outer;
-    assert_eq!((h.l3, h.l3_len, h.key, h.l4_offset), (L3::Arp, 28, None, 42));
+    let h = parse_frame(&f, &ParseOptions::default())
+        .expect("arp")
+        .outer;
+    assert_eq!(
+        (h.l3, h.l3_len, h.key, h.l4_offset),
+        (L3::Arp, 28, None, 42)
+    );
     let mut bad = f.clone();
     bad[19] = 16; // protocol length
     let e = parse_frame(&bad, &ParseOptions::default()).unwrap_err();
-    assert_eq!((e.layer, e.kind), (Layer::Arp, ErrorKind::BadField("protocol length")));
+    assert_eq!(
+        (e.layer, e.kind),
+        (Layer::Arp, ErrorKind::BadField("protocol length"))
+    );
 }
 
 #[test]
 fn icmpv6_echo_and_other_types_follow_the_flow_key_convention() {
-    let f = FrameBuilder::new().ipv6(v6(1), v6(2)).icmp_echo(99, 1, true).build();
-    let k = parse_frame(&f, &ParseOptions::default()).expect("echo").outer.key.expect("key");
+    let f = FrameBuilder::new()
+        .ipv6(v6(1), v6(2))
+        .icmp_echo(99, 1, true)
+        .build();
+    let k = parse_frame(&f, &ParseOptions::default())
+        .expect("echo")
+        .outer
+        .key
+        .expect("key");
     assert_eq!((k.proto, k.src_port, k.dst_port), (58, 99, 99));
     let f = FrameBuilder::new().ipv6(v6(1), v6(2)).icmp(1, 4).build();
-    let k = parse_frame(&f, &ParseOptions::default()).expect("unreach").outer.key.expect("key");
+    let k = parse_frame(&f, &ParseOptions::default())
+        .expect("unreach")
+        .outer
+        .key
+        .expect("key");
     assert_eq!((k.src_port, k.dst_port), (0x0104, 0));
     assert!(checksum::verify_l4_v6(&v6(1), &v6(2), 58, &f[54..]));
 }

@@ -32,7 +32,10 @@ fn check_checksums(spec: &FrameSpec, f: &[u8]) {
     match h.l3 {
         L3::Ipv4 => {
             assert!(checksum::ipv4_header_valid(&f[l3..l4]));
-            let (s, d) = (k.src_ip.v4_octets().expect("v4"), k.dst_ip.v4_octets().expect("v4"));
+            let (s, d) = (
+                k.src_ip.v4_octets().expect("v4"),
+                k.dst_ip.v4_octets().expect("v4"),
+            );
             match k.proto {
                 ip_proto::TCP | ip_proto::UDP => {
                     assert!(checksum::verify_l4_v4(s, d, k.proto, &f[l4..end]))
@@ -43,21 +46,46 @@ fn check_checksums(spec: &FrameSpec, f: &[u8]) {
         }
         _ => {
             if matches!(k.proto, ip_proto::TCP | ip_proto::UDP | ip_proto::ICMPV6) {
-                assert!(checksum::verify_l4_v6(&k.src_ip.0, &k.dst_ip.0, k.proto, &f[l4..end]));
+                assert!(checksum::verify_l4_v6(
+                    &k.src_ip.0,
+                    &k.dst_ip.0,
+                    k.proto,
+                    &f[l4..end]
+                ));
             }
         }
     }
 }
 
 fn outer_spec() -> impl Strategy<Value = VxlanOuter> {
-    (any::<[u8; 4]>(), any::<[u8; 4]>(), any::<[u8; 16]>(), any::<bool>(), any::<u16>(), 0u32..=Vni::MAX)
+    (
+        any::<[u8; 4]>(),
+        any::<[u8; 4]>(),
+        any::<[u8; 16]>(),
+        any::<bool>(),
+        any::<u16>(),
+        0u32..=Vni::MAX,
+    )
         .prop_map(|(s4, d4, s6, v6, sport, vni)| {
             let (src, dst) = if v6 {
-                (std::net::Ipv6Addr::from(s6).into(), std::net::Ipv6Addr::from(!u128::from_be_bytes(s6)).into())
+                (
+                    std::net::Ipv6Addr::from(s6).into(),
+                    std::net::Ipv6Addr::from(!u128::from_be_bytes(s6)).into(),
+                )
             } else {
-                (std::net::Ipv4Addr::from(s4).into(), std::net::Ipv4Addr::from(d4).into())
+                (
+                    std::net::Ipv4Addr::from(s4).into(),
+                    std::net::Ipv4Addr::from(d4).into(),
+                )
             };
-            VxlanOuter::new(MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]), src, dst, sport, Vni::new(vni).expect("in range"))
+            VxlanOuter::new(
+                MacAddr([2, 0, 0, 0, 0, 1]),
+                MacAddr([2, 0, 0, 0, 0, 2]),
+                src,
+                dst,
+                sport,
+                Vni::new(vni).expect("in range"),
+            )
         })
 }
 

@@ -9,17 +9,42 @@ use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, L3, MacAddr, ip_proto}
 /// The transport layer of a generated frame.
 #[derive(Debug, Clone)]
 pub enum L4 {
-    Tcp { src: u16, dst: u16, flags: u8, seq: u32, ack: u32 },
-    Udp { src: u16, dst: u16 },
-    Echo { ident: u16, seq: u16, reply: bool },
+    Tcp {
+        src: u16,
+        dst: u16,
+        flags: u8,
+        seq: u32,
+        ack: u32,
+    },
+    Udp {
+        src: u16,
+        dst: u16,
+    },
+    Echo {
+        ident: u16,
+        seq: u16,
+        reply: bool,
+    },
     Raw(u8),
 }
 
 /// The network layer of a generated frame.
 #[derive(Debug, Clone)]
 pub enum Net {
-    V4 { src: [u8; 4], dst: [u8; 4], ttl: u8, ident: u16, options: Vec<u8>, frag: (u16, bool) },
-    V6 { src: [u8; 16], dst: [u8; 16], hop: u8, ext: Vec<Ipv6Ext> },
+    V4 {
+        src: [u8; 4],
+        dst: [u8; 4],
+        ttl: u8,
+        ident: u16,
+        options: Vec<u8>,
+        frag: (u16, bool),
+    },
+    V6 {
+        src: [u8; 16],
+        dst: [u8; 16],
+        hop: u8,
+        ext: Vec<Ipv6Ext>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -39,11 +64,21 @@ fn port() -> impl Strategy<Value = u16> {
 
 pub fn l4() -> impl Strategy<Value = L4> {
     prop_oneof![
-        (port(), port(), any::<u8>(), any::<u32>(), any::<u32>())
-            .prop_map(|(src, dst, flags, seq, ack)| L4::Tcp { src, dst, flags, seq, ack }),
+        (port(), port(), any::<u8>(), any::<u32>(), any::<u32>()).prop_map(
+            |(src, dst, flags, seq, ack)| L4::Tcp {
+                src,
+                dst,
+                flags,
+                seq,
+                ack
+            }
+        ),
         (port(), port()).prop_map(|(src, dst)| L4::Udp { src, dst }),
-        (any::<u16>(), any::<u16>(), any::<bool>())
-            .prop_map(|(ident, seq, reply)| L4::Echo { ident, seq, reply }),
+        (any::<u16>(), any::<u16>(), any::<bool>()).prop_map(|(ident, seq, reply)| L4::Echo {
+            ident,
+            seq,
+            reply
+        }),
         prop::sample::select(vec![47u8, 132, 253]).prop_map(L4::Raw),
     ]
 }
@@ -67,7 +102,11 @@ pub fn ipv6_exts() -> impl Strategy<Value = Vec<Ipv6Ext>> {
     let mid = prop_oneof![
         opt_data.clone().prop_map(Ipv6Ext::DestOpts),
         (any::<u8>(), prop::collection::vec(any::<u8>(), 0..20)).prop_map(|(t, data)| {
-            Ipv6Ext::Routing { routing_type: t, segments_left: 0, data }
+            Ipv6Ext::Routing {
+                routing_type: t,
+                segments_left: 0,
+                data,
+            }
         }),
         prop_oneof![
             4 => Just((0u16, true)),
@@ -75,7 +114,11 @@ pub fn ipv6_exts() -> impl Strategy<Value = Vec<Ipv6Ext>> {
             2 => (1u16..0x2000, any::<bool>()),
         ]
         .prop_flat_map(|(offset, more)| {
-            any::<u32>().prop_map(move |ident| Ipv6Ext::Fragment { offset, more, ident })
+            any::<u32>().prop_map(move |ident| Ipv6Ext::Fragment {
+                offset,
+                more,
+                ident,
+            })
         }),
     ];
     (
@@ -101,20 +144,41 @@ pub fn ipv6_exts() -> impl Strategy<Value = Vec<Ipv6Ext>> {
 
 pub fn net() -> impl Strategy<Value = Net> {
     prop_oneof![
-        (any::<[u8; 4]>(), any::<[u8; 4]>(), any::<u8>(), any::<u16>(),
-            prop::collection::vec(any::<u8>(), 0..=40), frag_v4())
+        (
+            any::<[u8; 4]>(),
+            any::<[u8; 4]>(),
+            any::<u8>(),
+            any::<u16>(),
+            prop::collection::vec(any::<u8>(), 0..=40),
+            frag_v4()
+        )
             .prop_map(|(src, dst, ttl, ident, mut options, frag)| {
                 options.truncate(options.len() / 4 * 4);
-                Net::V4 { src, dst, ttl, ident, options, frag }
+                Net::V4 {
+                    src,
+                    dst,
+                    ttl,
+                    ident,
+                    options,
+                    frag,
+                }
             }),
-        (any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u8>(), ipv6_exts())
+        (
+            any::<[u8; 16]>(),
+            any::<[u8; 16]>(),
+            any::<u8>(),
+            ipv6_exts()
+        )
             .prop_map(|(src, dst, hop, ext)| Net::V6 { src, dst, hop, ext }),
     ]
 }
 
 pub fn vlans() -> impl Strategy<Value = Vec<(u16, u16)>> {
     prop::collection::vec(
-        (prop::sample::select(vec![0x8100u16, 0x88a8, 0x9100]), any::<u16>()),
+        (
+            prop::sample::select(vec![0x8100u16, 0x88a8, 0x9100]),
+            any::<u16>(),
+        ),
         0..=2,
     )
 }
@@ -173,7 +237,10 @@ impl ProtoNumber for Ipv6Ext {
 impl FrameSpec {
     /// The extension headers the parser walks: all, or up to a non-first fragment header.
     fn v6_walked<'a>(&self, ext: &'a [Ipv6Ext]) -> &'a [Ipv6Ext] {
-        match ext.iter().position(|e| matches!(e, Ipv6Ext::Fragment { offset, .. } if *offset != 0)) {
+        match ext
+            .iter()
+            .position(|e| matches!(e, Ipv6Ext::Fragment { offset, .. } if *offset != 0))
+        {
             Some(i) => &ext[..=i],
             None => ext,
         }
@@ -185,7 +252,14 @@ impl FrameSpec {
             b = b.vlan_tpid(*tpid, *tci);
         }
         b = match &self.net {
-            Net::V4 { src, dst, ttl, ident, options, frag } => b
+            Net::V4 {
+                src,
+                dst,
+                ttl,
+                ident,
+                options,
+                frag,
+            } => b
                 .ipv4(*src, *dst)
                 .ttl(*ttl)
                 .ident(*ident)
@@ -200,9 +274,13 @@ impl FrameSpec {
             }
         };
         b = match self.l4 {
-            L4::Tcp { src, dst, flags, seq, ack } => {
-                b.tcp(src, dst).tcp_flags(flags).seq(seq).ack(ack)
-            }
+            L4::Tcp {
+                src,
+                dst,
+                flags,
+                seq,
+                ack,
+            } => b.tcp(src, dst).tcp_flags(flags).seq(seq).ack(ack),
             L4::Udp { src, dst } => b.udp(src, dst),
             L4::Echo { ident, seq, reply } => b.icmp_echo(ident, seq, reply),
             L4::Raw(p) => b.raw(p),
@@ -262,7 +340,13 @@ impl FrameSpec {
         }
         let l3_offset = 14 + 4 * self.vlans.len();
         let (l3, ethertype, ttl, ip_hdr, src_ip, dst_ip) = match &self.net {
-            Net::V4 { src, dst, ttl, options, .. } => (
+            Net::V4 {
+                src,
+                dst,
+                ttl,
+                options,
+                ..
+            } => (
                 L3::Ipv4,
                 0x0800,
                 *ttl,
@@ -313,7 +397,13 @@ impl FrameSpec {
             l3,
             l3_offset: l3_offset as u16,
             l3_len: (ip_hdr + l4_len) as u16,
-            key: Some(FlowKey { src_ip, dst_ip, src_port, dst_port, proto }),
+            key: Some(FlowKey {
+                src_ip,
+                dst_ip,
+                src_port,
+                dst_port,
+                proto,
+            }),
             fragment,
             l4_offset: l4_offset as u16,
             payload_offset: (l4_offset + hdr) as u16,
