@@ -152,7 +152,7 @@ pub const fn update32(csum: u16, old: u32, new: u32) -> u16 {
 /// lengths differ or are odd.
 #[inline]
 pub fn update_bytes(csum: u16, old: &[u8], new: &[u8]) -> u16 {
-    debug_assert!(old.len() == new.len() && old.len() % 2 == 0);
+    debug_assert!(old.len() == new.len() && old.len().is_multiple_of(2));
     let mut s = (!csum) as u32;
     for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
         s += (!u16::from_be_bytes([o[0], o[1]])) as u32 + u16::from_be_bytes([n[0], n[1]]) as u32;
