@@ -23,7 +23,11 @@ fn check(h: &Headers, len: usize, lo: usize, hi: usize) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let port = if data.first().is_some_and(|b| b & 1 == 1) { 4789 } else { 0 };
+    let port = if data.first().is_some_and(|b| b & 1 == 1) {
+        4789
+    } else {
+        0
+    };
     for opts in [ParseOptions::default(), ParseOptions { vxlan_port: port }] {
         if let Ok(p) = parse_frame(data, &opts) {
             check(&p.outer, data.len(), 0, data.len());

@@ -11,10 +11,10 @@ use spillway_wire::build::{FrameBuilder, Ipv6Ext, VxlanOuter, vxlan_encap};
 use spillway_wire::{MacAddr, ParseOptions, Vni, parse_frame};
 
 fn frames() -> Vec<(&'static str, Vec<u8>)> {
-    // 14 + 20 + 8 = 42-byte inner frame + 50 bytes of outer headers = 92 bytes; the payload
-    // is sized so the whole packet is 64 bytes... which VXLAN cannot reach: the smallest VXLAN
-    // IPv4/UDP packet is 50 + 42 = 92 bytes. "64B" names the inner frame's minimum Ethernet
-    // size (42 bytes of headers + 22 bytes of payload).
+    // "64B" is the inner frame: a minimum-size Ethernet frame (42 bytes of Ethernet/IPv4/UDP
+    // headers + 22 bytes of payload, FCS excluded) inside 50 bytes of outer headers, so the
+    // parsed buffer is 114 bytes. No VXLAN packet can itself be 64 bytes: the outer headers and
+    // a minimal inner header stack alone are 92.
     let inner = FrameBuilder::new()
         .ipv4([192, 168, 1, 10], [192, 168, 1, 20])
         .udp(40000, 53)

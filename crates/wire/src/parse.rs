@@ -67,6 +67,8 @@ pub enum Fragment {
     /// The first fragment (offset 0, more fragments follow): the transport header is parsed.
     First,
     /// A later fragment: its bytes are not a transport header, so the key's ports are zero.
+    /// For IPv6 the walk stops at the fragment header: the key's protocol is that header's Next
+    /// Header (which may itself be an extension header), and `l4_offset` points just after it.
     NonFirst,
 }
 
