@@ -57,6 +57,9 @@ pub struct WireError {
     pub expected: u32,
     /// The value found.
     pub actual: u32,
+    /// True when the error is inside the Ethernet frame carried by a VXLAN packet; `Display`
+    /// then prefixes "inner frame: ".
+    pub inner: bool,
 }
 
 impl WireError {
@@ -67,6 +70,7 @@ impl WireError {
             kind: ErrorKind::Truncated,
             expected: expected as u32,
             actual: actual as u32,
+            inner: false,
         }
     }
 
@@ -82,6 +86,7 @@ impl WireError {
             kind: ErrorKind::BadField(field),
             expected,
             actual,
+            inner: false,
         }
     }
 
@@ -97,7 +102,40 @@ impl WireError {
             kind: ErrorKind::LengthMismatch(field),
             expected,
             actual,
+            inner: false,
         }
+    }
+}
+
+impl WireError {
+    /// Too many stacked headers: at most `expected`, `actual` seen.
+    pub const fn too_deep(
+        layer: Layer,
+        what: &'static str,
+        expected: u32,
+        actual: u32,
+    ) -> WireError {
+        WireError {
+            layer,
+            kind: ErrorKind::TooDeep(what),
+            expected,
+            actual,
+            inner: false,
+        }
+    }
+
+    /// The same error, marked as found inside a VXLAN inner frame.
+    pub const fn in_inner(mut self) -> WireError {
+        self.inner = true;
+        self
+    }
+
+    /// True for the two kinds that mean "the bytes ran out" (`Truncated`, `LengthMismatch`).
+    pub const fn is_length_error(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Truncated | ErrorKind::LengthMismatch(_)
+        )
     }
 }
 
@@ -117,6 +155,9 @@ impl fmt::Display for WireError {
             Layer::Vxlan => "vxlan",
             Layer::Inner => "inner frame",
         };
+        if self.inner {
+            f.write_str("inner frame: ")?;
+        }
         match self.kind {
             ErrorKind::Truncated => write!(
                 f,
