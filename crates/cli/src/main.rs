@@ -1,3 +1,69 @@
-//! The `spillway` command line.
+//! The `spillway` command line: run the vSwitch pipeline over captures, inspect captures, and
+//! benchmark the data path. (`sim`, `run` and `ctl` arrive with the fabric and the drivers.)
 
-fn main() {}
+mod bench;
+mod inspect;
+mod pcapio;
+mod run;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "spillway", version, about = "Elastic DPU + host vSwitch fabric")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Work with packet captures.
+    #[command(subcommand)]
+    Pcap(PcapCommand),
+    /// Benchmarks that print machine-readable results.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum PcapCommand {
+    /// Print one JSON object per frame: VNI, addresses, protocol, ports, or why it is malformed.
+    Inspect {
+        /// A pcap or pcapng file with Ethernet frames.
+        file: PathBuf,
+        /// UDP port that marks VXLAN.
+        #[arg(long, default_value_t = 4789)]
+        vxlan_port: u16,
+    },
+    /// Run the vSwitch pipeline over a capture; print a verdict per frame as JSON lines and
+    /// write the forwarded (rewritten) frames to --out.
+    Run(run::RunArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Single-core fast-path and slow-path throughput on a large synthetic workload.
+    Datapath(bench::DatapathArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Pcap(PcapCommand::Inspect { file, vxlan_port }) => {
+            let frames = pcapio::read_frames(&file)?;
+            let opts = spillway_wire::ParseOptions { vxlan_port };
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            for (i, f) in frames.iter().enumerate() {
+                use std::io::Write;
+                serde_json::to_writer(&mut out, &inspect::inspect(i, &f.data, &opts))?;
+                writeln!(out)?;
+            }
+            Ok(())
+        }
+        Command::Pcap(PcapCommand::Run(args)) => run::run(&args),
+        Command::Bench(BenchCommand::Datapath(args)) => bench::datapath(&args),
+    }
+}

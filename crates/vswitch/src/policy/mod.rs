@@ -112,7 +112,7 @@ use std::path::Path;
 type FixedMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::FixedState>;
 
 /// This host's identity on the underlay.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostConfig {
     /// The uplink port.
     pub uplink_port: PortId,

@@ -1,0 +1,42 @@
+//! Unified flow entries: what the slow path produces and the fast path (the DPU hardware table
+//! or a software cache) executes.
+
+use crate::action::ActionList;
+use crate::conntrack::{CtDir, CtHandle};
+use crate::ids::{Epoch, PortId, TenantId};
+use crate::time::Instant;
+use spillway_wire::{FlowKey, MacAddr, Vni};
+
+/// The exact match of a flow entry: where the packet entered, the VNI when it arrived VXLAN
+/// encapsulated on the uplink, and the (inner) 5-tuple.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct FlowMatch {
+    /// Ingress port.
+    pub port: PortId,
+    /// VNI of a VXLAN packet on the uplink, `None` for VM ports and non-overlay uplink traffic.
+    pub vni: Option<Vni>,
+    /// The 5-tuple (of the inner packet for VXLAN).
+    pub key: FlowKey,
+}
+
+/// A unified flow entry's value: the header transformation plus what the fast path needs to keep
+/// conntrack and anti-spoofing exact without walking the policy.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct FlowEntry {
+    /// Policy epoch the entry was computed under; an older epoch makes it stale.
+    pub epoch: Epoch,
+    /// The tenant (conntrack zone) the entry belongs to.
+    pub tenant: TenantId,
+    /// The header transformation.
+    pub actions: ActionList,
+    /// For entries matching on a VM port: the port's MAC, so anti-spoofing holds on the fast path
+    /// too (the 5-tuple in the match does not cover the source MAC).
+    pub expect_src_mac: Option<MacAddr>,
+    /// The connection and which of its directions this entry carries.
+    pub ct: Option<(CtHandle, CtDir)>,
+    /// The connection had reached its steady state (TCP established, UDP/ICMP replied) the last
+    /// time this entry stepped it; then only SYN/FIN/RST packets step it again.
+    pub ct_steady: bool,
+    /// When this entry last refreshed the connection's idle timer.
+    pub ct_refreshed_at: Instant,
+}

@@ -1,0 +1,952 @@
+//! The vSwitch pipeline: fast path over a bounded flow table, slow path over the policy.
+//!
+//! [`Pipeline::process_batch`] takes a batch of frames that arrived on one port and returns one
+//! [`Verdict`] per frame, rewriting the frames in place. The stages of a batch:
+//!
+//! 1. **Parse and classify** every frame (`spillway_wire::parse_frame`, no copy). Frames that can
+//!    never be fast-path hits (malformed, non-IP, fragments, VXLAN not addressed to our VTEP) are
+//!    marked for the slow path, which drops them with a reason.
+//! 2. **Batched lookup** of `(port, vni, 5-tuple)` in the flow table: hashes first, then bucket and
+//!    entry prefetches, so the DRAM latency of a million-entry table is paid once per group.
+//! 3. **Execute**: a hit whose entry is of the current epoch runs the entry's action list
+//!    ([`crate::action::apply`]); conntrack is stepped only when the TCP flags or the connection's
+//!    state require it (see [`FlowEntry::ct_steady`]) and otherwise refreshed once per
+//!    `ct_refresh`. A miss or a stale entry takes the slow path.
+//!
+//! The slow path walks anti-spoof -> conntrack -> security groups -> route -> SNAT -> conntrack
+//! create, builds the forward and reverse flow entries of the connection, installs them, and then
+//! applies the forward entry to the packet with the same executor the fast path uses. That is why
+//! the two paths agree byte for byte (`tests/path_equivalence.rs` checks it).
+//!
+//! Security groups are stateful: a packet of an existing connection is not re-evaluated, also
+//! after a policy change; routes, MACs and NAT are recomputed under the new epoch.
+
+use core::time::Duration;
+use std::collections::BTreeMap;
+
+use foldhash::fast::FixedState;
+use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, ParseOptions, ParsedFrame};
+use spillway_wire::{ip_proto, parse_frame};
+
+use crate::action::{Action, ActionList, NatSide, apply};
+use spillway_wire::build::VxlanOuter;
+use crate::conntrack::{Connection, Conntrack, ConntrackConfig, CtDir, CtError, CtHandle, CtState, TcpState};
+use crate::flow::{FlowEntry, FlowMatch};
+use crate::flow_table::{EntryIdx, FlowTable, FlowTableConfig, Inserted};
+use crate::ids::{Direction, Epoch, PortId, TenantId};
+use crate::packet::PacketBuf;
+use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
+use crate::time::Instant;
+use crate::verdict::{DropCounters, DropReason, Verdict};
+
+/// Frames processed per stage of a batch: enough lookups in flight to hide DRAM latency, few
+/// enough that the per-batch scratch arrays stay in L1.
+const BATCH_GROUP: usize = 32;
+
+/// TCP flags that always step the connection's state machine, even in steady state.
+const TCP_STATE_FLAGS: u8 = 0x01 | 0x02 | 0x04; // FIN | SYN | RST
+
+/// Pipeline configuration.
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    /// The flow table (capacity, idle timeout, full behaviour).
+    pub flow_table: FlowTableConfig,
+    /// The conntrack table.
+    pub conntrack: ConntrackConfig,
+    /// How often a steady flow entry refreshes its connection's idle timer. Much shorter than
+    /// any conntrack timeout, so an active connection never expires; long enough that the common
+    /// fast-path hit does not touch the conntrack table.
+    pub ct_refresh: Duration,
+    /// Seed of the hash that picks the VXLAN UDP source port from the inner flow.
+    pub hash_seed: u64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            flow_table: FlowTableConfig::default(),
+            conntrack: ConntrackConfig::default(),
+            ct_refresh: Duration::from_secs(1),
+            hash_seed: 0x5eed_5b11_1a7e,
+        }
+    }
+}
+
+/// Pipeline counters (dotted names in [`PipelineCounters::iter`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PipelineCounters {
+    /// `vswitch.rx.packets`: frames offered.
+    pub rx_packets: u64,
+    /// `vswitch.fast_path.hit`: frames handled by a flow entry.
+    pub fast_path_hits: u64,
+    /// `vswitch.slow_path.packets`: frames that walked the policy.
+    pub slow_path_packets: u64,
+    /// `vswitch.slow_path.stale_epoch`: hits on an entry of an older epoch (recomputed).
+    pub stale_epoch: u64,
+    /// `vswitch.slow_path.new_conn`: connections created.
+    pub new_connections: u64,
+    /// `vswitch.flow.installed`: flow entries installed.
+    pub flows_installed: u64,
+    /// `vswitch.flow.evicted`: flow entries evicted to make room.
+    pub flows_evicted: u64,
+    /// `vswitch.flow.install_rejected`: entries not installed because the table was full
+    /// (the packet is still forwarded; later packets take the slow path).
+    pub flows_rejected: u64,
+    /// `vswitch.tx.forwarded`: frames forwarded.
+    pub forwarded: u64,
+    /// `vswitch.tx.dropped`: frames dropped (by reason in [`Pipeline::drops`]).
+    pub dropped: u64,
+}
+
+impl PipelineCounters {
+    /// `(metric name, value)` pairs in a stable order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("vswitch.rx.packets", self.rx_packets),
+            ("vswitch.fast_path.hit", self.fast_path_hits),
+            ("vswitch.slow_path.packets", self.slow_path_packets),
+            ("vswitch.slow_path.stale_epoch", self.stale_epoch),
+            ("vswitch.slow_path.new_conn", self.new_connections),
+            ("vswitch.flow.installed", self.flows_installed),
+            ("vswitch.flow.evicted", self.flows_evicted),
+            ("vswitch.flow.install_rejected", self.flows_rejected),
+            ("vswitch.tx.forwarded", self.forwarded),
+            ("vswitch.tx.dropped", self.dropped),
+        ]
+        .into_iter()
+    }
+}
+
+/// How a connection crosses the vSwitch; enough to rebuild both flow entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// VM `a` to VM `b`, both on this host.
+    Local { a: PortId, b: PortId },
+    /// VM `a` to a remote subnet behind `vtep`.
+    TunnelOut { a: PortId, vtep: IpAddr16 },
+    /// A remote sender behind `vtep` to VM `b`.
+    TunnelIn { b: PortId, vtep: IpAddr16 },
+    /// VM `a` to the internet through the underlay, SNATed to `nat` (IPv4) or not (IPv6).
+    Internet { a: PortId, nat: Option<(IpAddr16, u16)> },
+}
+
+/// Per-frame state of a batch.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    /// Not yet decided.
+    Pending,
+    /// Parse failed.
+    Malformed(spillway_wire::WireError),
+}
+
+/// The vSwitch pipeline. See the module doc for the stages.
+#[derive(Debug)]
+pub struct Pipeline {
+    policy: Policy,
+    epoch: Epoch,
+    flows: FlowTable<FlowMatch, FlowEntry>,
+    ct: Conntrack,
+    snat: BTreeMap<TenantId, (SnatRange, SnatPools)>,
+    parse_opts: ParseOptions,
+    ct_refresh_ns: u64,
+    hasher: FixedState,
+    counters: PipelineCounters,
+    drops: DropCounters,
+}
+
+/// Errors building a pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The flow table configuration is invalid.
+    #[error("flow table: {0}")]
+    FlowTable(#[from] crate::flow_table::FlowTableConfigError),
+    /// The conntrack configuration is invalid.
+    #[error("conntrack: {0}")]
+    Conntrack(#[from] crate::conntrack::ConntrackConfigError),
+}
+
+impl Pipeline {
+    /// A pipeline over `policy`, at epoch 1.
+    pub fn new(policy: Policy, cfg: PipelineConfig) -> Result<Pipeline, PipelineError> {
+        let flows = FlowTable::new(cfg.flow_table)?;
+        let ct = Conntrack::new(cfg.conntrack)?;
+        let mut p = Pipeline {
+            parse_opts: ParseOptions { vxlan_port: policy.host().vxlan_port },
+            snat: BTreeMap::new(),
+            policy,
+            epoch: Epoch(1),
+            flows,
+            ct,
+            ct_refresh_ns: u64::try_from(cfg.ct_refresh.as_nanos()).unwrap_or(u64::MAX),
+            hasher: FixedState::with_seed(cfg.hash_seed),
+            counters: PipelineCounters::default(),
+            drops: DropCounters::default(),
+        };
+        p.rebuild_snat_pools();
+        Ok(p)
+    }
+
+    /// Replace the policy. The epoch advances; existing flow entries become stale and are
+    /// recomputed on their next hit. SNAT bindings of live connections are kept.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.parse_opts = ParseOptions { vxlan_port: policy.host().vxlan_port };
+        self.policy = policy;
+        self.epoch = self.epoch.next();
+        self.rebuild_snat_pools();
+    }
+
+    fn rebuild_snat_pools(&mut self) {
+        let mut pools = BTreeMap::new();
+        for t in self.policy.tenants() {
+            if let Some(range) = t.snat.as_ref() {
+                // Keep the pools of tenants whose range is unchanged, so live bindings stay valid.
+                let pool = match self.snat.remove(&t.id) {
+                    Some((old_range, old)) if old_range == *range => old,
+                    _ => SnatPools::new(range),
+                };
+                pools.insert(t.id, (*range, pool));
+            }
+        }
+        self.snat = pools;
+    }
+
+    /// The current policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Pipeline counters.
+    pub fn counters(&self) -> &PipelineCounters {
+        &self.counters
+    }
+
+    /// Drop counters by reason.
+    pub fn drops(&self) -> &DropCounters {
+        &self.drops
+    }
+
+    /// The flow table.
+    pub fn flows(&self) -> &FlowTable<FlowMatch, FlowEntry> {
+        &self.flows
+    }
+
+    /// The conntrack table.
+    pub fn conntrack(&self) -> &Conntrack {
+        &self.ct
+    }
+
+    /// Process one frame that arrived on `ingress`.
+    pub fn process(&mut self, now: Instant, ingress: PortId, pkt: &mut PacketBuf) -> Verdict {
+        let mut v = [Verdict::Drop(DropReason::PolicyDrop)];
+        self.process_batch(now, ingress, core::slice::from_mut(pkt), &mut v);
+        v[0]
+    }
+
+    /// Process a batch of frames that arrived on `ingress`; `verdicts[i]` is the fate of
+    /// `pkts[i]`, which is rewritten in place. Panics if the slices differ in length.
+    pub fn process_batch(
+        &mut self,
+        now: Instant,
+        ingress: PortId,
+        pkts: &mut [PacketBuf],
+        verdicts: &mut [Verdict],
+    ) {
+        assert_eq!(pkts.len(), verdicts.len(), "one verdict per packet");
+        let uplink = ingress == self.policy.host().uplink_port;
+        let vtep = self.policy.host().vtep_ip;
+        let mut parsed = [None::<ParsedFrame>; BATCH_GROUP];
+        let mut slots = [Slot::Pending; BATCH_GROUP];
+        let mut keys = [FlowMatch::EMPTY; BATCH_GROUP];
+        let mut bytes = [0u32; BATCH_GROUP];
+        let mut which = [0usize; BATCH_GROUP];
+        let mut found = [None::<EntryIdx>; BATCH_GROUP];
+        for (pkts, verdicts) in pkts.chunks_mut(BATCH_GROUP).zip(verdicts.chunks_mut(BATCH_GROUP)) {
+            let n = pkts.len();
+            self.counters.rx_packets += n as u64;
+            // Stage 1: parse and classify; gather the lookups.
+            let mut m = 0;
+            for i in 0..n {
+                parsed[i] = None;
+                slots[i] = Slot::Pending;
+                match parse_frame(pkts[i].data(), &self.parse_opts) {
+                    Err(e) => slots[i] = Slot::Malformed(e),
+                    Ok(p) => {
+                        if let Some(fm) = cacheable_match(ingress, uplink, vtep, &p) {
+                            keys[m] = fm;
+                            bytes[m] = pkts[i].len() as u32;
+                            which[m] = i;
+                            m += 1;
+                        }
+                        parsed[i] = Some(p);
+                    }
+                }
+            }
+            // Stage 2: batched, prefetched lookup.
+            self.flows.lookup_batch(now, &keys[..m], &bytes[..m], &mut found[..m]);
+            // Stage 3: execute hits; everything else takes the slow path.
+            let mut hit = [false; BATCH_GROUP];
+            for j in 0..m {
+                let i = which[j];
+                if let (Some(idx), Some(p)) = (found[j], parsed[i].as_ref()) {
+                    if let Some(v) = self.fast_path(now, idx, &mut pkts[i], p) {
+                        verdicts[i] = v;
+                        hit[i] = true;
+                    }
+                }
+            }
+            for i in 0..n {
+                if hit[i] {
+                    continue;
+                }
+                verdicts[i] = match (slots[i], parsed[i].as_ref()) {
+                    (Slot::Malformed(e), _) => Verdict::Drop(DropReason::Malformed(e)),
+                    (Slot::Pending, Some(p)) => {
+                        let p = *p;
+                        self.slow_path(now, ingress, &mut pkts[i], &p)
+                    }
+                    (Slot::Pending, None) => unreachable!("a pending slot parsed"),
+                };
+            }
+            for v in verdicts.iter() {
+                match v {
+                    Verdict::Forward(_) => self.counters.forwarded += 1,
+                    Verdict::Drop(r) => {
+                        self.counters.dropped += 1;
+                        self.drops.add(r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The hit path. `None` means "not usable, take the slow path" (stale epoch, stale
+    /// connection, or a source MAC the entry does not allow).
+    #[inline]
+    fn fast_path(
+        &mut self,
+        now: Instant,
+        idx: EntryIdx,
+        pkt: &mut PacketBuf,
+        parsed: &ParsedFrame,
+    ) -> Option<Verdict> {
+        let epoch = self.epoch;
+        let refresh = self.ct_refresh_ns;
+        let e = self.flows.value_mut(idx);
+        if e.epoch != epoch {
+            self.counters.stale_epoch += 1;
+            return None;
+        }
+        if let Some(mac) = e.expect_src_mac {
+            if parsed.outer.src_mac != mac {
+                return None;
+            }
+        }
+        let headers = parsed.inner.as_ref().unwrap_or(&parsed.outer);
+        if let Some((h, dir)) = e.ct {
+            let flags = tcp_flags(headers);
+            if !e.ct_steady || flags & TCP_STATE_FLAGS != 0 {
+                match self.ct.update(now, h, dir, flags, pkt.len() as u32) {
+                    Ok(state) => {
+                        let e = self.flows.value_mut(idx);
+                        e.ct_steady = is_steady(state);
+                        e.ct_refreshed_at = now;
+                    }
+                    Err(CtError::Invalid) => {
+                        return Some(Verdict::Drop(DropReason::ConntrackInvalid));
+                    }
+                    Err(_) => return None,
+                }
+            } else if now.0.saturating_sub(e.ct_refreshed_at.0) >= refresh {
+                if self.ct.touch(now, h).is_err() {
+                    return None;
+                }
+                self.flows.value_mut(idx).ct_refreshed_at = now;
+            }
+        }
+        self.counters.fast_path_hits += 1;
+        let actions = self.flows.value(idx).actions;
+        Some(apply(&actions, pkt, parsed))
+    }
+
+    /// The slow path: decide, install, apply.
+    fn slow_path(
+        &mut self,
+        now: Instant,
+        ingress: PortId,
+        pkt: &mut PacketBuf,
+        parsed: &ParsedFrame,
+    ) -> Verdict {
+        self.counters.slow_path_packets += 1;
+        match self.decide(now, ingress, parsed) {
+            Err(reason) => Verdict::Drop(reason),
+            Ok(entry) => apply(&entry.actions, pkt, parsed),
+        }
+    }
+
+    /// Walk the policy for one packet; on success install the connection's entries and return
+    /// the entry for this packet's direction.
+    fn decide(
+        &mut self,
+        now: Instant,
+        ingress: PortId,
+        parsed: &ParsedFrame,
+    ) -> Result<FlowEntry, DropReason> {
+        let host = *self.policy.host();
+        if ingress == host.uplink_port {
+            return self.decide_uplink(now, parsed);
+        }
+        let port = self.policy.port(ingress).ok_or(DropReason::UnknownPort(ingress))?;
+        let h = &parsed.outer;
+        let key = l3_key(h)?;
+        if h.src_mac != port.mac {
+            return Err(DropReason::SpoofedMac);
+        }
+        if !port.ips.contains(&key.src_ip) {
+            return Err(DropReason::SpoofedIp);
+        }
+        let tenant = port.tenant;
+        let flags = tcp_flags(h);
+        if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
+            return self.existing(now, tenant, handle, dir, flags, None);
+        }
+        // A new connection from a VM.
+        if let Some(reason) = self.policy.sg_evaluate(ingress, Direction::Egress, &key).drop_reason()
+        {
+            return Err(reason);
+        }
+        let shape = match self.policy.route(tenant, key.dst_ip) {
+            None => return Err(DropReason::NoRoute),
+            Some(RouteTarget::Blackhole) => return Err(DropReason::Blackhole),
+            Some(RouteTarget::Local) => {
+                let b = self.policy.port_by_ip(tenant, key.dst_ip).ok_or(DropReason::NoSuchVm)?;
+                if let Some(reason) =
+                    self.policy.sg_evaluate(b, Direction::Ingress, &key).drop_reason()
+                {
+                    return Err(reason);
+                }
+                Shape::Local { a: ingress, b }
+            }
+            Some(RouteTarget::Tunnel { vtep }) => Shape::TunnelOut { a: ingress, vtep },
+            Some(RouteTarget::Internet) => {
+                Shape::Internet { a: ingress, nat: self.snat_allocate(tenant, &key)? }
+            }
+        };
+        let reply = reply_key(&key, shape);
+        let mut reclaimed = ReclaimedSnat::default();
+        let created = self.ct.create(now, tenant, key, reply, flags, 0, |c| {
+            reclaimed.note(&self.policy, c)
+        });
+        self.release_reclaimed(reclaimed);
+        let handle = match created {
+            Ok(h) => h,
+            Err(e) => {
+                self.snat_release(tenant, &key, shape);
+                return Err(ct_create_drop(e));
+            }
+        };
+        self.counters.new_connections += 1;
+        self.install(now, tenant, handle, CtDir::Original, &key, shape)
+    }
+
+    /// A frame on the uplink: VXLAN to our VTEP, or return traffic to a SNAT address.
+    fn decide_uplink(&mut self, now: Instant, parsed: &ParsedFrame) -> Result<FlowEntry, DropReason> {
+        let host = *self.policy.host();
+        let outer = &parsed.outer;
+        let outer_key = l3_key(outer)?;
+        if let (Some(vx), Some(inner)) = (parsed.vxlan.as_ref(), parsed.inner.as_ref()) {
+            if outer_key.dst_ip != host.vtep_ip {
+                return Err(DropReason::NotForUs);
+            }
+            let tenant =
+                self.policy.tenant_by_vni(vx.vni).ok_or(DropReason::UnknownVni(vx.vni.get()))?;
+            let key = l3_key(inner)?;
+            let flags = tcp_flags(inner);
+            if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
+                return self.existing(now, tenant, handle, dir, flags, Some(outer_key.src_ip));
+            }
+            let b = self.policy.port_by_ip(tenant, key.dst_ip).ok_or(DropReason::NoSuchVm)?;
+            if let Some(reason) = self.policy.sg_evaluate(b, Direction::Ingress, &key).drop_reason()
+            {
+                return Err(reason);
+            }
+            let shape = Shape::TunnelIn { b, vtep: outer_key.src_ip };
+            let mut reclaimed = ReclaimedSnat::default();
+            let handle = self
+                .ct
+                .create(now, tenant, key, key.reversed(), flags, vtep_tag(outer_key.src_ip), |c| {
+                    reclaimed.note(&self.policy, c)
+                });
+            self.release_reclaimed(reclaimed);
+            let handle = handle.map_err(ct_create_drop)?;
+            self.counters.new_connections += 1;
+            return self.install(now, tenant, handle, CtDir::Original, &key, shape);
+        }
+        // Plain IP on the uplink: only return traffic of SNATed connections is ours.
+        let tenant = self.policy.is_snat_address(outer_key.dst_ip).ok_or(DropReason::NotForUs)?;
+        match self.ct.lookup(now, tenant, &outer_key) {
+            Some((handle, dir)) => self.existing(now, tenant, handle, dir, tcp_flags(outer), None),
+            None => Err(DropReason::NoConnection),
+        }
+    }
+
+    /// A packet of an existing connection whose flow entry was missing or stale: step conntrack,
+    /// rebuild the entries under the current policy (no security-group re-evaluation).
+    #[allow(clippy::too_many_arguments)]
+    fn existing(
+        &mut self,
+        now: Instant,
+        tenant: TenantId,
+        handle: CtHandle,
+        dir: CtDir,
+        flags: u8,
+        learned_vtep: Option<IpAddr16>,
+    ) -> Result<FlowEntry, DropReason> {
+        match self.ct.update(now, handle, dir, flags, 0) {
+            Ok(_) => {}
+            Err(CtError::Invalid) => return Err(DropReason::ConntrackInvalid),
+            Err(_) => return Err(DropReason::NoConnection),
+        }
+        let conn = self.ct.get(handle).ok_or(DropReason::NoConnection)?;
+        let (orig, reply, tag) = (conn.orig(), conn.reply(), conn.tag());
+        let shape = self.shape_of(tenant, &orig, &reply, tag, learned_vtep, dir)?;
+        let entry = self.install(now, tenant, handle, dir, &orig, shape)?;
+        debug_assert!(entry.ct == Some((handle, dir)));
+        Ok(entry)
+    }
+
+    /// Recover a connection's shape from its tuples and the current policy.
+    fn shape_of(
+        &self,
+        tenant: TenantId,
+        orig: &FlowKey,
+        reply: &FlowKey,
+        tag: u64,
+        learned_vtep: Option<IpAddr16>,
+        dir: CtDir,
+    ) -> Result<Shape, DropReason> {
+        if let Some(a) = self.policy.port_by_ip(tenant, orig.src_ip) {
+            return match self.policy.route(tenant, orig.dst_ip) {
+                None => Err(DropReason::NoRoute),
+                Some(RouteTarget::Blackhole) => Err(DropReason::Blackhole),
+                Some(RouteTarget::Local) => {
+                    let b = self.policy.port_by_ip(tenant, orig.dst_ip).ok_or(DropReason::NoSuchVm)?;
+                    Ok(Shape::Local { a, b })
+                }
+                Some(RouteTarget::Tunnel { vtep }) => Ok(Shape::TunnelOut { a, vtep }),
+                Some(RouteTarget::Internet) => {
+                    let nat = (reply.dst_ip != orig.src_ip).then_some((reply.dst_ip, reply.dst_port));
+                    Ok(Shape::Internet { a, nat })
+                }
+            };
+        }
+        let b = self.policy.port_by_ip(tenant, orig.dst_ip).ok_or(DropReason::NoSuchVm)?;
+        let vtep = match (tag_vtep(tag), learned_vtep, dir) {
+            (Some(v), _, _) => v,
+            (None, Some(v), CtDir::Original) => v,
+            _ => match self.policy.route(tenant, orig.src_ip) {
+                Some(RouteTarget::Tunnel { vtep }) => vtep,
+                _ => return Err(DropReason::NoRoute),
+            },
+        };
+        Ok(Shape::TunnelIn { b, vtep })
+    }
+
+    /// Build and install both entries of a connection; return the one for direction `dir`.
+    fn install(
+        &mut self,
+        now: Instant,
+        tenant: TenantId,
+        handle: CtHandle,
+        dir: CtDir,
+        orig: &FlowKey,
+        shape: Shape,
+    ) -> Result<FlowEntry, DropReason> {
+        let (fwd, rev) = self.build_entries(tenant, handle, orig, shape)?;
+        for (fm, e) in [fwd, rev] {
+            match self.flows.insert(now, fm, e, true) {
+                Ok(Inserted::Evicted { .. }) => {
+                    self.counters.flows_installed += 1;
+                    self.counters.flows_evicted += 1;
+                }
+                Ok(_) => self.counters.flows_installed += 1,
+                Err(_) => self.counters.flows_rejected += 1,
+            }
+        }
+        Ok(match dir {
+            CtDir::Original => fwd.1,
+            CtDir::Reply => rev.1,
+        })
+    }
+
+    /// The forward (original direction) and reverse (reply direction) entries of a connection.
+    fn build_entries(
+        &self,
+        tenant: TenantId,
+        handle: CtHandle,
+        orig: &FlowKey,
+        shape: Shape,
+    ) -> Result<((FlowMatch, FlowEntry), (FlowMatch, FlowEntry)), DropReason> {
+        let host = *self.policy.host();
+        let t = self.policy.tenant(tenant).ok_or(DropReason::PolicyDrop)?;
+        let router = t.router_mac;
+        let vni = t.vni;
+        let mac_of = |p: PortId| self.policy.port(p).map(|vp| vp.mac).ok_or(DropReason::NoSuchVm);
+        let entry = |actions: ActionList, dir: CtDir, mac| FlowEntry {
+            epoch: self.epoch,
+            tenant,
+            actions,
+            expect_src_mac: mac,
+            ct: Some((handle, dir)),
+            ct_steady: false,
+            ct_refreshed_at: Instant::ZERO,
+        };
+        let list = |acts: &[Action]| {
+            let mut l = ActionList::new();
+            for a in acts {
+                l.push(*a).expect("the builder never exceeds ACTIONS_MAX");
+            }
+            l
+        };
+        let reply = reply_key(orig, shape);
+        let encap = |to: IpAddr16, inner: &FlowKey| VxlanOuter {
+            src_mac: host.uplink_mac,
+            dst_mac: host.gateway_mac,
+            src_ip: host.vtep_ip.to_std(),
+            dst_ip: to.to_std(),
+            src_port: self.entropy_port(inner),
+            dst_port: host.vxlan_port,
+            vni,
+            ttl: 64,
+        };
+        Ok(match shape {
+            Shape::Local { a, b } => {
+                let (ma, mb) = (mac_of(a)?, mac_of(b)?);
+                (
+                    (
+                        FlowMatch { port: a, vni: None, key: *orig },
+                        entry(
+                            list(&[Action::SetMacs { src: router, dst: mb }, Action::Output(b)]),
+                            CtDir::Original,
+                            Some(ma),
+                        ),
+                    ),
+                    (
+                        FlowMatch { port: b, vni: None, key: reply },
+                        entry(
+                            list(&[Action::SetMacs { src: router, dst: ma }, Action::Output(a)]),
+                            CtDir::Reply,
+                            Some(mb),
+                        ),
+                    ),
+                )
+            }
+            Shape::TunnelOut { a, vtep } => {
+                let ma = mac_of(a)?;
+                (
+                    (
+                        FlowMatch { port: a, vni: None, key: *orig },
+                        entry(
+                            list(&[
+                                Action::SetMacs { src: router, dst: router },
+                                Action::Encap(encap(vtep, orig)),
+                                Action::Output(host.uplink_port),
+                            ]),
+                            CtDir::Original,
+                            Some(ma),
+                        ),
+                    ),
+                    (
+                        FlowMatch { port: host.uplink_port, vni: Some(vni), key: reply },
+                        entry(
+                            list(&[
+                                Action::Decap,
+                                Action::SetMacs { src: router, dst: ma },
+                                Action::Output(a),
+                            ]),
+                            CtDir::Reply,
+                            None,
+                        ),
+                    ),
+                )
+            }
+            Shape::TunnelIn { b, vtep } => {
+                let mb = mac_of(b)?;
+                (
+                    (
+                        FlowMatch { port: host.uplink_port, vni: Some(vni), key: *orig },
+                        entry(
+                            list(&[
+                                Action::Decap,
+                                Action::SetMacs { src: router, dst: mb },
+                                Action::Output(b),
+                            ]),
+                            CtDir::Original,
+                            None,
+                        ),
+                    ),
+                    (
+                        FlowMatch { port: b, vni: None, key: reply },
+                        entry(
+                            list(&[
+                                Action::SetMacs { src: router, dst: router },
+                                Action::Encap(encap(vtep, &reply)),
+                                Action::Output(host.uplink_port),
+                            ]),
+                            CtDir::Reply,
+                            Some(mb),
+                        ),
+                    ),
+                )
+            }
+            Shape::Internet { a, nat } => {
+                let ma = mac_of(a)?;
+                let out_macs = Action::SetMacs { src: host.uplink_mac, dst: host.gateway_mac };
+                let in_macs = Action::SetMacs { src: router, dst: ma };
+                let (fwd_acts, rev_acts) = match nat {
+                    Some((ip, port)) => (
+                        list(&[
+                            Action::Nat { side: NatSide::Source, ip, port },
+                            out_macs,
+                            Action::Output(host.uplink_port),
+                        ]),
+                        list(&[
+                            Action::Nat {
+                                side: NatSide::Destination,
+                                ip: orig.src_ip,
+                                port: orig.src_port,
+                            },
+                            in_macs,
+                            Action::Output(a),
+                        ]),
+                    ),
+                    None => (
+                        list(&[out_macs, Action::Output(host.uplink_port)]),
+                        list(&[in_macs, Action::Output(a)]),
+                    ),
+                };
+                (
+                    (
+                        FlowMatch { port: a, vni: None, key: *orig },
+                        entry(fwd_acts, CtDir::Original, Some(ma)),
+                    ),
+                    (
+                        FlowMatch { port: host.uplink_port, vni: None, key: reply },
+                        entry(rev_acts, CtDir::Reply, None),
+                    ),
+                )
+            }
+        })
+    }
+
+    /// VXLAN UDP source port for a flow: from the flow hash, in the dynamic range 49152-65535
+    /// (RFC 7348 section 5 recommends that range).
+    fn entropy_port(&self, key: &FlowKey) -> u16 {
+        use core::hash::BuildHasher;
+        let h = self.hasher.hash_one(key);
+        49152 | (h as u16 & 0x3fff)
+    }
+
+    fn snat_allocate(
+        &mut self,
+        tenant: TenantId,
+        key: &FlowKey,
+    ) -> Result<Option<(IpAddr16, u16)>, DropReason> {
+        if !key.src_ip.is_v4() {
+            // IPv6 is globally routed: no NAT66.
+            return Ok(None);
+        }
+        let public = self
+            .policy
+            .tenant(tenant)
+            .and_then(|t| t.snat.as_ref().map(|s| s.public_ip))
+            .ok_or(DropReason::NoRoute)?;
+        if key.proto == ip_proto::ICMP && key.src_port != key.dst_port {
+            // Only ICMP echo carries an identifier that can be translated.
+            return Err(DropReason::PolicyDrop);
+        }
+        let (_, pools) = self.snat.get_mut(&tenant).ok_or(DropReason::NoRoute)?;
+        let pool = pools.for_protocol(key.proto).ok_or(DropReason::PolicyDrop)?;
+        let port = pool.allocate().map_err(|_| DropReason::SnatExhausted)?;
+        Ok(Some((public, port)))
+    }
+
+    fn release_reclaimed(&mut self, r: ReclaimedSnat) {
+        for &(tenant, proto, port) in &r.ports[..r.len] {
+            if let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(proto)) {
+                let _ = pool.release(port);
+            }
+        }
+    }
+
+    fn snat_release(&mut self, tenant: TenantId, key: &FlowKey, shape: Shape) {
+        if let Shape::Internet { nat: Some((_, port)), .. } = shape {
+            if let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(key.proto)) {
+                let _ = pool.release(port);
+            }
+        }
+    }
+
+    /// Expire idle connections and flow entries, at most `budget` slots of each per call.
+    /// SNAT ports of expired connections return to their pools.
+    pub fn expire(&mut self, now: Instant, budget: usize) -> usize {
+        let mut released: Vec<(TenantId, u8, u16)> = Vec::new();
+        let policy = &self.policy;
+        let n = self.ct.expire(now, budget, |conn| {
+            if let Some(r) = snat_binding(policy, conn) {
+                released.push(r);
+            }
+        });
+        for (tenant, proto, port) in released {
+            if let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(proto)) {
+                let _ = pool.release(port);
+            }
+        }
+        n + self.flows.expire(now, budget, |_, _| {})
+    }
+
+    /// Check the invariants of every table; the simulator calls this after every event.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.flows.check_invariants()?;
+        self.ct.check_invariants()?;
+        let c = &self.counters;
+        if c.forwarded + c.dropped != c.rx_packets {
+            return Err(format!(
+                "conservation: forwarded {} + dropped {} != received {}",
+                c.forwarded, c.dropped, c.rx_packets
+            ));
+        }
+        if self.drops.total() != c.dropped {
+            return Err("drop counters disagree with the dropped total".into());
+        }
+        Ok(())
+    }
+}
+
+/// Whether a conntrack state is steady: then only SYN/FIN/RST packets need to step it.
+fn is_steady(state: CtState) -> bool {
+    matches!(state, CtState::Tcp(TcpState::Established) | CtState::Replied)
+}
+
+/// The SNAT port a connection holds, as `(tenant, protocol, port)`.
+fn snat_binding(policy: &Policy, conn: &Connection) -> Option<(TenantId, u8, u16)> {
+    let (orig, reply) = (conn.orig(), conn.reply());
+    (policy.is_snat_address(reply.dst_ip) == Some(conn.zone()) && reply.dst_ip != orig.src_ip)
+        .then_some((conn.zone(), orig.proto, reply.dst_port))
+}
+
+/// SNAT ports of connections that `Conntrack::create` reclaimed to make room; at most a few per
+/// create (bounded by the conntrack's `reclaim_scan`), so a small fixed array suffices.
+#[derive(Default)]
+struct ReclaimedSnat {
+    ports: [(TenantId, u8, u16); 8],
+    len: usize,
+}
+
+impl ReclaimedSnat {
+    fn note(&mut self, policy: &Policy, conn: &Connection) {
+        if let Some(b) = snat_binding(policy, conn) {
+            if self.len < self.ports.len() {
+                self.ports[self.len] = b;
+                self.len += 1;
+            }
+        }
+    }
+}
+
+impl FlowMatch {
+    /// A placeholder for batch scratch arrays.
+    const EMPTY: FlowMatch = FlowMatch {
+        port: PortId(u32::MAX),
+        vni: None,
+        key: FlowKey {
+            src_ip: IpAddr16::UNSPECIFIED,
+            dst_ip: IpAddr16::UNSPECIFIED,
+            src_port: 0,
+            dst_port: 0,
+            proto: 0,
+        },
+    };
+}
+
+/// The flow-table key of a frame, or `None` when it can only take the slow path.
+#[inline]
+fn cacheable_match(
+    ingress: PortId,
+    uplink: bool,
+    vtep: IpAddr16,
+    p: &ParsedFrame,
+) -> Option<FlowMatch> {
+    let outer = p.outer.key?;
+    if p.outer.fragment != Fragment::None {
+        return None;
+    }
+    if uplink {
+        if let (Some(vx), Some(inner)) = (p.vxlan.as_ref(), p.inner.as_ref()) {
+            if outer.dst_ip != vtep || inner.fragment != Fragment::None {
+                return None;
+            }
+            return Some(FlowMatch { port: ingress, vni: Some(vx.vni), key: inner.key? });
+        }
+    }
+    Some(FlowMatch { port: ingress, vni: None, key: outer })
+}
+
+/// The 5-tuple of an IP frame; non-IP frames and fragments are dropped with their reason.
+fn l3_key(h: &Headers) -> Result<FlowKey, DropReason> {
+    match h.key {
+        None if h.l3 == spillway_wire::L3::Arp => Err(DropReason::ArpNotRouted),
+        None => Err(DropReason::UnsupportedEtherType(h.ethertype)),
+        Some(_) if h.fragment != Fragment::None => Err(DropReason::Fragment),
+        Some(k) => Ok(k),
+    }
+}
+
+#[inline]
+fn tcp_flags(h: &Headers) -> u8 {
+    match h.key {
+        Some(k) if k.proto == ip_proto::TCP => h.tcp_flags,
+        _ => 0,
+    }
+}
+
+/// The tuple the reply of `orig` carries, given the connection's shape.
+fn reply_key(orig: &FlowKey, shape: Shape) -> FlowKey {
+    match shape {
+        Shape::Internet { nat: Some((ip, port)), .. } => {
+            let mut r = orig.reversed();
+            r.dst_ip = ip;
+            r.dst_port = port;
+            if orig.proto == ip_proto::ICMP {
+                // Echo replies carry the (translated) identifier in both key ports.
+                r.src_port = port;
+            }
+            r
+        }
+        _ => orig.reversed(),
+    }
+}
+
+fn ct_create_drop(e: CtError) -> DropReason {
+    match e {
+        CtError::Full => DropReason::ConntrackFull,
+        _ => DropReason::NoConnection,
+    }
+}
+
+/// The conntrack tag of a connection that arrived over the overlay remembers the sender's IPv4
+/// VTEP, so its reverse entry can be rebuilt after eviction without a route. Bit 32 marks it.
+fn vtep_tag(vtep: IpAddr16) -> u64 {
+    match vtep.v4_octets() {
+        Some(o) => (1 << 32) | u64::from(u32::from_be_bytes(o)),
+        None => 0,
+    }
+}
+
+fn tag_vtep(tag: u64) -> Option<IpAddr16> {
+    (tag >> 32 == 1).then(|| IpAddr16::from_v4((tag as u32).to_be_bytes()))
+}
