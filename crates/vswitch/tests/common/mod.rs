@@ -1,0 +1,139 @@
+//! Shared helpers for the pipeline tests: the example policy, its addresses, and frame builders.
+#![allow(dead_code)]
+
+use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
+use spillway_vswitch::policy::Policy;
+use spillway_vswitch::{Instant, PacketBuf, PortId, Verdict};
+use spillway_wire::build::{FrameBuilder, VxlanOuter, vxlan_encap};
+use spillway_wire::{MacAddr, Vni};
+use std::net::{IpAddr, Ipv4Addr};
+
+pub const UPLINK: PortId = PortId(0);
+pub const WEB: PortId = PortId(10);
+pub const WEB2: PortId = PortId(11);
+pub const DB: PortId = PortId(12);
+pub const GLOBEX: PortId = PortId(20);
+
+pub const UPLINK_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+pub const GATEWAY_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 0xfe]);
+pub const ACME_ROUTER: MacAddr = MacAddr([2, 0, 0, 0, 1, 1]);
+pub const GLOBEX_ROUTER: MacAddr = MacAddr([2, 0, 0, 0, 2, 1]);
+pub const WEB_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0a]);
+pub const WEB2_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0b]);
+pub const DB_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0c]);
+pub const GLOBEX_MAC: MacAddr = MacAddr([2, 0, 0, 2, 0, 0x0a]);
+
+pub const WEB_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 10);
+pub const WEB2_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 11);
+pub const DB_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 1, 20);
+pub const VTEP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+pub const REMOTE_VTEP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+pub const REMOTE_VM: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 5);
+pub const ACME_PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+pub const INTERNET_HOST: Ipv4Addr = Ipv4Addr::new(93, 184, 216, 34);
+pub const ACME_VNI: u32 = 1001;
+
+pub const SYN: u8 = 0x02;
+pub const ACK: u8 = 0x10;
+pub const FIN: u8 = 0x01;
+pub const RST: u8 = 0x04;
+pub const PSH: u8 = 0x08;
+
+/// The example policy shipped in `examples/policy-basic.toml`.
+pub fn example_policy() -> Policy {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/policy-basic.toml"
+    );
+    Policy::load(std::path::Path::new(path)).expect("the example policy loads")
+}
+
+pub fn pipeline(cfg: PipelineConfig) -> Pipeline {
+    Pipeline::new(example_policy(), cfg).expect("valid pipeline config")
+}
+
+/// A TCP segment between two IPv4 endpoints.
+pub fn tcp(
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    FrameBuilder::new()
+        .eth(src_mac, dst_mac)
+        .ipv4(src.0, dst.0)
+        .tcp(src.1, dst.1)
+        .tcp_flags(flags)
+        .seq(1000)
+        .ack(if flags & ACK != 0 { 2000 } else { 0 })
+        .payload(payload)
+        .build()
+}
+
+/// A UDP datagram between two IPv4 endpoints.
+pub fn udp(
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    FrameBuilder::new()
+        .eth(src_mac, dst_mac)
+        .ipv4(src.0, dst.0)
+        .udp(src.1, dst.1)
+        .payload(payload)
+        .build()
+}
+
+/// An ICMP echo request or reply.
+pub fn ping(
+    src_mac: MacAddr,
+    dst_mac: MacAddr,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    id: u16,
+    reply: bool,
+) -> Vec<u8> {
+    FrameBuilder::new()
+        .eth(src_mac, dst_mac)
+        .ipv4(src, dst)
+        .icmp_echo(id, 1, reply)
+        .payload(b"ping")
+        .build()
+}
+
+/// `inner` VXLAN-encapsulated from `from_vtep` to `to_vtep` as it arrives on the uplink.
+pub fn vxlan(inner: &[u8], from_vtep: Ipv4Addr, to_vtep: Ipv4Addr, vni: u32) -> Vec<u8> {
+    let outer = VxlanOuter::new(
+        GATEWAY_MAC,
+        UPLINK_MAC,
+        IpAddr::V4(from_vtep),
+        IpAddr::V4(to_vtep),
+        50000,
+        Vni::new(vni).expect("24-bit VNI"),
+    );
+    vxlan_encap(inner, &outer)
+}
+
+/// Run one frame through the pipeline; returns the verdict, the output bytes and whether it was
+/// a fast-path hit.
+pub fn run(
+    p: &mut Pipeline,
+    now: Instant,
+    ingress: PortId,
+    frame: &[u8],
+) -> (Verdict, Vec<u8>, bool) {
+    let hits = p.counters().fast_path_hits;
+    let mut buf = PacketBuf::from_frame(frame);
+    let v = p.process(now, ingress, &mut buf);
+    p.check_invariants()
+        .expect("pipeline invariants hold after every packet");
+    (v, buf.data().to_vec(), p.counters().fast_path_hits > hits)
+}
+
+pub fn secs(s: u64) -> Instant {
+    Instant(s * 1_000_000_000)
+}
