@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "spillway", version, about = "Elastic DPU + host vSwitch fabric")]
+#[command(
+    name = "spillway",
+    version,
+    about = "Elastic DPU + host vSwitch fabric"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
