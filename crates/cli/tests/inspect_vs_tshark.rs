@@ -13,8 +13,11 @@
 #[path = "../examples/make_captures.rs"]
 mod make_captures;
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
+
+use common::{repo_root, tshark, tshark_available};
 
 use serde_json::Value;
 
@@ -77,29 +80,6 @@ struct View {
     proto: Option<u8>,
     src_port: u16,
     dst_port: u16,
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `Some(())` when tshark runs; `None` (after a skip message) when it does not and we are not
-/// in CI; a panic under `CI=true`.
-fn tshark_available() -> Option<()> {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(o) if o.status.success() => Some(()),
-        other => {
-            let why = match other {
-                Ok(o) => format!("`tshark --version` exited with {}", o.status),
-                Err(e) => format!("cannot run tshark: {e}"),
-            };
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("{why}; CI=true requires tshark (.ci/run installs it)");
-            }
-            eprintln!("SKIPPED inspect_vs_tshark: {why}; install tshark to run this comparison");
-            None
-        }
-    }
 }
 
 fn occurrences(s: &str) -> Vec<&str> {
@@ -191,7 +171,7 @@ fn ours(rec: &Value) -> View {
 
 #[test]
 fn inspect_agrees_with_tshark_on_every_frame_of_varied_pcap() {
-    if tshark_available().is_none() {
+    if !tshark_available("inspect_vs_tshark") {
         return;
     }
     let dir = tempfile::tempdir().expect("a temp dir");
@@ -219,10 +199,8 @@ fn inspect_agrees_with_tshark_on_every_frame_of_varied_pcap() {
     // on tshark hides the first fragment's transport header, which our parser (and the flow
     // key) reads. HOME points into the temp dir so no personal Wireshark profile changes the
     // dissection.
-    let mut cmd = Command::new("tshark");
-    cmd.env("HOME", dir.path())
-        .env("XDG_CONFIG_HOME", dir.path())
-        .arg("-r")
+    let mut cmd = tshark(dir.path());
+    cmd.arg("-r")
         .arg(&capture)
         .args(["-o", "ip.defragment:FALSE", "-o", "ipv6.defragment:FALSE"])
         .args(["-T", "fields", "-E", "occurrence=a", "-E", "separator=/t"]);
