@@ -32,10 +32,18 @@ const ROUTER_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0x01, 0x01]);
 const UPLINK_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0x01]);
 const GATEWAY_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 0xfe]);
 
-/// Expected log line per input frame: name, ingress, path, out port (None = dropped), drop
+/// Expected log line of one input frame: name, ingress, path, out port (None = dropped), drop
 /// reason as logged.
+type Expect = (
+    &'static str,
+    u32,
+    &'static str,
+    Option<u32>,
+    Option<&'static str>,
+);
+
 #[rustfmt::skip]
-const EXPECTED: [(&str, u32, &str, Option<u32>, Option<&str>); 18] = [
+const EXPECTED: [Expect; 18] = [
     ("db_syn",              WEB,    "slow", Some(DB),     None),
     ("db_syn_ack",          DB,     "fast", Some(WEB),    None),
     ("db_ack",              WEB,    "fast", Some(DB),     None),
