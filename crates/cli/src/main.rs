@@ -52,8 +52,19 @@ enum BenchCommand {
     Datapath(bench::DatapathArgs),
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+/// Errors are printed as one line with their whole cause chain (`{:#}`), never as a debug dump
+/// with a backtrace: a bad config or a missing file is a user's mistake, not a crash.
+fn main() -> std::process::ExitCode {
+    match run_cli(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_cli(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Pcap(PcapCommand::Inspect { file, vxlan_port }) => {
             let frames = pcapio::read_frames(&file)?;

@@ -81,13 +81,21 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 len_out: None,
             },
             Ok(()) => {
-                let hits_before = pipeline.counters().fast_path_hits;
+                let (fast_before, slow_before) = {
+                    let c = pipeline.counters();
+                    (c.fast_path_hits, c.slow_path_packets)
+                };
                 let v = pipeline.process(now, ingress, &mut buf);
                 pipeline.expire(now, 64);
-                let path = if pipeline.counters().fast_path_hits > hits_before {
+                // A frame the parser rejects takes neither path (the pipeline drops it before
+                // the lookup), so it is "none", as when it does not even fit a buffer.
+                let c = pipeline.counters();
+                let path = if c.fast_path_hits > fast_before {
                     "fast"
-                } else {
+                } else if c.slow_path_packets > slow_before {
                     "slow"
+                } else {
+                    "none"
                 };
                 match v {
                     Verdict::Forward(p) => {
