@@ -688,3 +688,43 @@ fn tcp_close_sequence_runs_on_the_fast_path_and_rst_is_tracked() {
     }
     assert_eq!(p.counters().new_connections, 1);
 }
+
+#[test]
+fn ipv6_connections_route_locally_and_over_the_overlay() {
+    use spillway_wire::build::FrameBuilder;
+    use std::net::Ipv6Addr;
+    let web6: Ipv6Addr = "fd00:1::10".parse().unwrap();
+    let web2_6: Ipv6Addr = "fd00:1::11".parse().unwrap();
+    let remote6: Ipv6Addr = "fd00:2::5".parse().unwrap();
+    let mut p = pipeline(PipelineConfig::default());
+    let syn = |src_mac, src, dst, dport| {
+        FrameBuilder::new()
+            .eth(src_mac, ACME_ROUTER)
+            .ipv6(src, dst)
+            .tcp(40000, dport)
+            .tcp_flags(SYN)
+            .build()
+    };
+    // Group 1 admits TCP 443 from ::/0 on web2.
+    let (v, out, _) = run(&mut p, secs(1), WEB, &syn(WEB_MAC, web6, web2_6, 443));
+    assert_eq!(v, Verdict::Forward(WEB2));
+    assert_eq!(parse(&out).outer.dst_mac, WEB2_MAC);
+    // Port 80 is admitted only from 0.0.0.0/0, which never matches IPv6.
+    let (v, _, _) = run(&mut p, secs(1), WEB, &syn(WEB_MAC, web6, web2_6, 80));
+    assert_eq!(v, Verdict::Drop(DropReason::SecurityGroupDefaultDeny));
+    // fd00:2::/64 is tunnelled to 192.0.2.2: an IPv6 inner packet over the IPv4 underlay.
+    let (v, out, _) = run(&mut p, secs(1), WEB, &syn(WEB_MAC, web6, remote6, 22));
+    assert_eq!(v, Verdict::Forward(UPLINK));
+    let parsed = parse(&out);
+    assert_eq!(
+        parsed.outer.key.unwrap().dst_ip,
+        IpAddr16::from(REMOTE_VTEP)
+    );
+    assert_eq!(
+        parsed.inner.unwrap().key.unwrap().dst_ip,
+        IpAddr16::from(remote6)
+    );
+    // An IPv6 source the port does not own is spoofed.
+    let (v, _, _) = run(&mut p, secs(1), WEB, &syn(WEB_MAC, web2_6, remote6, 22));
+    assert_eq!(v, Verdict::Drop(DropReason::SpoofedIp));
+}
