@@ -65,6 +65,10 @@ use crate::time::Instant;
 /// against ~5 ns of work per key per stage.
 pub const PREFETCH_DISTANCE: usize = 16;
 
+/// Cache lines of an entry slot prefetched by [`FlowTable::lookup_batch`]: all of them, capped at
+/// eight (512 bytes) so one lookup batch cannot flood the core's miss buffers.
+const SLOT_LINES_MAX: usize = 8;
+
 /// Pairs per bucket: eight `(u16, u32)` pairs plus the overflow count fill one cache line.
 const BUCKET_WAYS: usize = 8;
 /// Marks an unused pair in a bucket.
@@ -281,6 +285,16 @@ impl<K, V> FlowTable<K, V>
 where
     K: Copy + Eq + Hash + Ord,
 {
+    /// Lines of one slot prefetched per candidate (see [`SLOT_LINES_MAX`]).
+    const SLOT_PREFETCH_LINES: usize = {
+        let lines = core::mem::size_of::<Slot<K, V>>().div_ceil(64);
+        if lines < SLOT_LINES_MAX {
+            lines
+        } else {
+            SLOT_LINES_MAX
+        }
+    };
+
     /// Builds an empty table and allocates all its memory.
     pub fn new(config: FlowTableConfig) -> Result<Self, FlowTableConfigError> {
         let max = (u32::MAX - 1) as usize;
@@ -509,10 +523,13 @@ where
                     if bucket.slots[w] != EMPTY && bucket.tags[w] == tag {
                         let slot = &self.entries[bucket.slots[w] as usize];
                         cand[r] = bucket.slots[w];
-                        prefetch(slot);
-                        if core::mem::size_of::<Slot<K, V>>() > 64 {
-                            // Second line: bytes and last_seen are written on a hit.
-                            prefetch((slot as *const Slot<K, V>).wrapping_byte_add(64));
+                        // Every line of the slot, not just the key's: a hit goes on to read the
+                        // value (the pipeline's flow entry spans eight lines and its hit path
+                        // reads fields in the last one), and a line not prefetched here is a
+                        // dependent DRAM miss paid in full per packet.
+                        let base = slot as *const Slot<K, V>;
+                        for line in 0..Self::SLOT_PREFETCH_LINES {
+                            prefetch(base.wrapping_byte_add(64 * line));
                         }
                         break;
                     }
