@@ -382,8 +382,8 @@ impl Pipeline {
             }
         }
         self.counters.fast_path_hits += 1;
-        let actions = self.flows.value(idx).actions;
-        Some(apply(&actions, pkt, parsed))
+        // Borrowed, not copied: the list is 340 bytes and a hit usually runs three actions.
+        Some(apply(&self.flows.value(idx).actions, pkt, parsed))
     }
 
     /// The slow path: decide, install, apply.
