@@ -36,20 +36,13 @@ pub fn read_frames(path: &Path) -> Result<Vec<Frame>> {
             let block = block.with_context(|| format!("{}: bad pcapng block", path.display()))?;
             match block {
                 Block::InterfaceDescription(idb) if idb.linktype != DataLink::ETHERNET => {
-                    bail!(
-                        "{}: link type {:?} is not Ethernet",
-                        path.display(),
-                        idb.linktype
-                    )
+                    bail!("{}: link type {:?} is not Ethernet", path.display(), idb.linktype)
                 }
-                Block::EnhancedPacket(epb) => frames.push(Frame {
-                    ts: epb.timestamp,
-                    data: epb.data.into_owned(),
-                }),
-                Block::SimplePacket(spb) => frames.push(Frame {
-                    ts: Duration::ZERO,
-                    data: spb.data.into_owned(),
-                }),
+                Block::EnhancedPacket(epb) => frames
+                    .push(Frame { ts: epb.timestamp, data: epb.data.into_owned() }),
+                Block::SimplePacket(spb) => {
+                    frames.push(Frame { ts: Duration::ZERO, data: spb.data.into_owned() })
+                }
                 _ => {}
             }
         }
@@ -62,27 +55,18 @@ pub fn read_frames(path: &Path) -> Result<Vec<Frame>> {
         }
         while let Some(pkt) = reader.next_packet() {
             let pkt = pkt.with_context(|| format!("{}: bad pcap record", path.display()))?;
-            frames.push(Frame {
-                ts: pkt.timestamp,
-                data: pkt.data.into_owned(),
-            });
+            frames.push(Frame { ts: pkt.timestamp, data: pkt.data.into_owned() });
         }
     }
     Ok(frames)
 }
 
 /// Write frames as a classic little-endian, microsecond pcap with Ethernet link type.
-pub fn write_frames<'a>(
-    path: &Path,
-    frames: impl IntoIterator<Item = (Duration, &'a [u8])>,
-) -> Result<()> {
+pub fn write_frames<'a>(path: &Path, frames: impl IntoIterator<Item = (Duration, &'a [u8])>) -> Result<()> {
     let file = BufWriter::new(
         File::create(path).with_context(|| format!("{}: cannot create", path.display()))?,
     );
-    let header = PcapHeader {
-        datalink: DataLink::ETHERNET,
-        ..Default::default()
-    };
+    let header = PcapHeader { datalink: DataLink::ETHERNET, ..Default::default() };
     let mut writer = PcapWriter::with_header(file, header)
         .with_context(|| format!("{}: cannot write pcap header", path.display()))?;
     for (ts, data) in frames {

@@ -49,8 +49,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let uplink = policy.host().uplink_port;
     let by_mac: BTreeMap<MacAddr, PortId> = policy.ports().iter().map(|p| (p.mac, p.id)).collect();
     let frames = crate::pcapio::read_frames(&args.input)?;
-    let mut pipeline =
-        Pipeline::new(policy, PipelineConfig::default()).context("building the pipeline")?;
+    let mut pipeline = Pipeline::new(policy, PipelineConfig::default())
+        .context("building the pipeline")?;
     let mut out_frames = Vec::new();
     let stdout = std::io::stdout();
     let mut log = std::io::BufWriter::new(stdout.lock());
@@ -61,11 +61,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             None => f
                 .data
                 .get(6..12)
-                .and_then(|m| {
-                    by_mac
-                        .get(&MacAddr(m.try_into().expect("six bytes")))
-                        .copied()
-                })
+                .and_then(|m| by_mac.get(&MacAddr(m.try_into().expect("six bytes"))).copied())
                 .unwrap_or(uplink),
         };
         let now = Instant(u64::try_from(f.ts.as_nanos()).unwrap_or(u64::MAX));
@@ -84,11 +80,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 let hits_before = pipeline.counters().fast_path_hits;
                 let v = pipeline.process(now, ingress, &mut buf);
                 pipeline.expire(now, 64);
-                let path = if pipeline.counters().fast_path_hits > hits_before {
-                    "fast"
-                } else {
-                    "slow"
-                };
+                let path =
+                    if pipeline.counters().fast_path_hits > hits_before { "fast" } else { "slow" };
                 match v {
                     Verdict::Forward(p) => {
                         out_frames.push((f.ts, buf.data().to_vec()));
@@ -125,11 +118,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         out_frames.iter().map(|(ts, d)| (*ts, d.as_slice())),
     )?;
     let mut summary = serde_json::Map::new();
-    for (k, v) in pipeline
-        .counters()
-        .iter()
-        .chain(pipeline.drops().iter().filter(|(_, v)| *v > 0))
-    {
+    for (k, v) in pipeline.counters().iter().chain(pipeline.drops().iter().filter(|(_, v)| *v > 0)) {
         summary.insert(k.to_string(), v.into());
     }
     eprintln!("{}", serde_json::Value::Object(summary));

@@ -12,8 +12,8 @@
 use crate::ids::PortId;
 use crate::packet::PacketBuf;
 use crate::verdict::{DropReason, Verdict};
-use spillway_wire::build::VxlanOuter;
 use spillway_wire::checksum;
+use spillway_wire::build::VxlanOuter;
 use spillway_wire::{Headers, IpAddr16, MacAddr, ParsedFrame, ip_proto};
 
 /// Most actions a flow entry can hold. The longest list the slow path builds today is four
@@ -83,10 +83,7 @@ impl Default for ActionList {
 impl ActionList {
     /// An empty list (applying it drops with `PolicyDrop`: a list must end in a terminal action).
     pub const fn new() -> ActionList {
-        ActionList {
-            actions: [Action::Drop(DropReason::PolicyDrop); ACTIONS_MAX],
-            len: 0,
-        }
+        ActionList { actions: [Action::Drop(DropReason::PolicyDrop); ACTIONS_MAX], len: 0 }
     }
 
     /// A list that only drops.
@@ -99,10 +96,7 @@ impl ActionList {
 
     /// Append an action.
     pub fn push(&mut self, a: Action) -> Result<(), ActionListFull> {
-        let slot = self
-            .actions
-            .get_mut(self.len as usize)
-            .ok_or(ActionListFull)?;
+        let slot = self.actions.get_mut(self.len as usize).ok_or(ActionListFull)?;
         *slot = a;
         self.len += 1;
         Ok(())
@@ -139,8 +133,7 @@ pub fn apply(actions: &ActionList, pkt: &mut PacketBuf, parsed: &ParsedFrame) ->
                 };
                 // The inner frame ends where the outer IP datagram ends; anything after that is
                 // outer Ethernet padding and must not leak into the inner frame.
-                let outer_end =
-                    usize::from(parsed.outer.l3_offset) + usize::from(parsed.outer.l3_len);
+                let outer_end = usize::from(parsed.outer.l3_offset) + usize::from(parsed.outer.l3_len);
                 pkt.truncate(outer_end - base);
                 let inner_off = usize::from(vx.inner_offset);
                 if pkt.pull_front(inner_off - base).is_err() {
@@ -161,10 +154,7 @@ pub fn apply(actions: &ActionList, pkt: &mut PacketBuf, parsed: &ParsedFrame) ->
             }
             Action::Encap(e) => {
                 let inner_len = pkt.len();
-                let written = pkt
-                    .push_front(e.header_len())
-                    .ok()
-                    .map(|h| e.write_header(h, inner_len));
+                let written = pkt.push_front(e.header_len()).ok().map(|h| e.write_header(h, inner_len));
                 if !matches!(written, Some(Ok(_))) {
                     return Verdict::Drop(DropReason::PolicyDrop);
                 }

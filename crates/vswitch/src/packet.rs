@@ -48,17 +48,12 @@ impl PacketBuf {
     /// An empty buffer of `capacity` bytes (at least `HEADROOM`).
     pub fn with_capacity(capacity: usize) -> PacketBuf {
         let capacity = capacity.max(HEADROOM);
-        PacketBuf {
-            buf: vec![0u8; capacity].into_boxed_slice(),
-            start: HEADROOM,
-            end: HEADROOM,
-        }
+        PacketBuf { buf: vec![0u8; capacity].into_boxed_slice(), start: HEADROOM, end: HEADROOM }
     }
 
     /// A buffer holding a copy of `frame` after the default headroom.
     pub fn from_frame(frame: &[u8]) -> PacketBuf {
-        let mut p =
-            PacketBuf::with_capacity(HEADROOM + frame.len().max(DEFAULT_CAPACITY - HEADROOM));
+        let mut p = PacketBuf::with_capacity(HEADROOM + frame.len().max(DEFAULT_CAPACITY - HEADROOM));
         p.load(frame).expect("capacity was sized for this frame");
         p
     }
@@ -67,10 +62,7 @@ impl PacketBuf {
     pub fn load(&mut self, frame: &[u8]) -> Result<(), FrameTooLong> {
         let room = self.buf.len() - HEADROOM;
         if frame.len() > room {
-            return Err(FrameTooLong {
-                expected: room,
-                actual: frame.len(),
-            });
+            return Err(FrameTooLong { expected: room, actual: frame.len() });
         }
         self.start = HEADROOM;
         self.end = HEADROOM + frame.len();
@@ -112,10 +104,7 @@ impl PacketBuf {
     #[inline]
     pub fn pull_front(&mut self, n: usize) -> Result<(), NoRoom> {
         if n > self.len() {
-            return Err(NoRoom {
-                wanted: n,
-                available: self.len(),
-            });
+            return Err(NoRoom { wanted: n, available: self.len() });
         }
         self.start += n;
         Ok(())
@@ -125,10 +114,7 @@ impl PacketBuf {
     #[inline]
     pub fn push_front(&mut self, n: usize) -> Result<&mut [u8], NoRoom> {
         if n > self.start {
-            return Err(NoRoom {
-                wanted: n,
-                available: self.start,
-            });
+            return Err(NoRoom { wanted: n, available: self.start });
         }
         self.start -= n;
         Ok(&mut self.buf[self.start..self.start + n])
@@ -155,25 +141,13 @@ mod tests {
         p.pull_front(2).unwrap();
         assert_eq!(p.data(), &[1, 2, 3, 4]);
         assert_eq!(p.push_front(HEADROOM + 1).unwrap_err().available, HEADROOM);
-        assert_eq!(
-            p.pull_front(5).unwrap_err(),
-            NoRoom {
-                wanted: 5,
-                available: 4
-            }
-        );
+        assert_eq!(p.pull_front(5).unwrap_err(), NoRoom { wanted: 5, available: 4 });
     }
 
     #[test]
     fn load_rejects_a_frame_longer_than_the_buffer() {
         let mut p = PacketBuf::with_capacity(HEADROOM + 8);
-        assert_eq!(
-            p.load(&[0; 9]),
-            Err(FrameTooLong {
-                expected: 8,
-                actual: 9
-            })
-        );
+        assert_eq!(p.load(&[0; 9]), Err(FrameTooLong { expected: 8, actual: 9 }));
         assert!(p.load(&[0; 8]).is_ok());
     }
 }

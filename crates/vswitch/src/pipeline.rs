@@ -29,9 +29,8 @@ use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, ParseOptions, ParsedFr
 use spillway_wire::{ip_proto, parse_frame};
 
 use crate::action::{Action, ActionList, NatSide, apply};
-use crate::conntrack::{
-    Connection, Conntrack, ConntrackConfig, CtDir, CtError, CtHandle, CtState, TcpState,
-};
+use spillway_wire::build::VxlanOuter;
+use crate::conntrack::{Connection, Conntrack, ConntrackConfig, CtDir, CtError, CtHandle, CtState, TcpState};
 use crate::flow::{FlowEntry, FlowMatch};
 use crate::flow_table::{EntryIdx, FlowTable, FlowTableConfig, Inserted};
 use crate::ids::{Direction, Epoch, PortId, TenantId};
@@ -39,7 +38,6 @@ use crate::packet::PacketBuf;
 use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
 use crate::time::Instant;
 use crate::verdict::{DropCounters, DropReason, Verdict};
-use spillway_wire::build::VxlanOuter;
 
 /// Frames processed per stage of a batch: enough lookups in flight to hide DRAM latency, few
 /// enough that the per-batch scratch arrays stay in L1.
@@ -129,10 +127,7 @@ enum Shape {
     /// A remote sender behind `vtep` to VM `b`.
     TunnelIn { b: PortId, vtep: IpAddr16 },
     /// VM `a` to the internet through the underlay, SNATed to `nat` (IPv4) or not (IPv6).
-    Internet {
-        a: PortId,
-        nat: Option<(IpAddr16, u16)>,
-    },
+    Internet { a: PortId, nat: Option<(IpAddr16, u16)> },
 }
 
 /// Per-frame state of a batch.
@@ -176,9 +171,7 @@ impl Pipeline {
         let flows = FlowTable::new(cfg.flow_table)?;
         let ct = Conntrack::new(cfg.conntrack)?;
         let mut p = Pipeline {
-            parse_opts: ParseOptions {
-                vxlan_port: policy.host().vxlan_port,
-            },
+            parse_opts: ParseOptions { vxlan_port: policy.host().vxlan_port },
             snat: BTreeMap::new(),
             policy,
             epoch: Epoch(1),
@@ -196,9 +189,7 @@ impl Pipeline {
     /// Replace the policy. The epoch advances; existing flow entries become stale and are
     /// recomputed on their next hit. SNAT bindings of live connections are kept.
     pub fn set_policy(&mut self, policy: Policy) {
-        self.parse_opts = ParseOptions {
-            vxlan_port: policy.host().vxlan_port,
-        };
+        self.parse_opts = ParseOptions { vxlan_port: policy.host().vxlan_port };
         self.policy = policy;
         self.epoch = self.epoch.next();
         self.rebuild_snat_pools();
@@ -274,10 +265,7 @@ impl Pipeline {
         let mut bytes = [0u32; BATCH_GROUP];
         let mut which = [0usize; BATCH_GROUP];
         let mut found = [None::<EntryIdx>; BATCH_GROUP];
-        for (pkts, verdicts) in pkts
-            .chunks_mut(BATCH_GROUP)
-            .zip(verdicts.chunks_mut(BATCH_GROUP))
-        {
+        for (pkts, verdicts) in pkts.chunks_mut(BATCH_GROUP).zip(verdicts.chunks_mut(BATCH_GROUP)) {
             let n = pkts.len();
             self.counters.rx_packets += n as u64;
             // Stage 1: parse and classify; gather the lookups.
@@ -299,8 +287,7 @@ impl Pipeline {
                 }
             }
             // Stage 2: batched, prefetched lookup.
-            self.flows
-                .lookup_batch(now, &keys[..m], &bytes[..m], &mut found[..m]);
+            self.flows.lookup_batch(now, &keys[..m], &bytes[..m], &mut found[..m]);
             // Stage 3: execute hits; everything else takes the slow path.
             let mut hit = [false; BATCH_GROUP];
             for j in 0..m {
@@ -413,10 +400,7 @@ impl Pipeline {
         if ingress == host.uplink_port {
             return self.decide_uplink(now, parsed);
         }
-        let port = self
-            .policy
-            .port(ingress)
-            .ok_or(DropReason::UnknownPort(ingress))?;
+        let port = self.policy.port(ingress).ok_or(DropReason::UnknownPort(ingress))?;
         let h = &parsed.outer;
         let key = l3_key(h)?;
         if h.src_mac != port.mac {
@@ -431,10 +415,7 @@ impl Pipeline {
             return self.existing(now, tenant, handle, dir, flags, None);
         }
         // A new connection from a VM.
-        if let Some(reason) = self
-            .policy
-            .sg_evaluate(ingress, Direction::Egress, &key)
-            .drop_reason()
+        if let Some(reason) = self.policy.sg_evaluate(ingress, Direction::Egress, &key).drop_reason()
         {
             return Err(reason);
         }
@@ -442,24 +423,18 @@ impl Pipeline {
             None => return Err(DropReason::NoRoute),
             Some(RouteTarget::Blackhole) => return Err(DropReason::Blackhole),
             Some(RouteTarget::Local) => {
-                let b = self
-                    .policy
-                    .port_by_ip(tenant, key.dst_ip)
-                    .ok_or(DropReason::NoSuchVm)?;
-                if let Some(reason) = self
-                    .policy
-                    .sg_evaluate(b, Direction::Ingress, &key)
-                    .drop_reason()
+                let b = self.policy.port_by_ip(tenant, key.dst_ip).ok_or(DropReason::NoSuchVm)?;
+                if let Some(reason) =
+                    self.policy.sg_evaluate(b, Direction::Ingress, &key).drop_reason()
                 {
                     return Err(reason);
                 }
                 Shape::Local { a: ingress, b }
             }
             Some(RouteTarget::Tunnel { vtep }) => Shape::TunnelOut { a: ingress, vtep },
-            Some(RouteTarget::Internet) => Shape::Internet {
-                a: ingress,
-                nat: self.snat_allocate(tenant, &key)?,
-            },
+            Some(RouteTarget::Internet) => {
+                Shape::Internet { a: ingress, nat: self.snat_allocate(tenant, &key)? }
+            }
         };
         let reply = reply_key(&key, shape);
         let mut reclaimed = ReclaimedSnat::default();
@@ -479,11 +454,7 @@ impl Pipeline {
     }
 
     /// A frame on the uplink: VXLAN to our VTEP, or return traffic to a SNAT address.
-    fn decide_uplink(
-        &mut self,
-        now: Instant,
-        parsed: &ParsedFrame,
-    ) -> Result<FlowEntry, DropReason> {
+    fn decide_uplink(&mut self, now: Instant, parsed: &ParsedFrame) -> Result<FlowEntry, DropReason> {
         let host = *self.policy.host();
         let outer = &parsed.outer;
         let outer_key = l3_key(outer)?;
@@ -491,50 +462,32 @@ impl Pipeline {
             if outer_key.dst_ip != host.vtep_ip {
                 return Err(DropReason::NotForUs);
             }
-            let tenant = self
-                .policy
-                .tenant_by_vni(vx.vni)
-                .ok_or(DropReason::UnknownVni(vx.vni.get()))?;
+            let tenant =
+                self.policy.tenant_by_vni(vx.vni).ok_or(DropReason::UnknownVni(vx.vni.get()))?;
             let key = l3_key(inner)?;
             let flags = tcp_flags(inner);
             if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
                 return self.existing(now, tenant, handle, dir, flags, Some(outer_key.src_ip));
             }
-            let b = self
-                .policy
-                .port_by_ip(tenant, key.dst_ip)
-                .ok_or(DropReason::NoSuchVm)?;
-            if let Some(reason) = self
-                .policy
-                .sg_evaluate(b, Direction::Ingress, &key)
-                .drop_reason()
+            let b = self.policy.port_by_ip(tenant, key.dst_ip).ok_or(DropReason::NoSuchVm)?;
+            if let Some(reason) = self.policy.sg_evaluate(b, Direction::Ingress, &key).drop_reason()
             {
                 return Err(reason);
             }
-            let shape = Shape::TunnelIn {
-                b,
-                vtep: outer_key.src_ip,
-            };
+            let shape = Shape::TunnelIn { b, vtep: outer_key.src_ip };
             let mut reclaimed = ReclaimedSnat::default();
-            let handle = self.ct.create(
-                now,
-                tenant,
-                key,
-                key.reversed(),
-                flags,
-                vtep_tag(outer_key.src_ip),
-                |c| reclaimed.note(&self.policy, c),
-            );
+            let handle = self
+                .ct
+                .create(now, tenant, key, key.reversed(), flags, vtep_tag(outer_key.src_ip), |c| {
+                    reclaimed.note(&self.policy, c)
+                });
             self.release_reclaimed(reclaimed);
             let handle = handle.map_err(ct_create_drop)?;
             self.counters.new_connections += 1;
             return self.install(now, tenant, handle, CtDir::Original, &key, shape);
         }
         // Plain IP on the uplink: only return traffic of SNATed connections is ours.
-        let tenant = self
-            .policy
-            .is_snat_address(outer_key.dst_ip)
-            .ok_or(DropReason::NotForUs)?;
+        let tenant = self.policy.is_snat_address(outer_key.dst_ip).ok_or(DropReason::NotForUs)?;
         match self.ct.lookup(now, tenant, &outer_key) {
             Some((handle, dir)) => self.existing(now, tenant, handle, dir, tcp_flags(outer), None),
             None => Err(DropReason::NoConnection),
@@ -581,24 +534,17 @@ impl Pipeline {
                 None => Err(DropReason::NoRoute),
                 Some(RouteTarget::Blackhole) => Err(DropReason::Blackhole),
                 Some(RouteTarget::Local) => {
-                    let b = self
-                        .policy
-                        .port_by_ip(tenant, orig.dst_ip)
-                        .ok_or(DropReason::NoSuchVm)?;
+                    let b = self.policy.port_by_ip(tenant, orig.dst_ip).ok_or(DropReason::NoSuchVm)?;
                     Ok(Shape::Local { a, b })
                 }
                 Some(RouteTarget::Tunnel { vtep }) => Ok(Shape::TunnelOut { a, vtep }),
                 Some(RouteTarget::Internet) => {
-                    let nat =
-                        (reply.dst_ip != orig.src_ip).then_some((reply.dst_ip, reply.dst_port));
+                    let nat = (reply.dst_ip != orig.src_ip).then_some((reply.dst_ip, reply.dst_port));
                     Ok(Shape::Internet { a, nat })
                 }
             };
         }
-        let b = self
-            .policy
-            .port_by_ip(tenant, orig.dst_ip)
-            .ok_or(DropReason::NoSuchVm)?;
+        let b = self.policy.port_by_ip(tenant, orig.dst_ip).ok_or(DropReason::NoSuchVm)?;
         let vtep = match (tag_vtep(tag), learned_vtep, dir) {
             (Some(v), _, _) => v,
             (None, Some(v), CtDir::Original) => v,
@@ -649,12 +595,7 @@ impl Pipeline {
         let t = self.policy.tenant(tenant).ok_or(DropReason::PolicyDrop)?;
         let router = t.router_mac;
         let vni = t.vni;
-        let mac_of = |p: PortId| {
-            self.policy
-                .port(p)
-                .map(|vp| vp.mac)
-                .ok_or(DropReason::NoSuchVm)
-        };
+        let mac_of = |p: PortId| self.policy.port(p).map(|vp| vp.mac).ok_or(DropReason::NoSuchVm);
         let entry = |actions: ActionList, dir: CtDir, mac| FlowEntry {
             epoch: self.epoch,
             tenant,
@@ -687,37 +628,17 @@ impl Pipeline {
                 let (ma, mb) = (mac_of(a)?, mac_of(b)?);
                 (
                     (
-                        FlowMatch {
-                            port: a,
-                            vni: None,
-                            key: *orig,
-                        },
+                        FlowMatch { port: a, vni: None, key: *orig },
                         entry(
-                            list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: mb,
-                                },
-                                Action::Output(b),
-                            ]),
+                            list(&[Action::SetMacs { src: router, dst: mb }, Action::Output(b)]),
                             CtDir::Original,
                             Some(ma),
                         ),
                     ),
                     (
-                        FlowMatch {
-                            port: b,
-                            vni: None,
-                            key: reply,
-                        },
+                        FlowMatch { port: b, vni: None, key: reply },
                         entry(
-                            list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: ma,
-                                },
-                                Action::Output(a),
-                            ]),
+                            list(&[Action::SetMacs { src: router, dst: ma }, Action::Output(a)]),
                             CtDir::Reply,
                             Some(mb),
                         ),
@@ -728,17 +649,10 @@ impl Pipeline {
                 let ma = mac_of(a)?;
                 (
                     (
-                        FlowMatch {
-                            port: a,
-                            vni: None,
-                            key: *orig,
-                        },
+                        FlowMatch { port: a, vni: None, key: *orig },
                         entry(
                             list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: router,
-                                },
+                                Action::SetMacs { src: router, dst: router },
                                 Action::Encap(encap(vtep, orig)),
                                 Action::Output(host.uplink_port),
                             ]),
@@ -747,18 +661,11 @@ impl Pipeline {
                         ),
                     ),
                     (
-                        FlowMatch {
-                            port: host.uplink_port,
-                            vni: Some(vni),
-                            key: reply,
-                        },
+                        FlowMatch { port: host.uplink_port, vni: Some(vni), key: reply },
                         entry(
                             list(&[
                                 Action::Decap,
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: ma,
-                                },
+                                Action::SetMacs { src: router, dst: ma },
                                 Action::Output(a),
                             ]),
                             CtDir::Reply,
@@ -771,18 +678,11 @@ impl Pipeline {
                 let mb = mac_of(b)?;
                 (
                     (
-                        FlowMatch {
-                            port: host.uplink_port,
-                            vni: Some(vni),
-                            key: *orig,
-                        },
+                        FlowMatch { port: host.uplink_port, vni: Some(vni), key: *orig },
                         entry(
                             list(&[
                                 Action::Decap,
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: mb,
-                                },
+                                Action::SetMacs { src: router, dst: mb },
                                 Action::Output(b),
                             ]),
                             CtDir::Original,
@@ -790,17 +690,10 @@ impl Pipeline {
                         ),
                     ),
                     (
-                        FlowMatch {
-                            port: b,
-                            vni: None,
-                            key: reply,
-                        },
+                        FlowMatch { port: b, vni: None, key: reply },
                         entry(
                             list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: router,
-                                },
+                                Action::SetMacs { src: router, dst: router },
                                 Action::Encap(encap(vtep, &reply)),
                                 Action::Output(host.uplink_port),
                             ]),
@@ -812,22 +705,12 @@ impl Pipeline {
             }
             Shape::Internet { a, nat } => {
                 let ma = mac_of(a)?;
-                let out_macs = Action::SetMacs {
-                    src: host.uplink_mac,
-                    dst: host.gateway_mac,
-                };
-                let in_macs = Action::SetMacs {
-                    src: router,
-                    dst: ma,
-                };
+                let out_macs = Action::SetMacs { src: host.uplink_mac, dst: host.gateway_mac };
+                let in_macs = Action::SetMacs { src: router, dst: ma };
                 let (fwd_acts, rev_acts) = match nat {
                     Some((ip, port)) => (
                         list(&[
-                            Action::Nat {
-                                side: NatSide::Source,
-                                ip,
-                                port,
-                            },
+                            Action::Nat { side: NatSide::Source, ip, port },
                             out_macs,
                             Action::Output(host.uplink_port),
                         ]),
@@ -848,19 +731,11 @@ impl Pipeline {
                 };
                 (
                     (
-                        FlowMatch {
-                            port: a,
-                            vni: None,
-                            key: *orig,
-                        },
+                        FlowMatch { port: a, vni: None, key: *orig },
                         entry(fwd_acts, CtDir::Original, Some(ma)),
                     ),
                     (
-                        FlowMatch {
-                            port: host.uplink_port,
-                            vni: None,
-                            key: reply,
-                        },
+                        FlowMatch { port: host.uplink_port, vni: None, key: reply },
                         entry(rev_acts, CtDir::Reply, None),
                     ),
                 )
@@ -895,36 +770,22 @@ impl Pipeline {
             return Err(DropReason::PolicyDrop);
         }
         let (_, pools) = self.snat.get_mut(&tenant).ok_or(DropReason::NoRoute)?;
-        let pool = pools
-            .for_protocol(key.proto)
-            .ok_or(DropReason::PolicyDrop)?;
+        let pool = pools.for_protocol(key.proto).ok_or(DropReason::PolicyDrop)?;
         let port = pool.allocate().map_err(|_| DropReason::SnatExhausted)?;
         Ok(Some((public, port)))
     }
 
     fn release_reclaimed(&mut self, r: ReclaimedSnat) {
         for &(tenant, proto, port) in &r.ports[..r.len] {
-            if let Some(pool) = self
-                .snat
-                .get_mut(&tenant)
-                .and_then(|p| p.1.for_protocol(proto))
-            {
+            if let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(proto)) {
                 let _ = pool.release(port);
             }
         }
     }
 
     fn snat_release(&mut self, tenant: TenantId, key: &FlowKey, shape: Shape) {
-        if let Shape::Internet {
-            nat: Some((_, port)),
-            ..
-        } = shape
-        {
-            if let Some(pool) = self
-                .snat
-                .get_mut(&tenant)
-                .and_then(|p| p.1.for_protocol(key.proto))
-            {
+        if let Shape::Internet { nat: Some((_, port)), .. } = shape {
+            if let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(key.proto)) {
                 let _ = pool.release(port);
             }
         }
@@ -941,11 +802,7 @@ impl Pipeline {
             }
         });
         for (tenant, proto, port) in released {
-            if let Some(pool) = self
-                .snat
-                .get_mut(&tenant)
-                .and_then(|p| p.1.for_protocol(proto))
-            {
+            if let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(proto)) {
                 let _ = pool.release(port);
             }
         }
@@ -972,10 +829,7 @@ impl Pipeline {
 
 /// Whether a conntrack state is steady: then only SYN/FIN/RST packets need to step it.
 fn is_steady(state: CtState) -> bool {
-    matches!(
-        state,
-        CtState::Tcp(TcpState::Established) | CtState::Replied
-    )
+    matches!(state, CtState::Tcp(TcpState::Established) | CtState::Replied)
 }
 
 /// The SNAT port a connection holds, as `(tenant, protocol, port)`.
@@ -1036,18 +890,10 @@ fn cacheable_match(
             if outer.dst_ip != vtep || inner.fragment != Fragment::None {
                 return None;
             }
-            return Some(FlowMatch {
-                port: ingress,
-                vni: Some(vx.vni),
-                key: inner.key?,
-            });
+            return Some(FlowMatch { port: ingress, vni: Some(vx.vni), key: inner.key? });
         }
     }
-    Some(FlowMatch {
-        port: ingress,
-        vni: None,
-        key: outer,
-    })
+    Some(FlowMatch { port: ingress, vni: None, key: outer })
 }
 
 /// The 5-tuple of an IP frame; non-IP frames and fragments are dropped with their reason.
@@ -1071,10 +917,7 @@ fn tcp_flags(h: &Headers) -> u8 {
 /// The tuple the reply of `orig` carries, given the connection's shape.
 fn reply_key(orig: &FlowKey, shape: Shape) -> FlowKey {
     match shape {
-        Shape::Internet {
-            nat: Some((ip, port)),
-            ..
-        } => {
+        Shape::Internet { nat: Some((ip, port)), .. } => {
             let mut r = orig.reversed();
             r.dst_ip = ip;
             r.dst_port = port;
