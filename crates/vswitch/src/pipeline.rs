@@ -117,6 +117,9 @@ impl PipelineCounters {
     }
 }
 
+/// The forward and reverse flow entries of one connection, as `(match, entry)` pairs.
+type EntryPair = ((FlowMatch, FlowEntry), (FlowMatch, FlowEntry));
+
 /// How a connection crosses the vSwitch; enough to rebuild both flow entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
@@ -292,11 +295,11 @@ impl Pipeline {
             let mut hit = [false; BATCH_GROUP];
             for j in 0..m {
                 let i = which[j];
-                if let (Some(idx), Some(p)) = (found[j], parsed[i].as_ref()) {
-                    if let Some(v) = self.fast_path(now, idx, &mut pkts[i], p) {
-                        verdicts[i] = v;
-                        hit[i] = true;
-                    }
+                if let (Some(idx), Some(p)) = (found[j], parsed[i].as_ref())
+                    && let Some(v) = self.fast_path(now, idx, &mut pkts[i], p)
+                {
+                    verdicts[i] = v;
+                    hit[i] = true;
                 }
             }
             for i in 0..n {
@@ -341,10 +344,10 @@ impl Pipeline {
             self.counters.stale_epoch += 1;
             return None;
         }
-        if let Some(mac) = e.expect_src_mac {
-            if parsed.outer.src_mac != mac {
-                return None;
-            }
+        if let Some(mac) = e.expect_src_mac
+            && parsed.outer.src_mac != mac
+        {
+            return None;
         }
         let headers = parsed.inner.as_ref().unwrap_or(&parsed.outer);
         if let Some((h, dir)) = e.ct {
@@ -590,7 +593,7 @@ impl Pipeline {
         handle: CtHandle,
         orig: &FlowKey,
         shape: Shape,
-    ) -> Result<((FlowMatch, FlowEntry), (FlowMatch, FlowEntry)), DropReason> {
+    ) -> Result<EntryPair, DropReason> {
         let host = *self.policy.host();
         let t = self.policy.tenant(tenant).ok_or(DropReason::PolicyDrop)?;
         let router = t.router_mac;
@@ -784,10 +787,10 @@ impl Pipeline {
     }
 
     fn snat_release(&mut self, tenant: TenantId, key: &FlowKey, shape: Shape) {
-        if let Shape::Internet { nat: Some((_, port)), .. } = shape {
-            if let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(key.proto)) {
-                let _ = pool.release(port);
-            }
+        if let Shape::Internet { nat: Some((_, port)), .. } = shape
+            && let Some(pool) = self.snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(key.proto))
+        {
+            let _ = pool.release(port);
         }
     }
 
@@ -849,11 +852,11 @@ struct ReclaimedSnat {
 
 impl ReclaimedSnat {
     fn note(&mut self, policy: &Policy, conn: &Connection) {
-        if let Some(b) = snat_binding(policy, conn) {
-            if self.len < self.ports.len() {
-                self.ports[self.len] = b;
-                self.len += 1;
-            }
+        if let Some(b) = snat_binding(policy, conn)
+            && self.len < self.ports.len()
+        {
+            self.ports[self.len] = b;
+            self.len += 1;
         }
     }
 }
@@ -885,13 +888,11 @@ fn cacheable_match(
     if p.outer.fragment != Fragment::None {
         return None;
     }
-    if uplink {
-        if let (Some(vx), Some(inner)) = (p.vxlan.as_ref(), p.inner.as_ref()) {
-            if outer.dst_ip != vtep || inner.fragment != Fragment::None {
-                return None;
-            }
-            return Some(FlowMatch { port: ingress, vni: Some(vx.vni), key: inner.key? });
+    if uplink && let (Some(vx), Some(inner)) = (p.vxlan.as_ref(), p.inner.as_ref()) {
+        if outer.dst_ip != vtep || inner.fragment != Fragment::None {
+            return None;
         }
+        return Some(FlowMatch { port: ingress, vni: Some(vx.vni), key: inner.key? });
     }
     Some(FlowMatch { port: ingress, vni: None, key: outer })
 }
