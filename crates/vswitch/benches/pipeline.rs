@@ -49,22 +49,29 @@ fn warmed(w: &Workload, policy: &Policy) -> Pipeline {
     let mut p = Pipeline::new(policy.clone(), w.pipeline_config()).unwrap();
     let mut bufs = vec![PacketBuf::default(); BATCH];
     let mut v = vec![Verdict::Forward(UPLINK_PORT); BATCH];
+    // Uplink, replies, uplink again: afterwards both entries of every connection are steady.
     let mut now = 1;
-    for i in (0..w.uplink().len()).step_by(BATCH) {
-        let n = BATCH.min(w.uplink().len() - i);
-        for (k, buf) in bufs[..n].iter_mut().enumerate() {
-            buf.load(w.uplink().get(i + k)).unwrap();
+    let mut uplink_pass = |p: &mut Pipeline, now: &mut u64| {
+        for i in (0..w.uplink().len()).step_by(BATCH) {
+            let n = BATCH.min(w.uplink().len() - i);
+            for (k, buf) in bufs[..n].iter_mut().enumerate() {
+                buf.load(w.uplink().get(i + k)).unwrap();
+            }
+            p.process_batch(Instant(*now), UPLINK_PORT, &mut bufs[..n], &mut v[..n]);
+            *now += 50 * n as u64;
         }
-        p.process_batch(Instant(now), UPLINK_PORT, &mut bufs[..n], &mut v[..n]);
-        now += 50 * n as u64;
-    }
+    };
+    uplink_pass(&mut p, &mut now);
+    let mut b1 = [PacketBuf::default()];
+    let mut v1 = [Verdict::Forward(UPLINK_PORT)];
     for (port, start, end) in w.reply_segments() {
         for i in start..end {
-            bufs[0].load(w.replies().get(i)).unwrap();
-            p.process_batch(Instant(now), port, &mut bufs[..1], &mut v[..1]);
+            b1[0].load(w.replies().get(i)).unwrap();
+            p.process_batch(Instant(now), port, &mut b1, &mut v1);
             now += 50;
         }
     }
+    uplink_pass(&mut p, &mut now);
     p
 }
 
