@@ -1,6 +1,7 @@
 //! The `spillway` command line: run the vSwitch pipeline over captures, inspect captures, and
 //! benchmark the data path. (`sim`, `run` and `ctl` arrive with the fabric and the drivers.)
 
+mod alloc;
 mod bench;
 mod inspect;
 mod pcapio;
@@ -9,6 +10,10 @@ mod run;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+
+/// Transparent huge pages for the big tables; see `alloc`.
+#[global_allocator]
+static GLOBAL: alloc::HugePageAlloc = alloc::HugePageAlloc;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -9,7 +9,7 @@ use spillway_wire::{FlowKey, MacAddr, Vni};
 
 /// The exact match of a flow entry: where the packet entered, the VNI when it arrived VXLAN
 /// encapsulated on the uplink, and the (inner) 5-tuple.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub struct FlowMatch {
     /// Ingress port.
     pub port: PortId,
@@ -39,4 +39,39 @@ pub struct FlowEntry {
     pub ct_steady: bool,
     /// When this entry last refreshed the connection's idle timer.
     pub ct_refreshed_at: Instant,
+}
+
+/// Hashes the match as six `u64` words instead of the derived field-by-field walk (a dozen
+/// `write` calls of 1-16 bytes each, measured at 28% of a flow-table lookup). Equal matches
+/// write equal words, so the `Hash`/`Eq` contract holds; `None` and `Some(vni)` differ in bit 40
+/// of the ports word, so they never collide structurally.
+impl core::hash::Hash for FlowMatch {
+    #[inline]
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        let k = &self.key;
+        let word = |b: &[u8; 16], i: usize| {
+            u64::from_le_bytes([
+                b[i],
+                b[i + 1],
+                b[i + 2],
+                b[i + 3],
+                b[i + 4],
+                b[i + 5],
+                b[i + 6],
+                b[i + 7],
+            ])
+        };
+        let (has_vni, vni) = self.vni.map_or((0, 0), |v| (1u64, u64::from(v.get())));
+        state.write_u64(word(&k.src_ip.0, 0));
+        state.write_u64(word(&k.src_ip.0, 8));
+        state.write_u64(word(&k.dst_ip.0, 0));
+        state.write_u64(word(&k.dst_ip.0, 8));
+        state.write_u64(
+            u64::from(k.src_port)
+                | u64::from(k.dst_port) << 16
+                | u64::from(k.proto) << 32
+                | has_vni << 40,
+        );
+        state.write_u64(u64::from(self.port.0) | vni << 32);
+    }
 }

@@ -28,12 +28,12 @@
 //!    an entry, so callers (the pipeline, the DPU model's install commands) can name entries
 //!    without re-hashing.
 //!
-//! [`FlowTable::lookup_batch`] is software-pipelined with a fixed prefetch distance `D`
-//! ([`PREFETCH_DISTANCE`]): while key `i` is hashed and its bucket prefetched, key `i - D` has
-//! its bucket scanned and its entry prefetched, and key `i - 2D` is compared and counted. About
-//! `2D` DRAM accesses are in flight at any time, so the latency is overlapped instead of paid
-//! twice per packet; a fixed distance (rather than bursts of 32 prefetches) keeps the number of
-//! outstanding misses within what the core's miss buffers can track.
+//! [`FlowTable::lookup_batch`] uses group prefetching over groups of [`LOOKUP_GROUP`] keys: all
+//! home buckets of a group are prefetched, then all buckets are scanned and every candidate
+//! entry's lines prefetched, then all keys are confirmed and counted. A group pays about two DRAM
+//! round trips in all instead of two per key; with 300-540 ns per round trip on the shared test
+//! VM, a fixed-distance software pipeline (16 keys of ~5 ns work each) could not hide them.
+//! [`FlowTable::prefetch`] lets the slow path warm the bucket of an entry it is about to insert.
 //!
 //! # Expiry and eviction
 //!
@@ -58,12 +58,16 @@ use foldhash::fast::FixedState;
 
 use crate::time::Instant;
 
-/// Keys between pipeline stages in [`FlowTable::lookup_batch`]: a bucket is prefetched this many
-/// keys before it is scanned, and an entry this many keys before it is compared, so about
-/// `2 * PREFETCH_DISTANCE` DRAM accesses are in flight. Distances 8..31 measured alike within
-/// noise on the shared 2-core test VM; 16 is the usual sweet spot for ~100 ns DRAM latency
-/// against ~5 ns of work per key per stage.
-pub const PREFETCH_DISTANCE: usize = 16;
+/// Keys per group of [`FlowTable::lookup_batch`]: all buckets of a group are prefetched before the
+/// first is scanned, and all entries before the first is compared. On this VM one DRAM round trip
+/// costs 300-540 ns, far longer than a software pipeline with a distance of 16 keys (~80 ns of
+/// work) could hide; a group of 32 overlaps 32 round trips per stage. (Replaced the fixed-distance
+/// pipeline, `PREFETCH_DISTANCE = 16`, which measured 270-320 ns per fast-path packet at 1M flows.)
+pub const LOOKUP_GROUP: usize = 32;
+
+/// Cache lines of an entry slot prefetched by [`FlowTable::lookup_batch`]: all of them, capped at
+/// eight (512 bytes) so one lookup batch cannot flood the core's miss buffers.
+const SLOT_LINES_MAX: usize = 8;
 
 /// Pairs per bucket: eight `(u16, u32)` pairs plus the overflow count fill one cache line.
 const BUCKET_WAYS: usize = 8;
@@ -281,6 +285,16 @@ impl<K, V> FlowTable<K, V>
 where
     K: Copy + Eq + Hash + Ord,
 {
+    /// Lines of one slot prefetched per candidate (see [`SLOT_LINES_MAX`]).
+    const SLOT_PREFETCH_LINES: usize = {
+        let lines = core::mem::size_of::<Slot<K, V>>().div_ceil(64);
+        if lines < SLOT_LINES_MAX {
+            lines
+        } else {
+            SLOT_LINES_MAX
+        }
+    };
+
     /// Builds an empty table and allocates all its memory.
     pub fn new(config: FlowTableConfig) -> Result<Self, FlowTableConfigError> {
         let max = (u32::MAX - 1) as usize;
@@ -338,6 +352,14 @@ where
     /// Event counters.
     pub fn counters(&self) -> FlowTableCounters {
         self.counters
+    }
+
+    /// Hint that `key` is about to be inserted or looked up: prefetch its home bucket. Lets a
+    /// caller overlap the DRAM latency of several upcoming inserts (the slow path installs a
+    /// reverse entry whose bucket no lookup has touched yet).
+    #[inline]
+    pub fn prefetch(&self, key: &K) {
+        prefetch(&self.buckets[self.home(self.hash(key))]);
     }
 
     /// The seeded hash of `key`. Compute it once per packet and pass it to the `*_hashed` calls.
@@ -469,11 +491,12 @@ where
     /// `out[i]`; same semantics and counter effects as calling [`FlowTable::lookup`] for each key
     /// in order. Any batch length works; nothing allocates.
     ///
-    /// Software pipeline with prefetch distance [`PREFETCH_DISTANCE`]: at step `s` the table
-    /// hashes key `s` and prefetches its home bucket, scans the (by now cached) bucket of key
-    /// `s - D` for a tag match and prefetches that entry, and confirms key `s - 2D` against its
-    /// (by now cached) entry and updates its counters. Stage 3 only touches entry counters, never
-    /// buckets or slots, so a candidate found in stage 2 is still valid in stage 3.
+    /// Group prefetching over groups of [`LOOKUP_GROUP`] keys: hash every key of the group and
+    /// prefetch its home bucket; then scan every (by now arriving) bucket for a tag match and
+    /// prefetch that entry's lines; then confirm every key against its entry and update its
+    /// counters. A group pays about two DRAM round trips in all rather than two per key. Stage 3
+    /// only touches entry counters, never buckets or slots, so a candidate found in stage 2 is
+    /// still valid in stage 3.
     ///
     /// Panics if the three slices differ in length.
     pub fn lookup_batch(
@@ -483,36 +506,39 @@ where
         bytes: &[u32],
         out: &mut [Option<EntryIdx>],
     ) {
-        const D: usize = PREFETCH_DISTANCE;
-        const RING: usize = (2 * PREFETCH_DISTANCE + 1).next_power_of_two();
-        const { assert!(RING > 2 * D, "the ring must hold three pipeline stages") };
         assert_eq!(keys.len(), bytes.len(), "one byte count per key");
         assert_eq!(keys.len(), out.len(), "one output per key");
-        let n = keys.len();
-        let mut hashes = [0u64; RING];
-        let mut cand = [EMPTY; RING];
-        for step in 0..n + 2 * D {
-            // Stage 1: hash, prefetch the home bucket.
-            if step < n {
-                let h = self.hasher.hash_one(keys[step]);
-                hashes[step % RING] = h;
+        let mut hashes = [0u64; LOOKUP_GROUP];
+        let mut cand = [EMPTY; LOOKUP_GROUP];
+        for ((keys, bytes), out) in keys
+            .chunks(LOOKUP_GROUP)
+            .zip(bytes.chunks(LOOKUP_GROUP))
+            .zip(out.chunks_mut(LOOKUP_GROUP))
+        {
+            let n = keys.len();
+            // Stage 1: hash every key, prefetch its home bucket.
+            for i in 0..n {
+                let h = self.hasher.hash_one(keys[i]);
+                hashes[i] = h;
                 prefetch(&self.buckets[self.home(h)]);
             }
-            // Stage 2: first tag match in the home bucket, prefetch that entry.
-            if step >= D && step - D < n {
-                let r = (step - D) % RING;
-                let h = hashes[r];
+            // Stage 2: first tag match in each home bucket, prefetch that entry.
+            for i in 0..n {
+                let h = hashes[i];
                 let tag = Self::tag(h);
                 let bucket = &self.buckets[self.home(h)];
-                cand[r] = EMPTY;
+                cand[i] = EMPTY;
                 for w in 0..BUCKET_WAYS {
                     if bucket.slots[w] != EMPTY && bucket.tags[w] == tag {
                         let slot = &self.entries[bucket.slots[w] as usize];
-                        cand[r] = bucket.slots[w];
-                        prefetch(slot);
-                        if core::mem::size_of::<Slot<K, V>>() > 64 {
-                            // Second line: bytes and last_seen are written on a hit.
-                            prefetch((slot as *const Slot<K, V>).wrapping_byte_add(64));
+                        cand[i] = bucket.slots[w];
+                        // Every line of the slot, not just the key's: a hit goes on to read the
+                        // value (the pipeline's flow entry spans eight lines and its hit path
+                        // reads fields in the last one), and a line not prefetched here is a
+                        // dependent DRAM miss paid in full per packet.
+                        let base = slot as *const Slot<K, V>;
+                        for line in 0..Self::SLOT_PREFETCH_LINES {
+                            prefetch(base.wrapping_byte_add(64 * line));
                         }
                         break;
                     }
@@ -520,10 +546,8 @@ where
             }
             // Stage 3: confirm the key (falling back to the full probe on a tag collision or an
             // overflowed bucket), update counters.
-            if step >= 2 * D {
-                let i = step - 2 * D;
-                let r = i % RING;
-                let c = cand[r];
+            for i in 0..n {
+                let c = cand[i];
                 let found = if c != EMPTY
                     && self.entries[c as usize]
                         .0
@@ -532,7 +556,7 @@ where
                 {
                     Some(c)
                 } else {
-                    self.find(hashes[r], &keys[i])
+                    self.find(hashes[i], &keys[i])
                 };
                 out[i] = self.account(now, found, bytes[i]);
             }

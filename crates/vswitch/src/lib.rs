@@ -95,6 +95,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod time;
 pub mod verdict;
+pub mod workload;
 
 pub use ids::{Direction, Epoch, PortId, SecurityGroupId, TenantId};
 pub use packet::PacketBuf;
