@@ -3,6 +3,7 @@
 
 use crate::action::ActionList;
 use crate::conntrack::{CtDir, CtHandle};
+use crate::flow_table::EntryIdx;
 use crate::ids::{Epoch, PortId, TenantId};
 use crate::time::Instant;
 use spillway_wire::{FlowKey, MacAddr, Vni};
@@ -21,24 +22,34 @@ pub struct FlowMatch {
 
 /// A unified flow entry's value: the header transformation plus what the fast path needs to keep
 /// conntrack and anti-spoofing exact without walking the policy.
+///
+/// `repr(C)` with the fields every hit reads first (epoch, connection, MAC check) and the action
+/// list after them: in the flow table the entry follows the key and counters, so a
+/// decap-and-deliver hit reads three cache lines of its slot and an encap hit four.
+#[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct FlowEntry {
     /// Policy epoch the entry was computed under; an older epoch makes it stale.
     pub epoch: Epoch,
+    /// When this entry last refreshed the connection's idle timer.
+    pub ct_refreshed_at: Instant,
+    /// The connection and which of its directions this entry carries.
+    pub ct: Option<(CtHandle, CtDir)>,
     /// The tenant (conntrack zone) the entry belongs to.
     pub tenant: TenantId,
-    /// The header transformation.
-    pub actions: ActionList,
     /// For entries matching on a VM port: the port's MAC, so anti-spoofing holds on the fast path
     /// too (the 5-tuple in the match does not cover the source MAC).
     pub expect_src_mac: Option<MacAddr>,
-    /// The connection and which of its directions this entry carries.
-    pub ct: Option<(CtHandle, CtDir)>,
     /// The connection had reached its steady state (TCP established, UDP/ICMP replied) the last
-    /// time this entry stepped it; then only SYN/FIN/RST packets step it again.
+    /// time this entry stepped it; then only SYN/FIN/RST packets step it again. An entry that
+    /// steps the connection out of its steady state clears its peer's flag too (see `peer`).
     pub ct_steady: bool,
-    /// When this entry last refreshed the connection's idle timer.
-    pub ct_refreshed_at: Instant,
+    /// Slot of the entry for the other direction of the connection, set when both were
+    /// installed. It may outlive that entry (eviction, expiry); it is only ever used to clear a
+    /// `ct_steady` flag, which is safe on any entry: it costs that entry one extra conntrack step.
+    pub peer: Option<EntryIdx>,
+    /// The header transformation.
+    pub actions: ActionList,
 }
 
 /// Hashes the match as six `u64` words instead of the derived field-by-field walk (a dozen

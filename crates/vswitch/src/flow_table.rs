@@ -437,6 +437,16 @@ where
         &self.entry(idx).value
     }
 
+    /// The value in slot `idx` if the slot is occupied (by whichever entry holds it now), for
+    /// callers keeping an index that may have outlived its entry.
+    pub fn try_value_mut(&mut self, idx: EntryIdx) -> Option<&mut V> {
+        self.entries
+            .get_mut(idx.0 as usize)?
+            .0
+            .as_mut()
+            .map(|e| &mut e.value)
+    }
+
     /// Mutable value at `idx`. Panics like [`FlowTable::entry`].
     pub fn value_mut(&mut self, idx: EntryIdx) -> &mut V {
         &mut self.entries[idx.0 as usize]
@@ -573,6 +583,18 @@ where
         value: V,
         evictable: bool,
     ) -> Result<Inserted<K>, TableFull> {
+        self.insert_indexed(now, key, value, evictable)
+            .map(|(_, outcome)| outcome)
+    }
+
+    /// [`FlowTable::insert`], also returning the entry's slot index.
+    pub fn insert_indexed(
+        &mut self,
+        now: Instant,
+        key: K,
+        value: V,
+        evictable: bool,
+    ) -> Result<(EntryIdx, Inserted<K>), TableFull> {
         let hash = self.hash(&key);
         if let Some(slot) = self.find(hash, &key) {
             self.entries[slot as usize].0 = Some(Entry {
@@ -586,7 +608,7 @@ where
                 value,
             });
             self.counters.inserts += 1;
-            return Ok(Inserted::Replaced);
+            return Ok((EntryIdx(slot), Inserted::Replaced));
         }
         let mut outcome = Inserted::Fresh;
         if self.free.is_empty() {
@@ -625,7 +647,7 @@ where
         });
         self.place(hash, slot);
         self.counters.inserts += 1;
-        Ok(outcome)
+        Ok((EntryIdx(slot), outcome))
     }
 
     /// Puts `slot` in the first bucket with a free pair on `hash`'s probe path.

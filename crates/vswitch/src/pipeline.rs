@@ -421,8 +421,16 @@ impl Pipeline {
                 match self.ct.update(now, h, dir, flags, pkt.len() as u32) {
                     Ok(state) => {
                         let e = self.flows.value_mut(idx);
-                        e.ct_steady = is_steady(state);
+                        let steady = is_steady(state);
+                        e.ct_steady = steady;
                         e.ct_refreshed_at = now;
+                        // A FIN or RST from this side changes what the other side's plain ACKs
+                        // mean: its entry must step the connection again.
+                        if let Some(peer) = e.peer.filter(|_| !steady)
+                            && let Some(p) = self.flows.try_value_mut(peer)
+                        {
+                            p.ct_steady = false;
+                        }
                     }
                     Err(CtError::Invalid) => {
                         return Some(Verdict::Drop(DropReason::ConntrackInvalid));
@@ -676,19 +684,27 @@ impl Pipeline {
         shape: Shape,
     ) -> Result<FlowEntry, DropReason> {
         let (fwd, rev) = self.build_entries(tenant, handle, orig, shape)?;
-        let install = if self.fast_path_enabled {
-            &[fwd, rev][..]
-        } else {
-            &[][..]
-        };
-        for &(fm, e) in install {
-            match self.flows.insert(now, fm, e, true) {
-                Ok(Inserted::Evicted { .. }) => {
-                    self.counters.flows_installed += 1;
-                    self.counters.flows_evicted += 1;
+        if self.fast_path_enabled {
+            let mut slots = [None; 2];
+            for (i, &(fm, e)) in [fwd, rev].iter().enumerate() {
+                match self.flows.insert_indexed(now, fm, e, true) {
+                    Ok((idx, outcome)) => {
+                        self.counters.flows_installed += 1;
+                        if let Inserted::Evicted { victim } = outcome {
+                            self.counters.flows_evicted += 1;
+                            // The reverse entry may have evicted the forward one just installed.
+                            if victim == fwd.0 {
+                                slots[0] = None;
+                            }
+                        }
+                        slots[i] = Some(idx);
+                    }
+                    Err(_) => self.counters.flows_rejected += 1,
                 }
-                Ok(_) => self.counters.flows_installed += 1,
-                Err(_) => self.counters.flows_rejected += 1,
+            }
+            if let [Some(f), Some(r)] = slots {
+                self.flows.value_mut(f).peer = Some(r);
+                self.flows.value_mut(r).peer = Some(f);
             }
         }
         Ok(match dir {
@@ -723,13 +739,15 @@ impl Pipeline {
             ct: Some((handle, dir)),
             ct_steady: false,
             ct_refreshed_at: Instant::ZERO,
+            peer: None,
         };
+        // The builder's lists always fit; one that cannot be encoded (an underlay family mismatch
+        // the policy let through) becomes a drop entry rather than a panic.
         let list = |acts: &[Action]| {
-            let mut l = ActionList::new();
-            for a in acts {
-                l.push(*a).expect("the builder never exceeds ACTIONS_MAX");
-            }
-            l
+            ActionList::from_actions(acts).unwrap_or_else(|_| {
+                ActionList::from_actions(&[Action::Drop(DropReason::PolicyDrop)])
+                    .expect("a single drop always fits")
+            })
         };
         let reply = reply_key(orig, shape);
         let encap = |to: IpAddr16, inner: &FlowKey| VxlanOuter {

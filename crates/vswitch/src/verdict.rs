@@ -136,6 +136,32 @@ impl DropKind {
         DropKind::PolicyDrop,
     ];
 
+    /// The reason of a kind that carries no detail; `None` for kinds with a payload
+    /// (malformed, unknown port or VNI, unsupported EtherType, security-group deny).
+    pub fn payload_free_reason(self) -> Option<DropReason> {
+        Some(match self {
+            DropKind::Malformed
+            | DropKind::UnknownPort
+            | DropKind::UnknownVni
+            | DropKind::UnsupportedEtherType
+            | DropKind::SecurityGroupDeny => return None,
+            DropKind::SpoofedMac => DropReason::SpoofedMac,
+            DropKind::SpoofedIp => DropReason::SpoofedIp,
+            DropKind::ArpNotRouted => DropReason::ArpNotRouted,
+            DropKind::Fragment => DropReason::Fragment,
+            DropKind::NotForUs => DropReason::NotForUs,
+            DropKind::SecurityGroupDefaultDeny => DropReason::SecurityGroupDefaultDeny,
+            DropKind::NoRoute => DropReason::NoRoute,
+            DropKind::Blackhole => DropReason::Blackhole,
+            DropKind::NoSuchVm => DropReason::NoSuchVm,
+            DropKind::NoConnection => DropReason::NoConnection,
+            DropKind::ConntrackInvalid => DropReason::ConntrackInvalid,
+            DropKind::ConntrackFull => DropReason::ConntrackFull,
+            DropKind::SnatExhausted => DropReason::SnatExhausted,
+            DropKind::PolicyDrop => DropReason::PolicyDrop,
+        })
+    }
+
     /// The dotted metric name, e.g. `vswitch.drop.sg_deny`.
     pub fn metric(self) -> &'static str {
         match self {

@@ -120,3 +120,24 @@ fn example_snat_range_sizes_the_pools() {
     assert_eq!(tcp.capacity(), 10_000);
     assert_eq!(tcp.allocate(), Ok(20000));
 }
+
+#[test]
+fn tunnel_vtep_of_the_other_family_than_the_host_is_rejected() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/policy-basic.toml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let text = text.replacen(
+        "target = { tunnel = \"192.0.2.2\" }",
+        "target = { tunnel = \"2001:db8::2\" }",
+        1,
+    );
+    let err = spillway_vswitch::policy::Policy::from_toml_str(&text, "mixed.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("mixed.toml: tenant[0].route[0].target.tunnel: expected an IPv4 VTEP"),
+        "{err}"
+    );
+}

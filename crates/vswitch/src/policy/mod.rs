@@ -409,6 +409,21 @@ impl Compiler<'_> {
         }
 
         let (tenants, routes, snat_index) = self.tenants(&cfg.tenants)?;
+        // Encapsulation needs both VTEPs in one family: the outer header is IPv4 or IPv6.
+        for (ti, t) in tenants.iter().enumerate() {
+            for (ri, r) in t.routes.iter().enumerate() {
+                if let RouteTarget::Tunnel { vtep } = r.target
+                    && vtep.is_v4() != host.vtep_ip.is_v4()
+                {
+                    let family = if host.vtep_ip.is_v4() { "IPv4" } else { "IPv6" };
+                    return Err(self.invalid(
+                        format!("tenant[{ti}].route[{ri}].target.tunnel"),
+                        &format!("an {family} VTEP address, like host.vtep_ip"),
+                        vtep,
+                    ));
+                }
+            }
+        }
         let mut tenant_index = FixedMap::default();
         let mut vni_index = FixedMap::default();
         for (i, t) in tenants.iter().enumerate() {
