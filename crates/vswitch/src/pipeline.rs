@@ -504,20 +504,10 @@ impl Pipeline {
         let shape = match self.policy.route(tenant, key.dst_ip) {
             None => return Err(DropReason::NoRoute),
             Some(RouteTarget::Blackhole) => return Err(DropReason::Blackhole),
-            Some(RouteTarget::Local) => {
-                let b = self
-                    .policy
-                    .port_by_ip(tenant, key.dst_ip)
-                    .ok_or(DropReason::NoSuchVm)?;
-                if let Some(reason) = self
-                    .policy
-                    .sg_evaluate(b, Direction::Ingress, &key)
-                    .drop_reason()
-                {
-                    return Err(reason);
-                }
-                Shape::Local { a: ingress, b }
-            }
+            Some(RouteTarget::Local) => Shape::Local {
+                a: ingress,
+                b: self.admit_local(tenant, &key)?,
+            },
             Some(RouteTarget::Tunnel { vtep }) => Shape::TunnelOut { a: ingress, vtep },
             Some(RouteTarget::Internet) => Shape::Internet {
                 a: ingress,
@@ -539,6 +529,23 @@ impl Pipeline {
         };
         self.counters.new_connections += 1;
         self.install(now, tenant, handle, CtDir::Original, &key, shape)
+    }
+
+    /// The local VM port a new connection is addressed to, if the destination exists in the
+    /// tenant and that port's ingress security groups admit the connection.
+    fn admit_local(&self, tenant: TenantId, key: &FlowKey) -> Result<PortId, DropReason> {
+        let b = self
+            .policy
+            .port_by_ip(tenant, key.dst_ip)
+            .ok_or(DropReason::NoSuchVm)?;
+        match self
+            .policy
+            .sg_evaluate(b, Direction::Ingress, key)
+            .drop_reason()
+        {
+            Some(reason) => Err(reason),
+            None => Ok(b),
+        }
     }
 
     /// A frame on the uplink: VXLAN to our VTEP, or return traffic to a SNAT address.
@@ -563,17 +570,7 @@ impl Pipeline {
             if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
                 return self.existing(now, tenant, handle, dir, flags, Some(outer_key.src_ip));
             }
-            let b = self
-                .policy
-                .port_by_ip(tenant, key.dst_ip)
-                .ok_or(DropReason::NoSuchVm)?;
-            if let Some(reason) = self
-                .policy
-                .sg_evaluate(b, Direction::Ingress, &key)
-                .drop_reason()
-            {
-                return Err(reason);
-            }
+            let b = self.admit_local(tenant, &key)?;
             let shape = Shape::TunnelIn {
                 b,
                 vtep: outer_key.src_ip,

@@ -6,42 +6,15 @@
 //! hashbrown index; the index is reserved at four times the connection capacity precisely so that
 //! hashbrown cleans them by rehashing in place instead of growing. The tally must not move.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use spillway_vswitch::conntrack::{Conntrack, ConntrackConfig, CtDir, tcp_flags};
 use spillway_vswitch::{Instant, TenantId};
 use spillway_wire::{FlowKey, IpAddr16, ip_proto};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
 
 fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
+    spillway_testkit::allocations()
 }
 
 fn key(i: u64, tcp: bool) -> FlowKey {

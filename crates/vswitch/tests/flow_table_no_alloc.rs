@@ -6,42 +6,15 @@
 //! unchanged across all of it. Bucket overflow chains and the free list are exercised, since the
 //! table runs at capacity for most of the churn.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::time::Duration;
-
 use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::{EvictBy, FlowTable, FlowTableConfig, FullPolicy};
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use std::time::Duration;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
 
 fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
+    spillway_testkit::allocations()
 }
 
 #[test]

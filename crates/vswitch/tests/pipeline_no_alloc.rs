@@ -5,59 +5,16 @@
 //! drives the synthetic workload of `spillway_vswitch::workload` through `process_batch` and
 //! compares counts before and after.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use spillway_vswitch::pipeline::Pipeline;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::workload::{UPLINK_PORT, Workload, WorkloadConfig};
 use spillway_vswitch::{Instant, PacketBuf, Verdict};
 
-thread_local! {
-    /// Allocations (alloc, alloc_zeroed, realloc) made by this thread. Const-initialised and
-    /// without a destructor, so reading it never allocates.
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-fn count() {
-    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged; counting
-// touches only a thread-local `Cell` and never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded with the caller's layout, which meets `alloc`'s contract.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: as in `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System` via this allocator with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: `ptr`/`layout` came from `System` via this allocator; `new_size` is the
-        // caller's and meets `realloc`'s contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
 
 fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
+    spillway_testkit::allocations()
 }
 
 const BATCH: usize = 32;

@@ -4,32 +4,11 @@
 //! error cases, and must not change. This file holds a single test so no other test thread can
 //! allocate while the count is being compared.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use spillway_wire::build::{FrameBuilder, Ipv6Ext, VxlanOuter, vxlan_encap};
 use spillway_wire::{MacAddr, ParseOptions, Vni, parse_frame};
 
-struct Counting;
-
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: delegates every call to `System` unchanged; only counts.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
 
 #[test]
 fn parse_frame_never_allocates() {
@@ -65,14 +44,14 @@ fn parse_frame_never_allocates() {
         vec![],
     ];
     let opts = ParseOptions::default();
-    let before = ALLOCS.load(Ordering::SeqCst);
+    let before = spillway_testkit::allocations();
     let mut ok = 0;
     for _ in 0..1000 {
         for f in &frames {
             ok += parse_frame(std::hint::black_box(f), &opts).is_ok() as usize;
         }
     }
-    let after = ALLOCS.load(Ordering::SeqCst);
+    let after = spillway_testkit::allocations();
     assert_eq!(ok, 3000);
     assert_eq!(after - before, 0, "parse_frame allocated");
 }

@@ -1,0 +1,68 @@
+//! # spillway-testkit
+//!
+//! Test support shared by the Spillway crates (dev-dependency only). Today: [`CountingAlloc`], a
+//! global allocator that counts the allocations made by the current thread, for the tests that
+//! prove a hot path allocates nothing per packet.
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
+//!
+//! let before = spillway_testkit::allocations();
+//! hot_path();
+//! assert_eq!(spillway_testkit::allocations(), before);
+//! ```
+//!
+//! Counting per thread keeps the test harness's own threads (output capture, other tests) out of
+//! the tally.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+thread_local! {
+    // `const` and `Drop`-free, so touching it never allocates or registers a destructor.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Allocations (including reallocations) made by the current thread so far, when
+/// [`CountingAlloc`] is the global allocator.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.with(|c| c.get())
+}
+
+fn count() {
+    // `try_with`: during thread teardown the slot may be gone; those allocations are not ours.
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
+/// The system allocator, counting allocations per thread. Install it with
+/// `#[global_allocator]` in a test binary.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountingAlloc;
+
+// SAFETY: every method forwards to the system allocator with the caller's arguments unchanged;
+// the only addition is a thread-local counter increment, which does not allocate.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, i.e. from `System`, with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract, which we pass on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
