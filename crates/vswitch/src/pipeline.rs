@@ -146,7 +146,7 @@ enum Shape {
 
 /// Per-frame state of a batch.
 #[derive(Clone, Copy, Debug)]
-enum Slot {
+enum FrameState {
     /// Not yet decided.
     Pending,
     /// Parse failed.
@@ -291,7 +291,7 @@ impl Pipeline {
         let uplink = ingress == self.policy.host().uplink_port;
         let vtep = self.policy.host().vtep_ip;
         let mut parsed = [None::<ParsedFrame>; BATCH_GROUP];
-        let mut slots = [Slot::Pending; BATCH_GROUP];
+        let mut states = [FrameState::Pending; BATCH_GROUP];
         let mut keys = [FlowMatch::EMPTY; BATCH_GROUP];
         let mut bytes = [0u32; BATCH_GROUP];
         let mut which = [0usize; BATCH_GROUP];
@@ -306,9 +306,9 @@ impl Pipeline {
             let mut m = 0;
             for i in 0..n {
                 parsed[i] = None;
-                slots[i] = Slot::Pending;
+                states[i] = FrameState::Pending;
                 match parse_frame(pkts[i].data(), &self.parse_opts) {
-                    Err(e) => slots[i] = Slot::Malformed(e),
+                    Err(e) => states[i] = FrameState::Malformed(e),
                     Ok(p) => {
                         let fm = match self.fast_path_enabled {
                             true => cacheable_match(ingress, uplink, vtep, &p),
@@ -352,13 +352,13 @@ impl Pipeline {
                 if hit[i] {
                     continue;
                 }
-                verdicts[i] = match (slots[i], parsed[i].as_ref()) {
-                    (Slot::Malformed(e), _) => Verdict::Drop(DropReason::Malformed(e)),
-                    (Slot::Pending, Some(p)) => {
+                verdicts[i] = match (states[i], parsed[i].as_ref()) {
+                    (FrameState::Malformed(e), _) => Verdict::Drop(DropReason::Malformed(e)),
+                    (FrameState::Pending, Some(p)) => {
                         let p = *p;
                         self.slow_path(now, ingress, &mut pkts[i], &p)
                     }
-                    (Slot::Pending, None) => unreachable!("a pending slot parsed"),
+                    (FrameState::Pending, None) => unreachable!("a pending slot parsed"),
                 };
             }
             for v in verdicts.iter() {
@@ -515,11 +515,10 @@ impl Pipeline {
             },
         };
         let reply = reply_key(&key, shape);
-        let mut reclaimed = ReclaimedSnat::default();
+        let (policy, snat) = (&self.policy, &mut self.snat);
         let created = self.ct.create(now, tenant, key, reply, flags, 0, |c| {
-            reclaimed.note(&self.policy, c)
+            release_snat_of(policy, snat, c)
         });
-        self.release_reclaimed(reclaimed);
         let handle = match created {
             Ok(h) => h,
             Err(e) => {
@@ -575,7 +574,7 @@ impl Pipeline {
                 b,
                 vtep: outer_key.src_ip,
             };
-            let mut reclaimed = ReclaimedSnat::default();
+            let (policy, snat) = (&self.policy, &mut self.snat);
             let handle = self.ct.create(
                 now,
                 tenant,
@@ -583,9 +582,8 @@ impl Pipeline {
                 key.reversed(),
                 flags,
                 vtep_tag(outer_key.src_ip),
-                |c| reclaimed.note(&self.policy, c),
+                |c| release_snat_of(policy, snat, c),
             );
-            self.release_reclaimed(reclaimed);
             let handle = handle.map_err(ct_create_drop)?;
             self.counters.new_connections += 1;
             return self.install(now, tenant, handle, CtDir::Original, &key, shape);
@@ -977,18 +975,6 @@ impl Pipeline {
         Ok(Some((public, port)))
     }
 
-    fn release_reclaimed(&mut self, r: ReclaimedSnat) {
-        for &(tenant, proto, port) in &r.ports[..r.len] {
-            if let Some(pool) = self
-                .snat
-                .get_mut(&tenant)
-                .and_then(|p| p.1.for_protocol(proto))
-            {
-                let _ = pool.release(port);
-            }
-        }
-    }
-
     fn snat_release(&mut self, tenant: TenantId, key: &FlowKey, shape: Shape) {
         if let Shape::Internet {
             nat: Some((_, port)),
@@ -1006,22 +992,10 @@ impl Pipeline {
     /// Expire idle connections and flow entries, at most `budget` slots of each per call.
     /// SNAT ports of expired connections return to their pools.
     pub fn expire(&mut self, now: Instant, budget: usize) -> usize {
-        let mut released: Vec<(TenantId, u8, u16)> = Vec::new();
-        let policy = &self.policy;
-        let n = self.ct.expire(now, budget, |conn| {
-            if let Some(r) = snat_binding(policy, conn) {
-                released.push(r);
-            }
-        });
-        for (tenant, proto, port) in released {
-            if let Some(pool) = self
-                .snat
-                .get_mut(&tenant)
-                .and_then(|p| p.1.for_protocol(proto))
-            {
-                let _ = pool.release(port);
-            }
-        }
+        let (policy, snat) = (&self.policy, &mut self.snat);
+        let n = self
+            .ct
+            .expire(now, budget, |conn| release_snat_of(policy, snat, conn));
         n + self.flows.expire(now, budget, |_, _| {})
     }
 
@@ -1058,22 +1032,17 @@ fn snat_binding(policy: &Policy, conn: &Connection) -> Option<(TenantId, u8, u16
         .then_some((conn.zone(), orig.proto, reply.dst_port))
 }
 
-/// SNAT ports of connections that `Conntrack::create` reclaimed to make room; at most a few per
-/// create (bounded by the conntrack's `reclaim_scan`), so a small fixed array suffices.
-#[derive(Default)]
-struct ReclaimedSnat {
-    ports: [(TenantId, u8, u16); 8],
-    len: usize,
-}
-
-impl ReclaimedSnat {
-    fn note(&mut self, policy: &Policy, conn: &Connection) {
-        if let Some(b) = snat_binding(policy, conn)
-            && self.len < self.ports.len()
-        {
-            self.ports[self.len] = b;
-            self.len += 1;
-        }
+/// Return the SNAT port of a connection that is going away (expired, or reclaimed by
+/// `Conntrack::create` to make room) to its tenant's pool.
+fn release_snat_of(
+    policy: &Policy,
+    snat: &mut BTreeMap<TenantId, (SnatRange, SnatPools)>,
+    conn: &Connection,
+) {
+    if let Some((tenant, proto, port)) = snat_binding(policy, conn)
+        && let Some(pool) = snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(proto))
+    {
+        let _ = pool.release(port);
     }
 }
 

@@ -728,3 +728,45 @@ fn ipv6_connections_route_locally_and_over_the_overlay() {
     let (v, _, _) = run(&mut p, secs(1), WEB, &syn(WEB_MAC, web2_6, remote6, 22));
     assert_eq!(v, Verdict::Drop(DropReason::SpoofedIp));
 }
+
+#[test]
+fn a_connection_reclaimed_to_make_room_returns_its_snat_port() {
+    let cfg = PipelineConfig {
+        conntrack: ConntrackConfig {
+            capacity: 1,
+            ..ConntrackConfig::default()
+        },
+        ..PipelineConfig::default()
+    };
+    let mut p = pipeline(cfg);
+    let q = udp(
+        WEB_MAC,
+        ACME_ROUTER,
+        (WEB_IP, 5353),
+        (INTERNET_HOST, 53),
+        b"q",
+    );
+    assert_eq!(run(&mut p, secs(1), WEB, &q).0, Verdict::Forward(UPLINK));
+    // Long after the first binding expired, with no sweep in between, a second connection needs
+    // the only conntrack slot: creating it reclaims the expired one, which must free its port.
+    let later = secs(1000);
+    let q2 = udp(
+        WEB_MAC,
+        ACME_ROUTER,
+        (WEB_IP, 5354),
+        (INTERNET_HOST, 53),
+        b"q",
+    );
+    let (v, out, _) = run(&mut p, later, WEB, &q2);
+    assert_eq!(v, Verdict::Forward(UPLINK));
+    assert_eq!(
+        p.snat_in_use(TenantId(1), ip_proto::UDP),
+        1,
+        "the reclaimed binding was released"
+    );
+    assert_eq!(
+        parse(&out).outer.key.unwrap().src_port,
+        1025,
+        "the cursor moved on"
+    );
+}
