@@ -200,6 +200,20 @@ pub struct Entry<K, V> {
 }
 
 impl<K, V> Entry<K, V> {
+    /// A new entry with zero counters, first and last seen `now`.
+    fn fresh(now: Instant, key: K, hash: u64, value: V, evictable: bool) -> Entry<K, V> {
+        Entry {
+            key,
+            packets: 0,
+            bytes: 0,
+            last_seen: now,
+            hash,
+            first_seen: now,
+            evictable,
+            value,
+        }
+    }
+
     /// The entry's key.
     pub fn key(&self) -> &K {
         &self.key
@@ -597,16 +611,7 @@ where
     ) -> Result<(EntryIdx, Inserted<K>), TableFull> {
         let hash = self.hash(&key);
         if let Some(slot) = self.find(hash, &key) {
-            self.entries[slot as usize].0 = Some(Entry {
-                key,
-                packets: 0,
-                bytes: 0,
-                last_seen: now,
-                hash,
-                first_seen: now,
-                evictable,
-                value,
-            });
+            self.entries[slot as usize].0 = Some(Entry::fresh(now, key, hash, value, evictable));
             self.counters.inserts += 1;
             return Ok((EntryIdx(slot), Inserted::Replaced));
         }
@@ -635,16 +640,7 @@ where
             }
         }
         let slot = self.free.pop().expect("a slot is free or was just freed");
-        self.entries[slot as usize].0 = Some(Entry {
-            key,
-            packets: 0,
-            bytes: 0,
-            last_seen: now,
-            hash,
-            first_seen: now,
-            evictable,
-            value,
-        });
+        self.entries[slot as usize].0 = Some(Entry::fresh(now, key, hash, value, evictable));
         self.place(hash, slot);
         self.counters.inserts += 1;
         Ok((EntryIdx(slot), outcome))
