@@ -25,7 +25,7 @@ use core::time::Duration;
 use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
-use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, ParseOptions, ParsedFrame};
+use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, ParseOptions, ParsedFrame, Vni};
 use spillway_wire::{ip_proto, parse_frame};
 
 use crate::action::{Action, ActionList, NatSide, apply};
@@ -755,132 +755,75 @@ impl Pipeline {
             vni,
             ttl: 64,
         };
-        Ok(match shape {
+        // Where an entry matches, and what it does, in the few forms connections take.
+        let at_vm = |port: PortId, key: FlowKey| FlowMatch {
+            port,
+            vni: None,
+            key,
+        };
+        let at_uplink = |vni: Option<Vni>, key: FlowKey| FlowMatch {
+            port: host.uplink_port,
+            vni,
+            key,
+        };
+        let to_vm = |port: PortId, mac| {
+            [
+                Action::SetMacs {
+                    src: router,
+                    dst: mac,
+                },
+                Action::Output(port),
+            ]
+        };
+        let decap_to_vm = |port: PortId, mac| {
+            let [macs, out] = to_vm(port, mac);
+            [Action::Decap, macs, out]
+        };
+        let to_remote = |vtep: IpAddr16, inner: &FlowKey| {
+            [
+                // The remote vSwitch rewrites the inner MACs on delivery.
+                Action::SetMacs {
+                    src: router,
+                    dst: router,
+                },
+                Action::Encap(encap(vtep, inner)),
+                Action::Output(host.uplink_port),
+            ]
+        };
+        let (fwd, rev) = match shape {
             Shape::Local { a, b } => {
                 let (ma, mb) = (mac_of(a)?, mac_of(b)?);
                 (
                     (
-                        FlowMatch {
-                            port: a,
-                            vni: None,
-                            key: *orig,
-                        },
-                        entry(
-                            list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: mb,
-                                },
-                                Action::Output(b),
-                            ]),
-                            CtDir::Original,
-                            Some(ma),
-                        ),
+                        at_vm(a, *orig),
+                        entry(list(&to_vm(b, mb)), CtDir::Original, Some(ma)),
                     ),
                     (
-                        FlowMatch {
-                            port: b,
-                            vni: None,
-                            key: reply,
-                        },
-                        entry(
-                            list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: ma,
-                                },
-                                Action::Output(a),
-                            ]),
-                            CtDir::Reply,
-                            Some(mb),
-                        ),
+                        at_vm(b, reply),
+                        entry(list(&to_vm(a, ma)), CtDir::Reply, Some(mb)),
                     ),
                 )
             }
             Shape::TunnelOut { a, vtep } => {
                 let ma = mac_of(a)?;
+                let out = list(&to_remote(vtep, orig));
                 (
+                    (at_vm(a, *orig), entry(out, CtDir::Original, Some(ma))),
                     (
-                        FlowMatch {
-                            port: a,
-                            vni: None,
-                            key: *orig,
-                        },
-                        entry(
-                            list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: router,
-                                },
-                                Action::Encap(encap(vtep, orig)),
-                                Action::Output(host.uplink_port),
-                            ]),
-                            CtDir::Original,
-                            Some(ma),
-                        ),
-                    ),
-                    (
-                        FlowMatch {
-                            port: host.uplink_port,
-                            vni: Some(vni),
-                            key: reply,
-                        },
-                        entry(
-                            list(&[
-                                Action::Decap,
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: ma,
-                                },
-                                Action::Output(a),
-                            ]),
-                            CtDir::Reply,
-                            None,
-                        ),
+                        at_uplink(Some(vni), reply),
+                        entry(list(&decap_to_vm(a, ma)), CtDir::Reply, None),
                     ),
                 )
             }
             Shape::TunnelIn { b, vtep } => {
                 let mb = mac_of(b)?;
+                let back = list(&to_remote(vtep, &reply));
                 (
                     (
-                        FlowMatch {
-                            port: host.uplink_port,
-                            vni: Some(vni),
-                            key: *orig,
-                        },
-                        entry(
-                            list(&[
-                                Action::Decap,
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: mb,
-                                },
-                                Action::Output(b),
-                            ]),
-                            CtDir::Original,
-                            None,
-                        ),
+                        at_uplink(Some(vni), *orig),
+                        entry(list(&decap_to_vm(b, mb)), CtDir::Original, None),
                     ),
-                    (
-                        FlowMatch {
-                            port: b,
-                            vni: None,
-                            key: reply,
-                        },
-                        entry(
-                            list(&[
-                                Action::SetMacs {
-                                    src: router,
-                                    dst: router,
-                                },
-                                Action::Encap(encap(vtep, &reply)),
-                                Action::Output(host.uplink_port),
-                            ]),
-                            CtDir::Reply,
-                            Some(mb),
-                        ),
-                    ),
+                    (at_vm(b, reply), entry(back, CtDir::Reply, Some(mb))),
                 )
             }
             Shape::Internet { a, nat } => {
@@ -889,56 +832,34 @@ impl Pipeline {
                     src: host.uplink_mac,
                     dst: host.gateway_mac,
                 };
-                let in_macs = Action::SetMacs {
-                    src: router,
-                    dst: ma,
-                };
+                let [in_macs, to_a] = to_vm(a, ma);
+                let uplink_out = Action::Output(host.uplink_port);
                 let (fwd_acts, rev_acts) = match nat {
-                    Some((ip, port)) => (
-                        list(&[
-                            Action::Nat {
-                                side: NatSide::Source,
-                                ip,
-                                port,
-                            },
-                            out_macs,
-                            Action::Output(host.uplink_port),
-                        ]),
-                        list(&[
-                            Action::Nat {
-                                side: NatSide::Destination,
-                                ip: orig.src_ip,
-                                port: orig.src_port,
-                            },
-                            in_macs,
-                            Action::Output(a),
-                        ]),
-                    ),
-                    None => (
-                        list(&[out_macs, Action::Output(host.uplink_port)]),
-                        list(&[in_macs, Action::Output(a)]),
-                    ),
+                    Some((ip, port)) => {
+                        let snat = Action::Nat {
+                            side: NatSide::Source,
+                            ip,
+                            port,
+                        };
+                        let unsnat = Action::Nat {
+                            side: NatSide::Destination,
+                            ip: orig.src_ip,
+                            port: orig.src_port,
+                        };
+                        (
+                            list(&[snat, out_macs, uplink_out]),
+                            list(&[unsnat, in_macs, to_a]),
+                        )
+                    }
+                    None => (list(&[out_macs, uplink_out]), list(&[in_macs, to_a])),
                 };
                 (
-                    (
-                        FlowMatch {
-                            port: a,
-                            vni: None,
-                            key: *orig,
-                        },
-                        entry(fwd_acts, CtDir::Original, Some(ma)),
-                    ),
-                    (
-                        FlowMatch {
-                            port: host.uplink_port,
-                            vni: None,
-                            key: reply,
-                        },
-                        entry(rev_acts, CtDir::Reply, None),
-                    ),
+                    (at_vm(a, *orig), entry(fwd_acts, CtDir::Original, Some(ma))),
+                    (at_uplink(None, reply), entry(rev_acts, CtDir::Reply, None)),
                 )
             }
-        })
+        };
+        Ok((fwd, rev))
     }
 
     /// VXLAN UDP source port for a flow: from the flow hash, in the dynamic range 49152-65535
