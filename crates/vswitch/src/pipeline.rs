@@ -25,7 +25,9 @@ use core::time::Duration;
 use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
-use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, ParseOptions, ParsedFrame, Vni};
+use spillway_wire::{
+    FlowKey, Fragment, Headers, IpAddr16, Layer, ParseOptions, ParsedFrame, Vni, WireError,
+};
 use spillway_wire::{ip_proto, parse_frame};
 
 use crate::action::{Action, ActionList, NatSide, apply};
@@ -144,14 +146,8 @@ enum Shape {
     },
 }
 
-/// Per-frame state of a batch.
-#[derive(Clone, Copy, Debug)]
-enum FrameState {
-    /// Not yet decided.
-    Pending,
-    /// Parse failed.
-    Malformed(spillway_wire::WireError),
-}
+/// Placeholder for the batch's parse results before stage 1 fills them.
+const UNPARSED: Result<ParsedFrame, WireError> = Err(WireError::truncated(Layer::Ethernet, 14, 0));
 
 /// The vSwitch pipeline. See the module doc for the stages.
 #[derive(Debug)]
@@ -262,13 +258,10 @@ impl Pipeline {
 
     /// SNAT ports (or ICMP identifiers) of `tenant` for `proto` currently bound to connections.
     pub fn snat_in_use(&self, tenant: TenantId, proto: u8) -> u32 {
-        let pools = self.snat.get(&tenant).map(|p| &p.1);
-        match proto {
-            ip_proto::TCP => pools.map_or(0, |p| p.tcp.in_use()),
-            ip_proto::UDP => pools.map_or(0, |p| p.udp.in_use()),
-            ip_proto::ICMP | ip_proto::ICMPV6 => pools.map_or(0, |p| p.icmp.in_use()),
-            _ => 0,
-        }
+        self.snat
+            .get(&tenant)
+            .and_then(|(_, pools)| pools.get(proto))
+            .map_or(0, |pool| pool.in_use())
     }
 
     /// Process one frame that arrived on `ingress`.
@@ -290,8 +283,8 @@ impl Pipeline {
         assert_eq!(pkts.len(), verdicts.len(), "one verdict per packet");
         let uplink = ingress == self.policy.host().uplink_port;
         let vtep = self.policy.host().vtep_ip;
-        let mut parsed = [None::<ParsedFrame>; BATCH_GROUP];
-        let mut states = [FrameState::Pending; BATCH_GROUP];
+        // Every slot below `n` is overwritten by stage 1 before it is read.
+        let mut parsed = [UNPARSED; BATCH_GROUP];
         let mut keys = [FlowMatch::EMPTY; BATCH_GROUP];
         let mut bytes = [0u32; BATCH_GROUP];
         let mut which = [0usize; BATCH_GROUP];
@@ -305,23 +298,16 @@ impl Pipeline {
             // Stage 1: parse and classify; gather the lookups.
             let mut m = 0;
             for i in 0..n {
-                parsed[i] = None;
-                states[i] = FrameState::Pending;
-                match parse_frame(pkts[i].data(), &self.parse_opts) {
-                    Err(e) => states[i] = FrameState::Malformed(e),
-                    Ok(p) => {
-                        let fm = match self.fast_path_enabled {
-                            true => cacheable_match(ingress, uplink, vtep, &p),
-                            false => None,
-                        };
-                        if let Some(fm) = fm {
-                            keys[m] = fm;
-                            bytes[m] = pkts[i].len() as u32;
-                            which[m] = i;
-                            m += 1;
-                        }
-                        parsed[i] = Some(p);
-                    }
+                parsed[i] = parse_frame(pkts[i].data(), &self.parse_opts);
+                let fm = match (&parsed[i], self.fast_path_enabled) {
+                    (Ok(p), true) => cacheable_match(ingress, uplink, vtep, p),
+                    _ => None,
+                };
+                if let Some(fm) = fm {
+                    keys[m] = fm;
+                    bytes[m] = pkts[i].len() as u32;
+                    which[m] = i;
+                    m += 1;
                 }
             }
             // Stage 2: batched, prefetched lookup.
@@ -331,7 +317,7 @@ impl Pipeline {
             let mut hit = [false; BATCH_GROUP];
             for j in 0..m {
                 let i = which[j];
-                if let (Some(idx), Some(p)) = (found[j], parsed[i].as_ref())
+                if let (Some(idx), Ok(p)) = (found[j], &parsed[i])
                     && let Some(v) = self.fast_path(now, idx, &mut pkts[i], p)
                 {
                     verdicts[i] = v;
@@ -344,7 +330,7 @@ impl Pipeline {
             if uplink && self.fast_path_enabled {
                 for i in 0..n {
                     if !hit[i] {
-                        self.prefetch_reverse_bucket(parsed[i].as_ref());
+                        self.prefetch_reverse_bucket(parsed[i].as_ref().ok());
                     }
                 }
             }
@@ -352,13 +338,9 @@ impl Pipeline {
                 if hit[i] {
                     continue;
                 }
-                verdicts[i] = match (states[i], parsed[i].as_ref()) {
-                    (FrameState::Malformed(e), _) => Verdict::Drop(DropReason::Malformed(e)),
-                    (FrameState::Pending, Some(p)) => {
-                        let p = *p;
-                        self.slow_path(now, ingress, &mut pkts[i], &p)
-                    }
-                    (FrameState::Pending, None) => unreachable!("a pending slot parsed"),
+                verdicts[i] = match &parsed[i] {
+                    Err(e) => Verdict::Drop(DropReason::Malformed(*e)),
+                    Ok(p) => self.slow_path(now, ingress, &mut pkts[i], p),
                 };
             }
             for v in verdicts.iter() {
@@ -736,8 +718,8 @@ impl Pipeline {
             ct_refreshed_at: Instant::ZERO,
             peer: None,
         };
-        // The builder's lists always fit; one that cannot be encoded (an underlay family mismatch
-        // the policy let through) becomes a drop entry rather than a panic.
+        // The builder's lists always fit and policy validation keeps both VTEPs in one family, so
+        // encoding cannot fail; if it ever did, the flow gets a counted drop, never a panic.
         let list = |acts: &[Action]| {
             ActionList::from_actions(acts).unwrap_or_else(|_| {
                 ActionList::from_actions(&[Action::Drop(DropReason::PolicyDrop)])

@@ -203,6 +203,16 @@ impl SnatPools {
             _ => None,
         }
     }
+
+    /// The pool for an IP protocol, read-only; `None` for protocols SNAT does not translate.
+    pub fn get(&self, proto: u8) -> Option<&SnatPool> {
+        match proto {
+            ip_proto::TCP => Some(&self.tcp),
+            ip_proto::UDP => Some(&self.udp),
+            ip_proto::ICMP | ip_proto::ICMPV6 => Some(&self.icmp),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
