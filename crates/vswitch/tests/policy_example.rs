@@ -13,7 +13,7 @@ fn example() -> Policy {
 }
 
 fn ip(s: &str) -> IpAddr16 {
-    IpAddr16::from(s.parse::<std::net::IpAddr>().expect("test address"))
+    s.parse().expect("test address")
 }
 
 fn flow(src: &str, dst: &str, proto: u8, dport: u16) -> FlowKey {

@@ -123,6 +123,15 @@ impl IpAddr16 {
     }
 }
 
+impl core::str::FromStr for IpAddr16 {
+    type Err = core::net::AddrParseError;
+
+    /// Parses an IPv4 or IPv6 address in its usual text form; IPv4 becomes IPv4-mapped.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<IpAddr>().map(IpAddr16::from)
+    }
+}
+
 impl From<IpAddr> for IpAddr16 {
     fn from(ip: IpAddr) -> Self {
         match ip {
@@ -218,5 +227,21 @@ impl fmt::Display for FlowKey {
             "{} {}:{} -> {}:{}",
             self.proto, self.src_ip, self.src_port, self.dst_ip, self.dst_port
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_from_text_with_ipv4_mapped() {
+        let v4: IpAddr16 = "10.1.2.3".parse().unwrap();
+        assert_eq!(v4, IpAddr16::from_v4([10, 1, 2, 3]));
+        assert!(v4.is_v4());
+        let v6: IpAddr16 = "fd00::1".parse().unwrap();
+        assert!(!v6.is_v4());
+        assert_eq!(v6.to_string(), "fd00::1");
+        assert!("10.1.2".parse::<IpAddr16>().is_err());
     }
 }

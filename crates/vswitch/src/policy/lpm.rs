@@ -254,7 +254,6 @@ pub(crate) fn reference_lookup<V: Copy>(entries: &[(Prefix, V)], ip: IpAddr16) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::net::IpAddr;
     use proptest::prelude::*;
 
     fn p(s: &str) -> Prefix {
@@ -262,7 +261,7 @@ mod tests {
     }
 
     fn ip(s: &str) -> IpAddr16 {
-        IpAddr16::from(s.parse::<IpAddr>().expect("test address parses"))
+        s.parse().expect("test address parses")
     }
 
     #[test]

@@ -81,7 +81,7 @@
 //! target = "blackhole"
 //! "#;
 //! let policy = Policy::from_toml_str(text, "inline.toml").unwrap();
-//! let dst = "10.1.2.3".parse::<std::net::IpAddr>().unwrap().into();
+//! let dst = "10.1.2.3".parse().unwrap();
 //! assert_eq!(policy.route(TenantId(1), dst), Some(RouteTarget::Local));
 //! ```
 
@@ -379,8 +379,7 @@ impl Compiler<'_> {
     }
 
     fn ip(&self, field: String, s: &str) -> Result<IpAddr16, ConfigError> {
-        s.parse::<std::net::IpAddr>()
-            .map(IpAddr16::from)
+        s.parse::<IpAddr16>()
             .map_err(|_| self.invalid(field, IP_EXPECTED, format!("{s:?}")))
     }
 

@@ -180,7 +180,7 @@ mod tests {
     }
 
     fn ip(s: &str) -> IpAddr16 {
-        IpAddr16::from(s.parse::<IpAddr>().expect("test address parses"))
+        s.parse().expect("test address parses")
     }
 
     #[test]

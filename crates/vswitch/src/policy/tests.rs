@@ -113,7 +113,7 @@ fn base() -> Policy {
 }
 
 fn ip(s: &str) -> IpAddr16 {
-    IpAddr16::from(s.parse::<std::net::IpAddr>().expect("test address"))
+    s.parse().expect("test address")
 }
 
 /// Replace the first occurrence of `from` in BASE (which must occur) and compile.
