@@ -39,14 +39,7 @@ fn seeds() -> Vec<(PortId, Vec<u8>)> {
         SYN,
         b"abc",
     );
-    let inner = tcp(
-        ACME_ROUTER,
-        ACME_ROUTER,
-        (REMOTE_VM, 1),
-        (WEB_IP, 22),
-        SYN,
-        b"",
-    );
+    let inner = to_acme(ACME_ROUTER, (REMOTE_VM, 1), (WEB_IP, 22), SYN);
     vec![
         (WEB, syn),
         (UPLINK, vxlan(&inner, REMOTE_VTEP, VTEP, ACME_VNI)),

@@ -50,14 +50,7 @@ fn assert_checksums(frame: &[u8]) {
 #[test]
 fn local_connection_takes_the_slow_path_once_then_both_directions_hit() {
     let mut p = pipeline(PipelineConfig::default());
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (DB_IP, 5432), SYN);
     let (v, out, fast) = run(&mut p, secs(1), WEB, &syn);
     assert_eq!(v, Verdict::Forward(DB));
     assert!(!fast);
@@ -69,14 +62,7 @@ fn local_connection_takes_the_slow_path_once_then_both_directions_hit() {
         "only the MACs change on a local route"
     );
 
-    let syn_ack = tcp(
-        DB_MAC,
-        ACME_ROUTER,
-        (DB_IP, 5432),
-        (WEB_IP, 40000),
-        SYN | ACK,
-        b"",
-    );
+    let syn_ack = to_acme(DB_MAC, (DB_IP, 5432), (WEB_IP, 40000), SYN | ACK);
     let (v, out, fast) = run(&mut p, secs(1), DB, &syn_ack);
     assert_eq!(v, Verdict::Forward(WEB));
     assert!(fast, "the reverse entry was installed with the forward one");
@@ -104,14 +90,7 @@ fn local_connection_takes_the_slow_path_once_then_both_directions_hit() {
 fn inbound_connection_without_a_matching_rule_is_denied_by_default() {
     let mut p = pipeline(PipelineConfig::default());
     // web2's groups allow 80/443 and SSH from 10.2.0.0/16 only.
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (WEB2_IP, 22),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (WEB2_IP, 22), SYN);
     let (v, _, _) = run(&mut p, secs(1), WEB, &syn);
     assert_eq!(v, Verdict::Drop(DropReason::SecurityGroupDefaultDeny));
     assert_eq!(p.drops().get(DropKind::SecurityGroupDefaultDeny), 1);
@@ -122,14 +101,7 @@ fn inbound_connection_without_a_matching_rule_is_denied_by_default() {
 fn egress_deny_rule_names_its_group_and_rule() {
     let mut p = pipeline(PipelineConfig::default());
     // The db may not reach the internet: group 2, rule 2 (deny any to 0.0.0.0/0).
-    let syn = tcp(
-        DB_MAC,
-        ACME_ROUTER,
-        (DB_IP, 40000),
-        (INTERNET_HOST, 80),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(DB_MAC, (DB_IP, 40000), (INTERNET_HOST, 80), SYN);
     let (v, _, _) = run(&mut p, secs(1), DB, &syn);
     assert_eq!(
         v,
@@ -143,48 +115,20 @@ fn egress_deny_rule_names_its_group_and_rule() {
 #[test]
 fn spoofed_source_mac_or_ip_is_dropped_on_both_paths() {
     let mut p = pipeline(PipelineConfig::default());
-    let bad_ip = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB2_IP, 40000),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let bad_ip = to_acme(WEB_MAC, (WEB2_IP, 40000), (DB_IP, 5432), SYN);
     assert_eq!(
         run(&mut p, secs(1), WEB, &bad_ip).0,
         Verdict::Drop(DropReason::SpoofedIp)
     );
-    let bad_mac = tcp(
-        WEB2_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let bad_mac = to_acme(WEB2_MAC, (WEB_IP, 40000), (DB_IP, 5432), SYN);
     assert_eq!(
         run(&mut p, secs(1), WEB, &bad_mac).0,
         Verdict::Drop(DropReason::SpoofedMac)
     );
     // Establish a connection, then spoof the MAC on a packet that would hit its entry.
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (DB_IP, 5432), SYN);
     assert_eq!(run(&mut p, secs(1), WEB, &syn).0, Verdict::Forward(DB));
-    let spoofed = tcp(
-        WEB2_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let spoofed = to_acme(WEB2_MAC, (WEB_IP, 40000), (DB_IP, 5432), SYN);
     let (v, _, fast) = run(&mut p, secs(1), WEB, &spoofed);
     assert_eq!((v, fast), (Verdict::Drop(DropReason::SpoofedMac), false));
 }
@@ -192,14 +136,7 @@ fn spoofed_source_mac_or_ip_is_dropped_on_both_paths() {
 #[test]
 fn internet_traffic_is_snatted_and_the_return_is_translated_back() {
     let mut p = pipeline(PipelineConfig::default());
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (INTERNET_HOST, 80),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (INTERNET_HOST, 80), SYN);
     let (v, out, _) = run(&mut p, secs(1), WEB, &syn);
     assert_eq!(v, Verdict::Forward(UPLINK));
     let h = parse(&out).outer;
@@ -288,14 +225,7 @@ fn snat_udp_and_icmp_echo_translate_ports_and_identifiers() {
 #[test]
 fn remote_subnet_is_encapsulated_and_the_reply_decapsulated() {
     let mut p = pipeline(PipelineConfig::default());
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (REMOTE_VM, 8080),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (REMOTE_VM, 8080), SYN);
     let (v, out, _) = run(&mut p, secs(1), WEB, &syn);
     assert_eq!(v, Verdict::Forward(UPLINK));
     let parsed = parse(&out);
@@ -318,14 +248,7 @@ fn remote_subnet_is_encapsulated_and_the_reply_decapsulated() {
     );
     assert_checksums(&out);
 
-    let reply_inner = tcp(
-        ACME_ROUTER,
-        ACME_ROUTER,
-        (REMOTE_VM, 8080),
-        (WEB_IP, 40000),
-        SYN | ACK,
-        b"",
-    );
+    let reply_inner = to_acme(ACME_ROUTER, (REMOTE_VM, 8080), (WEB_IP, 40000), SYN | ACK);
     let reply = vxlan(&reply_inner, REMOTE_VTEP, VTEP, ACME_VNI);
     let (v, out, fast) = run(&mut p, secs(1), UPLINK, &reply);
     assert_eq!((v, fast), (Verdict::Forward(WEB), true));
@@ -337,14 +260,7 @@ fn remote_subnet_is_encapsulated_and_the_reply_decapsulated() {
 fn overlay_connection_into_a_vm_is_checked_by_its_ingress_group() {
     let mut p = pipeline(PipelineConfig::default());
     // SSH from 10.2.0.0/16 is allowed by group 3.
-    let inner = tcp(
-        ACME_ROUTER,
-        ACME_ROUTER,
-        (REMOTE_VM, 50000),
-        (WEB_IP, 22),
-        SYN,
-        b"",
-    );
+    let inner = to_acme(ACME_ROUTER, (REMOTE_VM, 50000), (WEB_IP, 22), SYN);
     let (v, _, _) = run(
         &mut p,
         secs(1),
@@ -353,14 +269,7 @@ fn overlay_connection_into_a_vm_is_checked_by_its_ingress_group() {
     );
     assert_eq!(v, Verdict::Forward(WEB));
     // The VM's reply goes back to the VTEP the connection came from.
-    let reply = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 22),
-        (REMOTE_VM, 50000),
-        SYN | ACK,
-        b"",
-    );
+    let reply = to_acme(WEB_MAC, (WEB_IP, 22), (REMOTE_VM, 50000), SYN | ACK);
     let (v, out, fast) = run(&mut p, secs(1), WEB, &reply);
     assert_eq!((v, fast), (Verdict::Forward(UPLINK), true));
     assert_eq!(
@@ -368,14 +277,7 @@ fn overlay_connection_into_a_vm_is_checked_by_its_ingress_group() {
         IpAddr16::from(REMOTE_VTEP)
     );
     // Port 23 is not allowed.
-    let inner = tcp(
-        ACME_ROUTER,
-        ACME_ROUTER,
-        (REMOTE_VM, 50001),
-        (WEB_IP, 23),
-        SYN,
-        b"",
-    );
+    let inner = to_acme(ACME_ROUTER, (REMOTE_VM, 50001), (WEB_IP, 23), SYN);
     let (v, _, _) = run(
         &mut p,
         secs(1),
@@ -388,14 +290,7 @@ fn overlay_connection_into_a_vm_is_checked_by_its_ingress_group() {
 #[test]
 fn overlay_frames_for_other_vteps_or_vnis_are_dropped_with_reasons() {
     let mut p = pipeline(PipelineConfig::default());
-    let inner = tcp(
-        ACME_ROUTER,
-        ACME_ROUTER,
-        (REMOTE_VM, 50000),
-        (WEB_IP, 22),
-        SYN,
-        b"",
-    );
+    let inner = to_acme(ACME_ROUTER, (REMOTE_VM, 50000), (WEB_IP, 22), SYN);
     let other_vtep = std::net::Ipv4Addr::new(192, 0, 2, 99);
     let (v, _, _) = run(
         &mut p,
@@ -448,24 +343,10 @@ fn tenants_with_overlapping_addresses_never_meet() {
         Verdict::Drop(DropReason::NoSuchVm)
     );
     // The same 5-tuple in acme is a different connection in a different zone.
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (WEB2_IP, 80),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (WEB2_IP, 80), SYN);
     assert_eq!(run(&mut p, secs(1), WEB, &syn).0, Verdict::Forward(WEB2));
     // acme's VNI carries nothing into globex.
-    let inner = tcp(
-        ACME_ROUTER,
-        ACME_ROUTER,
-        (REMOTE_VM, 1),
-        (WEB_IP, 8000),
-        SYN,
-        b"",
-    );
+    let inner = to_acme(ACME_ROUTER, (REMOTE_VM, 1), (WEB_IP, 8000), SYN);
     let (v, _, _) = run(
         &mut p,
         secs(1),
@@ -507,13 +388,13 @@ fn blackhole_arp_malformed_and_mid_stream_packets_are_counted() {
         run(&mut p, secs(1), WEB, &arp).0,
         Verdict::Drop(DropReason::ArpNotRouted)
     );
-    let mut bad = tcp(WEB_MAC, ACME_ROUTER, (WEB_IP, 1), (DB_IP, 5432), SYN, b"");
+    let mut bad = to_acme(WEB_MAC, (WEB_IP, 1), (DB_IP, 5432), SYN);
     bad[14] = 0x44; // IHL 4
     assert!(matches!(
         run(&mut p, secs(1), WEB, &bad).0,
         Verdict::Drop(DropReason::Malformed(_))
     ));
-    let ack = tcp(WEB_MAC, ACME_ROUTER, (WEB_IP, 2), (DB_IP, 5432), ACK, b"");
+    let ack = to_acme(WEB_MAC, (WEB_IP, 2), (DB_IP, 5432), ACK);
     assert_eq!(
         run(&mut p, secs(1), WEB, &ack).0,
         Verdict::Drop(DropReason::NoConnection)
@@ -533,23 +414,9 @@ fn blackhole_arp_malformed_and_mid_stream_packets_are_counted() {
 #[test]
 fn policy_change_bumps_the_epoch_and_stale_entries_are_recomputed_lazily() {
     let mut p = pipeline(PipelineConfig::default());
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (DB_IP, 5432), SYN);
     run(&mut p, secs(1), WEB, &syn);
-    let syn_ack = tcp(
-        DB_MAC,
-        ACME_ROUTER,
-        (DB_IP, 5432),
-        (WEB_IP, 40000),
-        SYN | ACK,
-        b"",
-    );
+    let syn_ack = to_acme(DB_MAC, (DB_IP, 5432), (WEB_IP, 40000), SYN | ACK);
     run(&mut p, secs(1), DB, &syn_ack);
     let before = p.epoch();
     p.set_policy(example_policy());
@@ -585,35 +452,14 @@ fn full_conntrack_drops_new_connections_and_keeps_established_ones() {
         ..PipelineConfig::default()
     };
     let mut p = pipeline(cfg);
-    let syn = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40000),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (DB_IP, 5432), SYN);
     assert_eq!(run(&mut p, secs(1), WEB, &syn).0, Verdict::Forward(DB));
-    let syn2 = tcp(
-        WEB_MAC,
-        ACME_ROUTER,
-        (WEB_IP, 40001),
-        (DB_IP, 5432),
-        SYN,
-        b"",
-    );
+    let syn2 = to_acme(WEB_MAC, (WEB_IP, 40001), (DB_IP, 5432), SYN);
     assert_eq!(
         run(&mut p, secs(1), WEB, &syn2).0,
         Verdict::Drop(DropReason::ConntrackFull)
     );
-    let syn_ack = tcp(
-        DB_MAC,
-        ACME_ROUTER,
-        (DB_IP, 5432),
-        (WEB_IP, 40000),
-        SYN | ACK,
-        b"",
-    );
+    let syn_ack = to_acme(DB_MAC, (DB_IP, 5432), (WEB_IP, 40000), SYN | ACK);
     assert_eq!(run(&mut p, secs(1), DB, &syn_ack).0, Verdict::Forward(WEB));
 }
 
@@ -632,9 +478,9 @@ fn full_flow_table_in_reject_mode_still_forwards_through_the_slow_path() {
         &mut p,
         secs(1),
         WEB,
-        &tcp(WEB_MAC, ACME_ROUTER, (WEB_IP, 1), (DB_IP, 5432), SYN, b""),
+        &to_acme(WEB_MAC, (WEB_IP, 1), (DB_IP, 5432), SYN),
     );
-    let second = tcp(WEB_MAC, ACME_ROUTER, (WEB_IP, 2), (DB_IP, 5432), SYN, b"");
+    let second = to_acme(WEB_MAC, (WEB_IP, 2), (DB_IP, 5432), SYN);
     let (v, _, _) = run(&mut p, secs(1), WEB, &second);
     assert_eq!(v, Verdict::Forward(DB));
     assert_eq!(p.counters().flows_rejected, 2);

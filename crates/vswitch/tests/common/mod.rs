@@ -72,6 +72,12 @@ pub fn tcp(
         .build()
 }
 
+/// A TCP segment without payload from `src_mac` to acme's router MAC: what a VM sends, and the
+/// inner frame of overlay traffic (whose inner MACs the receiving vSwitch rewrites).
+pub fn to_acme(src_mac: MacAddr, src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16), flags: u8) -> Vec<u8> {
+    tcp(src_mac, ACME_ROUTER, src, dst, flags, b"")
+}
+
 /// A UDP datagram between two IPv4 endpoints.
 pub fn udp(
     src_mac: MacAddr,
