@@ -1,11 +1,13 @@
 //! The `spillway` command line: run the vSwitch pipeline over captures, inspect captures, and
-//! benchmark the data path. (`sim`, `run` and `ctl` arrive with the fabric and the drivers.)
+//! benchmark the data path, and simulate the fabric. (`run` and `ctl` arrive with the real-time
+//! driver.)
 
 mod alloc;
 mod bench;
 mod inspect;
 mod pcapio;
 mod run;
+mod sim;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -34,6 +36,8 @@ enum Command {
     /// Benchmarks that print machine-readable results.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Simulate the fabric on a scenario (model results, virtual time).
+    Sim(sim::SimArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -55,6 +59,8 @@ enum PcapCommand {
 enum BenchCommand {
     /// Single-core fast-path and slow-path throughput on a large synthetic workload.
     Datapath(bench::DatapathArgs),
+    /// Simulator speed: simulated packets per wall-clock second.
+    Sim(sim::BenchSimArgs),
 }
 
 /// Errors are printed as one line with their whole cause chain (`{:#}`), never as a debug dump
@@ -85,5 +91,7 @@ fn run_cli(cli: Cli) -> Result<()> {
         }
         Command::Pcap(PcapCommand::Run(args)) => run::run(&args),
         Command::Bench(BenchCommand::Datapath(args)) => bench::datapath(&args),
+        Command::Bench(BenchCommand::Sim(args)) => sim::bench_sim(&args),
+        Command::Sim(args) => sim::sim(&args),
     }
 }

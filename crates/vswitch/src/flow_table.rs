@@ -491,6 +491,36 @@ where
         self.account(now, found, bytes)
     }
 
+    /// A train of `packets` packets of one flow arriving together (`bytes` in all), as the
+    /// simulator's fluid traffic model offers them: same effect on the entry and the counters
+    /// as `packets` single lookups at `now` (every one a hit, or every one a miss).
+    pub fn lookup_train(
+        &mut self,
+        now: Instant,
+        key: &K,
+        packets: u32,
+        bytes: u64,
+    ) -> Option<EntryIdx> {
+        let hash = self.hash(key);
+        let found = self.find(hash, key);
+        let idle_timeout_ns = self.idle_timeout_ns;
+        if let Some(slot) = found {
+            let e = self.entries[slot as usize]
+                .0
+                .as_mut()
+                .expect("find returns occupied slots");
+            if !(e.evictable && now.0.saturating_sub(e.last_seen.0) >= idle_timeout_ns) {
+                e.packets += u64::from(packets);
+                e.bytes += bytes;
+                e.last_seen = e.last_seen.max(now);
+                self.counters.hits += u64::from(packets);
+                return Some(EntryIdx(slot));
+            }
+        }
+        self.counters.misses += u64::from(packets);
+        None
+    }
+
     #[inline]
     fn account(&mut self, now: Instant, found: Option<u32>, bytes: u32) -> Option<EntryIdx> {
         if let Some(slot) = found {

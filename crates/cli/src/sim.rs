@@ -1,0 +1,320 @@
+//! `spillway sim` (one scenario run, or a worker sweep) and `spillway bench sim` (simulator
+//! speed). Every figure `sim` prints is a model result and is labelled so.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant as StdInstant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use spillway_sim::report::RunReport;
+use spillway_sim::scenario::{self, Scenario};
+
+/// Baselines `--baseline` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Baseline {
+    /// The DPU alone: no spill plane.
+    DpuOnly,
+}
+
+/// `spillway sim` arguments.
+#[derive(clap::Args, Debug)]
+pub struct SimArgs {
+    /// A built-in scenario (see `--list`); default: micro-burst.
+    #[arg(long, conflicts_with = "config")]
+    pub scenario: Option<String>,
+    /// A scenario file (TOML; see scenarios/ for the format).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The seed (default: the scenario's).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print one JSON object instead of the summary table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML report with plots.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Run a baseline instead of Spillway.
+    #[arg(long, value_enum)]
+    pub baseline: Option<Baseline>,
+    /// Placement policy override: first-come, ovs-rebalance, none.
+    #[arg(long)]
+    pub placement: Option<String>,
+    /// List the built-in scenarios and exit.
+    #[arg(long)]
+    pub list: bool,
+}
+
+fn load(args: &SimArgs) -> Result<(Scenario, String)> {
+    match (&args.config, &args.scenario) {
+        (Some(path), _) => Ok((
+            Scenario::from_file(path)?,
+            format!("--config {}", path.display()),
+        )),
+        (None, name) => {
+            let name = name.as_deref().unwrap_or(scenario::DEFAULT);
+            Ok((Scenario::builtin(name)?, format!("--scenario {name}")))
+        }
+    }
+}
+
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Progress {
+    fn new(label: &str) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(1000);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{prefix} [{bar:40}] {percent:>3}% virtual time, {elapsed}",
+                )
+                .expect("a valid template")
+                .progress_chars("=> "),
+            );
+            b.set_prefix(label.to_string());
+            b
+        });
+        Progress { bar }
+    }
+    fn set(&self, f: f64) {
+        if let Some(b) = &self.bar {
+            b.set_position((f * 1000.0) as u64);
+        }
+    }
+    fn done(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn opt(v: Option<f64>, unit: &str) -> String {
+    v.map_or("-".to_string(), |v| format!("{v:.1} {unit}"))
+}
+
+fn print_summary(r: &RunReport, out: &mut impl Write) -> Result<()> {
+    writeln!(
+        out,
+        "MODEL RESULT (simulator, virtual time) - scenario {} - seed {} - {} - placement {}",
+        r.scenario, r.seed, r.baseline, r.placement
+    )?;
+    writeln!(
+        out,
+        "measure window {:.2}-{:.2} s:",
+        r.measure_s[0], r.measure_s[1]
+    )?;
+    let rows: Vec<(&str, String)> = vec![
+        ("offered", format!("{:.3} Mpps", r.offered_mpps)),
+        ("delivered", format!("{:.3} Mpps", r.delivered_mpps)),
+        ("  by the DPU", format!("{:.3} Mpps", r.dpu_mpps)),
+        ("  by the spill plane", format!("{:.3} Mpps", r.host_mpps)),
+        ("connections completed", format!("{:.0} /s", r.cps)),
+        (
+            "zero-loss connection rate",
+            opt(r.zero_loss_cps.map(|c| c / 1e3), "k/s"),
+        ),
+        ("whole run:", String::new()),
+        ("offered packets", r.offered_packets.to_string()),
+        ("lost packets", r.lost_packets.to_string()),
+        (
+            "activation (trigger -> absorbing)",
+            opt(r.activation_ms, "ms"),
+        ),
+        ("rule injection", opt(r.rule_injection_ms, "ms")),
+        ("release (decision -> idle)", opt(r.release_ms, "ms")),
+        (
+            "latency p50 / p99",
+            format!("{:.1} / {:.1} us", r.latency_us.p50, r.latency_us.p99),
+        ),
+        ("hardware offload ratio", format!("{:.3}", r.offload_ratio)),
+        (
+            "PCIe crossings per packet",
+            format!("{:.3}", r.pcie_crossings_per_packet),
+        ),
+    ];
+    for (k, v) in rows {
+        writeln!(out, "  {k:<36} {v}")?;
+    }
+    let drops: Vec<_> = r.drops.iter().filter(|(_, v)| **v > 0).collect();
+    if !drops.is_empty() {
+        writeln!(out, "drops:")?;
+        for (k, v) in drops {
+            writeln!(out, "  {k:<36} {v}")?;
+        }
+    }
+    if !r.phases.is_empty() {
+        writeln!(out, "lifecycle:")?;
+        for p in &r.phases {
+            writeln!(out, "  {:>8.3} s  {:<16} {}", p.t_s, p.phase, p.reason)?;
+        }
+    }
+    Ok(())
+}
+
+/// `spillway sim`.
+pub fn sim(args: &SimArgs) -> Result<()> {
+    if args.list {
+        for (name, file, _) in scenario::BUILTIN {
+            let s = Scenario::builtin(name)?;
+            println!("{name:<14} {file:<30} {}", s.description);
+        }
+        return Ok(());
+    }
+    let (mut sc, source) = load(args)?;
+    if let Some(p) = &args.placement {
+        sc.fabric.placement.policy = match p.as_str() {
+            "first-come" => spillway_fabric::params::PlacementKind::FirstCome,
+            "ovs-rebalance" => spillway_fabric::params::PlacementKind::OvsRebalance,
+            "none" => spillway_fabric::params::PlacementKind::None,
+            other => {
+                bail!("--placement: expected first-come, ovs-rebalance or none, got {other:?}")
+            }
+        };
+    }
+    let seed = args.seed.unwrap_or(sc.seed);
+    let dpu_only = args.baseline == Some(Baseline::DpuOnly);
+    let repro = format!(
+        "spillway sim {source} --seed {seed}{}",
+        if dpu_only { " --baseline dpu-only" } else { "" }
+    );
+    let progress = Progress::new(&sc.name);
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if !sc.sweep_workers.is_empty() && !dpu_only {
+        let points = spillway_sim::run_sweep(&sc, seed, &mut |f| progress.set(f))
+            .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
+        progress.done();
+        if args.json {
+            let v = json!({
+                "kind": "model",
+                "scenario": sc.name,
+                "seed": seed,
+                "points": points.iter().map(|p| json!({
+                    "workers": p.workers,
+                    "zero_loss_cps": p.zero_loss_cps,
+                    "gain": p.gain,
+                    "run": p.run,
+                })).collect::<Vec<Value>>(),
+            });
+            serde_json::to_writer(&mut out, &v)?;
+            writeln!(out)?;
+        } else {
+            writeln!(
+                out,
+                "MODEL RESULT (simulator) - scenario {} - seed {seed}: zero-loss CPS by host workers",
+                sc.name
+            )?;
+            writeln!(
+                out,
+                "  {:>7}  {:>12}  {:>8}  {:>10}",
+                "workers", "cps", "gain", "lost"
+            )?;
+            for p in &points {
+                writeln!(
+                    out,
+                    "  {:>7}  {:>12}  {:>8}  {:>10}",
+                    p.workers,
+                    p.zero_loss_cps.map_or("-".into(), |c| format!("{c:.0}")),
+                    p.gain.map_or("-".into(), |g| format!("{:+.0}%", g * 100.0)),
+                    p.run.lost_packets
+                )?;
+            }
+        }
+        if let Some(path) = &args.report {
+            let runs: Vec<&RunReport> = points.iter().map(|p| &p.run).collect();
+            std::fs::write(path, spillway_sim::html::render_html(&runs))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
+    let r = spillway_sim::run(&sc, seed, dpu_only, &mut |f| progress.set(f))
+        .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
+    progress.done();
+    if args.json {
+        serde_json::to_writer(&mut out, &json_report(&r))?;
+        writeln!(out)?;
+    } else {
+        print_summary(&r, &mut out)?;
+    }
+    if let Some(path) = &args.report {
+        // The page shows the run and, for comparison, the DPU-only baseline on the same seed.
+        let mut runs = vec![r];
+        if !dpu_only {
+            let base = spillway_sim::run(&sc, seed, true, &mut |_| {})
+                .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro} --baseline dpu-only"))?;
+            runs.push(base);
+        }
+        let refs: Vec<&RunReport> = runs.iter().collect();
+        std::fs::write(path, spillway_sim::html::render_html(&refs))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The `--json` object: the report plus the phases as `(phase, time)` pairs.
+fn json_report(r: &RunReport) -> Value {
+    serde_json::to_value(r).expect("reports serialise")
+}
+
+/// `spillway bench sim` arguments.
+#[derive(clap::Args, Debug)]
+pub struct BenchSimArgs {
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Runs (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Scenario (default: the default scenario).
+    #[arg(long)]
+    pub scenario: Option<String>,
+}
+
+/// `spillway bench sim`: simulated packets and events per wall-clock second on one core.
+pub fn bench_sim(args: &BenchSimArgs) -> Result<()> {
+    let name = args.scenario.as_deref().unwrap_or(scenario::DEFAULT);
+    let sc = Scenario::builtin(name)?;
+    let mut pps = Vec::new();
+    let mut eps = Vec::new();
+    let mut secs = Vec::new();
+    let mut packets = 0;
+    for _ in 0..args.runs.max(1) {
+        let t0 = StdInstant::now();
+        let r = spillway_sim::run(&sc, sc.seed, false, &mut |_| {})
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let s = t0.elapsed().as_secs_f64();
+        packets = r.offered_packets;
+        pps.push(r.offered_packets as f64 / s);
+        eps.push(r.events as f64 / s);
+        secs.push(s);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mpps, meps, msecs) = (med(&mut pps) / 1e6, med(&mut eps) / 1e6, med(&mut secs));
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "bench": "sim",
+                "scenario": name,
+                "runs": args.runs,
+                "simulated_packets": packets,
+                "wall_s_median": msecs,
+                "sim_mpps_per_wall_s_median": mpps,
+                "events_m_per_wall_s_median": meps,
+                "wall_s": secs,
+            })
+        );
+    } else {
+        println!(
+            "sim {name}: {packets} simulated packets in {msecs:.2} s (median of {}): {mpps:.1} M simulated packets/s, {meps:.2} M events/s",
+            args.runs
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,1585 @@
+//! The emulated DPU: hardware fast path, SoC slow path, redirect rules, memory, the DPU side of
+//! the vNIC set, and the fabric lifecycle that URSched drives.
+//!
+//! # Polling order
+//!
+//! A driver calls, for each event at `now`: one `handle_*` input ([`DpuNode::handle_train`] for a
+//! packet train from a VM or the uplink, [`DpuNode::handle_msg`] for a message from the spill
+//! plane, [`DpuNode::handle_timeout`] when [`DpuNode::poll_timeout`] is due, [`DpuNode::handle_plane_up`]
+//! and [`DpuNode::handle_plane_failed`] for the plane's process); then drains
+//! [`DpuNode::poll_transmit`] (messages to the plane), [`DpuNode::poll_command`] (start/stop the
+//! plane) and [`DpuNode::poll_event`] (lifecycle events with reasons), and re-reads
+//! [`DpuNode::poll_timeout`].
+//!
+//! # The lifecycle
+//!
+//! ```text
+//!            Prepare (URSched)          plane up                 bulk sync acked
+//!   Idle ----------------------> Preparing ------> Shadow --------------------+
+//!    ^                                              |  ^                      |
+//!    | plane drained           shadow idle (release)|  | (synced)             | Activate (URSched)
+//!    |                                              v  |                      v
+//!  Draining <---- Release (URSched) ---- Active <---- Activating (redirect rules, ~10 ms)
+//!    (hand back, remove redirect, drain in flight)
+//!   any state with a plane --(heartbeat lost / plane failed)--> FailOpen --> Idle
+//! ```
+//!
+//! Idle is entered at start, from Draining when the plane drained, from Shadow when it idled out,
+//! and from a fail-open. Preparing only from Idle; Shadow only from Preparing; Activating only
+//! from Shadow; Active only from Activating; Draining from Active.
+//!
+//! # What the model charges
+//!
+//! - A train whose connection has live hardware entries is served by the fast path: a FIFO
+//!   server at `hw_pps_limit` with a `hw_queue_packets` queue; the excess is `dpu.hw.overload`.
+//! - A miss in a redirected bucket is steered to the spill plane (line-rate steering, then the
+//!   phy vNIC toward the host at `phy_vnic_pps_limit` and the PCIe bandwidth).
+//! - Any other miss takes the SoC: `soc_new_conn_cost` for a new connection (then two insert
+//!   commands), `soc_miss_cost` for a packet of a known connection, `soc_sync_cost` per state
+//!   message ingested from the plane. All on `soc_cores` behind one bounded queue.
+//! - Inserts go through an insertion server at `insert_rate_limit` with `insert_latency`; the
+//!   entry serves packets only once live. The table refuses inserts when full.
+
+use std::collections::VecDeque;
+
+use spillway_vswitch::flow_table::{EvictBy, FlowTable, FlowTableConfig, FullPolicy};
+use spillway_vswitch::{Instant, TenantId};
+
+use crate::metrics::{Drops, FabricDrop, LatencyHist};
+use crate::params::{FabricParams, ns};
+use crate::server::{PS_PER_NS, Server};
+use crate::types::{
+    Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Owner, Side, SyncKind, Train,
+    Transmit,
+};
+use crate::ursched::{Decision, Load, PlaneView, URSched};
+
+/// A hardware table key: one direction of a connection.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct HwKey {
+    /// The connection.
+    pub conn: ConnId,
+    /// The direction.
+    pub side: Side,
+}
+
+/// What a hardware entry remembers.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HwRule {
+    /// Installed by a recall from the spill plane (candidates for OVS-style demotion).
+    pub recalled: bool,
+}
+
+/// The DPU's record of a connection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DpuConn {
+    /// The state (authoritative when `role` is `Owner`, a mirror otherwise).
+    pub state: ConnState,
+    /// Owner, copy or in transit.
+    pub role: Role,
+    /// Live hardware entries (0..=2).
+    pub hw_live: u8,
+    /// Inserts queued for it.
+    pub inserts_pending: u8,
+    /// Came back from the plane by recall (its rate is reported to the plane's placement).
+    pub recalled: bool,
+    /// Hardware packet count at the last stats report.
+    pub hw_pkts_mark: u64,
+}
+
+/// A plane's relation to a connection's state. Exactly one plane is `Owner`, or the state is in
+/// a handover message on its way (then no plane is, and the sender holds a `Copy`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Role {
+    /// This plane owns the state.
+    Owner,
+    /// A mirror kept to fail open (DPU) or to serve misses (plane); the owner is the other side.
+    Copy,
+}
+
+/// A lifecycle change, with its reason (URSched's, or the protocol step's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FabricEvent {
+    /// When.
+    pub at: Instant,
+    /// The phase entered, or what changed.
+    pub what: EventKind,
+    /// Why.
+    pub reason: String,
+}
+
+/// What a [`FabricEvent`] records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventKind {
+    /// Plane requested (Idle -> Preparing).
+    Preparing,
+    /// Plane up; bulk sync started (Preparing -> Shadow).
+    Shadow,
+    /// Bulk sync acknowledged.
+    Synced,
+    /// Redirect rules requested (Shadow -> Activating).
+    Activating,
+    /// Redirect rules live (Activating -> Active).
+    Active,
+    /// First redirected packet served by the plane (the overflow is being absorbed).
+    Absorbing,
+    /// Overflow quota changed.
+    Quota,
+    /// Worker count changed.
+    Workers,
+    /// Release started (Active -> Draining).
+    Draining,
+    /// Redirect rules removed.
+    RedirectRemoved,
+    /// Back to Idle, host resources released.
+    Idle,
+    /// The plane failed or stalled; traffic fell back to the DPU.
+    FailOpen,
+    /// Pressure but no safe host capacity.
+    Fallback,
+}
+
+impl EventKind {
+    /// Lowercase name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Preparing => "preparing",
+            EventKind::Shadow => "shadow",
+            EventKind::Synced => "synced",
+            EventKind::Activating => "activating",
+            EventKind::Active => "active",
+            EventKind::Absorbing => "absorbing",
+            EventKind::Quota => "quota",
+            EventKind::Workers => "workers",
+            EventKind::Draining => "draining",
+            EventKind::RedirectRemoved => "redirect_removed",
+            EventKind::Idle => "idle",
+            EventKind::FailOpen => "fail_open",
+            EventKind::Fallback => "fallback",
+        }
+    }
+}
+
+/// A command to the driver about the plane's process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Start the plane with `workers` workers on isolated cores; report
+    /// [`DpuNode::handle_plane_up`] when it runs.
+    StartPlane {
+        /// Workers.
+        workers: u32,
+    },
+    /// Stop the plane and release its cores.
+    StopPlane,
+}
+
+/// Lifecycle phase. See the module doc's diagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// No plane.
+    Idle,
+    /// Plane starting.
+    Preparing {
+        /// Colour of this activation.
+        colour: Colour,
+    },
+    /// Plane up, bulk sync running or done; forwarding untouched.
+    Shadow {
+        /// Colour.
+        colour: Colour,
+        /// The plane acknowledged the bulk sync of this colour.
+        synced: bool,
+    },
+    /// Redirect rules being installed.
+    Activating {
+        /// Colour.
+        colour: Colour,
+        /// When they are live.
+        live_at: Instant,
+    },
+    /// Redirect rules live.
+    Active {
+        /// Colour.
+        colour: Colour,
+    },
+    /// Releasing.
+    Draining {
+        /// Colour.
+        colour: Colour,
+        /// Where the release is.
+        step: DrainStep,
+    },
+}
+
+/// Steps of a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainStep {
+    /// Waiting for the plane to hand every connection back.
+    HandBack,
+    /// Redirect rules being removed; live until `done_at`.
+    RemoveRedirect {
+        /// When they are gone.
+        done_at: Instant,
+    },
+    /// Waiting for the plane's in-flight packets.
+    Drain,
+}
+
+impl Phase {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Preparing { .. } => "preparing",
+            Phase::Shadow { .. } => "shadow",
+            Phase::Activating { .. } => "activating",
+            Phase::Active { .. } => "active",
+            Phase::Draining { .. } => "draining",
+        }
+    }
+
+    fn has_plane(self) -> bool {
+        !matches!(self, Phase::Idle | Phase::Preparing { .. })
+    }
+
+    /// Redirect rules steer packets.
+    pub fn redirect_live(self) -> bool {
+        matches!(
+            self,
+            Phase::Active { .. }
+                | Phase::Draining {
+                    step: DrainStep::HandBack | DrainStep::RemoveRedirect { .. },
+                    ..
+                }
+        )
+    }
+}
+
+/// DPU counters (dotted names in [`DpuCounters::iter`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DpuCounters {
+    /// `dpu.rx.packets`: packets offered by VMs and the uplink.
+    pub offered: u64,
+    /// `dpu.hw.packets`: delivered by the hardware fast path.
+    pub hw_delivered: u64,
+    /// `dpu.soc.packets`: delivered by the SoC slow path.
+    pub soc_delivered: u64,
+    /// `dpu.host_out.packets`: spill-plane packets the DPU sent on to VMs or the uplink.
+    pub host_out: u64,
+    /// `dpu.steer.packets`: packets steered to the spill plane by redirect rules.
+    pub steered: u64,
+    /// `spill.redirect.new_conn`: new connections steered to the plane.
+    pub steered_new_conn: u64,
+    /// `dpu.soc.new_conn`: connections opened on the SoC.
+    pub soc_new_conn: u64,
+    /// `dpu.hw.insert`: entries that went live.
+    pub inserts: u64,
+    /// `dpu.hw.insert_rejected`: inserts refused (table full or insert queue full).
+    pub insert_rejected: u64,
+    /// `dpu.hw.delete`: entries removed.
+    pub deletes: u64,
+    /// `dpu.recall.ok`: recalls whose entries went live.
+    pub recalls_ok: u64,
+    /// `dpu.recall.refused`: recalls refused.
+    pub recalls_refused: u64,
+    /// `dpu.demote`: entries demoted back to the plane (rebalance swaps).
+    pub demotes: u64,
+    /// `dpu.sync.tx`: state messages sent to the plane.
+    pub sync_tx: u64,
+    /// `dpu.sync.rx`: state messages received from the plane.
+    pub sync_rx: u64,
+    /// `pcie.crossings`: packet crossings of the PCIe link (each delivered packet, each way).
+    pub pcie_crossings: u64,
+    /// `dpu.failopen`: fail-opens.
+    pub fail_opens: u64,
+    /// `control.delete.dup`: duplicate deletes (retransmissions) ignored.
+    pub delete_dups: u64,
+    /// `dpu.mirror.skipped`: plane state not mirrored for lack of DPU memory.
+    pub mirror_skipped: u64,
+    /// `fabric.conn.closed`: connections whose last packet was delivered (by either plane).
+    pub closed: u64,
+    /// `dpu.open_dropped`: opening packets the DPU dropped (their connection never starts).
+    pub open_dropped: u64,
+}
+
+impl DpuCounters {
+    /// `(metric, value)` pairs in a stable order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("dpu.rx.packets", self.offered),
+            ("dpu.hw.packets", self.hw_delivered),
+            ("dpu.soc.packets", self.soc_delivered),
+            ("dpu.host_out.packets", self.host_out),
+            ("dpu.steer.packets", self.steered),
+            ("spill.redirect.new_conn", self.steered_new_conn),
+            ("dpu.soc.new_conn", self.soc_new_conn),
+            ("dpu.hw.insert", self.inserts),
+            ("dpu.hw.insert_rejected", self.insert_rejected),
+            ("dpu.hw.delete", self.deletes),
+            ("dpu.recall.ok", self.recalls_ok),
+            ("dpu.recall.refused", self.recalls_refused),
+            ("dpu.demote", self.demotes),
+            ("dpu.sync.tx", self.sync_tx),
+            ("dpu.sync.rx", self.sync_rx),
+            ("pcie.crossings", self.pcie_crossings),
+            ("dpu.failopen", self.fail_opens),
+            ("control.delete.dup", self.delete_dups),
+            ("dpu.mirror.skipped", self.mirror_skipped),
+            ("fabric.conn.closed", self.closed),
+            ("dpu.open_dropped", self.open_dropped),
+        ]
+        .into_iter()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingInsert {
+    due: Instant,
+    key: HwKey,
+    recall: bool,
+}
+
+/// One direction of the phy vNIC: a packet server at the vNIC's packet rate or the PCIe
+/// bandwidth, whichever binds for the packet size.
+#[derive(Clone, Debug)]
+pub(crate) struct Vnic {
+    server: Server,
+    pps_ps: u64,
+    bw_ps_per_byte: f64,
+    overhead: u32,
+}
+
+impl Vnic {
+    pub(crate) fn new(f: &FabricParams) -> Vnic {
+        Vnic {
+            server: Server::new(1, f.pcie.phy_vnic_ring),
+            pps_ps: (1e12 / f.pcie.phy_vnic_pps_limit) as u64,
+            bw_ps_per_byte: 1e12 / f.pcie.bandwidth_bytes,
+            overhead: f.pcie.overhead_bytes,
+        }
+    }
+    pub(crate) fn offer(&mut self, now_ps: u64, t: &Train) -> crate::server::Admitted {
+        let bw = (f64::from(t.packet_bytes + self.overhead) * self.bw_ps_per_byte) as u64;
+        self.server.offer(now_ps, t.packets, self.pps_ps.max(bw))
+    }
+    pub(crate) fn take_util(&mut self, now_ps: u64) -> f64 {
+        self.server.take_util(now_ps)
+    }
+}
+
+/// The emulated DPU node. See the module doc.
+#[derive(Debug)]
+pub struct DpuNode {
+    f: FabricParams,
+    hw: FlowTable<HwKey, HwRule>,
+    hw_srv: Server,
+    hw_ps: u64,
+    soc: Server,
+    soc_new_ps: u64,
+    soc_miss_ps: u64,
+    soc_sync_ps: u64,
+    ins_srv: Server,
+    ins_ps: u64,
+    pending: VecDeque<PendingInsert>,
+    steer: Server,
+    steer_ps: u64,
+    to_host: Vnic,
+    flow_vnic: Server,
+    flow_ps: u64,
+    conns: hashbrown::HashMap<ConnId, DpuConn, foldhash::fast::FixedState>,
+    conns_owned: u64,
+    mem_used: u64,
+    phase: Phase,
+    colour: Colour,
+    quota: u16,
+    sched: URSched,
+    decisions: Vec<Decision>,
+    next_window: Instant,
+    next_variance: Instant,
+    last_heartbeat: Instant,
+    plane_workers: u32,
+    plane_util: f64,
+    tenant_cores: u32,
+    absorbed: bool,
+    window_drops_base: u64,
+    window_steered_base: u64,
+    window_steered_new_base: u64,
+    headroom_pps: f64,
+    recalled_pps: f64,
+    seen_delete: std::collections::BTreeMap<u64, Option<ConnState>>,
+    next_stats: Instant,
+    last_load: Load,
+    out: VecDeque<Transmit>,
+    commands: VecDeque<Command>,
+    events: VecDeque<FabricEvent>,
+    counters: DpuCounters,
+    drops: Drops,
+    latency: LatencyHist,
+    latency_window: LatencyHist,
+}
+
+fn ps(i: Instant) -> u64 {
+    i.0 * PS_PER_NS
+}
+
+fn at_ps(p: u64) -> Instant {
+    Instant(p.div_ceil(PS_PER_NS))
+}
+
+impl DpuNode {
+    /// A DPU with the limits in `f` (validated by the caller with [`FabricParams::validate`]).
+    pub fn new(f: &FabricParams) -> DpuNode {
+        let d = &f.dpu;
+        let hw = FlowTable::new(FlowTableConfig {
+            capacity: d.hw_entries_max,
+            idle_timeout: core::time::Duration::from_secs(3600),
+            full: FullPolicy::Reject,
+            evict: EvictBy::FewestPackets,
+            evict_sample: 8,
+            hash_seed: 0x5eed_0d9b,
+        })
+        .expect("validated: hw_entries_max >= 1");
+        let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
+        DpuNode {
+            hw,
+            hw_srv: Server::new(1, d.hw_queue_packets),
+            hw_ps: (1e12 / d.hw_pps_limit) as u64,
+            soc: Server::new(d.soc_cores, d.soc_queue_packets),
+            soc_new_ps: per_ps(d.soc_new_conn_cost),
+            soc_miss_ps: per_ps(d.soc_miss_cost),
+            soc_sync_ps: per_ps(d.soc_sync_cost),
+            ins_srv: Server::new(1, d.insert_queue_max),
+            ins_ps: (1e12 / d.insert_rate_limit) as u64,
+            pending: VecDeque::with_capacity(d.insert_queue_max as usize),
+            steer: Server::new(1, 1 << 16),
+            steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
+            to_host: Vnic::new(f),
+            flow_vnic: Server::new(1, 1 << 20),
+            flow_ps: (1e12 / f.pcie.flow_vnic_msgs_limit) as u64,
+            conns: hashbrown::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(7)),
+            conns_owned: 0,
+            mem_used: 0,
+            phase: Phase::Idle,
+            colour: Colour(0),
+            quota: 0,
+            sched: URSched::new(f),
+            decisions: Vec::new(),
+            next_window: Instant::ZERO + f.sched.window,
+            next_variance: Instant::ZERO + f.sched.variance_window,
+            last_heartbeat: Instant::ZERO,
+            plane_workers: 0,
+            plane_util: 0.0,
+            tenant_cores: f.host.tenant_cores,
+            absorbed: false,
+            window_drops_base: 0,
+            window_steered_base: 0,
+            window_steered_new_base: 0,
+            headroom_pps: 0.0,
+            recalled_pps: 0.0,
+            seen_delete: Default::default(),
+            next_stats: Instant::ZERO + f.placement.rebalance_period,
+            last_load: Load::default(),
+            out: VecDeque::new(),
+            commands: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: DpuCounters::default(),
+            drops: Drops::default(),
+            latency: LatencyHist::default(),
+            latency_window: LatencyHist::default(),
+            f: f.clone(),
+        }
+    }
+
+    // ---- getters -------------------------------------------------------------------------
+
+    /// The lifecycle phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+    /// Counters.
+    pub fn counters(&self) -> &DpuCounters {
+        &self.counters
+    }
+    /// Drops by reason.
+    pub fn drops(&self) -> &Drops {
+        &self.drops
+    }
+    /// Latency of every packet the DPU delivered (its own and the plane's), ns.
+    pub fn latency(&self) -> &LatencyHist {
+        &self.latency
+    }
+    /// Latency since the last [`DpuNode::take_window_latency`].
+    pub fn take_window_latency(&mut self) -> LatencyHist {
+        let h = self.latency_window.clone();
+        self.latency_window.clear();
+        h
+    }
+    /// Hardware entries in use.
+    pub fn hw_entries(&self) -> usize {
+        self.hw.len()
+    }
+    /// Hardware table capacity.
+    pub fn hw_capacity(&self) -> usize {
+        self.hw.capacity()
+    }
+    /// DPU memory in use, bytes.
+    pub fn mem_used(&self) -> u64 {
+        self.mem_used
+    }
+    /// Redirected buckets (the overflow quota).
+    pub fn quota(&self) -> u16 {
+        self.quota
+    }
+    /// The load URSched saw in the last window.
+    pub fn last_load(&self) -> &Load {
+        &self.last_load
+    }
+    /// Inserts that went live in all (the insertion-budget checker reads it).
+    pub fn inserts_total(&self) -> u64 {
+        self.ins_srv.served_total()
+    }
+    /// The DPU's record of `conn`.
+    pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
+        self.conns.get(&conn)
+    }
+    /// Connections the DPU has a record of.
+    pub fn conns_len(&self) -> usize {
+        self.conns.len()
+    }
+    /// Connections the DPU owns.
+    pub fn conns_owned(&self) -> u64 {
+        self.conns_owned
+    }
+    /// Every record, sorted by connection (for checkers and dumps; O(n log n)).
+    pub fn conns_sorted(&self) -> Vec<(ConnId, DpuConn)> {
+        let mut v: Vec<_> = self.conns.iter().map(|(k, c)| (*k, *c)).collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        v
+    }
+    /// Where `conn` is served: `None` if the DPU has no record.
+    pub fn owner_view(&self, conn: ConnId) -> Option<Owner> {
+        self.conns.get(&conn).map(|c| match c.role {
+            Role::Owner if c.hw_live == 2 => Owner::DpuHw,
+            Role::Owner => Owner::DpuSoc,
+            Role::Copy => Owner::Spill,
+        })
+    }
+
+    // ---- outputs ---------------------------------------------------------------------------
+
+    /// The next message for the plane.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop_front()
+    }
+    /// The next command for the driver.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+    /// The next lifecycle event.
+    pub fn poll_event(&mut self) -> Option<FabricEvent> {
+        self.events.pop_front()
+    }
+    /// When [`DpuNode::handle_timeout`] must next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = self.next_window.min(self.next_variance);
+        if let Some(p) = self.pending.front() {
+            t = t.min(p.due);
+        }
+        match self.phase {
+            Phase::Activating { live_at, .. } => t = t.min(live_at),
+            Phase::Draining {
+                step: DrainStep::RemoveRedirect { done_at },
+                ..
+            } => t = t.min(done_at),
+            _ => {}
+        }
+        Some(t)
+    }
+
+    fn event(&mut self, at: Instant, what: EventKind, reason: impl Into<String>) {
+        self.events.push_back(FabricEvent {
+            at,
+            what,
+            reason: reason.into(),
+        });
+    }
+
+    fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
+        self.out.push_back(Transmit { at, channel, msg });
+    }
+
+    /// Sends a state message on the flow vNIC (rate-limited; never refused: the sync queue is
+    /// sized for a bulk sync and a full one only delays).
+    fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
+        let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
+        let at = if a.count == 1 {
+            at_ps(a.finish_ps)
+        } else {
+            at_ps(self.flow_vnic.busy_until_ps())
+        };
+        self.counters.sync_tx += 1;
+        let colour = self.colour;
+        self.send(
+            at,
+            Channel::FlowVnic,
+            Msg::Sync {
+                colour,
+                kind,
+                state,
+            },
+        );
+    }
+
+    fn deliver(&mut self, t: &Train, n: u32, latency_ps_sum: u64, hw: bool) {
+        let extra = if t.dest == Dest::Vm {
+            ns(self.f.pcie.latency)
+        } else {
+            0
+        };
+        let mean_ns = latency_ps_sum / u64::from(n.max(1)) / PS_PER_NS + extra;
+        self.latency.record(mean_ns, u64::from(n));
+        self.latency_window.record(mean_ns, u64::from(n));
+        self.counters.pcie_crossings += u64::from(n);
+        if t.kind == Kind::Close {
+            self.counters.closed += 1;
+        }
+        if hw {
+            self.counters.hw_delivered += u64::from(n);
+        } else {
+            self.counters.soc_delivered += u64::from(n);
+        }
+    }
+
+    fn mem_conn_fits(&self) -> bool {
+        self.mem_used + self.f.dpu.mem_per_conn <= self.f.dpu.mem_bytes
+    }
+
+    fn add_conn(&mut self, conn: ConnId, rec: DpuConn) {
+        if rec.role == Role::Owner {
+            self.conns_owned += 1;
+        }
+        self.mem_used += self.f.dpu.mem_per_conn;
+        self.conns.insert(conn, rec);
+    }
+
+    fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
+        let rec = self.conns.remove(&conn)?;
+        if rec.role == Role::Owner {
+            self.conns_owned -= 1;
+        }
+        self.mem_used -= self.f.dpu.mem_per_conn;
+        for side in [Side::Orig, Side::Reply] {
+            if self.hw.remove(&HwKey { conn, side }).is_some() {
+                self.counters.deletes += 1;
+                self.mem_used -= self.f.dpu.mem_per_entry;
+            }
+        }
+        Some(rec)
+    }
+
+    fn set_role(&mut self, conn: ConnId, role: Role) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            match (c.role, role) {
+                (Role::Copy, Role::Owner) => self.conns_owned += 1,
+                (Role::Owner, Role::Copy) => self.conns_owned -= 1,
+                _ => {}
+            }
+            c.role = role;
+        }
+    }
+
+    /// Queues the two insert commands of `conn`; returns how many were queued.
+    fn queue_inserts(&mut self, now: Instant, conn: ConnId, recall: bool) -> u8 {
+        let mut queued = 0;
+        for side in [Side::Orig, Side::Reply] {
+            let a = self.ins_srv.offer(ps(now), 1, self.ins_ps);
+            if a.count == 0 {
+                self.counters.insert_rejected += 1;
+                continue;
+            }
+            let due = at_ps(a.finish_ps) + self.f.dpu.insert_latency;
+            self.pending.push_back(PendingInsert {
+                due,
+                key: HwKey { conn, side },
+                recall,
+            });
+            queued += 1;
+        }
+        queued
+    }
+
+    fn plane_view(&self) -> PlaneView {
+        match self.phase {
+            Phase::Idle => PlaneView::Idle,
+            Phase::Preparing { .. } => PlaneView::Preparing { synced: false },
+            Phase::Shadow { synced, .. } => PlaneView::Preparing { synced },
+            Phase::Activating { .. } | Phase::Draining { .. } => PlaneView::Busy,
+            Phase::Active { .. } => PlaneView::Active,
+        }
+    }
+
+    // ---- inputs ----------------------------------------------------------------------------
+
+    /// The driver's report of how many host cores the tenants use (isolation input).
+    pub fn set_tenant_cores(&mut self, cores: u32) {
+        self.tenant_cores = cores;
+    }
+
+    /// A train from a VM or the uplink.
+    pub fn handle_train(&mut self, now: Instant, t: &Train) {
+        self.counters.offered += u64::from(t.packets);
+        self.sched.count_tenant(t.tenant, t.packets);
+        let key = HwKey {
+            conn: t.conn,
+            side: t.side,
+        };
+        let bytes = u64::from(t.packets) * u64::from(t.packet_bytes);
+        if self.hw.lookup_train(now, &key, t.packets, bytes).is_some() {
+            let a = self.hw_srv.offer(ps(now), t.packets, self.hw_ps);
+            let lost = t.packets - a.count;
+            if lost > 0 {
+                self.drops.add(FabricDrop::HwOverload, u64::from(lost));
+            }
+            if a.count > 0 {
+                let sum =
+                    a.wait_sum_ps + u64::from(a.count) * ns(self.f.dpu.hw_latency) * PS_PER_NS;
+                self.deliver(t, a.count, sum, true);
+                self.update_state(now, t);
+            }
+            return;
+        }
+        let redirected = self.phase.redirect_live()
+            && t.conn.bucket(self.f.dpu.redirect_buckets) < self.quota
+            && !self.f.dpu_only;
+        if redirected {
+            self.steer_to_host(now, t);
+            return;
+        }
+        self.slow_path(now, t);
+    }
+
+    fn steer_to_host(&mut self, now: Instant, t: &Train) {
+        let s = self.steer.offer(ps(now), t.packets, self.steer_ps);
+        if s.count < t.packets {
+            self.drops
+                .add(FabricDrop::SteerOverload, u64::from(t.packets - s.count));
+        }
+        if s.count == 0 {
+            if t.kind == Kind::Open {
+                self.counters.open_dropped += 1;
+            }
+            return;
+        }
+        let mut part = *t;
+        part.packets = s.count;
+        let a = self.to_host.offer(ps(now), &part);
+        if a.count < part.packets {
+            self.drops
+                .add(FabricDrop::VnicRingFull, u64::from(part.packets - a.count));
+        }
+        if a.count == 0 {
+            if t.kind == Kind::Open {
+                self.counters.open_dropped += 1;
+            }
+            return;
+        }
+        part.packets = a.count;
+        self.counters.steered += u64::from(a.count);
+        if t.kind == Kind::Open {
+            self.counters.steered_new_conn += 1;
+        }
+        self.counters.pcie_crossings += u64::from(a.count);
+        self.send(at_ps(a.finish_ps), Channel::PhyVnic, Msg::Packets(part));
+    }
+
+    fn slow_path(&mut self, now: Instant, t: &Train) {
+        let known = self.conns.get(&t.conn).copied();
+        if t.denied {
+            // The policy walk runs, then denies: the SoC pays a new-connection walk.
+            let a = self.soc.offer(ps(now), t.packets, self.soc_new_ps);
+            self.drops
+                .add(FabricDrop::SocQueueFull, u64::from(t.packets - a.count));
+            self.drops.add(FabricDrop::Policy, u64::from(a.count));
+            return;
+        }
+        match known {
+            None if t.kind == Kind::Open => {
+                if !self.mem_conn_fits() {
+                    self.drops.add(FabricDrop::MemFull, u64::from(t.packets));
+                    self.counters.open_dropped += 1;
+                    return;
+                }
+                let a = self.soc.offer(ps(now), t.packets, self.soc_new_ps);
+                if a.count < t.packets {
+                    self.drops
+                        .add(FabricDrop::SocQueueFull, u64::from(t.packets - a.count));
+                }
+                if a.count == 0 {
+                    self.counters.open_dropped += 1;
+                    return;
+                }
+                self.counters.soc_new_conn += 1;
+                let state = ConnState::open(now, t);
+                let queued = self.queue_inserts(now, t.conn, false);
+                self.add_conn(
+                    t.conn,
+                    DpuConn {
+                        state,
+                        role: Role::Owner,
+                        hw_live: 0,
+                        inserts_pending: queued,
+                        recalled: false,
+                        hw_pkts_mark: 0,
+                    },
+                );
+                self.deliver(t, a.count, a.wait_sum_ps, false);
+                if self.phase.has_plane() {
+                    self.send_sync(now, SyncKind::Mirror, state);
+                }
+            }
+            None => {
+                self.drops.add(FabricDrop::NoState, u64::from(t.packets));
+            }
+            Some(c) => {
+                let a = self.soc.offer(ps(now), t.packets, self.soc_miss_ps);
+                if a.count < t.packets {
+                    self.drops
+                        .add(FabricDrop::SocQueueFull, u64::from(t.packets - a.count));
+                }
+                if a.count == 0 {
+                    return;
+                }
+                // An owned connection without entries (handed back by the plane, or refused
+                // earlier): the slow path installs them again while the table has room.
+                if c.role == Role::Owner
+                    && c.hw_live == 0
+                    && c.inserts_pending == 0
+                    && t.kind != Kind::Close
+                    && self.hw.len() + self.pending.len() + 2 <= self.hw.capacity()
+                {
+                    let queued = self.queue_inserts(now, t.conn, false);
+                    if let Some(r) = self.conns.get_mut(&t.conn) {
+                        r.inserts_pending = queued;
+                    }
+                }
+                self.deliver(t, a.count, a.wait_sum_ps, false);
+                self.update_state(now, t);
+            }
+        }
+    }
+
+    /// A delivered train of a connection the DPU serves: step its state; mirror changes to
+    /// the plane; a Close removes it.
+    fn update_state(&mut self, now: Instant, t: &Train) {
+        let has_plane = self.phase.has_plane() && !self.f.dpu_only;
+        let Some(c) = self.conns.get_mut(&t.conn) else {
+            return;
+        };
+        if t.kind == Kind::Close {
+            let mut st = c.state;
+            st.phase = ConnPhase::Closing;
+            st.version += 1;
+            self.remove_conn(t.conn);
+            if has_plane {
+                // Tell the plane to drop its copy.
+                self.send_sync(now, SyncKind::Closed, st);
+            }
+            return;
+        }
+        let changed = c.state.apply(t);
+        let st = c.state;
+        if changed && has_plane {
+            self.send_sync(now, SyncKind::Mirror, st);
+        }
+    }
+
+    /// A message from the spill plane.
+    pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        match msg {
+            Msg::Packets(t) => {
+                // Processed by the plane; the DPU sends it on (steering rate, no rewrite).
+                let s = self.steer.offer(ps(now), t.packets, self.steer_ps);
+                if s.count < t.packets {
+                    self.drops
+                        .add(FabricDrop::SteerOverload, u64::from(t.packets - s.count));
+                }
+                if s.count > 0 {
+                    let extra = if t.dest == Dest::Vm {
+                        ns(self.f.pcie.latency)
+                    } else {
+                        0
+                    };
+                    let lat = now.0.saturating_sub(t.born.0) + extra;
+                    self.latency.record(lat, u64::from(s.count));
+                    self.latency_window.record(lat, u64::from(s.count));
+                    self.counters.host_out += u64::from(s.count);
+                    if t.kind == Kind::Close {
+                        self.counters.closed += 1;
+                    }
+                    // The crossing back, and for a VM the crossing into it.
+                    let crossings = if t.dest == Dest::Vm { 2 } else { 1 };
+                    self.counters.pcie_crossings += u64::from(s.count) * crossings;
+                }
+            }
+            Msg::Sync { kind, state, .. } => {
+                self.counters.sync_rx += 1;
+                self.soc.offer(ps(now), 1, self.soc_sync_ps);
+                self.ingest_sync(kind, state);
+            }
+            Msg::SyncDone { colour, count } => {
+                if let Phase::Shadow {
+                    colour: c,
+                    synced: false,
+                } = self.phase
+                    && c == colour
+                {
+                    self.phase = Phase::Shadow {
+                        colour,
+                        synced: true,
+                    };
+                    self.event(
+                        now,
+                        EventKind::Synced,
+                        format!(
+                            "bulk sync of colour {} acknowledged: {count} connections",
+                            colour.0
+                        ),
+                    );
+                }
+            }
+            Msg::Recall {
+                state,
+                pps,
+                replaces_pps,
+            } => self.handle_recall(now, state, pps, replaces_pps),
+            Msg::Delete { seq, conn } => self.handle_delete(now, seq, conn),
+            Msg::Released { colour, count } => {
+                if let Phase::Draining {
+                    colour: c,
+                    step: DrainStep::HandBack,
+                } = self.phase
+                    && c == colour
+                {
+                    let done_at = now + self.f.dpu.redirect_latency;
+                    self.phase = Phase::Draining {
+                        colour,
+                        step: DrainStep::RemoveRedirect { done_at },
+                    };
+                    self.event(
+                        now,
+                        EventKind::Draining,
+                        format!("{count} connections handed back; removing redirect rules"),
+                    );
+                }
+            }
+            Msg::Heartbeat { workers, util } => {
+                self.last_heartbeat = now;
+                self.plane_workers = workers;
+                self.plane_util = util;
+                if let Phase::Preparing { colour } = self.phase {
+                    self.enter_shadow(now, colour);
+                }
+            }
+            Msg::Absorbing => {
+                if !self.absorbed {
+                    self.absorbed = true;
+                    self.event(
+                        now,
+                        EventKind::Absorbing,
+                        "first redirected packet served by the plane",
+                    );
+                }
+            }
+            // DPU-to-plane messages never come back this way.
+            Msg::RecallDone { .. }
+            | Msg::DeleteAck { .. }
+            | Msg::Release { .. }
+            | Msg::SetWorkers { .. }
+            | Msg::Activated { .. }
+            | Msg::OffloadStats { .. }
+            | Msg::Budget { .. } => {}
+            Msg::Drained { colour } => {
+                if let Phase::Draining {
+                    colour: c,
+                    step: DrainStep::Drain,
+                } = self.phase
+                    && c == colour
+                {
+                    self.go_idle(now, "plane drained; host cores released".into());
+                }
+            }
+            Msg::Drain { .. } => {}
+        }
+    }
+
+    fn ingest_sync(&mut self, kind: SyncKind, state: ConnState) {
+        if kind == SyncKind::Closed {
+            // The owner (the plane) closed it: drop our copy and any entries.
+            if self
+                .conns
+                .get(&state.conn)
+                .is_some_and(|c| c.role == Role::Copy)
+            {
+                self.remove_conn(state.conn);
+            }
+            return;
+        }
+        match (self.conns.get_mut(&state.conn), kind) {
+            (Some(c), SyncKind::Mirror) => {
+                if state.version >= c.state.version {
+                    c.state = state;
+                }
+            }
+            (Some(c), SyncKind::Handover) => {
+                if state.version >= c.state.version {
+                    c.state = state;
+                }
+                self.set_role(state.conn, Role::Owner);
+            }
+            (_, SyncKind::Closed) => unreachable!("handled above"),
+            (None, kind) => {
+                let role = if kind == SyncKind::Handover {
+                    Role::Owner
+                } else {
+                    Role::Copy
+                };
+                // A mirror needs memory like any connection. Without room the DPU keeps no
+                // copy and could not fail this connection open (`dpu.mirror.skipped`); a
+                // handover is taken regardless, since refusing it would lose the state.
+                if role == Role::Copy && !self.mem_conn_fits() {
+                    self.counters.mirror_skipped += 1;
+                    return;
+                }
+                self.add_conn(
+                    state.conn,
+                    DpuConn {
+                        state,
+                        role,
+                        hw_live: 0,
+                        inserts_pending: 0,
+                        recalled: false,
+                        hw_pkts_mark: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    fn handle_recall(&mut self, now: Instant, state: ConnState, pps: f64, replaces_pps: f64) {
+        let free = self.hw.capacity()
+            - self.hw.len()
+            - self.pending.len().min(self.hw.capacity() - self.hw.len());
+        // URSched's headroom binds every policy: a recall may not push the fast path past its
+        // target utilisation. A swap is charged only what it adds.
+        let charge = (pps - replaces_pps).max(0.0);
+        let fits_pps = charge <= self.headroom_pps - self.recalled_pps;
+        let known = self.conns.contains_key(&state.conn);
+        if free < 2 || !fits_pps || (!known && !self.mem_conn_fits()) {
+            self.counters.recalls_refused += 1;
+            self.send(
+                now,
+                Channel::FlowVnic,
+                Msg::RecallDone {
+                    conn: state.conn,
+                    ok: false,
+                },
+            );
+            return;
+        }
+        self.recalled_pps += charge;
+        match self.conns.get_mut(&state.conn) {
+            Some(c) => {
+                if state.version >= c.state.version {
+                    c.state = state;
+                }
+                c.recalled = true;
+            }
+            None => self.add_conn(
+                state.conn,
+                DpuConn {
+                    state,
+                    role: Role::Copy,
+                    hw_live: 0,
+                    inserts_pending: 0,
+                    recalled: true,
+                    hw_pkts_mark: 0,
+                },
+            ),
+        }
+        let queued = self.queue_inserts(now, state.conn, true);
+        if let Some(c) = self.conns.get_mut(&state.conn) {
+            c.inserts_pending = queued;
+        }
+        if queued < 2 {
+            // Half-queued: the completion of the queued one finishes the recall (as refused).
+            if queued == 0 {
+                self.finish_recall(now, state.conn, false);
+            }
+        }
+    }
+
+    fn handle_delete(&mut self, now: Instant, seq: u64, conn: ConnId) {
+        if let Some(state) = self.seen_delete.get(&seq).copied() {
+            // A retransmission: the first copy already took effect; ack again.
+            self.counters.delete_dups += 1;
+            self.send(now, Channel::Control, Msg::DeleteAck { seq, state });
+            return;
+        }
+        let state = match self.conns.get(&conn).copied() {
+            Some(c) if c.role == Role::Owner => {
+                for side in [Side::Orig, Side::Reply] {
+                    if self.hw.remove(&HwKey { conn, side }).is_some() {
+                        self.counters.deletes += 1;
+                        self.mem_used -= self.f.dpu.mem_per_entry;
+                    }
+                }
+                if let Some(r) = self.conns.get_mut(&conn) {
+                    r.hw_live = 0;
+                    r.recalled = false;
+                }
+                self.set_role(conn, Role::Copy);
+                self.counters.demotes += 1;
+                Some(c.state)
+            }
+            _ => None,
+        };
+        self.seen_delete.insert(seq, state);
+        // Bounded memory of seen sequence numbers: the plane never has more than a window of
+        // unacknowledged deletes, so old ones can go.
+        while self.seen_delete.len() > 65_536 {
+            self.seen_delete.pop_first();
+        }
+        self.send(now, Channel::Control, Msg::DeleteAck { seq, state });
+    }
+
+    fn finish_recall(&mut self, now: Instant, conn: ConnId, ok: bool) {
+        if ok {
+            self.set_role(conn, Role::Owner);
+            self.counters.recalls_ok += 1;
+        } else {
+            // Roll back whatever went in; the plane keeps the connection.
+            for side in [Side::Orig, Side::Reply] {
+                if self.hw.remove(&HwKey { conn, side }).is_some() {
+                    self.mem_used -= self.f.dpu.mem_per_entry;
+                }
+            }
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.hw_live = 0;
+                c.recalled = false;
+            }
+            self.counters.recalls_refused += 1;
+        }
+        self.send(now, Channel::FlowVnic, Msg::RecallDone { conn, ok });
+    }
+
+    /// The plane's process runs (the driver's report after [`Command::StartPlane`]).
+    pub fn handle_plane_up(&mut self, now: Instant) {
+        self.last_heartbeat = now;
+        if let Phase::Preparing { colour } = self.phase {
+            self.enter_shadow(now, colour);
+        }
+    }
+
+    fn enter_shadow(&mut self, now: Instant, colour: Colour) {
+        self.phase = Phase::Shadow {
+            colour,
+            synced: false,
+        };
+        // Bulk sync: every connection the DPU owns, in connection order, then the end marker.
+        let mut v: Vec<(ConnId, ConnState)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.role == Role::Owner)
+            .map(|(k, c)| (*k, c.state))
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        let count = v.len() as u64;
+        for (_, st) in v {
+            self.send_sync(now, SyncKind::Mirror, st);
+        }
+        let at = at_ps(self.flow_vnic.busy_until_ps().max(ps(now)));
+        self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
+        self.event(
+            now,
+            EventKind::Shadow,
+            format!(
+                "plane up; bulk sync of {count} connections (colour {})",
+                colour.0
+            ),
+        );
+    }
+
+    /// The plane's process died (the driver saw it exit). Same as a lost heartbeat.
+    pub fn handle_plane_failed(&mut self, now: Instant, reason: &str) {
+        self.fail_open(now, reason.to_string());
+    }
+
+    fn fail_open(&mut self, now: Instant, reason: String) {
+        if matches!(self.phase, Phase::Idle) {
+            return;
+        }
+        self.counters.fail_opens += 1;
+        // Every copy becomes owned: the mirror is the state. Redirect rules go at once (a
+        // fail-open is local to the DPU, no handshake).
+        let copies: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.role == Role::Copy)
+            .map(|(k, _)| *k)
+            .collect();
+        let n = copies.len();
+        for c in copies {
+            self.set_role(c, Role::Owner);
+            if let Some(r) = self.conns.get_mut(&c) {
+                r.recalled = false;
+            }
+        }
+        self.event(
+            now,
+            EventKind::FailOpen,
+            format!("{reason}; redirect rules removed, {n} connections taken over from mirrors"),
+        );
+        self.go_idle(now, "fail-open: plane stopped".into());
+    }
+
+    fn go_idle(&mut self, now: Instant, reason: String) {
+        self.phase = Phase::Idle;
+        self.quota = 0;
+        self.absorbed = false;
+        self.headroom_pps = 0.0;
+        self.recalled_pps = 0.0;
+        // Copies of connections the plane owned are owned now (release handed them back; a
+        // fail-open promoted them). Drop any stale copy flags.
+        self.commands.push_back(Command::StopPlane);
+        self.plane_workers = 0;
+        self.event(now, EventKind::Idle, reason);
+    }
+
+    /// Timers: insert completions, redirect install/removal, URSched windows.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(p) = self.pending.front().copied() {
+            if p.due > now {
+                break;
+            }
+            self.pending.pop_front();
+            self.complete_insert(now, p);
+        }
+        match self.phase {
+            Phase::Activating { colour, live_at } if now >= live_at => {
+                self.phase = Phase::Active { colour };
+                self.event(
+                    now,
+                    EventKind::Active,
+                    format!(
+                        "redirect rules live for {} of {} buckets",
+                        self.quota, self.f.dpu.redirect_buckets
+                    ),
+                );
+                self.send(now, Channel::Control, Msg::Activated { colour });
+                self.hand_over_buckets(now, 0, self.quota);
+            }
+            Phase::Draining {
+                colour,
+                step: DrainStep::RemoveRedirect { done_at },
+            } if now >= done_at => {
+                self.phase = Phase::Draining {
+                    colour,
+                    step: DrainStep::Drain,
+                };
+                self.quota = 0;
+                self.event(
+                    now,
+                    EventKind::RedirectRemoved,
+                    "redirect rules removed; draining in-flight packets",
+                );
+                self.send(now, Channel::Control, Msg::Drain { colour });
+            }
+            _ => {}
+        }
+        if now >= self.next_window {
+            self.next_window = self.next_window + self.f.sched.window;
+            self.window(now);
+        }
+        if now >= self.next_variance {
+            self.next_variance = self.next_variance + self.f.sched.variance_window;
+            self.sched
+                .variance_window(self.f.sched.variance_window.as_secs_f64());
+        }
+    }
+
+    fn complete_insert(&mut self, now: Instant, p: PendingInsert) {
+        let Some(c) = self.conns.get(&p.key.conn).copied() else {
+            return; // closed while the insert was queued
+        };
+        let fits_mem = self.mem_used + self.f.dpu.mem_per_entry <= self.f.dpu.mem_bytes;
+        let ok = fits_mem
+            && self
+                .hw
+                .insert(now, p.key, HwRule { recalled: p.recall }, false)
+                .is_ok();
+        let rec = self.conns.get_mut(&p.key.conn).expect("checked above");
+        rec.inserts_pending = rec.inserts_pending.saturating_sub(1);
+        if ok {
+            rec.hw_live += 1;
+            self.counters.inserts += 1;
+            self.mem_used += self.f.dpu.mem_per_entry;
+        } else {
+            self.counters.insert_rejected += 1;
+        }
+        let rec = *rec;
+        if p.recall && rec.inserts_pending == 0 {
+            self.finish_recall(now, p.key.conn, rec.hw_live == 2);
+        }
+        let _ = c;
+    }
+
+    /// At activation or a quota increase: connections of buckets `[from, to)` the DPU serves on
+    /// the SoC (no live entries, none pending) move to the plane, which serves those buckets now.
+    fn hand_over_buckets(&mut self, now: Instant, from: u16, to: u16) {
+        let buckets = self.f.dpu.redirect_buckets;
+        let mut moving: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(k, c)| {
+                let b = k.bucket(buckets);
+                b >= from
+                    && b < to
+                    && c.role == Role::Owner
+                    && c.hw_live == 0
+                    && c.inserts_pending == 0
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        moving.sort_unstable();
+        for conn in moving {
+            let st = self.conns[&conn].state;
+            self.set_role(conn, Role::Copy);
+            self.send_sync(now, SyncKind::Handover, st);
+        }
+    }
+
+    fn window(&mut self, now: Instant) {
+        let secs = self.f.sched.window.as_secs_f64();
+        let drops_now =
+            self.drops.get(FabricDrop::HwOverload) + self.drops.get(FabricDrop::SocQueueFull);
+        let steered = self.counters.steered - self.window_steered_base;
+        let steered_new = self.counters.steered_new_conn - self.window_steered_new_base;
+        let load = Load {
+            hw_util: self.hw_srv.take_util(ps(now)),
+            soc_util: self.soc.take_util(ps(now)),
+            dpu_drops: drops_now - self.window_drops_base,
+            table_util: self.hw.len() as f64 / self.hw.capacity() as f64,
+            mem_util: self.mem_used as f64 / self.f.dpu.mem_bytes as f64,
+            host_pps: steered as f64 / secs,
+            host_cps: steered_new as f64 / secs,
+            plane_util: self.plane_util,
+            workers: self.plane_workers,
+            tenant_cores: self.tenant_cores,
+        };
+        self.to_host.take_util(ps(now));
+        self.window_drops_base = drops_now;
+        self.window_steered_base = self.counters.steered;
+        self.window_steered_new_base = self.counters.steered_new_conn;
+        self.last_load = load;
+        // Recall headroom for the next window: what the fast path can still take below the
+        // target utilisation. Recalls granted in the last window are now in the measurement.
+        self.headroom_pps =
+            ((self.f.sched.dpu_target_util - load.hw_util) * self.f.dpu.hw_pps_limit).max(0.0);
+        self.recalled_pps = 0.0;
+        // Fail-open on a stalled plane: three heartbeats missed.
+        if self.phase.has_plane()
+            && now.0.saturating_sub(self.last_heartbeat.0) > 3 * ns(self.f.host.heartbeat)
+        {
+            let late = (now - self.last_heartbeat).as_secs_f64() * 1e3;
+            self.fail_open(now, format!("no heartbeat from the plane for {late:.1} ms"));
+            return;
+        }
+        if self.f.dpu_only {
+            return;
+        }
+        if let Phase::Active { .. } = self.phase {
+            let (free, headroom) = self.recall_budget();
+            self.send(
+                now,
+                Channel::Control,
+                Msg::Budget {
+                    free_entries: free as u64,
+                    headroom_pps: headroom,
+                },
+            );
+            if now >= self.next_stats {
+                self.next_stats = now + self.f.placement.rebalance_period;
+                self.send_offload_stats(now);
+            }
+        }
+        let mut decisions = core::mem::take(&mut self.decisions);
+        decisions.clear();
+        self.sched.window(&load, self.plane_view(), &mut decisions);
+        for d in decisions.drain(..) {
+            self.apply(now, d);
+        }
+        self.decisions = decisions;
+    }
+
+    /// The hardware flow-stats dump: the rate of every recalled entry over the last period,
+    /// in connection order.
+    fn send_offload_stats(&mut self, now: Instant) {
+        let secs = self.f.placement.rebalance_period.as_secs_f64();
+        let mut v: Vec<(ConnId, u64)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.recalled && c.role == Role::Owner && c.hw_live == 2)
+            .filter_map(|(k, _)| {
+                self.hw
+                    .get(&HwKey {
+                        conn: *k,
+                        side: Side::Orig,
+                    })
+                    .map(|(_, e)| (*k, e.packets()))
+            })
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        for (conn, pkts) in v {
+            let c = self.conns.get_mut(&conn).expect("collected from the map");
+            let delta = pkts.saturating_sub(c.hw_pkts_mark);
+            c.hw_pkts_mark = pkts;
+            let pps = delta as f64 / secs;
+            self.send(now, Channel::Control, Msg::OffloadStats { conn, pps });
+        }
+    }
+
+    fn apply(&mut self, now: Instant, d: Decision) {
+        match (self.phase, d) {
+            (Phase::Idle, Decision::Prepare { workers, reason }) => {
+                self.colour = Colour(self.colour.0 + 1);
+                self.phase = Phase::Preparing {
+                    colour: self.colour,
+                };
+                self.plane_workers = workers;
+                self.commands.push_back(Command::StartPlane { workers });
+                self.event(
+                    now,
+                    EventKind::Preparing,
+                    format!("{reason}; starting plane with {workers} workers"),
+                );
+            }
+            (_, Decision::Fallback { reason }) => {
+                self.event(now, EventKind::Fallback, reason);
+            }
+            (
+                Phase::Shadow {
+                    colour,
+                    synced: true,
+                },
+                Decision::Activate { reason },
+            ) => {
+                let live_at = now + self.f.dpu.redirect_latency;
+                self.phase = Phase::Activating { colour, live_at };
+                self.event(now, EventKind::Activating, format!("activated: {reason}"));
+            }
+            (Phase::Activating { .. }, Decision::Quota { buckets, reason }) => {
+                self.quota = buckets;
+                self.event(
+                    now,
+                    EventKind::Quota,
+                    format!("{buckets} buckets: {reason}"),
+                );
+            }
+            (Phase::Active { .. }, Decision::Quota { buckets, reason }) => {
+                let old = self.quota;
+                self.quota = buckets;
+                self.event(
+                    now,
+                    EventKind::Quota,
+                    format!("{old} -> {buckets} buckets: {reason}"),
+                );
+                self.hand_over_buckets(now, old, buckets);
+            }
+            (Phase::Active { .. }, Decision::Workers { workers, reason }) => {
+                self.plane_workers = workers;
+                self.send(now, Channel::Control, Msg::SetWorkers { workers });
+                self.event(
+                    now,
+                    EventKind::Workers,
+                    format!("{workers} workers: {reason}"),
+                );
+            }
+            (Phase::Active { colour }, Decision::Release { reason }) => {
+                self.phase = Phase::Draining {
+                    colour,
+                    step: DrainStep::HandBack,
+                };
+                self.send(now, Channel::Control, Msg::Release { colour });
+                self.event(now, EventKind::Draining, format!("release: {reason}"));
+            }
+            (Phase::Shadow { .. }, Decision::Release { reason }) => {
+                // Nothing was redirected: drop the copies the plane sent and stop it.
+                self.go_idle(now, format!("release: {reason}"));
+            }
+            (phase, d) => {
+                // URSched only proposes what fits the phase it was shown; anything else is a
+                // bug in the scheduler.
+                debug_assert!(false, "decision {d:?} in phase {phase:?}");
+            }
+        }
+    }
+
+    /// Sends the recall budget to the plane: called by the plane's placement via the
+    /// heartbeat exchange. Free hardware entries and fast-path headroom, pps.
+    pub fn recall_budget(&self) -> (usize, f64) {
+        let free = self.hw.capacity()
+            - self.hw.len()
+            - self.pending.len().min(self.hw.capacity() - self.hw.len());
+        (free, (self.headroom_pps - self.recalled_pps).max(0.0))
+    }
+
+    /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.
+    /// O(connections).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.hw.len() > self.hw.capacity() {
+            return Err(format!(
+                "dpu: hw table {} > capacity {}",
+                self.hw.len(),
+                self.hw.capacity()
+            ));
+        }
+        self.hw_srv.check_invariants()?;
+        self.soc.check_invariants()?;
+        self.ins_srv.check_invariants()?;
+        let owned = self
+            .conns
+            .values()
+            .filter(|c| c.role == Role::Owner)
+            .count() as u64;
+        if owned != self.conns_owned {
+            return Err(format!("dpu: owned count {} != {owned}", self.conns_owned));
+        }
+        let mem = self.conns.len() as u64 * self.f.dpu.mem_per_conn
+            + self.hw.len() as u64 * self.f.dpu.mem_per_entry;
+        if mem != self.mem_used {
+            return Err(format!("dpu: memory {} != recomputed {mem}", self.mem_used));
+        }
+        Ok(())
+    }
+
+    /// Cheap checks after every event: table within capacity, queues within bounds.
+    pub fn check_cheap(&self) -> Result<(), String> {
+        if self.hw.len() > self.hw.capacity() {
+            return Err(format!(
+                "dpu: hw table {} > capacity {}",
+                self.hw.len(),
+                self.hw.capacity()
+            ));
+        }
+        if self.mem_used > self.f.dpu.mem_bytes + self.f.dpu.mem_per_conn * self.conns_len() as u64
+        {
+            return Err("dpu: memory accounting ran away".into());
+        }
+        Ok(())
+    }
+
+    /// The tenant id the DPU's scheduler sees for a train (for tests).
+    pub fn tenant_of(t: &Train) -> TenantId {
+        t.tenant
+    }
+}

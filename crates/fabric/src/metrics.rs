@@ -1,0 +1,210 @@
+//! Counters, drop reasons and the latency histogram the nodes keep. Metric names are dotted
+//! lowercase and documented where declared.
+
+use core::fmt;
+
+/// Why the fabric dropped a packet. Every drop is counted by reason; `lost_packets` in a report
+/// is every drop except [`FabricDrop::Policy`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum FabricDrop {
+    /// `dpu.hw.overload`: the fast path's input queue was full (packet rate above its limit).
+    HwOverload,
+    /// `dpu.soc.queue_full`: the slow path's queue was full.
+    SocQueueFull,
+    /// `dpu.mem_full`: no DPU memory for a new connection.
+    MemFull,
+    /// `dpu.steer.overload`: redirect steering above line rate.
+    SteerOverload,
+    /// `vnic.phy.ring_full`: a phy vNIC ring was full (either direction).
+    VnicRingFull,
+    /// `spill.queue_full`: the spill plane's workers were saturated.
+    SpillQueueFull,
+    /// `spill.cache_full`: the spill plane's flow cache had no room for a new connection.
+    SpillCacheFull,
+    /// `spill.failed`: in flight in a spill plane that failed.
+    SpillFailed,
+    /// `fabric.no_state`: a packet of a connection that the plane it reached has no state for.
+    /// Zero unless the connection opened with a dropped packet; for an established connection
+    /// this would break state continuity (a checker fails on it).
+    NoState,
+    /// `policy.deny`: the vSwitch policy denied it (security group). Not a loss.
+    Policy,
+}
+
+impl FabricDrop {
+    /// Every reason, in metric order.
+    pub const ALL: [FabricDrop; 10] = [
+        FabricDrop::HwOverload,
+        FabricDrop::SocQueueFull,
+        FabricDrop::MemFull,
+        FabricDrop::SteerOverload,
+        FabricDrop::VnicRingFull,
+        FabricDrop::SpillQueueFull,
+        FabricDrop::SpillCacheFull,
+        FabricDrop::SpillFailed,
+        FabricDrop::NoState,
+        FabricDrop::Policy,
+    ];
+
+    /// The metric name.
+    pub fn metric(self) -> &'static str {
+        match self {
+            FabricDrop::HwOverload => "dpu.hw.overload",
+            FabricDrop::SocQueueFull => "dpu.soc.queue_full",
+            FabricDrop::MemFull => "dpu.mem_full",
+            FabricDrop::SteerOverload => "dpu.steer.overload",
+            FabricDrop::VnicRingFull => "vnic.phy.ring_full",
+            FabricDrop::SpillQueueFull => "spill.queue_full",
+            FabricDrop::SpillCacheFull => "spill.cache_full",
+            FabricDrop::SpillFailed => "spill.failed",
+            FabricDrop::NoState => "fabric.no_state",
+            FabricDrop::Policy => "policy.deny",
+        }
+    }
+}
+
+impl fmt::Display for FabricDrop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.metric())
+    }
+}
+
+/// Packets dropped, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drops([u64; 10]);
+
+impl Drops {
+    /// Counts `n` drops of `reason`.
+    pub fn add(&mut self, reason: FabricDrop, n: u64) {
+        self.0[reason as usize] += n;
+    }
+    /// Drops of `reason`.
+    pub fn get(&self, reason: FabricDrop) -> u64 {
+        self.0[reason as usize]
+    }
+    /// All drops.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    /// All drops except policy denials: the packets the fabric lost.
+    pub fn lost(&self) -> u64 {
+        self.total() - self.get(FabricDrop::Policy)
+    }
+    /// Sum with another set.
+    pub fn merged(&self, other: &Drops) -> Drops {
+        let mut d = *self;
+        for i in 0..d.0.len() {
+            d.0[i] += other.0[i];
+        }
+        d
+    }
+    /// `(metric, count)` for every reason, in metric order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        FabricDrop::ALL.iter().map(|r| (r.metric(), self.get(*r)))
+    }
+}
+
+/// A log-linear latency histogram (8 sub-buckets per power of two: <= 12.5% relative error),
+/// nanoseconds, counts weighted by packets. Fixed size; recording never allocates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LatencyHist {
+    counts: Box<[u64; 64 * 8]>,
+    total: u64,
+}
+
+impl Default for LatencyHist {
+    fn default() -> Self {
+        LatencyHist {
+            counts: Box::new([0; 64 * 8]),
+            total: 0,
+        }
+    }
+}
+
+impl LatencyHist {
+    fn index(ns: u64) -> usize {
+        if ns < 8 {
+            return ns as usize;
+        }
+        let exp = 63 - ns.leading_zeros() as usize; // >= 3
+        let sub = ((ns >> (exp - 3)) & 7) as usize;
+        (exp - 2) * 8 + sub
+    }
+
+    fn lower_bound(idx: usize) -> u64 {
+        if idx < 8 {
+            return idx as u64;
+        }
+        let exp = idx / 8 + 2;
+        let sub = (idx % 8) as u64;
+        (8 + sub) << (exp - 3)
+    }
+
+    /// Records `n` packets of latency `ns`.
+    pub fn record(&mut self, ns: u64, n: u64) {
+        self.counts[Self::index(ns)] += n;
+        self.total += n;
+    }
+
+    /// Packets recorded.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// The latency at quantile `q` in [0, 1], ns (the bucket's lower bound); 0 if empty.
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::lower_bound(i);
+            }
+        }
+        Self::lower_bound(self.counts.len() - 1)
+    }
+
+    /// Adds another histogram.
+    pub fn merge(&mut self, other: &LatencyHist) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+        self.total += other.total;
+    }
+
+    /// Empties it.
+    pub fn clear(&mut self) {
+        self.counts.fill(0);
+        self.total = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_are_within_one_bucket() {
+        let mut h = LatencyHist::default();
+        for ns in 1..=10_000u64 {
+            h.record(ns, 1);
+        }
+        let p50 = h.quantile(0.5);
+        assert!((4400..=5000).contains(&p50), "p50 {p50}");
+        let p99 = h.quantile(0.99);
+        assert!((8700..=9900).contains(&p99), "p99 {p99}");
+        assert_eq!(LatencyHist::index(LatencyHist::lower_bound(100)), 100);
+    }
+
+    #[test]
+    fn lost_excludes_policy_drops() {
+        let mut d = Drops::default();
+        d.add(FabricDrop::Policy, 5);
+        d.add(FabricDrop::HwOverload, 2);
+        assert_eq!(d.total(), 7);
+        assert_eq!(d.lost(), 2);
+    }
+}

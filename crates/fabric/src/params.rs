@@ -1,0 +1,530 @@
+//! Every capacity and cost of the emulated fabric, with its default and where the default comes
+//! from. Nothing in the model has a result written in: throughput, loss and latency emerge from
+//! these numbers.
+//!
+//! Sources, cited per field: **[seed]** is the Spillway paper review in `shared/seed/` (testbed:
+//! CPU/FPGA DPU with 2x100 Gbps, 64-core host; DPU saturates near 7.0 Mpps and still processes
+//! 7.2 Mpps under 9.2 Mpps offered; Elastic VM start 200 ms, rule injection ~10 ms; 2.0 Mpps of
+//! overflow on ~2.3 physical cores; CPS doubled with seven physical cores). **[assumed]** marks a
+//! value chosen for this model where the seed gives none, with the reasoning beside it; change it
+//! in a scenario file to explore.
+
+use core::time::Duration;
+use serde::Deserialize;
+
+/// Nanoseconds in a `Duration` field, saturating.
+pub(crate) fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The DPU's limits.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpuParams {
+    /// Packets per second the hardware fast path can process with a flow entry's actions
+    /// (lookup, conntrack update, rewrite, encap). [seed]: saturates near 7.0 Mpps and carries
+    /// 7.2 Mpps under a 9.2 Mpps burst, so 7.2 Mpps.
+    pub hw_pps_limit: f64,
+    /// Packets the fast path's input queue holds before it drops (`dpu.hw.overload`).
+    /// [assumed]: 4,096 descriptors, a common NIC receive-ring size (~0.6 ms at 7.2 Mpps).
+    pub hw_queue_packets: u32,
+    /// Fixed latency of a fast-path packet. [assumed]: 2 us, an FPGA pipeline plus DMA.
+    #[serde(with = "humantime_us")]
+    pub hw_latency: Duration,
+    /// Exact-match flow entries in the hardware table (one per direction of a connection).
+    /// [assumed]: 2,000,000 (1M connections), the order of current 100G-class DPUs.
+    pub hw_entries_max: usize,
+    /// Hardware rule insertions per second. [assumed]: 4,000,000/s, so at the SoC's own
+    /// connection rate (two entries per connection) insertion is not the DPU-only bottleneck.
+    pub insert_rate_limit: f64,
+    /// Latency from an insert command to the entry being live. [assumed]: 20 us.
+    #[serde(with = "humantime_us")]
+    pub insert_latency: Duration,
+    /// Pending inserts the hardware queue holds; beyond it an insert is refused and counted.
+    /// [assumed]: 65,536.
+    pub insert_queue_max: u32,
+    /// Latency of installing or removing the redirect rules (a small, high-priority table
+    /// written by the control plane). [seed]: rule injection takes about 10 ms.
+    #[serde(with = "humantime_us")]
+    pub redirect_latency: Duration,
+    /// Hash buckets the redirect rules split the 5-tuple space into (the overflow quota is a
+    /// number of buckets). [assumed]: 256, an RSS indirection table's size.
+    pub redirect_buckets: u16,
+    /// Packets per second the hardware can steer by a redirect rule or pass from the host back
+    /// out (parse + match, no rewrite). [seed]: 2x100 Gbps line rate at 64 B, 297.6 Mpps.
+    pub steer_pps_limit: f64,
+    /// SoC cores running the slow path. [assumed]: 8 (a BlueField-2-class ARM complex).
+    pub soc_cores: u32,
+    /// SoC core time for a new connection: policy walk, conntrack create, two entries built and
+    /// the insert commands issued. [assumed]: 8 us, so the DPU alone sets up 1.0M connections/s.
+    #[serde(with = "humantime_us")]
+    pub soc_new_conn_cost: Duration,
+    /// SoC core time for a packet of a known connection that missed the hardware (its entry is
+    /// pending or was refused). [assumed]: 2 us.
+    #[serde(with = "humantime_us")]
+    pub soc_miss_cost: Duration,
+    /// SoC core time to ingest one state-sync message from the spill plane (the mirror that
+    /// keeps the DPU able to fail open). [assumed]: 0.5 us.
+    #[serde(with = "humantime_us")]
+    pub soc_sync_cost: Duration,
+    /// Packets the slow-path queue holds before it drops (`dpu.soc.queue_full`). [assumed]: 8,192.
+    pub soc_queue_packets: u32,
+    /// DPU memory for connection state and flow entries. [assumed]: 2 GiB.
+    pub mem_bytes: u64,
+    /// Memory per tracked connection. [assumed]: 256 B.
+    pub mem_per_conn: u64,
+    /// Memory per flow entry. [assumed]: 128 B.
+    pub mem_per_entry: u64,
+}
+
+impl Default for DpuParams {
+    fn default() -> Self {
+        DpuParams {
+            hw_pps_limit: 7.2e6,
+            hw_queue_packets: 4096,
+            hw_latency: Duration::from_micros(2),
+            hw_entries_max: 2_000_000,
+            insert_rate_limit: 4.0e6,
+            insert_latency: Duration::from_micros(20),
+            insert_queue_max: 65_536,
+            redirect_latency: Duration::from_millis(10),
+            redirect_buckets: 256,
+            steer_pps_limit: 297.6e6,
+            soc_cores: 8,
+            soc_new_conn_cost: Duration::from_micros(8),
+            soc_miss_cost: Duration::from_micros(2),
+            soc_sync_cost: Duration::from_nanos(500),
+            soc_queue_packets: 8192,
+            mem_bytes: 2 << 30,
+            mem_per_conn: 256,
+            mem_per_entry: 128,
+        }
+    }
+}
+
+/// The PCIe link between DPU and host, and the vNIC set on it.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PcieParams {
+    /// One-way latency of a crossing. [assumed]: 1 us (DMA + doorbell + descriptor fetch).
+    #[serde(with = "humantime_us")]
+    pub latency: Duration,
+    /// Usable bandwidth per direction, bytes/s. [assumed]: PCIe Gen4 x16, ~25 GB/s after
+    /// protocol overhead.
+    pub bandwidth_bytes: f64,
+    /// Bytes of descriptor and TLP overhead per packet crossing. [assumed]: 64.
+    pub overhead_bytes: u32,
+    /// Packets per second the phy vNIC moves per direction (the DPU's host-queue DMA engine).
+    /// [assumed]: 10 Mpps; this is what caps spill-plane CPS (see docs/ARCHITECTURE.md).
+    pub phy_vnic_pps_limit: f64,
+    /// Packets a phy vNIC ring holds before it drops (`spill.vnic.ring_full`). [assumed]: 4,096.
+    pub phy_vnic_ring: u32,
+    /// Messages per second on the flow vNIC (inserts and state sync). [assumed]: 20M/s.
+    pub flow_vnic_msgs_limit: f64,
+    /// Control-channel retransmission timeout for deletions. [assumed]: 1 ms.
+    #[serde(with = "humantime_us")]
+    pub control_rto: Duration,
+}
+
+impl Default for PcieParams {
+    fn default() -> Self {
+        PcieParams {
+            latency: Duration::from_micros(1),
+            bandwidth_bytes: 25e9,
+            overhead_bytes: 64,
+            phy_vnic_pps_limit: 10e6,
+            phy_vnic_ring: 4096,
+            flow_vnic_msgs_limit: 20e6,
+            control_rto: Duration::from_millis(1),
+        }
+    }
+}
+
+/// The host and its spill plane.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostParams {
+    /// Host cores. [seed]: a 64-core host.
+    pub cores: u32,
+    /// Cores the tenants use (not isolatable). [assumed]: 48, leaving 16 idle.
+    pub tenant_cores: u32,
+    /// Idle cores kept free for tenants' own bursts; never given to the spill plane.
+    /// [assumed]: 2.
+    pub reserve_cores: u32,
+    /// Most workers the spill plane may have. [assumed]: 16.
+    pub workers_max: u32,
+    /// Workers the plane starts with. [assumed]: 2 ([seed]: 2.0 Mpps on ~2.3 cores).
+    pub workers_initial: u32,
+    /// Host core time per packet of an established connection on the spill plane, vNIC I/O
+    /// included. [seed]: 2.0 Mpps on ~2.3 physical cores, ~1.15 us per packet.
+    #[serde(with = "humantime_us")]
+    pub pkt_cost: Duration,
+    /// Host core time for a new connection (policy walk, conntrack create, flow-cache entries,
+    /// state mirror to the DPU). [assumed]: 2.5 us on an x86 core (our pipeline measures 1.3 us
+    /// for the walk alone on the development VM; see the README's benchmark table).
+    #[serde(with = "humantime_us")]
+    pub new_conn_cost: Duration,
+    /// Plane start latency (Idle -> Preparing -> up). [seed]: the Elastic VM activates within
+    /// 200 ms.
+    #[serde(with = "humantime_us")]
+    pub plane_start: Duration,
+    /// Latency to add a worker to a running plane. [assumed]: 1 ms (a pinned thread on an
+    /// already-isolated core).
+    #[serde(with = "humantime_us")]
+    pub worker_start: Duration,
+    /// Software flow-cache entries in the spill plane. [assumed]: 4,000,000.
+    pub flow_cache_max: usize,
+    /// Heartbeat period of the plane; the DPU fails open after three missed beats.
+    /// [assumed]: 5 ms.
+    #[serde(with = "humantime_us")]
+    pub heartbeat: Duration,
+    /// Deliver VM-bound packets straight into VM memory (vATC, issue 6) instead of back through
+    /// the DPU. Off by default until vATC exists.
+    pub vatc: bool,
+}
+
+impl Default for HostParams {
+    fn default() -> Self {
+        HostParams {
+            cores: 64,
+            tenant_cores: 48,
+            reserve_cores: 2,
+            workers_max: 16,
+            workers_initial: 2,
+            pkt_cost: Duration::from_nanos(1150),
+            new_conn_cost: Duration::from_nanos(2500),
+            plane_start: Duration::from_millis(200),
+            worker_start: Duration::from_millis(1),
+            flow_cache_max: 4_000_000,
+            heartbeat: Duration::from_millis(5),
+            vatc: false,
+        }
+    }
+}
+
+/// URSched's thresholds.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedParams {
+    /// Decision window. [assumed]: 10 ms.
+    #[serde(with = "humantime_us")]
+    pub window: Duration,
+    /// Utilisation (fast path or SoC) above which the DPU is under pressure. [assumed]: 0.85.
+    pub pressure_util: f64,
+    /// Windows of pressure (N of the last M) before preparing and activating. [assumed]: 3 of 5.
+    pub pressure_windows: u32,
+    /// The M of "N of the last M windows".
+    pub history_windows: u32,
+    /// Fast-path and SoC utilisation the placement may fill the DPU up to. [assumed]: 0.98.
+    pub dpu_target_util: f64,
+    /// Release when the whole load would fit the DPU below this utilisation. [assumed]: 0.75
+    /// (10 points of hysteresis below `pressure_util`).
+    pub release_util: f64,
+    /// Windows of low load before releasing. [assumed]: 50 (0.5 s).
+    pub release_windows: u32,
+    /// Spill-plane utilisation that adds a worker. [assumed]: 0.80.
+    pub worker_add_util: f64,
+    /// A tenant is noisy when its variance exceeds the cluster average by this factor.
+    /// [seed]: ~25% above, so 1.25.
+    pub variance_factor: f64,
+    /// Squared coefficient of variation below which no tenant counts as noisy, however quiet
+    /// the others are. [assumed]: 0.05 (a rate that varies by less than ~22%).
+    pub variance_floor: f64,
+    /// Windows of noise (N of the last M) before preparing. [assumed]: 3 of 5.
+    pub variance_windows: u32,
+    /// Length of a variance sample window. [seed]: 100 ms.
+    #[serde(with = "humantime_us")]
+    pub variance_window: Duration,
+    /// Rate samples per variance estimate. [assumed]: 10 (one second of history).
+    pub variance_samples: u32,
+    /// DPU memory utilisation that prepares the plane. [seed]: "a threshold"; [assumed]: 0.80.
+    pub mem_util: f64,
+    /// A prepared (shadow) plane with no pressure for this long is released. [assumed]: 2 s.
+    #[serde(with = "humantime_us")]
+    pub shadow_idle: Duration,
+    /// Buckets added to the overflow quota per pressured window. [assumed]: 32 of 256.
+    pub quota_step: u16,
+}
+
+impl Default for SchedParams {
+    fn default() -> Self {
+        SchedParams {
+            window: Duration::from_millis(10),
+            pressure_util: 0.85,
+            pressure_windows: 3,
+            history_windows: 5,
+            dpu_target_util: 0.98,
+            release_util: 0.75,
+            release_windows: 50,
+            worker_add_util: 0.80,
+            variance_factor: 1.25,
+            variance_floor: 0.05,
+            variance_windows: 3,
+            variance_window: Duration::from_millis(100),
+            variance_samples: 10,
+            mem_util: 0.80,
+            shadow_idle: Duration::from_secs(2),
+            quota_step: 32,
+        }
+    }
+}
+
+/// Which placement policy recalls spill-plane flows to the DPU fast path.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementKind {
+    /// Offload every host flow, first come first served, while entries and headroom last.
+    FirstCome,
+    /// Open vSwitch `offload-rebalance`: every 3 s, while the table is full, swap the
+    /// lowest-pps offloaded flow for the highest-pps pending one.
+    OvsRebalance,
+    /// Never recall (the host keeps what it absorbed).
+    None,
+}
+
+/// Placement settings.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementParams {
+    /// The policy.
+    pub policy: PlacementKind,
+    /// Sampling tick of the spill plane's per-flow rates. [seed]: 100 ms.
+    #[serde(with = "humantime_us")]
+    pub tick: Duration,
+    /// Period of OVS's rebalance. [OVS]: 3 s (`other_config:offload-rebalance`).
+    #[serde(with = "humantime_us")]
+    pub rebalance_period: Duration,
+    /// Most recalls per tick. [assumed]: 50,000.
+    pub recalls_per_tick_max: u32,
+}
+
+impl Default for PlacementParams {
+    fn default() -> Self {
+        PlacementParams {
+            policy: PlacementKind::FirstCome,
+            tick: Duration::from_millis(100),
+            rebalance_period: Duration::from_secs(3),
+            recalls_per_tick_max: 50_000,
+        }
+    }
+}
+
+/// All fabric parameters.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FabricParams {
+    /// DPU limits.
+    pub dpu: DpuParams,
+    /// PCIe link and vNICs.
+    pub pcie: PcieParams,
+    /// Host and spill plane.
+    pub host: HostParams,
+    /// URSched thresholds.
+    pub sched: SchedParams,
+    /// Placement back to the DPU.
+    pub placement: PlacementParams,
+    /// No spill plane at all (the DPU-only baseline).
+    pub dpu_only: bool,
+}
+
+/// A parameter outside its range.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{field}: expected {expected}, got {actual}")]
+pub struct ParamError {
+    /// Dotted field path, e.g. `dpu.hw_pps_limit`.
+    pub field: &'static str,
+    /// What was expected.
+    pub expected: &'static str,
+    /// What was found.
+    pub actual: String,
+}
+
+impl FabricParams {
+    /// Checks every range the model relies on.
+    pub fn validate(&self) -> Result<(), ParamError> {
+        fn pos(field: &'static str, v: f64) -> Result<(), ParamError> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ParamError {
+                    field,
+                    expected: "a positive number",
+                    actual: v.to_string(),
+                })
+            }
+        }
+        fn unit(field: &'static str, v: f64) -> Result<(), ParamError> {
+            if v.is_finite() && v > 0.0 && v <= 1.0 {
+                Ok(())
+            } else {
+                Err(ParamError {
+                    field,
+                    expected: "a fraction in (0, 1]",
+                    actual: v.to_string(),
+                })
+            }
+        }
+        fn nonzero(field: &'static str, v: u64) -> Result<(), ParamError> {
+            if v > 0 {
+                Ok(())
+            } else {
+                Err(ParamError {
+                    field,
+                    expected: "at least 1",
+                    actual: v.to_string(),
+                })
+            }
+        }
+        let d = &self.dpu;
+        pos("dpu.hw_pps_limit", d.hw_pps_limit)?;
+        pos("dpu.insert_rate_limit", d.insert_rate_limit)?;
+        pos("dpu.steer_pps_limit", d.steer_pps_limit)?;
+        nonzero("dpu.hw_entries_max", d.hw_entries_max as u64)?;
+        nonzero("dpu.soc_cores", u64::from(d.soc_cores))?;
+        nonzero("dpu.redirect_buckets", u64::from(d.redirect_buckets))?;
+        nonzero("dpu.soc_new_conn_cost", ns(d.soc_new_conn_cost))?;
+        nonzero("dpu.soc_miss_cost", ns(d.soc_miss_cost))?;
+        nonzero("dpu.hw_queue_packets", u64::from(d.hw_queue_packets))?;
+        nonzero("dpu.soc_queue_packets", u64::from(d.soc_queue_packets))?;
+        nonzero("dpu.insert_queue_max", u64::from(d.insert_queue_max))?;
+        let p = &self.pcie;
+        pos("pcie.bandwidth_bytes", p.bandwidth_bytes)?;
+        pos("pcie.phy_vnic_pps_limit", p.phy_vnic_pps_limit)?;
+        pos("pcie.flow_vnic_msgs_limit", p.flow_vnic_msgs_limit)?;
+        nonzero("pcie.phy_vnic_ring", u64::from(p.phy_vnic_ring))?;
+        nonzero("pcie.control_rto", ns(p.control_rto))?;
+        let h = &self.host;
+        nonzero("host.pkt_cost", ns(h.pkt_cost))?;
+        nonzero("host.new_conn_cost", ns(h.new_conn_cost))?;
+        nonzero("host.heartbeat", ns(h.heartbeat))?;
+        nonzero("host.flow_cache_max", h.flow_cache_max as u64)?;
+        if h.tenant_cores + h.reserve_cores > h.cores {
+            return Err(ParamError {
+                field: "host.tenant_cores",
+                expected: "tenant_cores + reserve_cores <= cores",
+                actual: format!("{} + {} > {}", h.tenant_cores, h.reserve_cores, h.cores),
+            });
+        }
+        if h.workers_initial == 0 || h.workers_initial > h.workers_max {
+            return Err(ParamError {
+                field: "host.workers_initial",
+                expected: "1..=host.workers_max",
+                actual: h.workers_initial.to_string(),
+            });
+        }
+        let s = &self.sched;
+        nonzero("sched.window", ns(s.window))?;
+        nonzero("sched.variance_window", ns(s.variance_window))?;
+        unit("sched.pressure_util", s.pressure_util)?;
+        unit("sched.dpu_target_util", s.dpu_target_util)?;
+        unit("sched.release_util", s.release_util)?;
+        unit("sched.worker_add_util", s.worker_add_util)?;
+        unit("sched.mem_util", s.mem_util)?;
+        pos("sched.variance_factor", s.variance_factor)?;
+        if s.pressure_windows == 0 || s.pressure_windows > s.history_windows {
+            return Err(ParamError {
+                field: "sched.pressure_windows",
+                expected: "1..=sched.history_windows",
+                actual: s.pressure_windows.to_string(),
+            });
+        }
+        if s.variance_windows == 0 || s.variance_windows > s.history_windows {
+            return Err(ParamError {
+                field: "sched.variance_windows",
+                expected: "1..=sched.history_windows",
+                actual: s.variance_windows.to_string(),
+            });
+        }
+        if s.history_windows > 64 {
+            return Err(ParamError {
+                field: "sched.history_windows",
+                expected: "at most 64",
+                actual: s.history_windows.to_string(),
+            });
+        }
+        if s.variance_samples < 2 {
+            return Err(ParamError {
+                field: "sched.variance_samples",
+                expected: "at least 2",
+                actual: s.variance_samples.to_string(),
+            });
+        }
+        nonzero("sched.quota_step", u64::from(s.quota_step))?;
+        nonzero("sched.release_windows", u64::from(s.release_windows))?;
+        nonzero("placement.tick", ns(self.placement.tick))?;
+        nonzero(
+            "placement.rebalance_period",
+            ns(self.placement.rebalance_period),
+        )?;
+        Ok(())
+    }
+}
+
+/// Durations in config files are written as microseconds with a unit suffix: `"200ms"`,
+/// `"10us"`, `"1s"`, `"500ns"`.
+pub mod humantime_us {
+    use core::time::Duration;
+    use serde::{Deserialize, Deserializer};
+
+    /// Parses `"<number><unit>"` with unit one of `ns`, `us`, `ms`, `s`.
+    pub fn parse(s: &str) -> Result<Duration, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("expected a duration like \"10ms\", got {s:?}"))?;
+        let (num, unit) = s.split_at(split);
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("expected a duration like \"10ms\", got {s:?}"))?;
+        let mult = match unit {
+            "ns" => 1e-9,
+            "us" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            _ => return Err(format!("expected a unit ns, us, ms or s, got {s:?}")),
+        };
+        let secs = v * mult;
+        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+            return Err(format!("duration out of range: {s:?}"));
+        }
+        Ok(Duration::from_secs_f64(secs))
+    }
+
+    /// Serde adapter.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        FabricParams::default().validate().unwrap();
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(
+            humantime_us::parse("200ms").unwrap(),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            humantime_us::parse("1.5us").unwrap(),
+            Duration::from_nanos(1500)
+        );
+        assert!(humantime_us::parse("10").is_err());
+        assert!(humantime_us::parse("10 parsecs").is_err());
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let mut p = FabricParams::default();
+        p.sched.pressure_util = 1.5;
+        let e = p.validate().unwrap_err();
+        assert_eq!(e.field, "sched.pressure_util");
+    }
+}

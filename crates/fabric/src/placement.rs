@@ -1,0 +1,322 @@
+//! Placement back to the DPU: which spill-plane flows are recalled into the hardware fast path.
+//!
+//! A [`PlacementPolicy`] sees, once per placement tick, the plane's recall candidates (owned,
+//! established connections with at least one full tick of measured rate, none in transit), the
+//! recalled flows' measured rates (from the DPU's flow-stats dump), and the budget: free
+//! hardware entries and the fast-path headroom URSched allows. It answers with recalls and, for
+//! swaps, demotions. URSched's headroom binds every policy (the DPU refuses recalls beyond it);
+//! policies differ only in which flows they choose.
+//!
+//! - [`FirstCome`]: offload every flow in the order it arrived while entries and headroom last.
+//!   What a plain hardware-offload switch does.
+//! - [`OvsRebalance`]: Open vSwitch's `offload-rebalance`: offload first come while the table has
+//!   room; when it is full, every `rebalance_period` (3 s), swap the lowest-pps offloaded flow for
+//!   the highest-pps pending one, pair by pair, while the pending one is faster.
+//! - [`NoRecall`]: never recall.
+
+use spillway_vswitch::Instant;
+
+use crate::params::{PlacementKind, PlacementParams};
+use crate::types::ConnId;
+
+/// A host flow that could be recalled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    /// The connection.
+    pub conn: ConnId,
+    /// Its rate over the last tick, packets/s.
+    pub pps: f64,
+    /// When the plane took it.
+    pub since: Instant,
+}
+
+/// A flow on the hardware fast path that came from the plane.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Offloaded {
+    /// The connection.
+    pub conn: ConnId,
+    /// Its rate over the last stats period, packets/s.
+    pub pps: f64,
+}
+
+/// What the policy may spend this tick.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    /// Free hardware entries (two per connection).
+    pub free_entries: u64,
+    /// Fast-path packets/s the DPU can still take.
+    pub headroom_pps: f64,
+    /// Most recalls this tick.
+    pub recalls_max: u32,
+}
+
+/// A placement decision.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Move {
+    /// Recall `conn` (measured at `pps`).
+    Recall {
+        /// The connection.
+        conn: ConnId,
+        /// Its rate.
+        pps: f64,
+        /// Rate of the flow it replaces (a swap), 0 if none.
+        replaces_pps: f64,
+    },
+    /// Demote an offloaded flow back to the host (a swap's first half; the recall of its
+    /// replacement waits for the delete's acknowledgement).
+    Demote {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+/// A placement policy. `candidates` are sorted by connection id; so is `offloaded`.
+pub trait PlacementPolicy: core::fmt::Debug {
+    /// Short name for reports.
+    fn name(&self) -> &'static str;
+    /// Decides this tick's moves, appending them to `out`.
+    fn tick(
+        &mut self,
+        now: Instant,
+        candidates: &[Candidate],
+        offloaded: &[Offloaded],
+        budget: Budget,
+        out: &mut Vec<Move>,
+    );
+}
+
+/// Offload first come, first served.
+#[derive(Clone, Debug, Default)]
+pub struct FirstCome {
+    order: Vec<Candidate>,
+}
+
+impl FirstCome {
+    fn fill(&mut self, candidates: &[Candidate], budget: Budget, out: &mut Vec<Move>) {
+        self.order.clear();
+        self.order.extend_from_slice(candidates);
+        self.order.sort_by_key(|c| (c.since, c.conn));
+        let mut entries = budget.free_entries;
+        let mut headroom = budget.headroom_pps;
+        let mut n = 0;
+        for c in &self.order {
+            if entries < 2 || n >= budget.recalls_max {
+                break;
+            }
+            if c.pps > headroom {
+                // First come: a flow that does not fit blocks nothing behind it, but a later
+                // one is not preferred for being smaller either; skip it and go on.
+                continue;
+            }
+            entries -= 2;
+            headroom -= c.pps;
+            n += 1;
+            out.push(Move::Recall {
+                conn: c.conn,
+                pps: c.pps,
+                replaces_pps: 0.0,
+            });
+        }
+    }
+}
+
+impl PlacementPolicy for FirstCome {
+    fn name(&self) -> &'static str {
+        "first-come"
+    }
+    fn tick(
+        &mut self,
+        _now: Instant,
+        candidates: &[Candidate],
+        _offloaded: &[Offloaded],
+        budget: Budget,
+        out: &mut Vec<Move>,
+    ) {
+        self.fill(candidates, budget, out);
+    }
+}
+
+/// Open vSwitch's `offload-rebalance`. See the module doc.
+#[derive(Clone, Debug)]
+pub struct OvsRebalance {
+    period: core::time::Duration,
+    next: Option<Instant>,
+    first: FirstCome,
+    pending: Vec<Candidate>,
+    low: Vec<Offloaded>,
+}
+
+impl OvsRebalance {
+    /// Rebalances every `period`.
+    pub fn new(period: core::time::Duration) -> OvsRebalance {
+        OvsRebalance {
+            period,
+            next: None,
+            first: FirstCome::default(),
+            pending: Vec::new(),
+            low: Vec::new(),
+        }
+    }
+}
+
+impl PlacementPolicy for OvsRebalance {
+    fn name(&self) -> &'static str {
+        "ovs-rebalance"
+    }
+    fn tick(
+        &mut self,
+        now: Instant,
+        candidates: &[Candidate],
+        offloaded: &[Offloaded],
+        budget: Budget,
+        out: &mut Vec<Move>,
+    ) {
+        if budget.free_entries >= 2 {
+            self.first.fill(candidates, budget, out);
+            return;
+        }
+        let due = *self.next.get_or_insert(now + self.period);
+        if now < due {
+            return;
+        }
+        self.next = Some(now + self.period);
+        self.pending.clear();
+        self.pending.extend_from_slice(candidates);
+        // Highest pps first; ties by connection id.
+        self.pending
+            .sort_by(|a, b| b.pps.total_cmp(&a.pps).then(a.conn.cmp(&b.conn)));
+        self.low.clear();
+        self.low.extend_from_slice(offloaded);
+        self.low
+            .sort_by(|a, b| a.pps.total_cmp(&b.pps).then(a.conn.cmp(&b.conn)));
+        let mut n = 0;
+        for (p, o) in self.pending.iter().zip(self.low.iter()) {
+            if p.pps <= o.pps || n >= budget.recalls_max {
+                break;
+            }
+            n += 1;
+            out.push(Move::Demote { conn: o.conn });
+            out.push(Move::Recall {
+                conn: p.conn,
+                pps: p.pps,
+                replaces_pps: o.pps,
+            });
+        }
+    }
+}
+
+/// Never recall.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoRecall;
+
+impl PlacementPolicy for NoRecall {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+    fn tick(&mut self, _: Instant, _: &[Candidate], _: &[Offloaded], _: Budget, _: &mut Vec<Move>) {
+    }
+}
+
+/// The policy `p` names.
+pub fn from_params(p: &PlacementParams) -> Box<dyn PlacementPolicy + Send> {
+    match p.policy {
+        PlacementKind::FirstCome => Box::new(FirstCome::default()),
+        PlacementKind::OvsRebalance => Box::new(OvsRebalance::new(p.rebalance_period)),
+        PlacementKind::None => Box::new(NoRecall),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(id: u64, pps: f64, since: u64) -> Candidate {
+        Candidate {
+            conn: ConnId(id),
+            pps,
+            since: Instant(since),
+        }
+    }
+
+    #[test]
+    fn first_come_takes_arrival_order_within_entries_and_headroom() {
+        let mut p = FirstCome::default();
+        let mut out = Vec::new();
+        let c = [
+            cand(1, 100.0, 30),
+            cand(2, 100.0, 10),
+            cand(3, 500.0, 20),
+            cand(4, 50.0, 40),
+        ];
+        p.tick(
+            Instant(0),
+            &c,
+            &[],
+            Budget {
+                free_entries: 6,
+                headroom_pps: 260.0,
+                recalls_max: 10,
+            },
+            &mut out,
+        );
+        let ids: Vec<u64> = out
+            .iter()
+            .map(|m| match m {
+                Move::Recall { conn, .. } => conn.0,
+                Move::Demote { .. } => unreachable!(),
+            })
+            .collect();
+        // 2 (t=10) fits; 3 (500 pps) does not; 1 fits; 4 fits the headroom but not the entries.
+        assert_eq!(ids, vec![2, 1, 4]);
+    }
+
+    #[test]
+    fn ovs_rebalance_swaps_while_pending_beats_offloaded_and_only_every_period() {
+        let mut p = OvsRebalance::new(core::time::Duration::from_secs(3));
+        let full = Budget {
+            free_entries: 0,
+            headroom_pps: 1e9,
+            recalls_max: 100,
+        };
+        let c = [cand(10, 900.0, 0), cand(11, 50.0, 0), cand(12, 400.0, 0)];
+        let o = [
+            Offloaded {
+                conn: ConnId(1),
+                pps: 100.0,
+            },
+            Offloaded {
+                conn: ConnId(2),
+                pps: 500.0,
+            },
+            Offloaded {
+                conn: ConnId(3),
+                pps: 10.0,
+            },
+        ];
+        let mut out = Vec::new();
+        p.tick(Instant(0), &c, &o, full, &mut out);
+        assert!(out.is_empty(), "the first full tick arms the period");
+        p.tick(Instant(3_000_000_000), &c, &o, full, &mut out);
+        // 900 vs 10: swap; 400 vs 100: swap; 50 vs 500: stop.
+        assert_eq!(
+            out,
+            vec![
+                Move::Demote { conn: ConnId(3) },
+                Move::Recall {
+                    conn: ConnId(10),
+                    pps: 900.0,
+                    replaces_pps: 10.0
+                },
+                Move::Demote { conn: ConnId(1) },
+                Move::Recall {
+                    conn: ConnId(12),
+                    pps: 400.0,
+                    replaces_pps: 100.0
+                },
+            ]
+        );
+        out.clear();
+        p.tick(Instant(4_000_000_000), &c, &o, full, &mut out);
+        assert!(out.is_empty(), "no rebalance before the next period");
+    }
+}

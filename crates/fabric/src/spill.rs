@@ -1,0 +1,807 @@
+//! The host spill plane (the paper's Elastic VM): the vSwitch on N elastic host workers, its
+//! flow cache, the host side of the vNIC set, the reliable delete channel, and placement.
+//!
+//! # Polling order
+//!
+//! Per event at `now`: one input ([`SpillPlane::handle_msg`] for a message from the DPU,
+//! [`SpillPlane::handle_timeout`] when [`SpillPlane::poll_timeout`] is due, [`SpillPlane::start`]
+//! when the driver has started the process); then drain [`SpillPlane::poll_transmit`].
+//!
+//! # Roles
+//!
+//! The plane holds each connection it knows as `Owner` (it serves and mirrors it to the DPU, so
+//! the DPU can fail open) or `Copy` (shadow-mode mirrors from the DPU, or a connection in
+//! transit to the DPU). A packet that reaches the plane for a `Copy` is served from the copy and
+//! its state changes are mirrored to the owner: the copy is current, the owner stays the
+//! authority.
+//!
+//! # Placement
+//!
+//! Every placement tick the plane measures each owned flow's rate, asks its
+//! [`PlacementPolicy`] for moves within the DPU's last [`Msg::Budget`], and sends recalls on the
+//! flow vNIC and demotions (deletes) on the reliable control channel, retransmitted every
+//! `control_rto` until acknowledged.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use spillway_vswitch::Instant;
+
+use crate::dpu::{Role, Vnic};
+use crate::metrics::{Drops, FabricDrop, LatencyHist};
+use crate::params::{FabricParams, ns};
+use crate::placement::{self, Budget, Candidate, Move, Offloaded, PlacementPolicy};
+use crate::server::{PS_PER_NS, Server};
+use crate::types::{
+    Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
+};
+
+/// The plane's record of a connection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpillConn {
+    /// Its state.
+    pub state: ConnState,
+    /// Owner or copy.
+    pub role: Role,
+    /// A recall is in flight.
+    pub recalling: bool,
+    /// Packets this placement tick.
+    pub tick_packets: u32,
+    /// Rate over the last full tick, packets/s (negative: not yet measured).
+    pub pps: f64,
+    /// When the plane took it.
+    pub since: Instant,
+}
+
+/// Plane counters (dotted names in [`SpillCounters::iter`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpillCounters {
+    /// `spill.rx.packets`: packets received from the DPU.
+    pub rx: u64,
+    /// `spill.processed`: packets the workers processed.
+    pub processed: u64,
+    /// `spill.new_conn`: connections opened on the plane.
+    pub new_conn: u64,
+    /// `spill.tx.dpu`: packets sent back to the DPU.
+    pub to_dpu: u64,
+    /// `atc.direct`: packets delivered straight into VM memory (vATC).
+    pub direct: u64,
+    /// `spill.recall.sent`: recalls sent.
+    pub recalls_sent: u64,
+    /// `spill.recall.ok`: recalls acknowledged live.
+    pub recalls_ok: u64,
+    /// `spill.recall.refused`: recalls refused.
+    pub recalls_refused: u64,
+    /// `spill.delete.sent`: deletes sent (first transmissions).
+    pub deletes_sent: u64,
+    /// `spill.delete.retx`: delete retransmissions.
+    pub delete_retx: u64,
+    /// `spill.delete.acked`: deletes acknowledged.
+    pub deletes_acked: u64,
+    /// `spill.sync.tx`: state messages sent.
+    pub sync_tx: u64,
+    /// `spill.handover`: connections handed to the DPU.
+    pub handovers: u64,
+    /// `spill.open_dropped`: opening packets the plane dropped.
+    pub open_dropped: u64,
+    /// `spill.conn.closed_direct`: connections whose last packet the plane delivered itself.
+    pub closed_direct: u64,
+}
+
+impl SpillCounters {
+    /// `(metric, value)` pairs in a stable order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("spill.rx.packets", self.rx),
+            ("spill.processed", self.processed),
+            ("spill.new_conn", self.new_conn),
+            ("spill.tx.dpu", self.to_dpu),
+            ("atc.direct", self.direct),
+            ("spill.recall.sent", self.recalls_sent),
+            ("spill.recall.ok", self.recalls_ok),
+            ("spill.recall.refused", self.recalls_refused),
+            ("spill.delete.sent", self.deletes_sent),
+            ("spill.delete.retx", self.delete_retx),
+            ("spill.delete.acked", self.deletes_acked),
+            ("spill.sync.tx", self.sync_tx),
+            ("spill.handover", self.handovers),
+            ("spill.open_dropped", self.open_dropped),
+            ("spill.conn.closed_direct", self.closed_direct),
+        ]
+        .into_iter()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingDelete {
+    conn: ConnId,
+    retx_at: Instant,
+    /// The recall waiting for the entries this delete frees (a swap).
+    then_recall: Option<(ConnId, f64, f64)>,
+}
+
+/// The spill plane. See the module doc.
+#[derive(Debug)]
+pub struct SpillPlane {
+    f: FabricParams,
+    up: bool,
+    workers: Server,
+    pending_workers: Option<(Instant, u32)>,
+    pkt_ps: u64,
+    new_ps: u64,
+    to_dpu: Vnic,
+    flow_vnic: Server,
+    flow_ps: u64,
+    conns: hashbrown::HashMap<ConnId, SpillConn, foldhash::fast::FixedState>,
+    owned: u64,
+    colour: Colour,
+    active: bool,
+    releasing: bool,
+    absorbed_sent: bool,
+    next_heartbeat: Instant,
+    next_tick: Instant,
+    budget: Budget,
+    offloaded: BTreeMap<ConnId, f64>,
+    deletes: BTreeMap<u64, PendingDelete>,
+    next_seq: u64,
+    policy: Box<dyn PlacementPolicy + Send>,
+    moves: Vec<Move>,
+    cands: Vec<Candidate>,
+    offl: Vec<Offloaded>,
+    out: VecDeque<Transmit>,
+    counters: SpillCounters,
+    drops: Drops,
+    latency: LatencyHist,
+}
+
+fn ps(i: Instant) -> u64 {
+    i.0 * PS_PER_NS
+}
+fn at_ps(p: u64) -> Instant {
+    Instant(p.div_ceil(PS_PER_NS))
+}
+
+impl SpillPlane {
+    /// A plane (not yet started) with the fabric's parameters.
+    pub fn new(f: &FabricParams) -> SpillPlane {
+        let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
+        SpillPlane {
+            up: false,
+            workers: Server::new(f.host.workers_initial, f.pcie.phy_vnic_ring),
+            pending_workers: None,
+            pkt_ps: per_ps(f.host.pkt_cost),
+            new_ps: per_ps(f.host.new_conn_cost),
+            to_dpu: Vnic::new(f),
+            flow_vnic: Server::new(1, 1 << 20),
+            flow_ps: (1e12 / f.pcie.flow_vnic_msgs_limit) as u64,
+            conns: hashbrown::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11)),
+            owned: 0,
+            colour: Colour(0),
+            active: false,
+            releasing: false,
+            absorbed_sent: false,
+            next_heartbeat: Instant::ZERO,
+            next_tick: Instant::ZERO,
+            budget: Budget {
+                free_entries: 0,
+                headroom_pps: 0.0,
+                recalls_max: f.placement.recalls_per_tick_max,
+            },
+            offloaded: BTreeMap::new(),
+            deletes: BTreeMap::new(),
+            next_seq: 1,
+            policy: placement::from_params(&f.placement),
+            moves: Vec::new(),
+            cands: Vec::new(),
+            offl: Vec::new(),
+            out: VecDeque::new(),
+            counters: SpillCounters::default(),
+            drops: Drops::default(),
+            latency: LatencyHist::default(),
+            f: f.clone(),
+        }
+    }
+
+    // ---- getters ---------------------------------------------------------------------------
+
+    /// The process runs.
+    pub fn is_up(&self) -> bool {
+        self.up
+    }
+    /// Workers running.
+    pub fn workers(&self) -> u32 {
+        self.workers.parallel()
+    }
+    /// Counters.
+    pub fn counters(&self) -> &SpillCounters {
+        &self.counters
+    }
+    /// Drops by reason.
+    pub fn drops(&self) -> &Drops {
+        &self.drops
+    }
+    /// Latency of packets the plane delivered itself (vATC), ns.
+    pub fn latency(&self) -> &LatencyHist {
+        &self.latency
+    }
+    /// The plane's record of `conn`.
+    pub fn conn(&self, conn: ConnId) -> Option<&SpillConn> {
+        self.conns.get(&conn)
+    }
+    /// Records held.
+    pub fn conns_len(&self) -> usize {
+        self.conns.len()
+    }
+    /// Connections owned.
+    pub fn conns_owned(&self) -> u64 {
+        self.owned
+    }
+    /// Every record, sorted by connection.
+    pub fn conns_sorted(&self) -> Vec<(ConnId, SpillConn)> {
+        let mut v: Vec<_> = self.conns.iter().map(|(k, c)| (*k, *c)).collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        v
+    }
+    /// The placement policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+    /// Unacknowledged deletes.
+    pub fn deletes_pending(&self) -> usize {
+        self.deletes.len()
+    }
+
+    // ---- outputs ---------------------------------------------------------------------------
+
+    /// The next message for the DPU.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop_front()
+    }
+
+    /// When [`SpillPlane::handle_timeout`] must next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if !self.up {
+            return None;
+        }
+        let mut t = self.next_heartbeat.min(self.next_tick);
+        if let Some((at, _)) = self.pending_workers {
+            t = t.min(at);
+        }
+        if let Some(d) = self.deletes.values().map(|d| d.retx_at).min() {
+            t = t.min(d);
+        }
+        Some(t)
+    }
+
+    fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
+        self.out.push_back(Transmit { at, channel, msg });
+    }
+
+    fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
+        let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
+        let at = if a.count == 1 {
+            at_ps(a.finish_ps)
+        } else {
+            at_ps(self.flow_vnic.busy_until_ps())
+        };
+        self.counters.sync_tx += 1;
+        let colour = self.colour;
+        self.send(
+            at,
+            Channel::FlowVnic,
+            Msg::Sync {
+                colour,
+                kind,
+                state,
+            },
+        );
+    }
+
+    fn set_role(&mut self, conn: ConnId, role: Role) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            match (c.role, role) {
+                (Role::Copy, Role::Owner) => self.owned += 1,
+                (Role::Owner, Role::Copy) => self.owned -= 1,
+                _ => {}
+            }
+            c.role = role;
+        }
+    }
+
+    fn insert_conn(&mut self, conn: ConnId, rec: SpillConn) {
+        if rec.role == Role::Owner {
+            self.owned += 1;
+        }
+        if let Some(old) = self.conns.insert(conn, rec)
+            && old.role == Role::Owner
+        {
+            self.owned -= 1;
+        }
+    }
+
+    fn remove_conn(&mut self, conn: ConnId) -> Option<SpillConn> {
+        let c = self.conns.remove(&conn)?;
+        if c.role == Role::Owner {
+            self.owned -= 1;
+        }
+        Some(c)
+    }
+
+    // ---- inputs ----------------------------------------------------------------------------
+
+    /// The driver started the process with `workers` workers.
+    pub fn start(&mut self, now: Instant, workers: u32) {
+        self.up = true;
+        self.workers = Server::new(workers.max(1), self.f.pcie.phy_vnic_ring);
+        self.workers.take_util(ps(now));
+        self.next_heartbeat = now;
+        self.next_tick = now + self.f.placement.tick;
+        self.active = false;
+        self.releasing = false;
+        self.absorbed_sent = false;
+        self.budget.free_entries = 0;
+        self.budget.headroom_pps = 0.0;
+        self.send_heartbeat(now);
+    }
+
+    /// The process was stopped (released) or killed. Everything it held is gone; returns the
+    /// packets that were queued in its workers (lost if it was killed).
+    pub fn stop(&mut self, now: Instant) -> u32 {
+        let lost = self.workers.fail(ps(now));
+        self.up = false;
+        self.conns.clear();
+        self.owned = 0;
+        self.offloaded.clear();
+        self.deletes.clear();
+        self.pending_workers = None;
+        self.out.clear();
+        lost
+    }
+
+    fn send_heartbeat(&mut self, now: Instant) {
+        let util = self.workers.take_util(ps(now));
+        let workers = self.workers.parallel();
+        self.send(now, Channel::Control, Msg::Heartbeat { workers, util });
+        self.next_heartbeat = now + self.f.host.heartbeat;
+    }
+
+    /// A message from the DPU.
+    pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        if !self.up {
+            return;
+        }
+        match msg {
+            Msg::Packets(t) => self.handle_packets(now, &t),
+            Msg::Sync {
+                kind,
+                state,
+                colour,
+            } => {
+                self.colour = self.colour.max(colour);
+                self.ingest_sync(now, kind, state);
+            }
+            Msg::SyncDone { colour, count } => {
+                // In order on the flow vNIC: every state of the bulk sync is in.
+                let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
+                let at = at_ps(a.finish_ps.max(ps(now)));
+                self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
+            }
+            Msg::Activated { colour } => {
+                self.colour = colour;
+                self.active = true;
+            }
+            Msg::RecallDone { conn, ok } => {
+                if ok {
+                    self.counters.recalls_ok += 1;
+                    if let Some(c) = self.remove_conn(conn) {
+                        self.offloaded.insert(conn, c.pps.max(0.0));
+                    }
+                } else {
+                    self.counters.recalls_refused += 1;
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.recalling = false;
+                    }
+                    self.set_role(conn, Role::Owner);
+                }
+            }
+            Msg::DeleteAck { seq, state } => {
+                let Some(d) = self.deletes.remove(&seq) else {
+                    return; // a duplicate ack of a retransmission
+                };
+                self.counters.deletes_acked += 1;
+                self.offloaded.remove(&d.conn);
+                if let Some(st) = state {
+                    self.insert_conn(
+                        d.conn,
+                        SpillConn {
+                            state: st,
+                            role: Role::Owner,
+                            recalling: false,
+                            tick_packets: 0,
+                            pps: -1.0,
+                            since: now,
+                        },
+                    );
+                }
+                if let Some((conn, pps, replaces)) = d.then_recall {
+                    self.recall(now, conn, pps, replaces);
+                }
+            }
+            Msg::OffloadStats { conn, pps } => {
+                if let Some(v) = self.offloaded.get_mut(&conn) {
+                    *v = pps;
+                }
+            }
+            Msg::Budget {
+                free_entries,
+                headroom_pps,
+            } => {
+                self.budget.free_entries = free_entries;
+                self.budget.headroom_pps = headroom_pps;
+            }
+            Msg::Release { colour } => {
+                self.releasing = true;
+                let mut owned: Vec<ConnId> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.role == Role::Owner)
+                    .map(|(k, _)| *k)
+                    .collect();
+                owned.sort_unstable();
+                let count = owned.len() as u64;
+                for conn in owned {
+                    self.hand_over(now, conn);
+                }
+                let at = at_ps(self.flow_vnic.busy_until_ps().max(ps(now)));
+                // On the flow vNIC, after the handovers, so the DPU has them all first.
+                self.send(at, Channel::FlowVnic, Msg::Released { colour, count });
+            }
+            Msg::Drain { colour } => {
+                let done = self
+                    .workers
+                    .busy_until_ps()
+                    .max(self.flow_vnic.busy_until_ps())
+                    .max(ps(now));
+                self.send(at_ps(done), Channel::Control, Msg::Drained { colour });
+            }
+            Msg::SetWorkers { workers } => {
+                self.pending_workers = Some((now + self.f.host.worker_start, workers));
+            }
+            // Plane-to-DPU messages never arrive here.
+            Msg::Recall { .. }
+            | Msg::Delete { .. }
+            | Msg::Released { .. }
+            | Msg::Heartbeat { .. }
+            | Msg::Drained { .. }
+            | Msg::Absorbing => {}
+        }
+    }
+
+    fn hand_over(&mut self, now: Instant, conn: ConnId) {
+        let Some(c) = self.conns.get(&conn).copied() else {
+            return;
+        };
+        self.set_role(conn, Role::Copy);
+        self.counters.handovers += 1;
+        self.send_sync(now, SyncKind::Handover, c.state);
+    }
+
+    fn ingest_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
+        match kind {
+            SyncKind::Closed => {
+                if self
+                    .conns
+                    .get(&state.conn)
+                    .is_some_and(|c| c.role == Role::Copy)
+                {
+                    self.remove_conn(state.conn);
+                }
+            }
+            SyncKind::Mirror | SyncKind::Handover => {
+                let role = if kind == SyncKind::Handover {
+                    Role::Owner
+                } else {
+                    Role::Copy
+                };
+                match self.conns.get_mut(&state.conn) {
+                    Some(c) => {
+                        if state.version >= c.state.version {
+                            c.state = state;
+                        }
+                        if role == Role::Owner {
+                            c.recalling = false;
+                            self.set_role(state.conn, Role::Owner);
+                        }
+                    }
+                    None => {
+                        if self.conns.len() * 2 + 2 > self.f.host.flow_cache_max {
+                            // No room for a mirror: counted; a handover is taken regardless.
+                            if role == Role::Copy {
+                                self.drops.add(FabricDrop::SpillCacheFull, 0);
+                                return;
+                            }
+                        }
+                        self.insert_conn(
+                            state.conn,
+                            SpillConn {
+                                state,
+                                role,
+                                recalling: false,
+                                tick_packets: 0,
+                                pps: -1.0,
+                                since: now,
+                            },
+                        );
+                    }
+                }
+                if role == Role::Owner && self.releasing {
+                    // Handed to a releasing plane (a demotion crossing the release): give it
+                    // straight back.
+                    self.hand_over(now, state.conn);
+                }
+            }
+        }
+    }
+
+    fn handle_packets(&mut self, now: Instant, t: &Train) {
+        self.counters.rx += u64::from(t.packets);
+        let known = self.conns.get(&t.conn).copied();
+        let cost = if t.kind == Kind::Open || t.denied {
+            self.new_ps
+        } else {
+            self.pkt_ps
+        };
+        let a = self.workers.offer(ps(now), t.packets, cost);
+        if a.count < t.packets {
+            self.drops
+                .add(FabricDrop::SpillQueueFull, u64::from(t.packets - a.count));
+        }
+        if a.count == 0 {
+            if t.kind == Kind::Open {
+                self.counters.open_dropped += 1;
+            }
+            return;
+        }
+        if t.denied {
+            self.drops.add(FabricDrop::Policy, u64::from(a.count));
+            return;
+        }
+        self.counters.processed += u64::from(a.count);
+        match known {
+            None if t.kind == Kind::Open => {
+                if self.conns.len() * 2 + 2 > self.f.host.flow_cache_max {
+                    self.drops
+                        .add(FabricDrop::SpillCacheFull, u64::from(a.count));
+                    self.counters.open_dropped += 1;
+                    return;
+                }
+                self.counters.new_conn += 1;
+                let st = ConnState::open(now, t);
+                self.insert_conn(
+                    t.conn,
+                    SpillConn {
+                        state: st,
+                        role: Role::Owner,
+                        recalling: false,
+                        tick_packets: a.count,
+                        pps: -1.0,
+                        since: now,
+                    },
+                );
+                if self.releasing {
+                    self.hand_over(now, t.conn);
+                } else {
+                    self.send_sync(now, SyncKind::Mirror, st);
+                }
+            }
+            None => {
+                self.drops.add(FabricDrop::NoState, u64::from(a.count));
+                return;
+            }
+            Some(c) => {
+                if t.kind == Kind::Close {
+                    let mut st = c.state;
+                    st.phase = ConnPhase::Closing;
+                    st.version += 1;
+                    self.remove_conn(t.conn);
+                    // Owner or not, the DPU must forget its record of a closed connection.
+                    self.send_sync(now, SyncKind::Closed, st);
+                } else {
+                    let rec = self.conns.get_mut(&t.conn).expect("known");
+                    rec.tick_packets = rec.tick_packets.saturating_add(a.count);
+                    if rec.state.apply(t) {
+                        let st = rec.state;
+                        self.send_sync(now, SyncKind::Mirror, st);
+                    }
+                }
+            }
+        }
+        if self.active && !self.absorbed_sent {
+            self.absorbed_sent = true;
+            self.send(at_ps(a.finish_ps), Channel::Control, Msg::Absorbing);
+        }
+        let mut done = *t;
+        done.packets = a.count;
+        if self.f.host.vatc && t.dest == Dest::Vm {
+            // Straight into the VM's receive buffer: no crossing back.
+            let lat = (a.finish_ps / PS_PER_NS).saturating_sub(t.born.0);
+            self.latency.record(lat, u64::from(a.count));
+            self.counters.direct += u64::from(a.count);
+            if t.kind == Kind::Close {
+                self.counters.closed_direct += 1;
+            }
+            return;
+        }
+        let v = self.to_dpu.offer(a.finish_ps, &done);
+        if v.count == 0 && t.kind == Kind::Open {
+            self.counters.open_dropped += 1;
+        }
+        if v.count < done.packets {
+            self.drops
+                .add(FabricDrop::VnicRingFull, u64::from(done.packets - v.count));
+        }
+        if v.count > 0 {
+            done.packets = v.count;
+            self.counters.to_dpu += u64::from(v.count);
+            self.send(at_ps(v.finish_ps), Channel::PhyVnic, Msg::Packets(done));
+        }
+    }
+
+    fn recall(&mut self, now: Instant, conn: ConnId, pps: f64, replaces_pps: f64) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.role != Role::Owner || c.recalling {
+            return;
+        }
+        c.recalling = true;
+        let state = c.state;
+        // The state travels with the recall: from here the plane holds a copy.
+        self.set_role(conn, Role::Copy);
+        self.counters.recalls_sent += 1;
+        let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
+        let at = at_ps(a.finish_ps.max(ps(now)));
+        self.send(
+            at,
+            Channel::FlowVnic,
+            Msg::Recall {
+                state,
+                pps,
+                replaces_pps,
+            },
+        );
+    }
+
+    /// Timers: heartbeats, worker changes, placement ticks, delete retransmissions.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.up {
+            return;
+        }
+        if now >= self.next_heartbeat {
+            self.send_heartbeat(now);
+        }
+        if let Some((at, w)) = self.pending_workers
+            && now >= at
+        {
+            self.workers.set_parallel(w.max(1));
+            self.pending_workers = None;
+        }
+        let due: Vec<u64> = self
+            .deletes
+            .iter()
+            .filter(|(_, d)| d.retx_at <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        for seq in due {
+            let d = self.deletes.get_mut(&seq).expect("collected");
+            d.retx_at = now + self.f.pcie.control_rto;
+            let conn = d.conn;
+            self.counters.delete_retx += 1;
+            self.send(now, Channel::Control, Msg::Delete { seq, conn });
+        }
+        if now >= self.next_tick {
+            self.next_tick = self.next_tick + self.f.placement.tick;
+            self.placement_tick(now);
+        }
+    }
+
+    fn placement_tick(&mut self, now: Instant) {
+        let secs = self.f.placement.tick.as_secs_f64();
+        self.cands.clear();
+        for (k, c) in self.conns.iter_mut() {
+            let measured = c.pps >= 0.0;
+            let pps = f64::from(c.tick_packets) / secs;
+            c.tick_packets = 0;
+            // A flow joining mid-tick has a partial first sample; it counts from the next one.
+            let full_tick = now.0.saturating_sub(c.since.0) >= ns(self.f.placement.tick);
+            c.pps = if full_tick { pps } else { -1.0 };
+            if measured
+                && full_tick
+                && c.role == Role::Owner
+                && !c.recalling
+                && c.state.phase == ConnPhase::Established
+            {
+                self.cands.push(Candidate {
+                    conn: *k,
+                    pps,
+                    since: c.since,
+                });
+            }
+        }
+        if !self.active || self.releasing {
+            return;
+        }
+        self.cands.sort_unstable_by_key(|c| c.conn);
+        self.offl.clear();
+        self.offl
+            .extend(self.offloaded.iter().map(|(conn, pps)| Offloaded {
+                conn: *conn,
+                pps: *pps,
+            }));
+        self.moves.clear();
+        let mut moves = core::mem::take(&mut self.moves);
+        self.policy
+            .tick(now, &self.cands, &self.offl, self.budget, &mut moves);
+        let mut i = 0;
+        while i < moves.len() {
+            match moves[i] {
+                Move::Demote { conn } => {
+                    // A swap: the recall that follows waits for the delete's ack.
+                    let then = match moves.get(i + 1) {
+                        Some(Move::Recall {
+                            conn: c,
+                            pps,
+                            replaces_pps,
+                        }) => {
+                            i += 1;
+                            Some((*c, *pps, *replaces_pps))
+                        }
+                        _ => None,
+                    };
+                    self.delete(now, conn, then);
+                }
+                Move::Recall {
+                    conn,
+                    pps,
+                    replaces_pps,
+                } => self.recall(now, conn, pps, replaces_pps),
+            }
+            i += 1;
+        }
+        self.moves = moves;
+    }
+
+    fn delete(&mut self, now: Instant, conn: ConnId, then_recall: Option<(ConnId, f64, f64)>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.counters.deletes_sent += 1;
+        self.deletes.insert(
+            seq,
+            PendingDelete {
+                conn,
+                retx_at: now + self.f.pcie.control_rto,
+                then_recall,
+            },
+        );
+        self.send(now, Channel::Control, Msg::Delete { seq, conn });
+    }
+
+    /// Checks owner accounting and queue bounds. O(connections).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let owned = self
+            .conns
+            .values()
+            .filter(|c| c.role == Role::Owner)
+            .count() as u64;
+        if owned != self.owned {
+            return Err(format!("spill: owned count {} != {owned}", self.owned));
+        }
+        if self.conns.len() * 2 > self.f.host.flow_cache_max {
+            return Err(format!(
+                "spill: flow cache {} entries > {}",
+                self.conns.len() * 2,
+                self.f.host.flow_cache_max
+            ));
+        }
+        self.workers.check_invariants()
+    }
+}

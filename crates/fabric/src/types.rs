@@ -1,0 +1,322 @@
+//! The vocabulary the fabric's nodes exchange: connections, packet trains, connection state and
+//! the messages on the vNIC set and the control channel.
+
+use core::fmt;
+use spillway_vswitch::{Instant, TenantId};
+
+/// A connection (both directions of one 5-tuple pair). The workload assigns ids; the DPU's
+/// redirect hash and every table key derive from it, as a real DPU derives them from the
+/// 5-tuple.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct ConnId(pub u64);
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conn:{}", self.0)
+    }
+}
+
+impl ConnId {
+    /// The 5-tuple hash (SplitMix64 finaliser of the id): what RSS and the redirect rules see.
+    pub fn hash(self) -> u64 {
+        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The redirect bucket of the connection among `buckets`.
+    pub fn bucket(self, buckets: u16) -> u16 {
+        (self.hash() % u64::from(buckets)) as u16
+    }
+}
+
+/// Which side of a connection sent a packet: the initiator (`Orig`) or the responder.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Side {
+    /// Initiator to responder.
+    Orig,
+    /// Responder to initiator.
+    Reply,
+}
+
+/// Where a packet goes after the vSwitch: into a VM on this host, or out of the uplink. Decides
+/// the PCIe crossings a spilled packet makes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Dest {
+    /// A VM on this host (a PCIe crossing from the DPU).
+    Vm,
+    /// The uplink.
+    Wire,
+}
+
+/// What a packet does to its connection.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Kind {
+    /// Opens the connection (TCP SYN, first UDP datagram): a new connection on the slow path.
+    Open,
+    /// A TCP control packet of a known connection (SYN-ACK, FIN, pure ACK of the handshake or
+    /// the teardown): steps the state machine.
+    Control,
+    /// Payload of a known connection.
+    Data,
+    /// The last packet of the connection (the final ACK of the teardown, or a UDP flow's last):
+    /// after it the connection's state and flow entries are removed.
+    Close,
+}
+
+/// `packets` packets of one connection and direction that arrive together. The fluid unit of the
+/// simulator; the real-time driver offers trains of one packet.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Train {
+    /// The connection.
+    pub conn: ConnId,
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// Who sent it.
+    pub side: Side,
+    /// Where it goes.
+    pub dest: Dest,
+    /// What it does to the connection.
+    pub kind: Kind,
+    /// Packets in the train, at least 1.
+    pub packets: u32,
+    /// Bytes of each packet.
+    pub packet_bytes: u32,
+    /// When the train was offered to the fabric (its latency is measured from here).
+    pub born: Instant,
+    /// The tenant's policy denies this connection (the slow path drops it, `policy.deny`).
+    pub denied: bool,
+}
+
+/// Lifecycle of a connection as its owner tracks it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum ConnPhase {
+    /// Opened; the other side has not answered.
+    Opening,
+    /// Both sides have sent.
+    Established,
+    /// A FIN or similar was seen.
+    Closing,
+}
+
+/// The conntrack state that moves with a connection between planes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ConnState {
+    /// The connection.
+    pub conn: ConnId,
+    /// Its tenant (conntrack zone).
+    pub tenant: TenantId,
+    /// Where it is in its life.
+    pub phase: ConnPhase,
+    /// Packets the connection has carried (both sides).
+    pub packets: u64,
+    /// State changes so far; the sync protocol keeps the newest version.
+    pub version: u32,
+    /// When it was opened.
+    pub opened: Instant,
+}
+
+impl ConnState {
+    /// State of a connection opened at `now` by `train`.
+    pub fn open(now: Instant, train: &Train) -> ConnState {
+        ConnState {
+            conn: train.conn,
+            tenant: train.tenant,
+            phase: ConnPhase::Opening,
+            packets: u64::from(train.packets),
+            version: 1,
+            opened: now,
+        }
+    }
+
+    /// Applies a train of a known connection; returns true if the phase changed (a change the
+    /// mirror must carry).
+    pub fn apply(&mut self, train: &Train) -> bool {
+        self.packets += u64::from(train.packets);
+        let next = match (self.phase, train.kind, train.side) {
+            (ConnPhase::Opening, _, Side::Reply) => ConnPhase::Established,
+            (ConnPhase::Established, Kind::Control, _) => ConnPhase::Closing,
+            (p, _, _) => p,
+        };
+        if next != self.phase {
+            self.phase = next;
+            self.version += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Which plane holds a connection's state, for the flow dump and the one-owner invariant.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Owner {
+    /// The DPU, with live hardware entries.
+    DpuHw,
+    /// The DPU's SoC slow path (no live hardware entry).
+    DpuSoc,
+    /// The host spill plane.
+    Spill,
+}
+
+/// Sync colour: one per activation. A plane goes active only when the bulk sync of its colour
+/// has completed (SONiC-DASH "perfect sync").
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct Colour(pub u32);
+
+/// Why the DPU hands a connection to the spill plane, or the plane back to the DPU.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SyncKind {
+    /// Shadow-mode copy: the receiver keeps it, the sender stays owner.
+    Mirror,
+    /// Ownership moves to the receiver with this state.
+    Handover,
+    /// The owner closed the connection: the receiver drops its copy.
+    Closed,
+}
+
+/// Messages between the DPU node and the spill plane.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Msg {
+    /// Packets on the phy vNIC (redirected to the host, or processed and sent back).
+    Packets(Train),
+    /// Flow vNIC: a connection's state (bulk shadow sync, mirror of a change, or a handover).
+    Sync {
+        /// The colour of the sync round.
+        colour: Colour,
+        /// Mirror or handover.
+        kind: SyncKind,
+        /// The state.
+        state: ConnState,
+    },
+    /// Flow vNIC: end of a bulk sync, `count` states sent.
+    SyncDone {
+        /// Colour of the round.
+        colour: Colour,
+        /// States sent.
+        count: u64,
+    },
+    /// Flow vNIC, host -> DPU: install the connection's two entries into the hardware fast path
+    /// and take ownership with this state (a recall).
+    Recall {
+        /// The connection's state.
+        state: ConnState,
+        /// Its measured rate, packets/s (charged against the fast-path headroom).
+        pps: f64,
+        /// Rate of the entry this recall replaces (a rebalance swap), packets/s; 0 if none.
+        replaces_pps: f64,
+    },
+    /// Flow vNIC, DPU -> host: the recall's entries are live (ownership moved) or refused.
+    RecallDone {
+        /// The connection.
+        conn: ConnId,
+        /// True when the entries are live.
+        ok: bool,
+    },
+    /// Control channel, host -> DPU: remove the connection's hardware entries and hand it back
+    /// (a demotion). Reliable: retransmitted until acknowledged.
+    Delete {
+        /// Sequence number for acknowledgement and duplicate suppression.
+        seq: u64,
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Control channel, DPU -> host: the delete took effect; the state comes back with it.
+    DeleteAck {
+        /// The acknowledged sequence number.
+        seq: u64,
+        /// The state, if the DPU still had the connection.
+        state: Option<ConnState>,
+    },
+    /// Control, DPU -> host: the redirect rules are live; the plane is active.
+    Activated {
+        /// Colour of the activation.
+        colour: Colour,
+    },
+    /// Control, DPU -> host: release: hand every owned connection back.
+    Release {
+        /// Colour of the activation being released.
+        colour: Colour,
+    },
+    /// Control, host -> DPU: every owned connection was handed back (`count` of them).
+    Released {
+        /// Colour.
+        colour: Colour,
+        /// Connections handed back.
+        count: u64,
+    },
+    /// Control, DPU -> host: the redirect rules are gone; finish what is in flight.
+    Drain {
+        /// Colour.
+        colour: Colour,
+    },
+    /// Control, host -> DPU: nothing is in flight any more.
+    Drained {
+        /// Colour.
+        colour: Colour,
+    },
+    /// Control, host -> DPU: the first redirected packet was served (overflow absorbed).
+    Absorbing,
+    /// Control, DPU -> host: a recalled connection's rate over the last stats period (the
+    /// hardware flow-stats dump OVS's rebalance reads).
+    OffloadStats {
+        /// The connection.
+        conn: ConnId,
+        /// Packets/s over the period.
+        pps: f64,
+    },
+    /// Control, DPU -> host: the recall budget for the next placement decisions.
+    Budget {
+        /// Free hardware entries.
+        free_entries: u64,
+        /// Fast-path headroom, packets/s.
+        headroom_pps: f64,
+    },
+    /// Control, host -> DPU: the plane is alive; `workers` workers, utilisation of the last
+    /// window.
+    Heartbeat {
+        /// Workers running.
+        workers: u32,
+        /// Utilisation of the workers over the last heartbeat period.
+        util: f64,
+    },
+    /// Control, DPU -> host: run `workers` workers.
+    SetWorkers {
+        /// Target worker count.
+        workers: u32,
+    },
+}
+
+/// The three channels between the nodes; the driver gives each its latency and (in fault
+/// injection) its losses. Only [`Channel::Control`] is reliable (acks and retransmission).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Channel {
+    /// Packets.
+    PhyVnic,
+    /// Inserts and state sync, inline on the data path.
+    FlowVnic,
+    /// Deletions, lifecycle, heartbeats.
+    Control,
+}
+
+/// A message a node wants sent: leaves at `at` (when the sender finished it), on `channel`.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Transmit {
+    /// When the message leaves the sender.
+    pub at: Instant,
+    /// The channel.
+    pub channel: Channel,
+    /// The message.
+    pub msg: Msg,
+}
+
+impl Transmit {
+    /// Packets carried (for conservation accounting in the driver).
+    pub fn packets(&self) -> u64 {
+        match self.msg {
+            Msg::Packets(t) => u64::from(t.packets),
+            _ => 0,
+        }
+    }
+}

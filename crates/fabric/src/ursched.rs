@@ -1,0 +1,427 @@
+//! URSched, the Unified Resource Scheduler: from DPU load, tenant traffic variance and the host's
+//! idle isolatable cores it decides when to prepare, activate and release the spill plane, how
+//! large the overflow quota is, and how many workers the plane runs. It decides; the
+//! [`crate::dpu::DpuNode`] carries the decisions out. Every decision carries its reason.
+//!
+//! Inputs once per window ([`Load`]); variance samples once per variance window.
+//!
+//! - **Pressure**: fast-path or SoC utilisation above `pressure_util`, or any fast-path /
+//!   slow-path drop, in N of the last M windows.
+//! - **Noisy tenant**: per tenant, the squared coefficient of variation (variance / mean^2) of its
+//!   packet rate over the last `variance_samples` variance windows; the cluster value is the
+//!   mean over tenants. Normalising by the mean makes a big steady tenant and a small steady
+//!   tenant look alike, so only burstiness counts, not size. A tenant above
+//!   `variance_factor` x the cluster value in N of the last M variance windows prepares the plane
+//!   (pre-warm: it goes to shadow mode and activates only under pressure).
+//! - **Memory**: DPU memory utilisation above `mem_util` prepares the plane.
+//! - **Release**: the whole load (DPU plus what the host carries) would fit the DPU under
+//!   `release_util` for `release_windows` consecutive windows.
+//! - **Quota**: fast-path pressure redirects every bucket (only new connections can move, and
+//!   placement refills the fast path up to its target); SoC-only pressure grows the quota by
+//!   `quota_step` buckets per pressured window.
+//! - **Workers**: plane utilisation above `worker_add_util` adds a worker, up to the isolatable
+//!   idle cores (host cores - tenant cores - reserve) and `workers_max`. Zero isolatable cores
+//!   is a fallback: the plane is not started and the decision says why.
+
+use spillway_vswitch::TenantId;
+
+use crate::params::{FabricParams, SchedParams};
+
+/// What URSched sees once per window.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    /// Fast-path utilisation (work / capacity) over the window.
+    pub hw_util: f64,
+    /// SoC utilisation over the window.
+    pub soc_util: f64,
+    /// Fast-path and slow-path drops in the window.
+    pub dpu_drops: u64,
+    /// Hardware table occupancy in [0, 1].
+    pub table_util: f64,
+    /// DPU memory occupancy in [0, 1].
+    pub mem_util: f64,
+    /// Packets per second the host plane carried (steered to it) in the window.
+    pub host_pps: f64,
+    /// New connections per second the host plane opened in the window.
+    pub host_cps: f64,
+    /// Spill-plane worker utilisation (last heartbeat).
+    pub plane_util: f64,
+    /// Workers the plane runs.
+    pub workers: u32,
+    /// Host cores the tenants use now.
+    pub tenant_cores: u32,
+}
+
+/// A decision and its reason.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Start the plane and sync it in shadow mode.
+    Prepare {
+        /// Workers to start with.
+        workers: u32,
+        /// Why.
+        reason: String,
+    },
+    /// Install the redirect rules.
+    Activate {
+        /// Why.
+        reason: String,
+    },
+    /// Redirect this many buckets (never fewer than now while active).
+    Quota {
+        /// Buckets redirected.
+        buckets: u16,
+        /// Why.
+        reason: String,
+    },
+    /// Run this many workers.
+    Workers {
+        /// Target.
+        workers: u32,
+        /// Why.
+        reason: String,
+    },
+    /// Hand everything back and stop the plane.
+    Release {
+        /// Why.
+        reason: String,
+    },
+    /// Pressure, but no safe host capacity: stay on the DPU (a remote pool would be next).
+    Fallback {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where the plane is, as far as URSched's decisions go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlaneView {
+    /// No plane.
+    Idle,
+    /// Starting or syncing; `synced` once the bulk sync finished.
+    Preparing {
+        /// Bulk sync done.
+        synced: bool,
+    },
+    /// Redirect rules live.
+    Active,
+    /// Releasing: no decisions.
+    Busy,
+}
+
+/// N-of-M history of a condition, newest in bit 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct History(u64);
+
+impl History {
+    fn push(&mut self, v: bool, m: u32) {
+        let mask = if m >= 64 { u64::MAX } else { (1u64 << m) - 1 };
+        self.0 = ((self.0 << 1) | u64::from(v)) & mask;
+    }
+    fn count(self) -> u32 {
+        self.0.count_ones()
+    }
+}
+
+/// The scheduler.
+#[derive(Clone, Debug)]
+pub struct URSched {
+    p: SchedParams,
+    /// Fast-path utilisation one packet per second adds.
+    hw_cost_s: f64,
+    /// SoC utilisation one new connection per second adds.
+    soc_cost_s: f64,
+    host_cores: u32,
+    reserve_cores: u32,
+    workers_max: u32,
+    workers_initial: u32,
+    redirect_buckets: u16,
+    pressure: History,
+    calm_windows: u32,
+    windows_without_pressure: u32,
+    fallback_noted: bool,
+    quota: u16,
+    /// Per tenant (indexed by id; ids above `TENANTS_MAX` share the last slot): packets in the
+    /// current variance window, and the last samples (pps).
+    tenants: Vec<TenantSamples>,
+    noisy: History,
+    noisy_note: Option<String>,
+}
+
+/// Tenants tracked individually by the variance trigger.
+pub const TENANTS_MAX: usize = 65_536;
+
+#[derive(Clone, Debug, Default)]
+struct TenantSamples {
+    seen: bool,
+    packets: u64,
+    samples: Vec<f64>,
+    next: usize,
+}
+
+impl URSched {
+    /// A scheduler for the fabric `f`.
+    pub fn new(f: &FabricParams) -> URSched {
+        let host = &f.host;
+        URSched {
+            p: f.sched.clone(),
+            hw_cost_s: 1.0 / f.dpu.hw_pps_limit,
+            soc_cost_s: f.dpu.soc_new_conn_cost.as_secs_f64() / f64::from(f.dpu.soc_cores),
+            host_cores: host.cores,
+            reserve_cores: host.reserve_cores,
+            workers_max: host.workers_max,
+            workers_initial: host.workers_initial,
+            redirect_buckets: f.dpu.redirect_buckets,
+            pressure: History::default(),
+            calm_windows: 0,
+            windows_without_pressure: 0,
+            fallback_noted: false,
+            quota: 0,
+            tenants: Vec::new(),
+            noisy: History::default(),
+            noisy_note: None,
+        }
+    }
+
+    /// The thresholds.
+    pub fn params(&self) -> &SchedParams {
+        &self.p
+    }
+
+    /// Counts `packets` offered by `tenant` (for the variance trigger).
+    #[inline]
+    pub fn count_tenant(&mut self, tenant: TenantId, packets: u32) {
+        let i = (tenant.0 as usize).min(TENANTS_MAX - 1);
+        if i >= self.tenants.len() {
+            self.tenants.resize_with(i + 1, TenantSamples::default);
+        }
+        let t = &mut self.tenants[i];
+        t.packets += u64::from(packets);
+        t.seen = true;
+    }
+
+    /// Closes a variance window of length `secs`: one rate sample per tenant, then the noisy
+    /// test against the cluster average.
+    pub fn variance_window(&mut self, secs: f64) {
+        let k = self.p.variance_samples as usize;
+        let mut cvs: Vec<(TenantId, f64)> = Vec::with_capacity(self.tenants.len());
+        for (i, t) in self.tenants.iter_mut().enumerate() {
+            if !t.seen {
+                continue;
+            }
+            let id = TenantId(i as u32);
+            let rate = t.packets as f64 / secs;
+            t.packets = 0;
+            if t.samples.len() < k {
+                t.samples.push(rate);
+            } else {
+                t.samples[t.next] = rate;
+            }
+            t.next = (t.next + 1) % k;
+            if t.samples.len() == k {
+                let mean = t.samples.iter().sum::<f64>() / k as f64;
+                if mean > 0.0 {
+                    let var = t
+                        .samples
+                        .iter()
+                        .map(|x| (x - mean) * (x - mean))
+                        .sum::<f64>()
+                        / k as f64;
+                    cvs.push((id, var / (mean * mean)));
+                }
+            }
+        }
+        let noisy =
+            if cvs.len() >= 2 {
+                let avg = cvs.iter().map(|(_, v)| v).sum::<f64>() / cvs.len() as f64;
+                // The noisiest tenant, ties by id (BTreeMap order, so the first maximum).
+                let (id, v) = cvs.iter().copied().fold((TenantId(0), f64::MIN), |a, b| {
+                    if b.1 > a.1 { b } else { a }
+                });
+                // A floor keeps a cluster of perfectly steady tenants (cv^2 near zero) from calling
+                // its least steady member noisy: below `variance_floor` nobody is bursty.
+                if v > self.p.variance_floor && v > self.p.variance_factor * avg {
+                    self.noisy_note = Some(format!(
+                        "{id} variance (cv^2) {v:.3} > {:.2} x cluster {avg:.3}",
+                        self.p.variance_factor
+                    ));
+                    true
+                } else {
+                    false
+                }
+            } else {
+                false
+            };
+        self.noisy.push(noisy, self.p.history_windows);
+    }
+
+    fn isolatable(&self, tenant_cores: u32) -> u32 {
+        self.host_cores
+            .saturating_sub(tenant_cores)
+            .saturating_sub(self.reserve_cores)
+            .min(self.workers_max)
+    }
+
+    /// Decides for one window. `plane` is where the lifecycle is.
+    pub fn window(&mut self, load: &Load, plane: PlaneView, out: &mut Vec<Decision>) {
+        let p = &self.p;
+        let hw_hot = load.hw_util > p.pressure_util;
+        let soc_hot = load.soc_util > p.pressure_util;
+        let pressured = hw_hot || soc_hot || load.dpu_drops > 0;
+        self.pressure.push(pressured, p.history_windows);
+        let sustained = self.pressure.count() >= p.pressure_windows;
+        if pressured {
+            self.windows_without_pressure = 0;
+        } else {
+            self.windows_without_pressure = self.windows_without_pressure.saturating_add(1);
+        }
+        let why_pressure = || {
+            let (m, v) = if hw_hot || load.hw_util >= load.soc_util {
+                ("dpu.hw.util", load.hw_util)
+            } else {
+                ("dpu.soc.util", load.soc_util)
+            };
+            format!(
+                "{m} {v:.2} > {:.2} (or drops) in {} of {} windows",
+                p.pressure_util,
+                self.pressure.count(),
+                p.history_windows
+            )
+        };
+        match plane {
+            PlaneView::Idle => {
+                self.quota = 0;
+                let noisy = self.noisy.count() >= p.variance_windows;
+                let mem = load.mem_util > p.mem_util;
+                let reason = if sustained {
+                    Some(why_pressure())
+                } else if mem {
+                    Some(format!(
+                        "dpu.mem.util {:.2} > {:.2}",
+                        load.mem_util, p.mem_util
+                    ))
+                } else if noisy {
+                    Some(format!(
+                        "{} in {} of {} variance windows",
+                        self.noisy_note.as_deref().unwrap_or("noisy tenant"),
+                        self.noisy.count(),
+                        p.history_windows
+                    ))
+                } else {
+                    None
+                };
+                if let Some(reason) = reason {
+                    let cores = self.isolatable(load.tenant_cores);
+                    self.windows_without_pressure = 0;
+                    if cores == 0 {
+                        if !self.fallback_noted {
+                            self.fallback_noted = true;
+                            out.push(Decision::Fallback {
+                                reason: format!(
+                                    "{reason}, but 0 isolatable host cores ({} cores - {} tenant - {} reserve)",
+                                    self.host_cores, load.tenant_cores, self.reserve_cores
+                                ),
+                            });
+                        }
+                    } else {
+                        self.fallback_noted = false;
+                        out.push(Decision::Prepare {
+                            workers: self.workers_initial.min(cores),
+                            reason,
+                        });
+                    }
+                }
+            }
+            PlaneView::Preparing { synced } => {
+                if synced && sustained {
+                    out.push(Decision::Activate {
+                        reason: why_pressure(),
+                    });
+                    let buckets = if hw_hot || load.hw_util >= load.soc_util {
+                        self.redirect_buckets
+                    } else {
+                        p.quota_step.min(self.redirect_buckets)
+                    };
+                    self.quota = buckets;
+                    out.push(Decision::Quota {
+                        buckets,
+                        reason: format!(
+                            "initial quota: {}",
+                            if buckets == self.redirect_buckets {
+                                "fast path under pressure, all new connections to the host"
+                            } else {
+                                "slow path under pressure"
+                            }
+                        ),
+                    });
+                } else if synced
+                    && u64::from(self.windows_without_pressure) * (p.window.as_nanos() as u64)
+                        >= p.shadow_idle.as_nanos() as u64
+                {
+                    out.push(Decision::Release {
+                        reason: format!(
+                            "shadow plane idle: no pressure for {} windows",
+                            self.windows_without_pressure
+                        ),
+                    });
+                }
+            }
+            PlaneView::Active => {
+                if pressured && self.quota < self.redirect_buckets {
+                    let q = if hw_hot {
+                        self.redirect_buckets
+                    } else {
+                        (self.quota + p.quota_step).min(self.redirect_buckets)
+                    };
+                    out.push(Decision::Quota {
+                        buckets: q,
+                        reason: why_pressure(),
+                    });
+                    self.quota = q;
+                }
+                let cores = self.isolatable(load.tenant_cores);
+                if load.plane_util > p.worker_add_util && load.workers < cores {
+                    out.push(Decision::Workers {
+                        workers: load.workers + 1,
+                        reason: format!(
+                            "spill.util {:.2} > {:.2}, {} isolatable cores",
+                            load.plane_util, p.worker_add_util, cores
+                        ),
+                    });
+                } else if load.workers > cores {
+                    out.push(Decision::Workers {
+                        workers: cores.max(1),
+                        reason: format!(
+                            "isolation: tenants now use {} cores, {} isolatable",
+                            load.tenant_cores, cores
+                        ),
+                    });
+                }
+                // Would everything fit on the DPU? The host's packets on the fast path and its
+                // new connections on the SoC.
+                let fits_hw = load.hw_util + load.host_pps * self.hw_cost_s < p.release_util;
+                let fits_soc = load.soc_util + load.host_cps * self.soc_cost_s < p.release_util;
+                if fits_hw && fits_soc && !pressured {
+                    self.calm_windows += 1;
+                } else {
+                    self.calm_windows = 0;
+                }
+                if self.calm_windows >= p.release_windows {
+                    self.calm_windows = 0;
+                    out.push(Decision::Release {
+                        reason: format!(
+                            "pressure subsided: dpu.hw.util {:.2} + host {:.2} Mpps and dpu.soc.util {:.2} + host {:.0} cps fit under {:.2} for {} windows",
+                            load.hw_util,
+                            load.host_pps / 1e6,
+                            load.soc_util,
+                            load.host_cps,
+                            p.release_util,
+                            p.release_windows
+                        ),
+                    });
+                }
+            }
+            PlaneView::Busy => {}
+        }
+    }
+}

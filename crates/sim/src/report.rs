@@ -1,0 +1,120 @@
+//! What a simulator run reports: the summary the CLI prints as JSON, and the time series the
+//! HTML report plots. Everything here is a **model result**.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One sample of the time series (one per `sample` interval of virtual time).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Sample {
+    /// End of the interval, seconds of virtual time.
+    pub t_s: f64,
+    /// Offered load, Mpps.
+    pub offered_mpps: f64,
+    /// Delivered by the DPU (fast path + SoC), Mpps.
+    pub dpu_mpps: f64,
+    /// Delivered by the spill plane, Mpps.
+    pub host_mpps: f64,
+    /// Packets lost in the interval (all drops except policy), per second, in Mpps.
+    pub lost_mpps: f64,
+    /// Connections opened per second (DPU SoC + plane), millions.
+    pub new_conn_mcps: f64,
+    /// Connections offered per second by the workload, millions.
+    pub offered_mcps: f64,
+    /// Latency percentiles of packets delivered in the interval, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// Hardware table occupancy, fraction of capacity.
+    pub hw_table_util: f64,
+    /// Fast-path utilisation URSched saw in its last window.
+    pub hw_util: f64,
+    /// SoC utilisation URSched saw in its last window.
+    pub soc_util: f64,
+    /// Spill-plane workers running (0 when no plane).
+    pub workers: u32,
+    /// Lifecycle phase at the end of the interval.
+    pub phase: &'static str,
+}
+
+/// A lifecycle event, as reported.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PhaseEvent {
+    /// The phase entered or what changed.
+    pub phase: &'static str,
+    /// When, seconds of virtual time.
+    pub t_s: f64,
+    /// Why.
+    pub reason: String,
+}
+
+/// Latency summary.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct LatencyUs {
+    /// Median, microseconds.
+    pub p50: f64,
+    /// 99th percentile, microseconds.
+    pub p99: f64,
+}
+
+/// The summary of one run.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RunReport {
+    /// Always "model": these are simulator results, not measurements.
+    pub kind: &'static str,
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed.
+    pub seed: u64,
+    /// "spillway" or "dpu-only".
+    pub baseline: &'static str,
+    /// The placement policy.
+    pub placement: &'static str,
+    /// The window the rates below are averaged over, seconds `[from, to]`.
+    pub measure_s: [f64; 2],
+    /// Offered load in the measure window, Mpps.
+    pub offered_mpps: f64,
+    /// Delivered in the measure window, Mpps.
+    pub delivered_mpps: f64,
+    /// Delivered by the DPU in the measure window, Mpps.
+    pub dpu_mpps: f64,
+    /// Delivered by the spill plane in the measure window, Mpps.
+    pub host_mpps: f64,
+    /// Connections completed per second in the measure window (all six packets delivered).
+    pub cps: f64,
+    /// Packets offered over the whole run.
+    pub offered_packets: u64,
+    /// Packets delivered over the whole run.
+    pub delivered_packets: u64,
+    /// Offered minus delivered minus policy drops, whole run (in-flight at the end counts).
+    pub lost_packets: u64,
+    /// Drops by reason, whole run (policy drops included, under `policy.deny`).
+    pub drops: BTreeMap<&'static str, u64>,
+    /// Trigger (URSched's prepare decision) to the first redirected packet served by the
+    /// plane, milliseconds; null if the plane never absorbed anything.
+    pub activation_ms: Option<f64>,
+    /// Redirect-rule installation (activate decision to rules live), milliseconds.
+    pub rule_injection_ms: Option<f64>,
+    /// Release decision to idle (host resources released), milliseconds.
+    pub release_ms: Option<f64>,
+    /// Latency of every delivered packet over the whole run.
+    pub latency_us: LatencyUs,
+    /// Share of delivered packets served by the hardware fast path.
+    pub offload_ratio: f64,
+    /// PCIe crossings per delivered packet.
+    pub pcie_crossings_per_packet: f64,
+    /// Lifecycle events, in order.
+    pub phases: Vec<PhaseEvent>,
+    /// Counters by name (DPU, plane, driver), whole run.
+    pub counters: BTreeMap<&'static str, u64>,
+    /// Invariant checks run (after every event, plus full sweeps).
+    pub checks: u64,
+    /// Events processed.
+    pub events: u64,
+    /// For connection-rate runs: the highest offered rate before the first loss (in the
+    /// measure window), connections/s.
+    pub zero_loss_cps: Option<f64>,
+    /// The time series (omitted from `--json`).
+    #[serde(skip)]
+    pub series: Vec<Sample>,
+}

@@ -1,0 +1,499 @@
+//! Scenarios: a workload (flow groups, connection-rate generators, host load changes, faults)
+//! and the fabric's parameters, read from TOML. The built-in ones live in `scenarios/` at the
+//! repository root and are compiled in.
+//!
+//! A bad file is an error naming the file, the field and what was expected.
+
+use core::time::Duration;
+use serde::Deserialize;
+use spillway_fabric::params::{FabricParams, humantime_us};
+
+/// A duration field: `"10ms"`, `"200us"`, `"2s"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+        humantime_us::deserialize(d).map(Dur)
+    }
+}
+
+impl Dur {
+    /// Nanoseconds.
+    pub fn ns(self) -> u64 {
+        u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Where a group's packets go.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DestSpec {
+    /// Into VMs on this host.
+    #[default]
+    Vm,
+    /// Out of the uplink.
+    Wire,
+}
+
+/// A group of long-lived flows (TCP: handshake, data trains, teardown).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FlowGroup {
+    /// Flows in the group.
+    pub count: u32,
+    /// First tenant id; flows are spread round robin over `tenants` tenants from here.
+    #[serde(default = "one")]
+    pub tenant: u32,
+    /// Tenants the group spreads over.
+    #[serde(default = "one")]
+    pub tenants: u32,
+    /// Packets per second of each flow while it sends.
+    pub pps: f64,
+    /// When the first flow opens.
+    #[serde(default)]
+    pub start: Dur,
+    /// Flows open evenly over this window after `start` (the load ramps up over it).
+    #[serde(default)]
+    pub spread: Dur,
+    /// How long each flow lives after it opens (then it tears down).
+    pub lifetime: Dur,
+    /// Where its packets go.
+    #[serde(default)]
+    pub dest: DestSpec,
+    /// Bytes per packet.
+    #[serde(default = "bytes64")]
+    pub bytes: u32,
+    /// On/off bursts: sends for `on`, then pauses for `off` (both zero: steady).
+    #[serde(default)]
+    pub on: Dur,
+    /// Pause length of an on/off flow.
+    #[serde(default)]
+    pub off: Dur,
+    /// Relative random variation of each train's size, 0..1 (0: constant rate).
+    #[serde(default)]
+    pub jitter: f64,
+}
+
+/// A generator of short TCP connections: SYN, SYN-ACK, ACK, FIN, FIN-ACK, ACK (the DASH CPS
+/// convention), with Poisson arrivals whose rate ramps linearly.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CpsGroup {
+    /// Connections per second at `start`.
+    pub rate_from: f64,
+    /// Connections per second at `end` (linear in between).
+    pub rate_to: f64,
+    /// First arrival window start.
+    #[serde(default)]
+    pub start: Dur,
+    /// Arrivals stop here.
+    pub end: Dur,
+    /// Spacing between a connection's six packets (one RTT leg).
+    #[serde(default = "gap20")]
+    pub gap: Dur,
+    /// First tenant id.
+    #[serde(default = "one")]
+    pub tenant: u32,
+    /// Tenants spread over.
+    #[serde(default = "one")]
+    pub tenants: u32,
+    /// Where its packets go.
+    #[serde(default)]
+    pub dest: DestSpec,
+    /// Share of connections the tenants' security groups deny (dropped by policy, not lost).
+    #[serde(default)]
+    pub denied_fraction: f64,
+}
+
+/// A change of the host cores tenants use (the isolation input of URSched).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostLoad {
+    /// When.
+    pub at: Dur,
+    /// Cores the tenants use from then on.
+    pub tenant_cores: u32,
+}
+
+/// A fault.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    /// When it starts.
+    pub at: Dur,
+    /// What happens.
+    pub kind: FaultKind,
+    /// How long (for `control_loss`).
+    #[serde(default)]
+    pub duration: Dur,
+    /// Loss probability (for `control_loss`).
+    #[serde(default)]
+    pub probability: f64,
+}
+
+/// Fault kinds.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// The plane's process is killed (kill -9): its queues and in-flight output are lost.
+    KillPlane,
+    /// Control-channel delete messages and their acks are lost with `probability`.
+    ControlLoss,
+    /// Flow-vNIC and phy-vNIC messages are delayed by up to `duration` extra (reordering
+    /// between channels, never within one).
+    Delay,
+}
+
+/// A scenario file.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Name.
+    pub name: String,
+    /// One paragraph: what it shows.
+    #[serde(default)]
+    pub description: String,
+    /// Virtual time to run (sources stop here; in-flight packets then drain).
+    pub duration: Dur,
+    /// Window the headline rates are averaged over.
+    pub measure: [Dur; 2],
+    /// Time-series sample interval.
+    #[serde(default = "ms10")]
+    pub sample: Dur,
+    /// Interval between a long flow's trains.
+    #[serde(default = "ms5")]
+    pub train: Dur,
+    /// Default seed.
+    #[serde(default = "one64")]
+    pub seed: u64,
+    /// Fabric parameters (defaults documented in `spillway_fabric::params`).
+    #[serde(default)]
+    pub fabric: FabricParams,
+    /// Long-flow groups.
+    #[serde(default)]
+    pub flows: Vec<FlowGroup>,
+    /// Short-connection generators.
+    #[serde(default)]
+    pub cps: Vec<CpsGroup>,
+    /// Host load changes.
+    #[serde(default)]
+    pub host_load: Vec<HostLoad>,
+    /// Faults.
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+    /// A sweep: the same scenario once per value of `host.workers_max` (the plane's size),
+    /// reporting the zero-loss CPS of each. Empty: a single run.
+    #[serde(default)]
+    pub sweep_workers: Vec<u32>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn one64() -> u64 {
+    1
+}
+fn bytes64() -> u32 {
+    64
+}
+fn gap20() -> Dur {
+    Dur(Duration::from_micros(20))
+}
+fn ms10() -> Dur {
+    Dur(Duration::from_millis(10))
+}
+fn ms5() -> Dur {
+    Dur(Duration::from_millis(5))
+}
+
+/// A scenario that could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The file could not be read.
+    #[error("{file}: {source}")]
+    Io {
+        /// The file.
+        file: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML did not parse or did not match the schema (the message names the field).
+    #[error("{file}: {message}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// The parser's message, with line and field.
+        message: String,
+    },
+    /// A value out of range.
+    #[error("{file}: {field}: expected {expected}, got {actual}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// Dotted field path.
+        field: String,
+        /// What was expected.
+        expected: String,
+        /// What was found.
+        actual: String,
+    },
+    /// No built-in scenario of that name.
+    #[error("no built-in scenario {name:?}; built-in: {known}")]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The names available.
+        known: String,
+    },
+}
+
+/// The built-in scenarios: `(name, file name, TOML)`.
+pub const BUILTIN: &[(&str, &str, &str)] = &[
+    (
+        "micro-burst",
+        "scenarios/micro-burst.toml",
+        include_str!("../../../scenarios/micro-burst.toml"),
+    ),
+    (
+        "steady-mix",
+        "scenarios/steady-mix.toml",
+        include_str!("../../../scenarios/steady-mix.toml"),
+    ),
+    (
+        "cps-ramp",
+        "scenarios/cps-ramp.toml",
+        include_str!("../../../scenarios/cps-ramp.toml"),
+    ),
+    (
+        "cps-sweep",
+        "scenarios/cps-sweep.toml",
+        include_str!("../../../scenarios/cps-sweep.toml"),
+    ),
+    (
+        "noisy-tenant",
+        "scenarios/noisy-tenant.toml",
+        include_str!("../../../scenarios/noisy-tenant.toml"),
+    ),
+    (
+        "release",
+        "scenarios/release.toml",
+        include_str!("../../../scenarios/release.toml"),
+    ),
+    (
+        "fail-open",
+        "scenarios/fail-open.toml",
+        include_str!("../../../scenarios/fail-open.toml"),
+    ),
+];
+
+/// The default scenario.
+pub const DEFAULT: &str = "micro-burst";
+
+impl Scenario {
+    /// A built-in scenario by name.
+    pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
+        let (_, file, text) =
+            BUILTIN
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .ok_or_else(|| ScenarioError::Unknown {
+                    name: name.to_string(),
+                    known: BUILTIN
+                        .iter()
+                        .map(|(n, _, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+        Scenario::from_toml_str(text, file)
+    }
+
+    /// A scenario from a file.
+    pub fn from_file(path: &std::path::Path) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+            file: file.clone(),
+            source,
+        })?;
+        Scenario::from_toml_str(&text, &file)
+    }
+
+    /// A scenario from TOML text; `file` names it in errors.
+    pub fn from_toml_str(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+            file: file.to_string(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        s.validate(file)?;
+        Ok(s)
+    }
+
+    /// Checks ranges the simulator relies on.
+    pub fn validate(&self, file: &str) -> Result<(), ScenarioError> {
+        let bad = |field: String, expected: &str, actual: String| ScenarioError::Invalid {
+            file: file.to_string(),
+            field,
+            expected: expected.to_string(),
+            actual,
+        };
+        self.fabric
+            .validate()
+            .map_err(|e| bad(format!("fabric.{}", e.field), e.expected, e.actual))?;
+        if self.duration.ns() == 0 || self.duration.0 > Duration::from_secs(3600) {
+            return Err(bad(
+                "duration".into(),
+                "between 1ns and 1h",
+                format!("{:?}", self.duration.0),
+            ));
+        }
+        if self.measure[0] >= self.measure[1] || self.measure[1] > self.duration {
+            return Err(bad(
+                "measure".into(),
+                "[from, to] with from < to <= duration",
+                format!("[{:?}, {:?}]", self.measure[0].0, self.measure[1].0),
+            ));
+        }
+        if self.sample.ns() < 100_000 {
+            return Err(bad(
+                "sample".into(),
+                "at least 100us",
+                format!("{:?}", self.sample.0),
+            ));
+        }
+        if self.train.ns() < 10_000 || self.train > self.sample {
+            return Err(bad(
+                "train".into(),
+                "between 10us and `sample`",
+                format!("{:?}", self.train.0),
+            ));
+        }
+        for (i, g) in self.flows.iter().enumerate() {
+            if g.count == 0 || g.count > 10_000_000 {
+                return Err(bad(
+                    format!("flows[{i}].count"),
+                    "1..=10000000",
+                    g.count.to_string(),
+                ));
+            }
+            if !(g.pps.is_finite() && g.pps > 0.0 && g.pps <= 1e8) {
+                return Err(bad(
+                    format!("flows[{i}].pps"),
+                    "a rate in (0, 1e8]",
+                    g.pps.to_string(),
+                ));
+            }
+            if g.tenants == 0 {
+                return Err(bad(format!("flows[{i}].tenants"), "at least 1", "0".into()));
+            }
+            if g.lifetime.ns() == 0 {
+                return Err(bad(
+                    format!("flows[{i}].lifetime"),
+                    "a positive duration",
+                    "0".into(),
+                ));
+            }
+            if !(0.0..=1.0).contains(&g.jitter) {
+                return Err(bad(
+                    format!("flows[{i}].jitter"),
+                    "0..=1",
+                    g.jitter.to_string(),
+                ));
+            }
+            if (g.on.ns() == 0) != (g.off.ns() == 0) {
+                return Err(bad(
+                    format!("flows[{i}].on"),
+                    "on and off both set or both zero",
+                    format!("on {:?}, off {:?}", g.on.0, g.off.0),
+                ));
+            }
+            if g.bytes < 60 || g.bytes > 9216 {
+                return Err(bad(
+                    format!("flows[{i}].bytes"),
+                    "60..=9216",
+                    g.bytes.to_string(),
+                ));
+            }
+        }
+        for (i, c) in self.cps.iter().enumerate() {
+            for (name, v) in [("rate_from", c.rate_from), ("rate_to", c.rate_to)] {
+                if !(v.is_finite() && (0.0..=1e8).contains(&v)) {
+                    return Err(bad(
+                        format!("cps[{i}].{name}"),
+                        "a rate in [0, 1e8]",
+                        v.to_string(),
+                    ));
+                }
+            }
+            if c.end <= c.start {
+                return Err(bad(
+                    format!("cps[{i}].end"),
+                    "after start",
+                    format!("{:?}", c.end.0),
+                ));
+            }
+            if c.tenants == 0 {
+                return Err(bad(format!("cps[{i}].tenants"), "at least 1", "0".into()));
+            }
+            if !(0.0..=1.0).contains(&c.denied_fraction) {
+                return Err(bad(
+                    format!("cps[{i}].denied_fraction"),
+                    "0..=1",
+                    c.denied_fraction.to_string(),
+                ));
+            }
+        }
+        for (i, f) in self.faults.iter().enumerate() {
+            if !(0.0..=1.0).contains(&f.probability) {
+                return Err(bad(
+                    format!("faults[{i}].probability"),
+                    "0..=1",
+                    f.probability.to_string(),
+                ));
+            }
+        }
+        for (i, w) in self.sweep_workers.iter().enumerate() {
+            if *w > 1024 {
+                return Err(bad(
+                    format!("sweep_workers[{i}]"),
+                    "0..=1024",
+                    w.to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_loads() {
+        for (name, _, _) in BUILTIN {
+            Scenario::builtin(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    #[test]
+    fn a_bad_field_names_file_and_field() {
+        let e = Scenario::from_toml_str(
+            "name = \"x\"\nduration = \"1s\"\nmeasure = [\"0s\", \"1s\"]\n[[flows]]\ncount = 1\npps = -3.0\nlifetime = \"1s\"\n",
+            "bad.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("bad.toml: flows[0].pps: expected"), "{e}");
+        let e = Scenario::from_toml_str(
+            "name = \"x\"\nduration = \"1 fortnight\"\nmeasure = [\"0s\", \"1s\"]\n",
+            "b.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("b.toml") && e.contains("duration"), "{e}");
+        let e = Scenario::from_toml_str("name = \"x\"\nduration = \"1s\"\nmeasure = [\"0s\", \"1s\"]\n[fabric.dpu]\nhw_pps = 3\n", "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("c.toml") && e.contains("hw_pps"), "{e}");
+    }
+}

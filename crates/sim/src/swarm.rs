@@ -1,0 +1,128 @@
+//! Seed swarms: a seed picks a random, small workload mix and fault schedule, so many seeds
+//! cover many interleavings of the lifecycle, placement and faults at a scale a test can afford.
+//!
+//! The scenario has a **safety phase** (the first 60% of the run: faults may fire) and a
+//! **liveness phase** (no faults). The checkers of [`crate::engine`] run in both; the swarm test
+//! adds the liveness condition that the last fifth of the run loses no packet once the faults
+//! are over and the load fits the fabric.
+
+use core::time::Duration;
+
+use spillway_fabric::params::{FabricParams, PlacementKind};
+use spillway_vswitch::workload::SplitMix64;
+
+use crate::scenario::{CpsGroup, DestSpec, Dur, Fault, FaultKind, FlowGroup, Scenario};
+
+fn pick(rng: &mut SplitMix64, n: usize) -> usize {
+    rng.below(n)
+}
+
+fn unit(rng: &mut SplitMix64) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn ms(v: u64) -> Dur {
+    Dur(Duration::from_millis(v))
+}
+
+/// A random scenario for `seed`: a DPU scaled down 20x (so a run is a few hundred thousand
+/// packets), 1-3 flow groups and 0-2 connection generators whose load crosses the DPU's limits
+/// at random times, a random placement policy, and in the safety phase up to two faults.
+pub fn scenario(seed: u64) -> Scenario {
+    let mut rng = SplitMix64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5a4d);
+    let mut f = FabricParams::default();
+    // Scaled down 20x: 360 kpps fast path, 2 SoC cores at 40 us per connection (50k cps).
+    f.dpu.hw_pps_limit = 360_000.0;
+    f.dpu.soc_cores = 2;
+    f.dpu.soc_new_conn_cost = Duration::from_micros(40);
+    f.dpu.soc_miss_cost = Duration::from_micros(10);
+    f.dpu.hw_entries_max = [2_000, 20_000, 200_000][pick(&mut rng, 3)];
+    f.dpu.insert_rate_limit = [20_000.0, 200_000.0][pick(&mut rng, 2)];
+    f.host.pkt_cost = Duration::from_micros(20);
+    f.host.new_conn_cost = Duration::from_micros(50);
+    f.host.plane_start = ms([20, 50, 200][pick(&mut rng, 3)]).0;
+    f.host.workers_initial = 1 + pick(&mut rng, 2) as u32;
+    f.host.workers_max = f.host.workers_initial + pick(&mut rng, 4) as u32;
+    f.host.tenant_cores = [48, 60, 62][pick(&mut rng, 3)];
+    f.pcie.phy_vnic_pps_limit = 1_000_000.0;
+    f.sched.release_windows = [10, 30][pick(&mut rng, 2)];
+    f.placement.policy = [
+        PlacementKind::FirstCome,
+        PlacementKind::OvsRebalance,
+        PlacementKind::None,
+    ][pick(&mut rng, 3)];
+    f.placement.rebalance_period = ms(300).0;
+    let duration_ms = 1500;
+    let mut flows = Vec::new();
+    for _ in 0..1 + pick(&mut rng, 3) {
+        let start = pick(&mut rng, 500) as u64;
+        let on = [0, 20, 50][pick(&mut rng, 3)];
+        flows.push(FlowGroup {
+            count: 20 + pick(&mut rng, 200) as u32,
+            tenant: 1 + pick(&mut rng, 8) as u32,
+            tenants: 1 + pick(&mut rng, 4) as u32,
+            pps: 200.0 + 2000.0 * unit(&mut rng),
+            start: ms(start),
+            spread: ms(pick(&mut rng, 400) as u64),
+            lifetime: ms(100 + pick(&mut rng, 1400) as u64),
+            dest: if pick(&mut rng, 2) == 0 {
+                DestSpec::Vm
+            } else {
+                DestSpec::Wire
+            },
+            bytes: 64 + 64 * pick(&mut rng, 20) as u32,
+            on: ms(on),
+            off: ms(if on == 0 {
+                0
+            } else {
+                30 + pick(&mut rng, 100) as u64
+            }),
+            jitter: 0.3 * unit(&mut rng),
+        });
+    }
+    let mut cps = Vec::new();
+    for _ in 0..pick(&mut rng, 3) {
+        let start = pick(&mut rng, 600) as u64;
+        cps.push(CpsGroup {
+            rate_from: 60_000.0 * unit(&mut rng),
+            rate_to: 60_000.0 * unit(&mut rng),
+            start: ms(start),
+            end: ms(start + 100 + pick(&mut rng, 700) as u64),
+            gap: Dur(Duration::from_micros(10 + pick(&mut rng, 200) as u64)),
+            tenant: 1 + pick(&mut rng, 8) as u32,
+            tenants: 1 + pick(&mut rng, 8) as u32,
+            dest: DestSpec::Vm,
+            denied_fraction: if pick(&mut rng, 3) == 0 { 0.05 } else { 0.0 },
+        });
+    }
+    let mut faults = Vec::new();
+    for _ in 0..pick(&mut rng, 3) {
+        let at = ms(100 + pick(&mut rng, duration_ms as usize * 6 / 10 - 100) as u64);
+        let kind = [
+            FaultKind::KillPlane,
+            FaultKind::ControlLoss,
+            FaultKind::Delay,
+        ][pick(&mut rng, 3)];
+        faults.push(Fault {
+            at,
+            kind,
+            duration: ms(5 + pick(&mut rng, 50) as u64),
+            probability: 0.5 * unit(&mut rng),
+        });
+    }
+    Scenario {
+        name: format!("swarm-{seed}"),
+        description: "random mix".into(),
+        duration: ms(duration_ms),
+        measure: [ms(duration_ms * 4 / 5), ms(duration_ms)],
+        sample: ms(10),
+        train: ms(5),
+        seed,
+        fabric: f,
+        flows,
+        cps,
+        host_load: Vec::new(),
+        faults,
+        sweep_workers: Vec::new(),
+    }
+}
