@@ -106,6 +106,9 @@ pub struct FabricEvent {
     pub what: EventKind,
     /// Why.
     pub reason: String,
+    /// For [`EventKind::Absorbing`]: when URSched's decision that led to it was taken (the
+    /// prepare decision of a cold start, the activate decision of a warm plane).
+    pub since: Option<Instant>,
 }
 
 /// What a [`FabricEvent`] records.
@@ -296,6 +299,9 @@ pub struct DpuCounters {
     pub delete_dups: u64,
     /// `dpu.mirror.skipped`: plane state not mirrored for lack of DPU memory.
     pub mirror_skipped: u64,
+    /// `dpu.shed`: established connections handed to the plane because the fast path was over
+    /// capacity.
+    pub shed: u64,
     /// `fabric.conn.closed`: connections whose last packet was delivered (by either plane).
     pub closed: u64,
     /// `dpu.open_dropped`: opening packets the DPU dropped (their connection never starts).
@@ -325,6 +331,7 @@ impl DpuCounters {
             ("dpu.failopen", self.fail_opens),
             ("control.delete.dup", self.delete_dups),
             ("dpu.mirror.skipped", self.mirror_skipped),
+            ("dpu.shed", self.shed),
             ("fabric.conn.closed", self.closed),
             ("dpu.open_dropped", self.open_dropped),
         ]
@@ -401,6 +408,8 @@ pub struct DpuNode {
     plane_util: f64,
     tenant_cores: u32,
     absorbed: bool,
+    trigger: Option<Instant>,
+    insert_refused_at_completion: u64,
     window_drops_base: u64,
     window_steered_base: u64,
     window_steered_new_base: u64,
@@ -471,6 +480,8 @@ impl DpuNode {
             plane_util: 0.0,
             tenant_cores: f.host.tenant_cores,
             absorbed: false,
+            trigger: None,
+            insert_refused_at_completion: 0,
             window_drops_base: 0,
             window_steered_base: 0,
             window_steered_new_base: 0,
@@ -534,9 +545,10 @@ impl DpuNode {
     pub fn last_load(&self) -> &Load {
         &self.last_load
     }
-    /// Inserts that went live in all (the insertion-budget checker reads it).
+    /// Insert commands the hardware has executed (live or refused by a full table); the
+    /// insertion-budget checker reads it.
     pub fn inserts_total(&self) -> u64 {
-        self.ins_srv.served_total()
+        self.counters.inserts + self.insert_refused_at_completion
     }
     /// The DPU's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
@@ -601,6 +613,7 @@ impl DpuNode {
             at,
             what,
             reason: reason.into(),
+            since: None,
         });
     }
 
@@ -983,11 +996,20 @@ impl DpuNode {
             Msg::Absorbing => {
                 if !self.absorbed {
                     self.absorbed = true;
-                    self.event(
-                        now,
-                        EventKind::Absorbing,
-                        "first redirected packet served by the plane",
-                    );
+                    let since = self.trigger.take();
+                    let reason = match since {
+                        Some(t) => format!(
+                            "first redirected packet served by the plane, {:.1} ms after the trigger",
+                            (now - t).as_secs_f64() * 1e3
+                        ),
+                        None => "first redirected packet served by the plane".to_string(),
+                    };
+                    self.events.push_back(FabricEvent {
+                        at: now,
+                        what: EventKind::Absorbing,
+                        reason,
+                        since,
+                    });
                 }
             }
             // DPU-to-plane messages never come back this way.
@@ -1325,6 +1347,7 @@ impl DpuNode {
             self.mem_used += self.f.dpu.mem_per_entry;
         } else {
             self.counters.insert_rejected += 1;
+            self.insert_refused_at_completion += 1;
         }
         let rec = *rec;
         if p.recall && rec.inserts_pending == 0 {
@@ -1398,6 +1421,11 @@ impl DpuNode {
             return;
         }
         if let Phase::Active { .. } = self.phase {
+            if load.hw_util > 1.0
+                || (load.dpu_drops > 0 && load.hw_util > self.f.sched.dpu_target_util)
+            {
+                self.shed(now, &load);
+            }
             let (free, headroom) = self.recall_budget();
             self.send(
                 now,
@@ -1419,6 +1447,83 @@ impl DpuNode {
             self.apply(now, d);
         }
         self.decisions = decisions;
+    }
+
+    /// The fast path is over its capacity while the plane is active (established flows grew,
+    /// or the DPU took a failed plane's connections back): hand connections of redirected
+    /// buckets, entries and all, to the plane until the measured excess is covered. Redirect
+    /// rules only catch misses, so without this an overloaded fast path would stay overloaded.
+    /// Highest rate first (fewest entries moved), ties by connection id; the recall headroom
+    /// is zero afterwards, so placement does not bring them straight back.
+    fn shed(&mut self, now: Instant, load: &Load) {
+        let secs = self.f.sched.window.as_secs_f64();
+        let target = self.f.sched.dpu_target_util * self.f.dpu.hw_pps_limit;
+        let excess = load.hw_util * self.f.dpu.hw_pps_limit - target;
+        if excess <= 0.0 {
+            return;
+        }
+        let buckets = self.f.dpu.redirect_buckets;
+        let quota = self.quota;
+        // Each entry's rate over its life in the table (hardware counters since install).
+        let mut v: Vec<(u64, ConnId)> = self
+            .conns
+            .iter()
+            .filter(|(k, c)| c.role == Role::Owner && c.hw_live == 2 && k.bucket(buckets) < quota)
+            .map(|(k, _)| {
+                let pps: f64 = [Side::Orig, Side::Reply]
+                    .iter()
+                    .filter_map(|side| {
+                        self.hw.get(&HwKey {
+                            conn: *k,
+                            side: *side,
+                        })
+                    })
+                    .map(|(_, e)| {
+                        e.packets() as f64 / (now - e.first_seen()).as_secs_f64().max(secs)
+                    })
+                    .sum();
+                (pps as u64, *k)
+            })
+            .collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        let mut shed = 0.0;
+        let mut moved = 0u64;
+        for (pps, conn) in &v {
+            if shed >= excess || *pps == 0 {
+                break;
+            }
+            shed += *pps as f64;
+            moved += 1;
+            let st = self.conns[conn].state;
+            self.strip_entries(*conn);
+            self.set_role(*conn, Role::Copy);
+            self.counters.shed += 1;
+            self.send_sync(now, SyncKind::Handover, st);
+        }
+        if moved > 0 {
+            self.event(
+                now,
+                EventKind::Quota,
+                format!(
+                    "fast path over capacity (util {:.2}): {moved} established connections ({:.2} Mpps) handed to the plane",
+                    load.hw_util,
+                    shed / 1e6
+                ),
+            );
+        }
+    }
+
+    fn strip_entries(&mut self, conn: ConnId) {
+        for side in [Side::Orig, Side::Reply] {
+            if self.hw.remove(&HwKey { conn, side }).is_some() {
+                self.counters.deletes += 1;
+                self.mem_used -= self.f.dpu.mem_per_entry;
+            }
+        }
+        if let Some(r) = self.conns.get_mut(&conn) {
+            r.hw_live = 0;
+            r.recalled = false;
+        }
     }
 
     /// The hardware flow-stats dump: the rate of every recalled entry over the last period,
@@ -1450,7 +1555,15 @@ impl DpuNode {
 
     fn apply(&mut self, now: Instant, d: Decision) {
         match (self.phase, d) {
-            (Phase::Idle, Decision::Prepare { workers, reason }) => {
+            (
+                Phase::Idle,
+                Decision::Prepare {
+                    workers,
+                    cause,
+                    reason,
+                },
+            ) => {
+                self.trigger = (cause == crate::ursched::Cause::Load).then_some(now);
                 self.colour = Colour(self.colour.0 + 1);
                 self.phase = Phase::Preparing {
                     colour: self.colour,
@@ -1473,6 +1586,8 @@ impl DpuNode {
                 },
                 Decision::Activate { reason },
             ) => {
+                // A warm plane: the activation's trigger is this decision.
+                self.trigger.get_or_insert(now);
                 let live_at = now + self.f.dpu.redirect_latency;
                 self.phase = Phase::Activating { colour, live_at };
                 self.event(now, EventKind::Activating, format!("activated: {reason}"));

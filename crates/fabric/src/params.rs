@@ -211,6 +211,9 @@ pub struct SchedParams {
     pub window: Duration,
     /// Utilisation (fast path or SoC) above which the DPU is under pressure. [assumed]: 0.85.
     pub pressure_util: f64,
+    /// Utilisation (fast path or SoC) above which the plane is prepared (shadow mode, no
+    /// forwarding change). Default = `pressure_util`: a cold start at pressure, as in the seed.
+    pub prepare_util: f64,
     /// Windows of pressure (N of the last M) before preparing and activating. [assumed]: 3 of 5.
     pub pressure_windows: u32,
     /// The M of "N of the last M windows".
@@ -251,6 +254,7 @@ impl Default for SchedParams {
         SchedParams {
             window: Duration::from_millis(10),
             pressure_util: 0.85,
+            prepare_util: 0.85,
             pressure_windows: 3,
             history_windows: 5,
             dpu_target_util: 0.98,
@@ -416,6 +420,14 @@ impl FabricParams {
         nonzero("sched.window", ns(s.window))?;
         nonzero("sched.variance_window", ns(s.variance_window))?;
         unit("sched.pressure_util", s.pressure_util)?;
+        unit("sched.prepare_util", s.prepare_util)?;
+        if s.prepare_util > s.pressure_util {
+            return Err(ParamError {
+                field: "sched.prepare_util",
+                expected: "at most sched.pressure_util",
+                actual: s.prepare_util.to_string(),
+            });
+        }
         unit("sched.dpu_target_util", s.dpu_target_util)?;
         unit("sched.release_util", s.release_util)?;
         unit("sched.worker_add_util", s.worker_add_util)?;

@@ -8,11 +8,17 @@
 //! - **Pressure**: fast-path or SoC utilisation above `pressure_util`, or any fast-path /
 //!   slow-path drop, in N of the last M windows.
 //! - **Noisy tenant**: per tenant, the squared coefficient of variation (variance / mean^2) of its
-//!   packet rate over the last `variance_samples` variance windows; the cluster value is the
-//!   mean over tenants. Normalising by the mean makes a big steady tenant and a small steady
-//!   tenant look alike, so only burstiness counts, not size. A tenant above
-//!   `variance_factor` x the cluster value in N of the last M variance windows prepares the plane
-//!   (pre-warm: it goes to shadow mode and activates only under pressure).
+//!   packet rate over the last `variance_samples` variance windows; the cluster value is the same
+//!   statistic of the cluster's total rate. Normalising by the mean makes a big steady tenant and
+//!   a small steady tenant look alike, so only burstiness counts, not size; comparing with the
+//!   aggregate (not the mean of the tenants) means a load change every tenant shares does not
+//!   single out whichever tenant sampling noise puts on top. A tenant above `variance_factor` x
+//!   the cluster value (and above `variance_floor`) in N of the last M variance windows prepares
+//!   the plane (pre-warm: it goes to shadow mode and activates only under pressure).
+//! - **Prepare vs activate**: load above `prepare_util` (N of M windows) starts the plane in
+//!   shadow mode; load above `pressure_util` activates it. With `prepare_util` below
+//!   `pressure_util` a rising load finds the plane warm and activation costs only the redirect
+//!   rules; by default both are 0.85 (the seed's cold start: plane start + rule injection).
 //! - **Memory**: DPU memory utilisation above `mem_util` prepares the plane.
 //! - **Release**: the whole load (DPU plus what the host carries) would fit the DPU under
 //!   `release_util` for `release_windows` consecutive windows.
@@ -59,6 +65,8 @@ pub enum Decision {
     Prepare {
         /// Workers to start with.
         workers: u32,
+        /// What triggered it.
+        cause: Cause,
         /// Why.
         reason: String,
     },
@@ -91,6 +99,18 @@ pub enum Decision {
         /// Why.
         reason: String,
     },
+}
+
+/// What made URSched prepare the plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// DPU load above `prepare_util`: activation follows as soon as the load passes
+    /// `pressure_util`; this decision is the activation's trigger.
+    Load,
+    /// DPU memory above `mem_util` (pre-warm).
+    Memory,
+    /// A noisy tenant (pre-warm).
+    Variance,
 }
 
 /// Where the plane is, as far as URSched's decisions go.
@@ -137,6 +157,7 @@ pub struct URSched {
     workers_initial: u32,
     redirect_buckets: u16,
     pressure: History,
+    warm: History,
     calm_windows: u32,
     windows_without_pressure: u32,
     fallback_noted: bool,
@@ -146,10 +167,25 @@ pub struct URSched {
     tenants: Vec<TenantSamples>,
     noisy: History,
     noisy_note: Option<String>,
+    cluster: TenantSamples,
 }
 
 /// Tenants tracked individually by the variance trigger.
 pub const TENANTS_MAX: usize = 65_536;
+
+/// Squared coefficient of variation of `k` samples; `None` until there are `k`, or for a zero
+/// mean.
+fn cv2(samples: &[f64], k: usize) -> Option<f64> {
+    if samples.len() < k {
+        return None;
+    }
+    let mean = samples.iter().sum::<f64>() / k as f64;
+    if mean <= 0.0 {
+        return None;
+    }
+    let var = samples.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / k as f64;
+    Some(var / (mean * mean))
+}
 
 #[derive(Clone, Debug, Default)]
 struct TenantSamples {
@@ -173,6 +209,7 @@ impl URSched {
             workers_initial: host.workers_initial,
             redirect_buckets: f.dpu.redirect_buckets,
             pressure: History::default(),
+            warm: History::default(),
             calm_windows: 0,
             windows_without_pressure: 0,
             fallback_noted: false,
@@ -180,6 +217,7 @@ impl URSched {
             tenants: Vec::new(),
             noisy: History::default(),
             noisy_note: None,
+            cluster: TenantSamples::default(),
         }
     }
 
@@ -200,10 +238,20 @@ impl URSched {
         t.seen = true;
     }
 
-    /// Closes a variance window of length `secs`: one rate sample per tenant, then the noisy
-    /// test against the cluster average.
+    /// Closes a variance window of length `secs`: one rate sample per tenant and one of the
+    /// whole cluster, then the noisy test of each tenant against the cluster.
     pub fn variance_window(&mut self, secs: f64) {
         let k = self.p.variance_samples as usize;
+        let total: u64 = self.tenants.iter().map(|t| t.packets).sum();
+        let cluster = &mut self.cluster;
+        let rate = total as f64 / secs;
+        if cluster.samples.len() < k {
+            cluster.samples.push(rate);
+        } else {
+            cluster.samples[cluster.next] = rate;
+        }
+        cluster.next = (cluster.next + 1) % k;
+        let cluster_cv2 = cv2(&cluster.samples, k);
         let mut cvs: Vec<(TenantId, f64)> = Vec::with_capacity(self.tenants.len());
         for (i, t) in self.tenants.iter_mut().enumerate() {
             if !t.seen {
@@ -231,27 +279,26 @@ impl URSched {
                 }
             }
         }
-        let noisy =
-            if cvs.len() >= 2 {
-                let avg = cvs.iter().map(|(_, v)| v).sum::<f64>() / cvs.len() as f64;
-                // The noisiest tenant, ties by id (BTreeMap order, so the first maximum).
+        let noisy = match (cvs.len() >= 2, cluster_cv2) {
+            (true, Some(cluster)) => {
+                // The noisiest tenant; ties go to the lowest id (the first maximum).
                 let (id, v) = cvs.iter().copied().fold((TenantId(0), f64::MIN), |a, b| {
                     if b.1 > a.1 { b } else { a }
                 });
-                // A floor keeps a cluster of perfectly steady tenants (cv^2 near zero) from calling
-                // its least steady member noisy: below `variance_floor` nobody is bursty.
-                if v > self.p.variance_floor && v > self.p.variance_factor * avg {
+                // The floor keeps a cluster of perfectly steady tenants (cv^2 near zero) from
+                // calling its least steady member noisy.
+                if v > self.p.variance_floor && v > self.p.variance_factor * cluster {
                     self.noisy_note = Some(format!(
-                        "{id} variance (cv^2) {v:.3} > {:.2} x cluster {avg:.3}",
+                        "{id} variance (cv^2) {v:.3} > {:.2} x cluster {cluster:.3}",
                         self.p.variance_factor
                     ));
                     true
                 } else {
                     false
                 }
-            } else {
-                false
-            };
+            }
+            _ => false,
+        };
         self.noisy.push(noisy, self.p.history_windows);
     }
 
@@ -269,48 +316,53 @@ impl URSched {
         let soc_hot = load.soc_util > p.pressure_util;
         let pressured = hw_hot || soc_hot || load.dpu_drops > 0;
         self.pressure.push(pressured, p.history_windows);
+        let warm = load.hw_util > p.prepare_util || load.soc_util > p.prepare_util || pressured;
+        self.warm.push(warm, p.history_windows);
         let sustained = self.pressure.count() >= p.pressure_windows;
-        if pressured {
+        let warm_sustained = self.warm.count() >= p.pressure_windows;
+        if warm {
             self.windows_without_pressure = 0;
         } else {
             self.windows_without_pressure = self.windows_without_pressure.saturating_add(1);
         }
-        let why_pressure = || {
+        let why = |threshold: f64, count: u32| {
             let (m, v) = if hw_hot || load.hw_util >= load.soc_util {
                 ("dpu.hw.util", load.hw_util)
             } else {
                 ("dpu.soc.util", load.soc_util)
             };
             format!(
-                "{m} {v:.2} > {:.2} (or drops) in {} of {} windows",
-                p.pressure_util,
-                self.pressure.count(),
+                "{m} {v:.2} > {threshold:.2} (or drops) in {count} of {} windows",
                 p.history_windows
             )
         };
+        let why_pressure = || why(p.pressure_util, self.pressure.count());
         match plane {
             PlaneView::Idle => {
                 self.quota = 0;
                 let noisy = self.noisy.count() >= p.variance_windows;
                 let mem = load.mem_util > p.mem_util;
-                let reason = if sustained {
-                    Some(why_pressure())
+                let reason = if warm_sustained {
+                    Some((Cause::Load, why(p.prepare_util, self.warm.count())))
                 } else if mem {
-                    Some(format!(
-                        "dpu.mem.util {:.2} > {:.2}",
-                        load.mem_util, p.mem_util
+                    Some((
+                        Cause::Memory,
+                        format!("dpu.mem.util {:.2} > {:.2}", load.mem_util, p.mem_util),
                     ))
                 } else if noisy {
-                    Some(format!(
-                        "{} in {} of {} variance windows",
-                        self.noisy_note.as_deref().unwrap_or("noisy tenant"),
-                        self.noisy.count(),
-                        p.history_windows
+                    Some((
+                        Cause::Variance,
+                        format!(
+                            "{} in {} of {} variance windows",
+                            self.noisy_note.as_deref().unwrap_or("noisy tenant"),
+                            self.noisy.count(),
+                            p.history_windows
+                        ),
                     ))
                 } else {
                     None
                 };
-                if let Some(reason) = reason {
+                if let Some((cause, reason)) = reason {
                     let cores = self.isolatable(load.tenant_cores);
                     self.windows_without_pressure = 0;
                     if cores == 0 {
@@ -327,6 +379,7 @@ impl URSched {
                         self.fallback_noted = false;
                         out.push(Decision::Prepare {
                             workers: self.workers_initial.min(cores),
+                            cause,
                             reason,
                         });
                     }

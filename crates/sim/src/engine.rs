@@ -856,8 +856,9 @@ impl Sim<'_> {
             (Some(a), Some(b)) if b >= a => Some((b.0 - a.0) as f64 / 1e6),
             _ => None,
         };
-        let prepare = ev(EventKind::Preparing);
-        let absorbing = ev(EventKind::Absorbing);
+        let absorbing_ev = self.phases.iter().find(|e| e.what == EventKind::Absorbing);
+        let prepare = absorbing_ev.and_then(|e| e.since);
+        let absorbing = absorbing_ev.map(|e| e.at);
         let activating = ev(EventKind::Activating);
         let active = ev(EventKind::Active);
         let release = self

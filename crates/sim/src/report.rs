@@ -90,8 +90,9 @@ pub struct RunReport {
     pub lost_packets: u64,
     /// Drops by reason, whole run (policy drops included, under `policy.deny`).
     pub drops: BTreeMap<&'static str, u64>,
-    /// Trigger (URSched's prepare decision) to the first redirected packet served by the
-    /// plane, milliseconds; null if the plane never absorbed anything.
+    /// Trigger (URSched's decision: prepare for a cold start, activate for a plane already warm
+    /// in shadow mode) to the first redirected packet served by the plane, milliseconds; null if
+    /// the plane never absorbed anything.
     pub activation_ms: Option<f64>,
     /// Redirect-rule installation (activate decision to rules live), milliseconds.
     pub rule_injection_ms: Option<f64>,
