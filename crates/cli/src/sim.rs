@@ -183,7 +183,7 @@ pub fn sim(args: &SimArgs) -> Result<()> {
     let progress = Progress::new(&sc.name);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    if !sc.sweep_workers.is_empty() && !dpu_only {
+    if sc.sweep.is_some() && !dpu_only {
         let points = spillway_sim::run_sweep(&sc, seed, &mut |f| progress.set(f))
             .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
         progress.done();
@@ -196,6 +196,7 @@ pub fn sim(args: &SimArgs) -> Result<()> {
                     "workers": p.workers,
                     "zero_loss_cps": p.zero_loss_cps,
                     "gain": p.gain,
+                    "trials": p.trials,
                     "run": p.run,
                 })).collect::<Vec<Value>>(),
             });

@@ -42,7 +42,7 @@
 
 use std::collections::VecDeque;
 
-use spillway_vswitch::flow_table::{EvictBy, FlowTable, FlowTableConfig, FullPolicy};
+use spillway_vswitch::flow_table::{EvictBy, FlowTable, FlowTableConfig, FullPolicy, Inserted};
 use spillway_vswitch::{Instant, TenantId};
 
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
@@ -371,6 +371,9 @@ impl Vnic {
     }
     pub(crate) fn take_util(&mut self, now_ps: u64) -> f64 {
         self.server.take_util(now_ps)
+    }
+    pub(crate) fn busy_until_ps(&self) -> u64 {
+        self.server.busy_until_ps()
     }
 }
 
@@ -833,7 +836,8 @@ impl DpuNode {
                 }
                 self.counters.soc_new_conn += 1;
                 let state = ConnState::open(now, t);
-                let queued = self.queue_inserts(now, t.conn, false);
+                // The insert commands leave when the slow path has finished this packet.
+                let queued = self.queue_inserts(at_ps(a.finish_ps), t.conn, false);
                 self.add_conn(
                     t.conn,
                     DpuConn {
@@ -870,7 +874,7 @@ impl DpuNode {
                     && t.kind != Kind::Close
                     && self.hw.len() + self.pending.len() + 2 <= self.hw.capacity()
                 {
-                    let queued = self.queue_inserts(now, t.conn, false);
+                    let queued = self.queue_inserts(at_ps(a.finish_ps), t.conn, false);
                     if let Some(r) = self.conns.get_mut(&t.conn) {
                         r.inserts_pending = queued;
                     }
@@ -1314,7 +1318,11 @@ impl DpuNode {
                     EventKind::RedirectRemoved,
                     "redirect rules removed; draining in-flight packets",
                 );
-                self.send(now, Channel::Control, Msg::Drain { colour });
+                // After the last redirected packet has left for the plane: the channels are
+                // separate, so the drain request must not overtake packets still queued on the
+                // phy vNIC.
+                let at = at_ps(self.to_host.server.busy_until_ps().max(ps(now)));
+                self.send(at, Channel::Control, Msg::Drain { colour });
             }
             _ => {}
         }
@@ -1330,30 +1338,44 @@ impl DpuNode {
     }
 
     fn complete_insert(&mut self, now: Instant, p: PendingInsert) {
+        // A completion for a record that expects none is stale: the connection was closed and
+        // its id's record re-created (say by a late mirror) while the insert was queued.
         let Some(c) = self.conns.get(&p.key.conn).copied() else {
             return; // closed while the insert was queued
         };
+        if c.inserts_pending == 0 {
+            return;
+        }
         let fits_mem = self.mem_used + self.f.dpu.mem_per_entry <= self.f.dpu.mem_bytes;
-        let ok = fits_mem
-            && self
-                .hw
+        let outcome = if fits_mem {
+            self.hw
                 .insert(now, p.key, HwRule { recalled: p.recall }, false)
-                .is_ok();
-        let rec = self.conns.get_mut(&p.key.conn).expect("checked above");
-        rec.inserts_pending = rec.inserts_pending.saturating_sub(1);
-        if ok {
-            rec.hw_live += 1;
-            self.counters.inserts += 1;
-            self.mem_used += self.f.dpu.mem_per_entry;
+                .ok()
         } else {
-            self.counters.insert_rejected += 1;
-            self.insert_refused_at_completion += 1;
+            None
+        };
+        let rec = self.conns.get_mut(&p.key.conn).expect("checked above");
+        rec.inserts_pending -= 1;
+        match outcome {
+            Some(Inserted::Fresh) => {
+                rec.hw_live += 1;
+                self.counters.inserts += 1;
+                self.mem_used += self.f.dpu.mem_per_entry;
+            }
+            // The entry was already live (an insert raced a re-insert): it stays one entry.
+            Some(Inserted::Replaced) => self.counters.inserts += 1,
+            Some(Inserted::Evicted { .. }) => {
+                unreachable!("the hardware table rejects when full, it never evicts")
+            }
+            None => {
+                self.counters.insert_rejected += 1;
+                self.insert_refused_at_completion += 1;
+            }
         }
         let rec = *rec;
         if p.recall && rec.inserts_pending == 0 {
             self.finish_recall(now, p.key.conn, rec.hw_live == 2);
         }
-        let _ = c;
     }
 
     /// At activation or a quota increase: connections of buckets `[from, to)` the DPU serves on

@@ -245,7 +245,8 @@ pub struct SchedParams {
     /// A prepared (shadow) plane with no pressure for this long is released. [assumed]: 2 s.
     #[serde(with = "humantime_us")]
     pub shadow_idle: Duration,
-    /// Buckets added to the overflow quota per pressured window. [assumed]: 32 of 256.
+    /// Buckets added to the overflow quota per pressured window. [assumed]: 8 of 256 (3%), so
+    /// the quota tracks the overflow closely.
     pub quota_step: u16,
 }
 
@@ -268,7 +269,7 @@ impl Default for SchedParams {
             variance_samples: 10,
             mem_util: 0.80,
             shadow_idle: Duration::from_secs(2),
-            quota_step: 32,
+            quota_step: 8,
         }
     }
 }

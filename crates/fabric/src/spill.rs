@@ -460,6 +460,7 @@ impl SpillPlane {
                     .workers
                     .busy_until_ps()
                     .max(self.flow_vnic.busy_until_ps())
+                    .max(self.to_dpu.busy_until_ps())
                     .max(ps(now));
                 self.send(at_ps(done), Channel::Control, Msg::Drained { colour });
             }

@@ -23,8 +23,11 @@
 //! - **Release**: the whole load (DPU plus what the host carries) would fit the DPU under
 //!   `release_util` for `release_windows` consecutive windows.
 //! - **Quota**: fast-path pressure redirects every bucket (only new connections can move, and
-//!   placement refills the fast path up to its target); SoC-only pressure grows the quota by
-//!   `quota_step` buckets per pressured window.
+//!   placement refills the fast path up to its target); SoC-only pressure grows the quota to the
+//!   share that brings the SoC back under `pressure_util - 0.05` (its load is proportional to the
+//!   share of new connections it keeps), at least `quota_step` buckets per pressured window, while
+//!   the plane has headroom (utilisation under `worker_add_util`, or a worker still to add). The quota never shrinks while active: giving
+//!   buckets back means handing their connections back, which is what a release does.
 //! - **Workers**: plane utilisation above `worker_add_util` adds a worker, up to the isolatable
 //!   idle cores (host cores - tenant cores - reserve) and `workers_max`. Zero isolatable cores
 //!   is a fallback: the plane is not started and the decision says why.
@@ -158,6 +161,8 @@ pub struct URSched {
     redirect_buckets: u16,
     pressure: History,
     warm: History,
+    /// Windows since the quota last changed.
+    since_quota: u32,
     calm_windows: u32,
     windows_without_pressure: u32,
     fallback_noted: bool,
@@ -210,6 +215,7 @@ impl URSched {
             redirect_buckets: f.dpu.redirect_buckets,
             pressure: History::default(),
             warm: History::default(),
+            since_quota: 0,
             calm_windows: 0,
             windows_without_pressure: 0,
             fallback_noted: false,
@@ -300,6 +306,20 @@ impl URSched {
             _ => false,
         };
         self.noisy.push(noisy, self.p.history_windows);
+    }
+
+    /// The quota that brings the SoC from `soc_util` back to `release_util`-side safety: the
+    /// SoC's load is proportional to the share of new connections it keeps, so keeping
+    /// `(1 - f) * target / util` of it lands at the target (`pressure_util - 0.05`). At least
+    /// `quota_step` more than now.
+    fn soc_quota(&self, soc_util: f64) -> u16 {
+        let n = f64::from(self.redirect_buckets);
+        let f = f64::from(self.quota) / n;
+        let target = (self.p.pressure_util - 0.05).max(0.05);
+        let keep = (1.0 - f) * (target / soc_util.max(target));
+        let q = ((1.0 - keep) * n).ceil() as u16;
+        q.max(self.quota + self.p.quota_step)
+            .min(self.redirect_buckets)
     }
 
     fn isolatable(&self, tenant_cores: u32) -> u32 {
@@ -393,9 +413,10 @@ impl URSched {
                     let buckets = if hw_hot || load.hw_util >= load.soc_util {
                         self.redirect_buckets
                     } else {
-                        p.quota_step.min(self.redirect_buckets)
+                        self.soc_quota(load.soc_util)
                     };
                     self.quota = buckets;
+                    self.since_quota = 0;
                     out.push(Decision::Quota {
                         buckets,
                         reason: format!(
@@ -420,11 +441,23 @@ impl URSched {
                 }
             }
             PlaneView::Active => {
-                if pressured && self.quota < self.redirect_buckets {
+                let cores = self.isolatable(load.tenant_cores);
+                // The plane can take more only while it has headroom or can still grow: a quota
+                // beyond its capacity would move the loss from the SoC to the plane.
+                let plane_room = load.plane_util < p.worker_add_util || load.workers < cores;
+                // After a change, wait until a whole window has been measured under the new
+                // quota: the window that ends right after a change still shows the old load.
+                self.since_quota = self.since_quota.saturating_add(1);
+                let settled = self.since_quota > 1;
+                if pressured
+                    && self.quota < self.redirect_buckets
+                    && (hw_hot || (plane_room && settled))
+                {
+                    self.since_quota = 0;
                     let q = if hw_hot {
                         self.redirect_buckets
                     } else {
-                        (self.quota + p.quota_step).min(self.redirect_buckets)
+                        self.soc_quota(load.soc_util)
                     };
                     out.push(Decision::Quota {
                         buckets: q,
@@ -432,7 +465,6 @@ impl URSched {
                     });
                     self.quota = q;
                 }
-                let cores = self.isolatable(load.tenant_cores);
                 if load.plane_util > p.worker_add_util && load.workers < cores {
                     out.push(Decision::Workers {
                         workers: load.workers + 1,

@@ -42,6 +42,8 @@ pub struct RunOptions {
     pub dpu_only: bool,
     /// Keep the time series.
     pub series: bool,
+    /// Print every train and message of this connection to stderr (debugging a failed seed).
+    pub trace_conn: Option<ConnId>,
 }
 
 /// A checker failed: the run is not valid. `repro` is the command that replays it.
@@ -204,6 +206,7 @@ pub struct Sim<'a> {
     measure_secs: f64,
     latency: LatencyHist,
     insert_violation: Option<String>,
+    last_arrival: [[Instant; 3]; 2],
 }
 
 impl<'a> Sim<'a> {
@@ -249,6 +252,7 @@ impl<'a> Sim<'a> {
             measure_secs: 0.0,
             latency: LatencyHist::default(),
             insert_violation: None,
+            last_arrival: [[Instant::ZERO; 3]; 2],
             f,
             opts,
         };
@@ -487,6 +491,15 @@ impl<'a> Sim<'a> {
         self.push(Instant(self.now.0 + gap), EvKind::Short(slot));
     }
 
+    /// Every channel is FIFO in each direction (a ring, a socket): a message never arrives
+    /// before one sent earlier on the same channel, whatever delay a fault adds.
+    fn fifo(&mut self, dir: usize, channel: Channel, at: Instant) -> Instant {
+        let slot = &mut self.last_arrival[dir][channel as usize];
+        let at = at.max(*slot);
+        *slot = at;
+        at
+    }
+
     fn link_latency(&mut self, channel: Channel) -> u64 {
         let base = u64::try_from(self.f.pcie.latency.as_nanos()).unwrap_or(u64::MAX);
         if self.delay_ns > 0 && self.now < self.delay_until && channel != Channel::Control {
@@ -500,7 +513,7 @@ impl<'a> Sim<'a> {
     fn route_outputs(&mut self) -> Result<(), SimFailure> {
         while let Some(t) = self.dpu.poll_transmit() {
             let lat = self.link_latency(t.channel);
-            let at = Instant(t.at.0.max(self.now.0) + lat);
+            let at = self.fifo(0, t.channel, Instant(t.at.0.max(self.now.0) + lat));
             self.in_flight += t.packets();
             let plane = self.plane_gen;
             self.push(at, EvKind::ToSpill { msg: t.msg, plane });
@@ -534,8 +547,9 @@ impl<'a> Sim<'a> {
         let depart = Instant(t.at.0.max(self.now.0));
         self.in_flight += t.packets();
         let plane = self.plane_gen;
+        let at = self.fifo(1, t.channel, Instant(depart.0 + lat));
         self.push(
-            Instant(depart.0 + lat),
+            at,
             EvKind::ToDpu {
                 msg: t.msg,
                 plane,
@@ -584,9 +598,40 @@ impl<'a> Sim<'a> {
         }
     }
 
+    fn trace(&self, ev: &Ev) {
+        let Some(c) = self.opts.trace_conn else {
+            return;
+        };
+        let conn = match ev.kind {
+            EvKind::ToSpill { msg, .. } | EvKind::ToDpu { msg, .. } => match msg {
+                Msg::Packets(t) => Some(t.conn),
+                Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
+                Msg::RecallDone { conn, .. } | Msg::Delete { conn, .. } => Some(conn),
+                _ => None,
+            },
+            EvKind::Flow(i) => Some(self.flows[i as usize].conn),
+            EvKind::Short(i) => Some(self.shorts[i as usize].conn),
+            _ => None,
+        };
+        if conn == Some(c) {
+            eprintln!(
+                "{} {:?} | dpu {:?} | plane {:?}",
+                ev.at,
+                ev.kind,
+                self.dpu
+                    .conn(c)
+                    .map(|r| (r.role, r.hw_live, r.inserts_pending, r.state.version)),
+                self.spill
+                    .conn(c)
+                    .map(|r| (r.role, r.recalling, r.state.version))
+            );
+        }
+    }
+
     fn step(&mut self, ev: Ev) -> Result<(), SimFailure> {
         self.now = ev.at;
         self.events += 1;
+        self.trace(&ev);
         match ev.kind {
             EvKind::Flow(i) => self.flow_step(i),
             EvKind::Short(s) => self.short_step(s),
@@ -756,6 +801,56 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
+    /// Liveness of ownership at the end of a run: every connection either plane knows has
+    /// exactly one owner, or a message that hands it over is still in flight.
+    fn final_ownership_check(&mut self) -> Result<(), SimFailure> {
+        if !self.plane_running {
+            return Ok(()); // the DPU alone: every record it has is its own
+        }
+        let mut in_transit: Vec<ConnId> = self
+            .heap
+            .iter()
+            .filter_map(|Reverse(e)| match e.kind {
+                EvKind::ToSpill { msg, .. } | EvKind::ToDpu { msg, .. } => match msg {
+                    Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
+                    Msg::RecallDone { conn, .. } | Msg::Delete { conn, .. } => Some(conn),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        in_transit.sort_unstable();
+        let d = self.dpu.conns_sorted();
+        let s = self.spill.conns_sorted();
+        let owned = |v: &[(ConnId, Role)], c: ConnId| {
+            v.binary_search_by_key(&c, |x| x.0)
+                .is_ok_and(|i| v[i].1 == Role::Owner)
+        };
+        // A recall whose inserts are still queued at the DPU is a handover in progress.
+        for (c, r) in &d {
+            if r.recalled && r.inserts_pending > 0 {
+                in_transit.push(*c);
+            }
+        }
+        in_transit.sort_unstable();
+        let dv: Vec<(ConnId, Role)> = d.iter().map(|(c, r)| (*c, r.role)).collect();
+        let sv: Vec<(ConnId, Role)> = s.iter().map(|(c, r)| (*c, r.role)).collect();
+        for (c, _) in dv.iter().chain(sv.iter()) {
+            let n = u32::from(owned(&dv, *c)) + u32::from(owned(&sv, *c));
+            if n == 0 && in_transit.binary_search(c).is_err() {
+                return Err(self.fail(format!(
+                    "ownership: {c} has no owner and no handover in flight at the end (dpu {:?}, plane {:?})",
+                    self.dpu.conn(*c),
+                    self.spill.conn(*c)
+                )));
+            }
+            if n == 2 {
+                return Err(self.fail(format!("ownership: {c} has two owners at the end")));
+            }
+        }
+        Ok(())
+    }
+
     fn sample(&mut self) {
         let secs = self.sc.sample.0.as_secs_f64();
         let t = self.totals();
@@ -771,6 +866,7 @@ impl<'a> Sim<'a> {
             lost_mpps: d(t.lost, self.last.lost) / 1e6,
             new_conn_mcps: d(t.new_conn, self.last.new_conn) / 1e6,
             offered_mcps: (self.new_conn_offered - self.last_new_conn_offered) as f64 / secs / 1e6,
+            done_mcps: d(t.closed, self.last.closed) / 1e6,
             p50_us: lat.quantile(0.5) as f64 / 1e3,
             p99_us: lat.quantile(0.99) as f64 / 1e3,
             hw_table_util: self.dpu.hw_entries() as f64 / self.dpu.hw_capacity() as f64,
@@ -831,6 +927,7 @@ impl Sim<'_> {
         }
         self.now = self.now.max(self.end);
         self.full_check()?;
+        self.final_ownership_check()?;
         // State continuity: a packet may find no state only if its connection's opening packet
         // was lost (then the connection never existed for the fabric).
         let no_state = self.drops().get(FabricDrop::NoState);
@@ -943,8 +1040,10 @@ impl Sim<'_> {
     }
 }
 
-/// The highest connection rate offered in a sample of the window `[from, to]` before the first
-/// sample with a lost packet; `None` if the first sample already lost packets.
+/// The highest rate of completed connections in a sample of the window `[from, to]` before the
+/// first sample with a lost packet (completed, not offered: a queue that is filling up delivers
+/// less than it is offered for a while before it drops); `None` if the first sample lost
+/// packets.
 pub fn zero_loss_cps(r: &RunReport, from_s: f64, to_s: f64) -> Option<f64> {
     let mut best = None;
     for s in &r.series {
@@ -954,7 +1053,7 @@ pub fn zero_loss_cps(r: &RunReport, from_s: f64, to_s: f64) -> Option<f64> {
         if s.lost_mpps > 0.0 {
             break;
         }
-        let cps = s.offered_mcps * 1e6;
+        let cps = s.done_mcps * 1e6;
         best = Some(best.map_or(cps, |b: f64| b.max(cps)));
     }
     best

@@ -1072,6 +1072,7 @@ mod tests {
             lost_mpps: 0.5,
             new_conn_mcps: 0.2,
             offered_mcps: 0.2,
+            done_mcps: 0.2,
             p50_us: 4.0,
             p99_us: 40.0,
             hw_table_util: 0.9,

@@ -62,6 +62,10 @@ pub fn run(
             seed,
             dpu_only,
             series: true,
+            trace_conn: std::env::var("SPILLWAY_TRACE_CONN")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(spillway_fabric::types::ConnId),
         },
     );
     let mut r = sim.run(progress)?;
@@ -80,35 +84,108 @@ pub fn run(
 pub struct SweepPoint {
     /// Host workers the plane may use (0: DPU only).
     pub workers: u32,
-    /// Zero-loss connections per second.
+    /// The highest trial rate carried with zero loss, connections/s (`None`: not even `low`).
     pub zero_loss_cps: Option<f64>,
     /// Gain over the 0-worker point, as a fraction (0.9 = +90%).
     pub gain: Option<f64>,
-    /// The run.
+    /// Trials run: `(rate, lost packets)`.
+    pub trials: Vec<(f64, u64)>,
+    /// The run of the best passing trial (or of the last trial if none passed).
     pub run: RunReport,
 }
 
-/// Runs `sc` once per entry of `sc.sweep_workers`: the plane starts with and may grow to that
-/// many workers (0 runs DPU-only).
+/// The scenario of one sweep trial at `rate` connections/s.
+pub fn sweep_trial(sc: &Scenario, workers: u32, rate: f64) -> Scenario {
+    let sw = sc.sweep.as_ref().expect("a sweep scenario");
+    let mut s = sc.clone();
+    if workers > 0 {
+        s.fabric.host.workers_initial = workers;
+        s.fabric.host.workers_max = workers;
+    }
+    let template = sc.cps[0].clone();
+    let ramp_end = sw.warmup.0 + sw.ramp.0;
+    let end = ramp_end + sw.trial.0;
+    s.cps = vec![
+        scenario::CpsGroup {
+            rate_from: sw.warmup_rate,
+            rate_to: sw.warmup_rate,
+            start: scenario::Dur::default(),
+            end: sw.warmup,
+            ..template.clone()
+        },
+        scenario::CpsGroup {
+            rate_from: sw.warmup_rate,
+            rate_to: rate,
+            start: sw.warmup,
+            end: scenario::Dur(ramp_end),
+            ..template.clone()
+        },
+        scenario::CpsGroup {
+            rate_from: rate,
+            rate_to: rate,
+            start: scenario::Dur(ramp_end),
+            end: scenario::Dur(end),
+            ..template
+        },
+    ];
+    s.duration = scenario::Dur(end);
+    s.measure = [scenario::Dur(ramp_end), scenario::Dur(end)];
+    s.sweep = None;
+    s
+}
+
+/// Runs the sweep of `sc` (see [`scenario::Sweep`]).
 pub fn run_sweep(
     sc: &Scenario,
     seed: u64,
     progress: &mut dyn FnMut(f64),
 ) -> Result<Vec<SweepPoint>, SimFailure> {
-    let n = sc.sweep_workers.len().max(1) as f64;
+    let sw = sc.sweep.clone().expect("a sweep scenario");
+    let per_point = f64::from(sw.iterations + 1);
+    let total = sw.workers.len() as f64 * per_point;
     let mut points: Vec<SweepPoint> = Vec::new();
-    for (i, &w) in sc.sweep_workers.iter().enumerate() {
-        let mut s = sc.clone();
-        if w > 0 {
-            s.fabric.host.workers_initial = w;
-            s.fabric.host.workers_max = w;
+    let mut done = 0.0;
+    for &w in &sw.workers {
+        let mut trials = Vec::new();
+        let mut trial = |rate: f64, done: f64, progress: &mut dyn FnMut(f64)| {
+            let s = sweep_trial(sc, w, rate);
+            let r = run(&s, seed, w == 0, &mut |p| progress((done + p) / total))?;
+            Ok::<_, SimFailure>(r)
+        };
+        let (mut lo, mut hi) = (sw.low, sw.high);
+        let first = trial(lo, done, progress)?;
+        done += 1.0;
+        trials.push((lo, first.lost_packets));
+        let mut best: Option<(f64, RunReport)> = None;
+        let mut last = first.clone();
+        if first.lost_packets == 0 {
+            best = Some((lo, first));
+            for _ in 0..sw.iterations {
+                let mid = (lo + hi) / 2.0;
+                let r = trial(mid, done, progress)?;
+                done += 1.0;
+                trials.push((mid, r.lost_packets));
+                if r.lost_packets == 0 {
+                    lo = mid;
+                    best = Some((mid, r));
+                } else {
+                    hi = mid;
+                    last = r;
+                }
+            }
+        } else {
+            done += f64::from(sw.iterations);
         }
-        let r = run(&s, seed, w == 0, &mut |p| progress((i as f64 + p) / n))?;
+        let (zero_loss_cps, run) = match best {
+            Some((rate, r)) => (Some(rate), r),
+            None => (None, last),
+        };
         points.push(SweepPoint {
             workers: w,
-            zero_loss_cps: r.zero_loss_cps,
+            zero_loss_cps,
             gain: None,
-            run: r,
+            trials,
+            run,
         });
     }
     let base = points

@@ -21,6 +21,8 @@ pub struct Sample {
     pub new_conn_mcps: f64,
     /// Connections offered per second by the workload, millions.
     pub offered_mcps: f64,
+    /// Connections completed per second (last packet delivered), millions.
+    pub done_mcps: f64,
     /// Latency percentiles of packets delivered in the interval, microseconds.
     pub p50_us: f64,
     /// 99th percentile, microseconds.

@@ -182,10 +182,38 @@ pub struct Scenario {
     /// Faults.
     #[serde(default)]
     pub faults: Vec<Fault>,
-    /// A sweep: the same scenario once per value of `host.workers_max` (the plane's size),
-    /// reporting the zero-loss CPS of each. Empty: a single run.
+    /// A zero-loss connection-rate sweep over the plane's size (see [`Sweep`]).
     #[serde(default)]
-    pub sweep_workers: Vec<u32>,
+    pub sweep: Option<Sweep>,
+}
+
+/// A zero-loss CPS sweep (RFC 2544 style): for each worker count, binary search for the highest
+/// constant connection rate that a trial carries with no lost packet. A trial offers
+/// `warmup_rate` for `warmup` (the SoC near saturation, so URSched activates the plane), then
+/// ramps to the trial rate over `ramp` and holds it for `trial`. Connections take the shape of the scenario's first `[[cps]]`
+/// group (tenants, gap, destination); its rates are ignored.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    /// Worker counts (0: the DPU-only baseline).
+    pub workers: Vec<u32>,
+    /// Rate during the warm-up, connections/s.
+    pub warmup_rate: f64,
+    /// Warm-up length.
+    pub warmup: Dur,
+    /// The rate then ramps linearly to the trial rate over this long (URSched tracks a ramp; a
+    /// step of several hundred thousand connections per second would overflow the SoC's queue
+    /// within one 10 ms decision window).
+    #[serde(default = "ms100")]
+    pub ramp: Dur,
+    /// Trial length (at the trial rate, after the ramp).
+    pub trial: Dur,
+    /// Lowest rate searched.
+    pub low: f64,
+    /// Highest rate searched.
+    pub high: f64,
+    /// Bisection steps (resolution (high - low) / 2^iterations).
+    pub iterations: u32,
 }
 
 fn one() -> u32 {
@@ -202,6 +230,9 @@ fn gap20() -> Dur {
 }
 fn ms10() -> Dur {
     Dur(Duration::from_millis(10))
+}
+fn ms100() -> Dur {
+    Dur(Duration::from_millis(100))
 }
 fn ms5() -> Dur {
     Dur(Duration::from_millis(5))
@@ -451,12 +482,42 @@ impl Scenario {
                 ));
             }
         }
-        for (i, w) in self.sweep_workers.iter().enumerate() {
-            if *w > 1024 {
+        if let Some(sw) = &self.sweep {
+            for (i, w) in sw.workers.iter().enumerate() {
+                if *w > 1024 {
+                    return Err(bad(
+                        format!("sweep.workers[{i}]"),
+                        "0..=1024",
+                        w.to_string(),
+                    ));
+                }
+            }
+            if !(sw.low > 0.0 && sw.low < sw.high && sw.high <= 1e8) {
                 return Err(bad(
-                    format!("sweep_workers[{i}]"),
-                    "0..=1024",
-                    w.to_string(),
+                    "sweep.low".into(),
+                    "0 < low < high <= 1e8",
+                    format!("{} .. {}", sw.low, sw.high),
+                ));
+            }
+            if sw.iterations == 0 || sw.iterations > 20 {
+                return Err(bad(
+                    "sweep.iterations".into(),
+                    "1..=20",
+                    sw.iterations.to_string(),
+                ));
+            }
+            if sw.trial.ns() == 0 || sw.warmup.ns() == 0 {
+                return Err(bad(
+                    "sweep.trial".into(),
+                    "positive warmup and trial",
+                    format!("{:?} {:?}", sw.warmup.0, sw.trial.0),
+                ));
+            }
+            if self.cps.is_empty() {
+                return Err(bad(
+                    "sweep".into(),
+                    "a [[cps]] group giving the connections' shape",
+                    "none".into(),
                 ));
             }
         }

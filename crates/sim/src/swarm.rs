@@ -123,6 +123,6 @@ pub fn scenario(seed: u64) -> Scenario {
         cps,
         host_load: Vec::new(),
         faults,
-        sweep_workers: Vec::new(),
+        sweep: None,
     }
 }

@@ -1,0 +1,152 @@
+//! The acceptance figures, as model results: the built-in scenarios run at paper scale
+//! and their reports are checked against the seed's numbers (micro-burst split, zero loss,
+//! activation and release timing), against the DPU-only baseline on the same seed, and for the
+//! connection-rate sweep (scaled by 1/10 in every rate and cost, so the ratios are the same and
+//! the test is fast). Every run also passes the engine's checkers after every event.
+
+use spillway_sim::scenario::Scenario;
+
+fn run(name: &str, dpu_only: bool) -> spillway_sim::report::RunReport {
+    let sc = Scenario::builtin(name).unwrap();
+    spillway_sim::run(&sc, sc.seed, dpu_only, &mut |_| {}).unwrap_or_else(|e| {
+        panic!(
+            "{name}: {e}\nrepro: spillway sim --scenario {name} --seed {}",
+            sc.seed
+        )
+    })
+}
+
+#[test]
+fn micro_burst_dpu_carries_its_limit_and_the_plane_the_rest_without_loss() {
+    let r = run("micro-burst", false);
+    assert!(
+        (9.1..9.3).contains(&r.offered_mpps),
+        "offered {}",
+        r.offered_mpps
+    );
+    assert!((6.9..=7.2).contains(&r.dpu_mpps), "dpu {}", r.dpu_mpps);
+    assert!((1.9..=2.3).contains(&r.host_mpps), "host {}", r.host_mpps);
+    assert_eq!(r.lost_packets, 0, "drops {:?}", r.drops);
+    // Cold activation: plane start (200 ms) + sync + rule injection (10 ms).
+    let act = r.activation_ms.expect("the plane absorbed the overflow");
+    assert!((205.0..260.0).contains(&act), "activation {act} ms");
+    assert_eq!(r.rule_injection_ms, Some(10.0));
+    assert!(
+        r.release_ms.is_some(),
+        "the plane is released after the burst"
+    );
+    assert!(
+        r.phases
+            .iter()
+            .any(|p| p.phase == "idle" && p.reason.contains("drained"))
+    );
+
+    let base = run("micro-burst", true);
+    assert_eq!(
+        base.offered_packets, r.offered_packets,
+        "same seed, same workload"
+    );
+    assert!(
+        (7.1..=7.25).contains(&base.dpu_mpps),
+        "dpu-only {}",
+        base.dpu_mpps
+    );
+    assert!(
+        base.lost_packets > 1_000_000,
+        "the DPU alone loses the excess: {}",
+        base.lost_packets
+    );
+    assert!(base.drops["dpu.hw.overload"] > 1_000_000);
+}
+
+#[test]
+fn activation_and_release_lose_nothing_and_keep_every_connection_state() {
+    let r = run("release", false);
+    assert_eq!(r.lost_packets, 0, "drops {:?}", r.drops);
+    assert_eq!(r.drops["fabric.no_state"], 0);
+    assert!(r.activation_ms.is_some());
+    assert!(r.release_ms.is_some(), "released: {:?}", r.phases);
+    let handed_back = r.counters["spill.handover"];
+    assert!(handed_back > 0, "the plane handed connections back");
+}
+
+#[test]
+fn a_steady_mix_inside_the_dpu_limits_never_starts_the_plane() {
+    let r = run("steady-mix", false);
+    assert_eq!(r.lost_packets, 0);
+    assert!(r.phases.is_empty(), "{:?}", r.phases);
+    assert!(
+        r.drops["policy.deny"] > 0,
+        "denied connections are policy drops, not losses"
+    );
+}
+
+#[test]
+fn a_killed_plane_fails_open_and_the_fabric_recovers() {
+    let r = run("fail-open", false);
+    let kinds: Vec<&str> = r.phases.iter().map(|p| p.phase).collect();
+    let fo = kinds
+        .iter()
+        .position(|k| *k == "fail_open")
+        .expect("fail-open happened");
+    assert!(
+        kinds[fo..].contains(&"absorbing"),
+        "a new plane absorbs the overflow again: {kinds:?}"
+    );
+    // What is lost is counted: the plane's in-flight packets and the overload until the new
+    // plane is active; no connection lost its state.
+    assert_eq!(r.drops["fabric.no_state"], 0);
+    assert!(
+        r.lost_packets < r.offered_packets / 50,
+        "lost {}",
+        r.lost_packets
+    );
+}
+
+#[test]
+fn cps_grows_with_host_workers_until_a_documented_bottleneck_caps_it() {
+    // cps-sweep with every rate and cost scaled by 1/10: the same ratios, a tenth of the events.
+    let mut sc = Scenario::builtin("cps-sweep").unwrap();
+    let f = &mut sc.fabric;
+    f.dpu.soc_new_conn_cost *= 10;
+    f.dpu.soc_miss_cost *= 10;
+    f.dpu.soc_sync_cost *= 10;
+    f.dpu.insert_rate_limit /= 10.0;
+    f.dpu.hw_pps_limit /= 10.0;
+    f.host.pkt_cost *= 10;
+    f.host.new_conn_cost *= 10;
+    f.pcie.phy_vnic_pps_limit /= 10.0;
+    f.pcie.flow_vnic_msgs_limit /= 10.0;
+    let sw = sc.sweep.as_mut().unwrap();
+    sw.warmup_rate /= 10.0;
+    sw.low /= 10.0;
+    sw.high /= 10.0;
+    sc.cps[0].gap.0 *= 10;
+    let points = spillway_sim::run_sweep(&sc, sc.seed, &mut |_| {}).unwrap();
+    let cps: Vec<f64> = points
+        .iter()
+        .map(|p| p.zero_loss_cps.unwrap_or(0.0))
+        .collect();
+    let workers: Vec<u32> = points.iter().map(|p| p.workers).collect();
+    eprintln!("zero-loss cps by workers {workers:?}: {cps:?}");
+    let base = cps[0];
+    assert!(base > 50_000.0, "DPU-only {base}");
+    // Growth with workers (within one bisection step).
+    let step =
+        (sw_high(&sc) - sw_low(&sc)) / f64::from(1u32 << sc.sweep.as_ref().unwrap().iterations);
+    for w in cps.windows(2) {
+        assert!(w[1] + step >= w[0], "not monotone: {cps:?}");
+    }
+    let best = cps.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        best >= 1.9 * base,
+        "best {best} vs DPU-only {base}: {cps:?}"
+    );
+}
+
+fn sw_low(sc: &Scenario) -> f64 {
+    sc.sweep.as_ref().unwrap().low
+}
+fn sw_high(sc: &Scenario) -> f64 {
+    sc.sweep.as_ref().unwrap().high
+}
