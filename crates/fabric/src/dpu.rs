@@ -760,7 +760,12 @@ impl DpuNode {
                 let sum =
                     a.wait_sum_ps + u64::from(a.count) * ns(self.f.dpu.hw_latency) * PS_PER_NS;
                 self.deliver(t, a.count, sum, true);
-                self.update_state(now, t);
+                // Payload on the hardware path changes no connection state: the entry's own
+                // counters count it, and the SoC's record is left alone (as hardware conntrack
+                // offload does). Control packets and the close still step the record.
+                if t.kind != Kind::Data {
+                    self.update_state(now, t);
+                }
             }
             return;
         }

@@ -497,7 +497,7 @@ pub mod humantime_us {
             _ => return Err(format!("expected a unit ns, us, ms or s, got {s:?}")),
         };
         let secs = v * mult;
-        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
             return Err(format!("duration out of range: {s:?}"));
         }
         Ok(Duration::from_secs_f64(secs))

@@ -189,12 +189,11 @@ impl PlacementPolicy for OvsRebalance {
         self.low.extend_from_slice(offloaded);
         self.low
             .sort_by(|a, b| a.pps.total_cmp(&b.pps).then(a.conn.cmp(&b.conn)));
-        let mut n = 0;
-        for (p, o) in self.pending.iter().zip(self.low.iter()) {
-            if p.pps <= o.pps || n >= budget.recalls_max {
+        let pairs = self.pending.iter().zip(self.low.iter());
+        for (n, (p, o)) in pairs.enumerate() {
+            if p.pps <= o.pps || n as u32 >= budget.recalls_max {
                 break;
             }
-            n += 1;
             out.push(Move::Demote { conn: o.conn });
             out.push(Move::Recall {
                 conn: p.conn,

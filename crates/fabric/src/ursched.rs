@@ -25,7 +25,8 @@
 //! - **Quota**: fast-path pressure redirects every bucket (only new connections can move, and
 //!   placement refills the fast path up to its target); SoC-only pressure grows the quota to the
 //!   share that brings the SoC back under `pressure_util - 0.05` (its load is proportional to the
-//!   share of new connections it keeps), at least `quota_step` buckets per pressured window, while
+//!   share of new connections it keeps; a saturated SoC, which reads ~1 whatever the overload,
+//!   halves the share it keeps), at least `quota_step` buckets per pressured window, while
 //!   the plane has headroom (utilisation under `worker_add_util`, or a worker still to add). The quota never shrinks while active: giving
 //!   buckets back means handing their connections back, which is what a release does.
 //! - **Workers**: plane utilisation above `worker_add_util` adds a worker, up to the isolatable
@@ -316,7 +317,13 @@ impl URSched {
         let n = f64::from(self.redirect_buckets);
         let f = f64::from(self.quota) / n;
         let target = (self.p.pressure_util - 0.05).max(0.05);
-        let keep = (1.0 - f) * (target / soc_util.max(target));
+        // A saturated SoC's utilisation reads ~1 whatever the overload, so the proportional
+        // step would under-correct: then halve the share the DPU keeps.
+        let keep = if soc_util > 0.95 {
+            (1.0 - f) / 2.0
+        } else {
+            (1.0 - f) * (target / soc_util.max(target))
+        };
         let q = ((1.0 - keep) * n).ceil() as u16;
         q.max(self.quota + self.p.quota_step)
             .min(self.redirect_buckets)

@@ -63,15 +63,11 @@ enum EvKind {
     Flow(u32),
     Short(u32),
     CpsArrival(u16),
-    ToSpill {
-        msg: Msg,
-        plane: u32,
-    },
-    ToDpu {
-        msg: Msg,
-        plane: u32,
-        depart: Instant,
-    },
+    /// A message to the plane, in `Sim::msgs[slot]` (kept out of the heap so that heap
+    /// entries stay small: the heap is the simulator's hottest structure).
+    ToSpill(u32),
+    /// A message to the DPU, in `Sim::msgs[slot]`.
+    ToDpu(u32),
     DpuTimer,
     SpillTimer,
     PlaneUp {
@@ -81,6 +77,16 @@ enum EvKind {
     Sample,
     HostLoad(u16),
     Fault(u16),
+}
+
+/// A message between the nodes, on its way.
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    msg: Msg,
+    /// The plane generation it was sent to or from.
+    plane: u32,
+    /// When it left its sender.
+    depart: Instant,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -207,6 +213,8 @@ pub struct Sim<'a> {
     latency: LatencyHist,
     insert_violation: Option<String>,
     last_arrival: [[Instant; 3]; 2],
+    msgs: Vec<InFlight>,
+    free_msgs: Vec<u32>,
 }
 
 impl<'a> Sim<'a> {
@@ -253,6 +261,8 @@ impl<'a> Sim<'a> {
             latency: LatencyHist::default(),
             insert_violation: None,
             last_arrival: [[Instant::ZERO; 3]; 2],
+            msgs: Vec::new(),
+            free_msgs: Vec::new(),
             f,
             opts,
         };
@@ -516,7 +526,8 @@ impl<'a> Sim<'a> {
             let at = self.fifo(0, t.channel, Instant(t.at.0.max(self.now.0) + lat));
             self.in_flight += t.packets();
             let plane = self.plane_gen;
-            self.push(at, EvKind::ToSpill { msg: t.msg, plane });
+            let slot = self.park(t.msg, plane, Instant(t.at.0.max(self.now.0)));
+            self.push(at, EvKind::ToSpill(slot));
         }
         while let Some(c) = self.dpu.poll_command() {
             match c {
@@ -548,14 +559,29 @@ impl<'a> Sim<'a> {
         self.in_flight += t.packets();
         let plane = self.plane_gen;
         let at = self.fifo(1, t.channel, Instant(depart.0 + lat));
-        self.push(
-            at,
-            EvKind::ToDpu {
-                msg: t.msg,
-                plane,
-                depart,
-            },
-        );
+        let slot = self.park(t.msg, plane, depart);
+        self.push(at, EvKind::ToDpu(slot));
+    }
+
+    /// Stores an in-flight message; returns its slot.
+    fn park(&mut self, msg: Msg, plane: u32, depart: Instant) -> u32 {
+        let m = InFlight { msg, plane, depart };
+        match self.free_msgs.pop() {
+            Some(i) => {
+                self.msgs[i as usize] = m;
+                i
+            }
+            None => {
+                self.msgs.push(m);
+                (self.msgs.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Takes the message out of `slot`.
+    fn unpark(&mut self, slot: u32) -> InFlight {
+        self.free_msgs.push(slot);
+        self.msgs[slot as usize]
     }
 
     fn stop_plane(&mut self) {
@@ -603,7 +629,7 @@ impl<'a> Sim<'a> {
             return;
         };
         let conn = match ev.kind {
-            EvKind::ToSpill { msg, .. } | EvKind::ToDpu { msg, .. } => match msg {
+            EvKind::ToSpill(i) | EvKind::ToDpu(i) => match self.msgs[i as usize].msg {
                 Msg::Packets(t) => Some(t.conn),
                 Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
                 Msg::RecallDone { conn, .. } | Msg::Delete { conn, .. } => Some(conn),
@@ -636,7 +662,8 @@ impl<'a> Sim<'a> {
             EvKind::Flow(i) => self.flow_step(i),
             EvKind::Short(s) => self.short_step(s),
             EvKind::CpsArrival(g) => self.cps_arrival(g),
-            EvKind::ToSpill { msg, plane } => {
+            EvKind::ToSpill(slot) => {
+                let InFlight { msg, plane, .. } = self.unpark(slot);
                 if let Msg::Packets(t) = &msg {
                     self.in_flight -= u64::from(t.packets);
                 }
@@ -646,7 +673,8 @@ impl<'a> Sim<'a> {
                     self.spill.handle_msg(self.now, msg);
                 }
             }
-            EvKind::ToDpu { msg, plane, depart } => {
+            EvKind::ToDpu(slot) => {
+                let InFlight { msg, plane, depart } = self.unpark(slot);
                 if let Msg::Packets(t) = &msg {
                     self.in_flight -= u64::from(t.packets);
                 }
@@ -717,7 +745,7 @@ impl<'a> Sim<'a> {
         self.route_outputs()?;
         self.timers();
         self.check_cheap()?;
-        if self.events % FULL_CHECK_EVERY == 0 {
+        if self.events.is_multiple_of(FULL_CHECK_EVERY) {
             self.full_check()?;
         }
         Ok(())
@@ -811,7 +839,7 @@ impl<'a> Sim<'a> {
             .heap
             .iter()
             .filter_map(|Reverse(e)| match e.kind {
-                EvKind::ToSpill { msg, .. } | EvKind::ToDpu { msg, .. } => match msg {
+                EvKind::ToSpill(i) | EvKind::ToDpu(i) => match self.msgs[i as usize].msg {
                     Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
                     Msg::RecallDone { conn, .. } | Msg::Delete { conn, .. } => Some(conn),
                     _ => None,

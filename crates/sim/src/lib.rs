@@ -147,7 +147,7 @@ pub fn run_sweep(
     let mut done = 0.0;
     for &w in &sw.workers {
         let mut trials = Vec::new();
-        let mut trial = |rate: f64, done: f64, progress: &mut dyn FnMut(f64)| {
+        let trial = |rate: f64, done: f64, progress: &mut dyn FnMut(f64)| {
             let s = sweep_trial(sc, w, rate);
             let r = run(&s, seed, w == 0, &mut |p| progress((done + p) / total))?;
             Ok::<_, SimFailure>(r)
