@@ -299,6 +299,8 @@ pub struct DpuCounters {
     pub delete_dups: u64,
     /// `dpu.mirror.skipped`: plane state not mirrored for lack of DPU memory.
     pub mirror_skipped: u64,
+    /// `dpu.punt_in`: packets the plane handed back for lack of state.
+    pub punted_in: u64,
     /// `dpu.shed`: established connections handed to the plane because the fast path was over
     /// capacity.
     pub shed: u64,
@@ -331,6 +333,7 @@ impl DpuCounters {
             ("dpu.failopen", self.fail_opens),
             ("control.delete.dup", self.delete_dups),
             ("dpu.mirror.skipped", self.mirror_skipped),
+            ("dpu.punt_in", self.punted_in),
             ("dpu.shed", self.shed),
             ("fabric.conn.closed", self.closed),
             ("dpu.open_dropped", self.open_dropped),
@@ -413,6 +416,7 @@ pub struct DpuNode {
     absorbed: bool,
     trigger: Option<Instant>,
     insert_refused_at_completion: u64,
+    first_no_state: Option<ConnId>,
     window_drops_base: u64,
     window_steered_base: u64,
     window_steered_new_base: u64,
@@ -485,6 +489,7 @@ impl DpuNode {
             absorbed: false,
             trigger: None,
             insert_refused_at_completion: 0,
+            first_no_state: None,
             window_drops_base: 0,
             window_steered_base: 0,
             window_steered_new_base: 0,
@@ -552,6 +557,11 @@ impl DpuNode {
     /// insertion-budget checker reads it.
     pub fn inserts_total(&self) -> u64 {
         self.counters.inserts + self.insert_refused_at_completion
+    }
+    /// The first connection a packet of which found no state here (for diagnosing a failed
+    /// continuity check).
+    pub fn first_no_state(&self) -> Option<ConnId> {
+        self.first_no_state
     }
     /// The DPU's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
@@ -776,7 +786,7 @@ impl DpuNode {
             self.steer_to_host(now, t);
             return;
         }
-        self.slow_path(now, t);
+        self.slow_path(now, t, false);
     }
 
     fn steer_to_host(&mut self, now: Instant, t: &Train) {
@@ -813,7 +823,7 @@ impl DpuNode {
         self.send(at_ps(a.finish_ps), Channel::PhyVnic, Msg::Packets(part));
     }
 
-    fn slow_path(&mut self, now: Instant, t: &Train) {
+    fn slow_path(&mut self, now: Instant, t: &Train, punted: bool) {
         let known = self.conns.get(&t.conn).copied();
         if t.denied {
             // The policy walk runs, then denies: the SoC pays a new-connection walk.
@@ -859,8 +869,22 @@ impl DpuNode {
                     self.send_sync(now, SyncKind::Mirror, state);
                 }
             }
+            None if !punted
+                && matches!(
+                    self.phase,
+                    Phase::Draining {
+                        step: DrainStep::Drain,
+                        ..
+                    }
+                ) =>
+            {
+                // The redirect rules are gone but the plane still runs: a connection it opened
+                // while releasing may be handed over yet. It has the state; send it there.
+                self.steer_to_host(now, t);
+            }
             None => {
                 self.drops.add(FabricDrop::NoState, u64::from(t.packets));
+                self.first_no_state.get_or_insert(t.conn);
             }
             Some(c) => {
                 let a = self.soc.offer(ps(now), t.packets, self.soc_miss_ps);
@@ -910,8 +934,13 @@ impl DpuNode {
         }
         let changed = c.state.apply(t);
         let st = c.state;
+        let kind = if c.role == Role::Owner {
+            SyncKind::Mirror
+        } else {
+            SyncKind::Update
+        };
         if changed && has_plane {
-            self.send_sync(now, SyncKind::Mirror, st);
+            self.send_sync(now, kind, st);
         }
     }
 
@@ -943,10 +972,22 @@ impl DpuNode {
                     self.counters.pcie_crossings += u64::from(s.count) * crossings;
                 }
             }
-            Msg::Sync { kind, state, .. } => {
+            Msg::Punt(t) => {
+                // The plane had no state for it: the slow path serves it as the owner.
+                self.counters.punted_in += u64::from(t.packets);
+                self.slow_path(now, &t, true);
+            }
+            Msg::Sync {
+                kind,
+                state,
+                colour,
+            } => {
                 self.counters.sync_rx += 1;
                 self.soc.offer(ps(now), 1, self.soc_sync_ps);
-                self.ingest_sync(kind, state);
+                // A message of an older colour comes from a plane that has since failed or
+                // been released: nobody but the DPU can own what it carries.
+                let orphan = !self.phase.has_plane() || colour < self.colour;
+                self.ingest_sync(kind, state, orphan);
             }
             Msg::SyncDone { colour, count } => {
                 if let Phase::Shadow {
@@ -974,6 +1015,12 @@ impl DpuNode {
                 pps,
                 replaces_pps,
             } => self.handle_recall(now, state, pps, replaces_pps),
+            Msg::Adopted { conn } => {
+                // The plane has the state now: its packets may miss the fast path.
+                if self.conns.get(&conn).is_some_and(|c| c.role == Role::Copy) {
+                    self.strip_entries(conn);
+                }
+            }
             Msg::Delete { seq, conn } => self.handle_delete(now, seq, conn),
             Msg::Released { colour, count } => {
                 if let Phase::Draining {
@@ -1043,22 +1090,20 @@ impl DpuNode {
         }
     }
 
-    fn ingest_sync(&mut self, kind: SyncKind, state: ConnState) {
+    fn ingest_sync(&mut self, kind: SyncKind, state: ConnState, orphan: bool) {
         if kind == SyncKind::Closed {
-            // The owner (the plane) closed it: drop our copy and any entries.
-            if self
-                .conns
-                .get(&state.conn)
-                .is_some_and(|c| c.role == Role::Copy)
-            {
-                self.remove_conn(state.conn);
-            }
+            // The connection's last packet went through the plane: forget it, entries and all.
+            self.remove_conn(state.conn);
             return;
         }
         match (self.conns.get_mut(&state.conn), kind) {
-            (Some(c), SyncKind::Mirror) => {
+            (None, SyncKind::Update) => {}
+            (Some(c), SyncKind::Mirror | SyncKind::Update) => {
                 if state.version >= c.state.version {
                     c.state = state;
+                }
+                if orphan {
+                    self.set_role(state.conn, Role::Owner);
                 }
             }
             (Some(c), SyncKind::Handover) => {
@@ -1069,7 +1114,9 @@ impl DpuNode {
             }
             (_, SyncKind::Closed) => unreachable!("handled above"),
             (None, kind) => {
-                let role = if kind == SyncKind::Handover {
+                // With no plane running (a late message from a plane that failed or was
+                // released) the DPU is the only possible owner.
+                let role = if kind == SyncKind::Handover || orphan {
                     Role::Owner
                 } else {
                     Role::Copy
@@ -1158,14 +1205,10 @@ impl DpuNode {
         }
         let state = match self.conns.get(&conn).copied() {
             Some(c) if c.role == Role::Owner => {
-                for side in [Side::Orig, Side::Reply] {
-                    if self.hw.remove(&HwKey { conn, side }).is_some() {
-                        self.counters.deletes += 1;
-                        self.mem_used -= self.f.dpu.mem_per_entry;
-                    }
-                }
+                // The entries stay live until the plane has adopted the connection
+                // (`Msg::Adopted`): removed now, its next packets would be redirected to a
+                // plane that may not have the state yet (the ack travels on another channel).
                 if let Some(r) = self.conns.get_mut(&conn) {
-                    r.hw_live = 0;
                     r.recalled = false;
                 }
                 self.set_role(conn, Role::Copy);
@@ -1522,7 +1565,7 @@ impl DpuNode {
             shed += *pps as f64;
             moved += 1;
             let st = self.conns[conn].state;
-            self.strip_entries(*conn);
+            // Entries stay until the plane adopts it (see `Msg::Adopted`).
             self.set_role(*conn, Role::Copy);
             self.counters.shed += 1;
             self.send_sync(now, SyncKind::Handover, st);

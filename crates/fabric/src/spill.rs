@@ -81,6 +81,8 @@ pub struct SpillCounters {
     pub sync_tx: u64,
     /// `spill.handover`: connections handed to the DPU.
     pub handovers: u64,
+    /// `spill.punt`: packets handed back to the DPU for lack of state.
+    pub punted: u64,
     /// `spill.open_dropped`: opening packets the plane dropped.
     pub open_dropped: u64,
     /// `spill.conn.closed_direct`: connections whose last packet the plane delivered itself.
@@ -104,6 +106,7 @@ impl SpillCounters {
             ("spill.delete.acked", self.deletes_acked),
             ("spill.sync.tx", self.sync_tx),
             ("spill.handover", self.handovers),
+            ("spill.punt", self.punted),
             ("spill.open_dropped", self.open_dropped),
             ("spill.conn.closed_direct", self.closed_direct),
         ]
@@ -147,6 +150,7 @@ pub struct SpillPlane {
     moves: Vec<Move>,
     cands: Vec<Candidate>,
     offl: Vec<Offloaded>,
+    first_no_state: Option<ConnId>,
     out: VecDeque<Transmit>,
     counters: SpillCounters,
     drops: Drops,
@@ -193,6 +197,7 @@ impl SpillPlane {
             moves: Vec::new(),
             cands: Vec::new(),
             offl: Vec::new(),
+            first_no_state: None,
             out: VecDeque::new(),
             counters: SpillCounters::default(),
             drops: Drops::default(),
@@ -222,6 +227,10 @@ impl SpillPlane {
     /// Latency of packets the plane delivered itself (vATC), ns.
     pub fn latency(&self) -> &LatencyHist {
         &self.latency
+    }
+    /// The first connection a packet of which found no state here.
+    pub fn first_no_state(&self) -> Option<ConnId> {
+        self.first_no_state
     }
     /// The plane's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&SpillConn> {
@@ -392,7 +401,10 @@ impl SpillPlane {
             Msg::RecallDone { conn, ok } => {
                 if ok {
                     self.counters.recalls_ok += 1;
-                    if let Some(c) = self.remove_conn(conn) {
+                    // Keep a copy: packets redirected before the entries went live may still
+                    // be on their way, and the DPU mirrors the connection's changes to it.
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.recalling = false;
                         self.offloaded.insert(conn, c.pps.max(0.0));
                     }
                 } else {
@@ -410,6 +422,7 @@ impl SpillPlane {
                 self.counters.deletes_acked += 1;
                 self.offloaded.remove(&d.conn);
                 if let Some(st) = state {
+                    self.send(now, Channel::Control, Msg::Adopted { conn: d.conn });
                     self.insert_conn(
                         d.conn,
                         SpillConn {
@@ -423,7 +436,9 @@ impl SpillPlane {
                     );
                 }
                 if let Some((conn, pps, replaces)) = d.then_recall {
-                    self.recall(now, conn, pps, replaces);
+                    // A swap: the recall follows the adoption on the same (FIFO) channel, so
+                    // the DPU has freed the demoted entries when it reads the recall.
+                    self.recall_on(now, conn, pps, replaces, Channel::Control);
                 }
             }
             Msg::OffloadStats { conn, pps } => {
@@ -462,17 +477,21 @@ impl SpillPlane {
                     .max(self.flow_vnic.busy_until_ps())
                     .max(self.to_dpu.busy_until_ps())
                     .max(ps(now));
-                self.send(at_ps(done), Channel::Control, Msg::Drained { colour });
+                // On the flow vNIC, behind every handover the plane has sent: the DPU must own
+                // all of them before it stops the plane.
+                self.send(at_ps(done), Channel::FlowVnic, Msg::Drained { colour });
             }
             Msg::SetWorkers { workers } => {
                 self.pending_workers = Some((now + self.f.host.worker_start, workers));
             }
             // Plane-to-DPU messages never arrive here.
             Msg::Recall { .. }
+            | Msg::Punt(_)
             | Msg::Delete { .. }
             | Msg::Released { .. }
             | Msg::Heartbeat { .. }
             | Msg::Drained { .. }
+            | Msg::Adopted { .. }
             | Msg::Absorbing => {}
         }
     }
@@ -489,12 +508,14 @@ impl SpillPlane {
     fn ingest_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
         match kind {
             SyncKind::Closed => {
-                if self
-                    .conns
-                    .get(&state.conn)
-                    .is_some_and(|c| c.role == Role::Copy)
+                // Its last packet went through the DPU: forget it, owner or copy.
+                self.remove_conn(state.conn);
+            }
+            SyncKind::Update => {
+                if let Some(c) = self.conns.get_mut(&state.conn)
+                    && state.version >= c.state.version
                 {
-                    self.remove_conn(state.conn);
+                    c.state = state;
                 }
             }
             SyncKind::Mirror | SyncKind::Handover => {
@@ -533,6 +554,9 @@ impl SpillPlane {
                             },
                         );
                     }
+                }
+                if role == Role::Owner {
+                    self.send(now, Channel::Control, Msg::Adopted { conn: state.conn });
                 }
                 if role == Role::Owner && self.releasing {
                     // Handed to a releasing plane (a demotion crossing the release): give it
@@ -595,7 +619,20 @@ impl SpillPlane {
                 }
             }
             None => {
-                self.drops.add(FabricDrop::NoState, u64::from(a.count));
+                // No state here (yet): the owner's mirror is still on its way, or the DPU kept
+                // it. Hand the packets back to the DPU's slow path rather than drop them.
+                let mut back = *t;
+                back.packets = a.count;
+                self.counters.punted += u64::from(a.count);
+                let v = self.to_dpu.offer(a.finish_ps, &back);
+                if v.count < back.packets {
+                    self.drops
+                        .add(FabricDrop::VnicRingFull, u64::from(back.packets - v.count));
+                }
+                if v.count > 0 {
+                    back.packets = v.count;
+                    self.send(at_ps(v.finish_ps), Channel::PhyVnic, Msg::Punt(back));
+                }
                 return;
             }
             Some(c) => {
@@ -611,7 +648,12 @@ impl SpillPlane {
                     rec.tick_packets = rec.tick_packets.saturating_add(a.count);
                     if rec.state.apply(t) {
                         let st = rec.state;
-                        self.send_sync(now, SyncKind::Mirror, st);
+                        let kind = if rec.role == Role::Owner {
+                            SyncKind::Mirror
+                        } else {
+                            SyncKind::Update
+                        };
+                        self.send_sync(now, kind, st);
                     }
                 }
             }
@@ -648,6 +690,17 @@ impl SpillPlane {
     }
 
     fn recall(&mut self, now: Instant, conn: ConnId, pps: f64, replaces_pps: f64) {
+        self.recall_on(now, conn, pps, replaces_pps, Channel::FlowVnic);
+    }
+
+    fn recall_on(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        pps: f64,
+        replaces_pps: f64,
+        channel: Channel,
+    ) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -661,9 +714,14 @@ impl SpillPlane {
         self.counters.recalls_sent += 1;
         let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
         let at = at_ps(a.finish_ps.max(ps(now)));
+        let at = if channel == Channel::FlowVnic {
+            at
+        } else {
+            now
+        };
         self.send(
             at,
-            Channel::FlowVnic,
+            channel,
             Msg::Recall {
                 state,
                 pps,

@@ -172,7 +172,12 @@ pub enum SyncKind {
     Mirror,
     /// Ownership moves to the receiver with this state.
     Handover,
-    /// The owner closed the connection: the receiver drops its copy.
+    /// A state change seen by a plane holding only a copy, for the owner: applied if the
+    /// receiver still has the connection, never creating a record (a late update must not
+    /// resurrect a connection that has closed meanwhile).
+    Update,
+    /// The connection closed (seen by whichever plane carried its last packet): the receiver
+    /// forgets it, owner or copy.
     Closed,
 }
 
@@ -181,6 +186,10 @@ pub enum SyncKind {
 pub enum Msg {
     /// Packets on the phy vNIC (redirected to the host, or processed and sent back).
     Packets(Train),
+    /// Phy vNIC, host -> DPU: packets the plane could not process because it has no state for
+    /// their connection (redirected before the owner's mirror reached it); the DPU's slow path
+    /// takes them as the owner would.
+    Punt(Train),
     /// Flow vNIC: a connection's state (bulk shadow sync, mirror of a change, or a handover).
     Sync {
         /// The colour of the sync round.
@@ -228,6 +237,13 @@ pub enum Msg {
         seq: u64,
         /// The state, if the DPU still had the connection.
         state: Option<ConnState>,
+    },
+    /// Control, host -> DPU: the plane holds `conn` as owner now (after a handover or a
+    /// delete's ack); the DPU may remove its hardware entries, since redirected packets will
+    /// find the state.
+    Adopted {
+        /// The connection.
+        conn: ConnId,
     },
     /// Control, DPU -> host: the redirect rules are live; the plane is active.
     Activated {
@@ -314,9 +330,16 @@ pub struct Transmit {
 impl Transmit {
     /// Packets carried (for conservation accounting in the driver).
     pub fn packets(&self) -> u64 {
-        match self.msg {
-            Msg::Packets(t) => u64::from(t.packets),
-            _ => 0,
+        self.msg.train().map_or(0, |t| u64::from(t.packets))
+    }
+}
+
+impl Msg {
+    /// The packets a message carries, if any.
+    pub fn train(&self) -> Option<&Train> {
+        match self {
+            Msg::Packets(t) | Msg::Punt(t) => Some(t),
+            _ => None,
         }
     }
 }

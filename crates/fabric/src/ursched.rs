@@ -29,7 +29,8 @@
 //!   halves the share it keeps), at least `quota_step` buckets per pressured window, while
 //!   the plane has headroom (utilisation under `worker_add_util`, or a worker still to add). The quota never shrinks while active: giving
 //!   buckets back means handing their connections back, which is what a release does.
-//! - **Workers**: plane utilisation above `worker_add_util` adds a worker, up to the isolatable
+//! - **Workers**: plane utilisation above `worker_add_util` adds the workers that bring it back to
+//!   `worker_add_util - 0.1` (at least one), up to the isolatable
 //!   idle cores (host cores - tenant cores - reserve) and `workers_max`. Zero isolatable cores
 //!   is a fallback: the plane is not started and the decision says why.
 
@@ -473,8 +474,12 @@ impl URSched {
                     self.quota = q;
                 }
                 if load.plane_util > p.worker_add_util && load.workers < cores {
+                    // Enough workers to bring the plane back to 10 points under the threshold
+                    // (its load spreads evenly over them), at least one more.
+                    let target = (p.worker_add_util - 0.1).max(0.1);
+                    let want = (f64::from(load.workers) * load.plane_util / target).ceil() as u32;
                     out.push(Decision::Workers {
-                        workers: load.workers + 1,
+                        workers: want.max(load.workers + 1).min(cores),
                         reason: format!(
                             "spill.util {:.2} > {:.2}, {} isolatable cores",
                             load.plane_util, p.worker_add_util, cores

@@ -599,7 +599,7 @@ impl<'a> Sim<'a> {
     }
 
     fn lose(&mut self, msg: &Msg) {
-        if let Msg::Packets(t) = msg {
+        if let Some(t) = msg.train() {
             self.driver_drops
                 .add(FabricDrop::SpillFailed, u64::from(t.packets));
             if t.kind == Kind::Open {
@@ -630,7 +630,7 @@ impl<'a> Sim<'a> {
         };
         let conn = match ev.kind {
             EvKind::ToSpill(i) | EvKind::ToDpu(i) => match self.msgs[i as usize].msg {
-                Msg::Packets(t) => Some(t.conn),
+                Msg::Packets(t) | Msg::Punt(t) => Some(t.conn),
                 Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
                 Msg::RecallDone { conn, .. } | Msg::Delete { conn, .. } => Some(conn),
                 _ => None,
@@ -640,10 +640,14 @@ impl<'a> Sim<'a> {
             _ => None,
         };
         if conn == Some(c) {
+            let what = match ev.kind {
+                EvKind::ToSpill(i) => format!("to plane {:?}", self.msgs[i as usize].msg),
+                EvKind::ToDpu(i) => format!("to dpu {:?}", self.msgs[i as usize].msg),
+                k => format!("{k:?}"),
+            };
             eprintln!(
-                "{} {:?} | dpu {:?} | plane {:?}",
+                "{} {what} | dpu {:?} | plane {:?}",
                 ev.at,
-                ev.kind,
                 self.dpu
                     .conn(c)
                     .map(|r| (r.role, r.hw_live, r.inserts_pending, r.state.version)),
@@ -664,7 +668,7 @@ impl<'a> Sim<'a> {
             EvKind::CpsArrival(g) => self.cps_arrival(g),
             EvKind::ToSpill(slot) => {
                 let InFlight { msg, plane, .. } = self.unpark(slot);
-                if let Msg::Packets(t) = &msg {
+                if let Some(t) = msg.train() {
                     self.in_flight -= u64::from(t.packets);
                 }
                 if plane != self.plane_gen || !self.plane_running {
@@ -675,7 +679,7 @@ impl<'a> Sim<'a> {
             }
             EvKind::ToDpu(slot) => {
                 let InFlight { msg, plane, depart } = self.unpark(slot);
-                if let Msg::Packets(t) = &msg {
+                if let Some(t) = msg.train() {
                     self.in_flight -= u64::from(t.packets);
                 }
                 let dead = self.killed_at.get(plane as usize).copied().flatten();
@@ -964,7 +968,9 @@ impl Sim<'_> {
             + self.open_lost_driver;
         if no_state > 0 && opens_lost == 0 {
             return Err(self.fail(format!(
-                "state continuity: {no_state} packets found no connection state, but no opening packet was lost"
+                "state continuity: {no_state} packets found no connection state, but no opening packet was lost (first: dpu {:?}, plane {:?})",
+                self.dpu.first_no_state(),
+                self.spill.first_no_state()
             )));
         }
         progress(1.0);
