@@ -48,6 +48,7 @@ use spillway_vswitch::{Instant, TenantId};
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::server::{PS_PER_NS, Server};
+use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Owner, Side, SyncKind, Train,
     Transmit,
@@ -349,37 +350,6 @@ struct PendingInsert {
     recall: bool,
 }
 
-/// One direction of the phy vNIC: a packet server at the vNIC's packet rate or the PCIe
-/// bandwidth, whichever binds for the packet size.
-#[derive(Clone, Debug)]
-pub(crate) struct Vnic {
-    server: Server,
-    pps_ps: u64,
-    bw_ps_per_byte: f64,
-    overhead: u32,
-}
-
-impl Vnic {
-    pub(crate) fn new(f: &FabricParams) -> Vnic {
-        Vnic {
-            server: Server::new(1, f.pcie.phy_vnic_ring),
-            pps_ps: (1e12 / f.pcie.phy_vnic_pps_limit) as u64,
-            bw_ps_per_byte: 1e12 / f.pcie.bandwidth_bytes,
-            overhead: f.pcie.overhead_bytes,
-        }
-    }
-    pub(crate) fn offer(&mut self, now_ps: u64, t: &Train) -> crate::server::Admitted {
-        let bw = (f64::from(t.packet_bytes + self.overhead) * self.bw_ps_per_byte) as u64;
-        self.server.offer(now_ps, t.packets, self.pps_ps.max(bw))
-    }
-    pub(crate) fn take_util(&mut self, now_ps: u64) -> f64 {
-        self.server.take_util(now_ps)
-    }
-    pub(crate) fn busy_until_ps(&self) -> u64 {
-        self.server.busy_until_ps()
-    }
-}
-
 /// The emulated DPU node. See the module doc.
 #[derive(Debug)]
 pub struct DpuNode {
@@ -396,9 +366,8 @@ pub struct DpuNode {
     pending: VecDeque<PendingInsert>,
     steer: Server,
     steer_ps: u64,
-    to_host: Vnic,
-    flow_vnic: Server,
-    flow_ps: u64,
+    to_host: PhyVnic,
+    flow_vnic: FlowVnic,
     conns: hashbrown::HashMap<ConnId, DpuConn, foldhash::fast::FixedState>,
     conns_owned: u64,
     mem_used: u64,
@@ -434,14 +403,6 @@ pub struct DpuNode {
     latency_window: LatencyHist,
 }
 
-fn ps(i: Instant) -> u64 {
-    i.0 * PS_PER_NS
-}
-
-fn at_ps(p: u64) -> Instant {
-    Instant(p.div_ceil(PS_PER_NS))
-}
-
 impl DpuNode {
     /// A DPU with the limits in `f` (validated by the caller with [`FabricParams::validate`]).
     pub fn new(f: &FabricParams) -> DpuNode {
@@ -469,9 +430,8 @@ impl DpuNode {
             pending: VecDeque::with_capacity(d.insert_queue_max as usize),
             steer: Server::new(1, 1 << 16),
             steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
-            to_host: Vnic::new(f),
-            flow_vnic: Server::new(1, 1 << 20),
-            flow_ps: (1e12 / f.pcie.flow_vnic_msgs_limit) as u64,
+            to_host: PhyVnic::new(f),
+            flow_vnic: FlowVnic::new(f),
             conns: hashbrown::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(7)),
             conns_owned: 0,
             mem_used: 0,
@@ -637,12 +597,7 @@ impl DpuNode {
     /// Sends a state message on the flow vNIC (rate-limited; never refused: the sync queue is
     /// sized for a bulk sync and a full one only delays).
     fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
-        let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
-        let at = if a.count == 1 {
-            at_ps(a.finish_ps)
-        } else {
-            at_ps(self.flow_vnic.busy_until_ps())
-        };
+        let at = self.flow_vnic.depart(now);
         self.counters.sync_tx += 1;
         let colour = self.colour;
         self.send(
@@ -1271,7 +1226,7 @@ impl DpuNode {
         for (_, st) in v {
             self.send_sync(now, SyncKind::Mirror, st);
         }
-        let at = at_ps(self.flow_vnic.busy_until_ps().max(ps(now)));
+        let at = self.flow_vnic.idle_at(now);
         self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
         self.event(
             now,
@@ -1369,7 +1324,7 @@ impl DpuNode {
                 // After the last redirected packet has left for the plane: the channels are
                 // separate, so the drain request must not overtake packets still queued on the
                 // phy vNIC.
-                let at = at_ps(self.to_host.server.busy_until_ps().max(ps(now)));
+                let at = at_ps(self.to_host.busy_until_ps().max(ps(now)));
                 self.send(at, Channel::Control, Msg::Drain { colour });
             }
             _ => {}

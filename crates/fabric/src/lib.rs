@@ -63,3 +63,4 @@ pub mod server;
 pub mod spill;
 pub mod types;
 pub mod ursched;
+mod vnic;

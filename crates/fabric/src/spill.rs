@@ -26,7 +26,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use spillway_vswitch::Instant;
 
-use crate::dpu::{Role, Vnic};
+use crate::dpu::Role;
+use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::placement::{self, Budget, Candidate, Move, Offloaded, PlacementPolicy};
@@ -131,9 +132,8 @@ pub struct SpillPlane {
     pending_workers: Option<(Instant, u32)>,
     pkt_ps: u64,
     new_ps: u64,
-    to_dpu: Vnic,
-    flow_vnic: Server,
-    flow_ps: u64,
+    to_dpu: PhyVnic,
+    flow_vnic: FlowVnic,
     conns: hashbrown::HashMap<ConnId, SpillConn, foldhash::fast::FixedState>,
     owned: u64,
     colour: Colour,
@@ -157,12 +157,6 @@ pub struct SpillPlane {
     latency: LatencyHist,
 }
 
-fn ps(i: Instant) -> u64 {
-    i.0 * PS_PER_NS
-}
-fn at_ps(p: u64) -> Instant {
-    Instant(p.div_ceil(PS_PER_NS))
-}
 
 impl SpillPlane {
     /// A plane (not yet started) with the fabric's parameters.
@@ -174,9 +168,8 @@ impl SpillPlane {
             pending_workers: None,
             pkt_ps: per_ps(f.host.pkt_cost),
             new_ps: per_ps(f.host.new_conn_cost),
-            to_dpu: Vnic::new(f),
-            flow_vnic: Server::new(1, 1 << 20),
-            flow_ps: (1e12 / f.pcie.flow_vnic_msgs_limit) as u64,
+            to_dpu: PhyVnic::new(f),
+            flow_vnic: FlowVnic::new(f),
             conns: hashbrown::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11)),
             owned: 0,
             colour: Colour(0),
@@ -286,12 +279,7 @@ impl SpillPlane {
     }
 
     fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
-        let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
-        let at = if a.count == 1 {
-            at_ps(a.finish_ps)
-        } else {
-            at_ps(self.flow_vnic.busy_until_ps())
-        };
+        let at = self.flow_vnic.depart(now);
         self.counters.sync_tx += 1;
         let colour = self.colour;
         self.send(
@@ -390,8 +378,7 @@ impl SpillPlane {
             }
             Msg::SyncDone { colour, count } => {
                 // In order on the flow vNIC: every state of the bulk sync is in.
-                let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
-                let at = at_ps(a.finish_ps.max(ps(now)));
+                let at = self.flow_vnic.depart(now);
                 self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
             }
             Msg::Activated { colour } => {
@@ -466,7 +453,7 @@ impl SpillPlane {
                 for conn in owned {
                     self.hand_over(now, conn);
                 }
-                let at = at_ps(self.flow_vnic.busy_until_ps().max(ps(now)));
+                let at = self.flow_vnic.idle_at(now);
                 // On the flow vNIC, after the handovers, so the DPU has them all first.
                 self.send(at, Channel::FlowVnic, Msg::Released { colour, count });
             }
@@ -474,7 +461,7 @@ impl SpillPlane {
                 let done = self
                     .workers
                     .busy_until_ps()
-                    .max(self.flow_vnic.busy_until_ps())
+                    .max(ps(self.flow_vnic.idle_at(now)))
                     .max(self.to_dpu.busy_until_ps())
                     .max(ps(now));
                 // On the flow vNIC, behind every handover the plane has sent: the DPU must own
@@ -712,10 +699,8 @@ impl SpillPlane {
         // The state travels with the recall: from here the plane holds a copy.
         self.set_role(conn, Role::Copy);
         self.counters.recalls_sent += 1;
-        let a = self.flow_vnic.offer(ps(now), 1, self.flow_ps);
-        let at = at_ps(a.finish_ps.max(ps(now)));
         let at = if channel == Channel::FlowVnic {
-            at
+            self.flow_vnic.depart(now)
         } else {
             now
         };
