@@ -48,12 +48,12 @@ use spillway_vswitch::{Instant, TenantId};
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::server::{PS_PER_NS, Server};
-use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Owner, Side, SyncKind, Train,
     Transmit,
 };
 use crate::ursched::{Decision, Load, PlaneView, URSched};
+use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
 
 /// A hardware table key: one direction of a connection.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]

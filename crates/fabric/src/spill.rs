@@ -27,7 +27,6 @@ use std::collections::{BTreeMap, VecDeque};
 use spillway_vswitch::Instant;
 
 use crate::dpu::Role;
-use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::placement::{self, Budget, Candidate, Move, Offloaded, PlacementPolicy};
@@ -35,6 +34,7 @@ use crate::server::{PS_PER_NS, Server};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
 };
+use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
 
 /// The plane's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -156,7 +156,6 @@ pub struct SpillPlane {
     drops: Drops,
     latency: LatencyHist,
 }
-
 
 impl SpillPlane {
     /// A plane (not yet started) with the fabric's parameters.

@@ -49,7 +49,6 @@ impl PhyVnic {
     }
 }
 
-
 /// The sending side of the flow vNIC: messages leave at its message rate, in order. Never
 /// refuses: its queue is sized for a bulk sync, and a full one only delays.
 #[derive(Clone, Debug)]

@@ -10,6 +10,7 @@
 //!
 //! After every event (O(1)): packet conservation (offered = delivered + dropped + in flight),
 //! the DPU's table within capacity. Every sample: inserts within the insertion budget. At every
+//! 1,024th train: path equivalence on the real vSwitch pipeline ([`crate::pathcheck`]). At every
 //! lifecycle event and every `FULL_CHECK_EVERY` events: each node's full invariants and
 //! ownership across the planes (no connection owned by both). At the end: state continuity (no
 //! packet of a connection whose opening packet was delivered found its plane without state).
@@ -30,6 +31,8 @@ use crate::scenario::{DestSpec, FaultKind, Scenario};
 
 /// Events between full invariant sweeps.
 const FULL_CHECK_EVERY: u64 = 2_000_000;
+/// Trains between two path-equivalence checks on the real pipeline.
+const PATH_CHECK_EVERY: u64 = 1024;
 /// Virtual time after `duration` for in-flight packets to drain.
 const DRAIN_NS: u64 = 100_000_000;
 
@@ -211,10 +214,12 @@ pub struct Sim<'a> {
     measure: Totals,
     measure_secs: f64,
     latency: LatencyHist,
-    insert_violation: Option<String>,
+    violation: Option<String>,
     last_arrival: [[Instant; 3]; 2],
     msgs: Vec<InFlight>,
     free_msgs: Vec<u32>,
+    path: crate::pathcheck::PathCheck,
+    trains: u64,
 }
 
 impl<'a> Sim<'a> {
@@ -259,10 +264,12 @@ impl<'a> Sim<'a> {
             measure: Totals::default(),
             measure_secs: 0.0,
             latency: LatencyHist::default(),
-            insert_violation: None,
+            violation: None,
             last_arrival: [[Instant::ZERO; 3]; 2],
             msgs: Vec::new(),
             free_msgs: Vec::new(),
+            path: crate::pathcheck::PathCheck::new(opts.seed),
+            trains: 0,
             f,
             opts,
         };
@@ -333,6 +340,13 @@ impl<'a> Sim<'a> {
     fn offer(&mut self, t: &Train) {
         self.offered += u64::from(t.packets);
         self.dpu.handle_train(self.now, t);
+        self.trains += 1;
+        if self.trains.is_multiple_of(PATH_CHECK_EVERY)
+            && !t.denied
+            && let Err(e) = self.path.check(self.now, t.conn)
+        {
+            self.violation.get_or_insert(e);
+        }
     }
 
     fn flow_step(&mut self, idx: u32) {
@@ -914,7 +928,7 @@ impl<'a> Sim<'a> {
         let inserts = t.inserts - self.last.inserts;
         let budget = self.f.dpu.insert_rate_limit * secs + 2.0;
         if inserts as f64 > budget {
-            self.insert_violation = Some(format!(
+            self.violation = Some(format!(
                 "insertion budget: {inserts} inserts in {secs} s > {budget:.0}"
             ));
         }
@@ -949,7 +963,7 @@ impl Sim<'_> {
                 break;
             }
             self.step(ev)?;
-            if let Some(v) = self.insert_violation.take() {
+            if let Some(v) = self.violation.take() {
                 return Err(self.fail(v));
             }
             if self.events >= next_progress {
@@ -1012,6 +1026,8 @@ impl Sim<'_> {
             counters.insert(k, v);
         }
         counters.insert("sim.events", self.events);
+        counters.insert("sim.path_checks", self.path.checks());
+        counters.insert("sim.path_checks.hw_hits", self.path.hw_fast_path_hits());
         RunReport {
             kind: "model",
             scenario: self.sc.name.clone(),

@@ -41,6 +41,7 @@
 
 pub mod engine;
 pub mod html;
+pub mod pathcheck;
 pub mod report;
 pub mod scenario;
 pub mod swarm;
