@@ -42,7 +42,9 @@
 
 use std::collections::VecDeque;
 
-use spillway_vswitch::flow_table::{EvictBy, FlowTable, FlowTableConfig, FullPolicy, Inserted};
+use spillway_vswitch::flow_table::Inserted;
+
+pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 use spillway_vswitch::{Instant, TenantId};
 
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
@@ -54,22 +56,6 @@ use crate::types::{
 };
 use crate::ursched::{Decision, Load, PlaneView, URSched};
 use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
-
-/// A hardware table key: one direction of a connection.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub struct HwKey {
-    /// The connection.
-    pub conn: ConnId,
-    /// The direction.
-    pub side: Side,
-}
-
-/// What a hardware entry remembers.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct HwRule {
-    /// Installed by a recall from the spill plane (candidates for OVS-style demotion).
-    pub recalled: bool,
-}
 
 /// The DPU's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -354,9 +340,7 @@ struct PendingInsert {
 #[derive(Debug)]
 pub struct DpuNode {
     f: FabricParams,
-    hw: FlowTable<HwKey, HwRule>,
-    hw_srv: Server,
-    hw_ps: u64,
+    hw: Box<dyn DpuHardware>,
     soc: Server,
     soc_new_ps: u64,
     soc_miss_ps: u64,
@@ -406,21 +390,15 @@ pub struct DpuNode {
 impl DpuNode {
     /// A DPU with the limits in `f` (validated by the caller with [`FabricParams::validate`]).
     pub fn new(f: &FabricParams) -> DpuNode {
+        DpuNode::with_hardware(f, Box::new(EmulatedHardware::new(f)))
+    }
+
+    /// A DPU node over other hardware (a real backend, or a test double).
+    pub fn with_hardware(f: &FabricParams, hw: Box<dyn DpuHardware>) -> DpuNode {
         let d = &f.dpu;
-        let hw = FlowTable::new(FlowTableConfig {
-            capacity: d.hw_entries_max,
-            idle_timeout: core::time::Duration::from_secs(3600),
-            full: FullPolicy::Reject,
-            evict: EvictBy::FewestPackets,
-            evict_sample: 8,
-            hash_seed: 0x5eed_0d9b,
-        })
-        .expect("validated: hw_entries_max >= 1");
         let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
         DpuNode {
             hw,
-            hw_srv: Server::new(1, d.hw_queue_packets),
-            hw_ps: (1e12 / d.hw_pps_limit) as u64,
             soc: Server::new(d.soc_cores, d.soc_queue_packets),
             soc_new_ps: per_ps(d.soc_new_conn_cost),
             soc_miss_ps: per_ps(d.soc_miss_cost),
@@ -650,7 +628,7 @@ impl DpuNode {
         }
         self.mem_used -= self.f.dpu.mem_per_conn;
         for side in [Side::Orig, Side::Reply] {
-            if self.hw.remove(&HwKey { conn, side }).is_some() {
+            if self.hw.remove(&HwKey { conn, side }) {
                 self.counters.deletes += 1;
                 self.mem_used -= self.f.dpu.mem_per_entry;
             }
@@ -715,8 +693,7 @@ impl DpuNode {
             side: t.side,
         };
         let bytes = u64::from(t.packets) * u64::from(t.packet_bytes);
-        if self.hw.lookup_train(now, &key, t.packets, bytes).is_some() {
-            let a = self.hw_srv.offer(ps(now), t.packets, self.hw_ps);
+        if let Some(a) = self.hw.offer(now, &key, t.packets, bytes) {
             let lost = t.packets - a.count;
             if lost > 0 {
                 self.drops.add(FabricDrop::HwOverload, u64::from(lost));
@@ -1188,7 +1165,7 @@ impl DpuNode {
         } else {
             // Roll back whatever went in; the plane keeps the connection.
             for side in [Side::Orig, Side::Reply] {
-                if self.hw.remove(&HwKey { conn, side }).is_some() {
+                if self.hw.remove(&HwKey { conn, side }) {
                     self.mem_used -= self.f.dpu.mem_per_entry;
                 }
             }
@@ -1352,7 +1329,7 @@ impl DpuNode {
         let fits_mem = self.mem_used + self.f.dpu.mem_per_entry <= self.f.dpu.mem_bytes;
         let outcome = if fits_mem {
             self.hw
-                .insert(now, p.key, HwRule { recalled: p.recall }, false)
+                .insert(now, p.key, HwRule { recalled: p.recall })
                 .ok()
         } else {
             None
@@ -1413,7 +1390,7 @@ impl DpuNode {
         let steered = self.counters.steered - self.window_steered_base;
         let steered_new = self.counters.steered_new_conn - self.window_steered_new_base;
         let load = Load {
-            hw_util: self.hw_srv.take_util(ps(now)),
+            hw_util: self.hw.take_util(now),
             soc_util: self.soc.take_util(ps(now)),
             dpu_drops: drops_now - self.window_drops_base,
             table_util: self.hw.len() as f64 / self.hw.capacity() as f64,
@@ -1498,14 +1475,12 @@ impl DpuNode {
                 let pps: f64 = [Side::Orig, Side::Reply]
                     .iter()
                     .filter_map(|side| {
-                        self.hw.get(&HwKey {
+                        self.hw.stats(&HwKey {
                             conn: *k,
                             side: *side,
                         })
                     })
-                    .map(|(_, e)| {
-                        e.packets() as f64 / (now - e.first_seen()).as_secs_f64().max(secs)
-                    })
+                    .map(|e| e.packets as f64 / (now - e.installed).as_secs_f64().max(secs))
                     .sum();
                 (pps as u64, *k)
             })
@@ -1540,7 +1515,7 @@ impl DpuNode {
 
     fn strip_entries(&mut self, conn: ConnId) {
         for side in [Side::Orig, Side::Reply] {
-            if self.hw.remove(&HwKey { conn, side }).is_some() {
+            if self.hw.remove(&HwKey { conn, side }) {
                 self.counters.deletes += 1;
                 self.mem_used -= self.f.dpu.mem_per_entry;
             }
@@ -1561,11 +1536,11 @@ impl DpuNode {
             .filter(|(_, c)| c.recalled && c.role == Role::Owner && c.hw_live == 2)
             .filter_map(|(k, _)| {
                 self.hw
-                    .get(&HwKey {
+                    .stats(&HwKey {
                         conn: *k,
                         side: Side::Orig,
                     })
-                    .map(|(_, e)| (*k, e.packets()))
+                    .map(|e| (*k, e.packets))
             })
             .collect();
         v.sort_unstable_by_key(|(k, _)| *k);
@@ -1683,7 +1658,7 @@ impl DpuNode {
                 self.hw.capacity()
             ));
         }
-        self.hw_srv.check_invariants()?;
+        self.hw.check_invariants()?;
         self.soc.check_invariants()?;
         self.ins_srv.check_invariants()?;
         let owned = self

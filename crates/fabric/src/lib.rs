@@ -1,6 +1,7 @@
 //! # spillway-fabric
 //!
-//! The elastic fabric, sans-IO: the emulated DPU ([`dpu::DpuNode`]), the host spill plane
+//! The elastic fabric, sans-IO: the emulated DPU ([`dpu::DpuNode`], its hardware behind the
+//! [`hw::DpuHardware`] trait a real backend would implement), the host spill plane
 //! ([`spill::SpillPlane`]), the scheduler that decides when the plane runs
 //! ([`ursched::URSched`]), the placement policies that hand flows back to the DPU's hardware
 //! fast path ([`placement`]), and the messages between them ([`types`]). Two drivers run it: the
@@ -56,6 +57,7 @@
 #![deny(unsafe_code)]
 
 pub mod dpu;
+pub mod hw;
 pub mod metrics;
 pub mod params;
 pub mod placement;
