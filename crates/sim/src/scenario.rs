@@ -351,9 +351,22 @@ impl Scenario {
 
     /// A scenario from TOML text; `file` names it in errors.
     pub fn from_toml_str(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
-        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
-            file: file.to_string(),
-            message: e.to_string().trim_end().replace('\n', " "),
+        let s: Scenario = toml::from_str(text).map_err(|e| {
+            // Name the line and quote it: it carries the field's key, which the message of a
+            // value error (a bad duration, say) does not.
+            let at = e.span().map(|r| {
+                let start = r.start.min(text.len());
+                let n = text[..start].matches('\n').count() + 1;
+                let src = text.lines().nth(n - 1).unwrap_or("").trim();
+                (n, src)
+            });
+            ScenarioError::Parse {
+                file: file.to_string(),
+                message: match at {
+                    Some((n, src)) => format!("line {n} `{src}`: {}", e.message()),
+                    None => e.message().to_string(),
+                },
+            }
         })?;
         s.validate(file)?;
         Ok(s)
