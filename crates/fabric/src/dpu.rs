@@ -373,6 +373,7 @@ pub struct DpuNode {
     window_drops_base: u64,
     window_steered_base: u64,
     window_steered_new_base: u64,
+    window_soc_new_base: u64,
     headroom_pps: f64,
     recalled_pps: f64,
     seen_delete: std::collections::BTreeMap<u64, Option<ConnState>>,
@@ -431,6 +432,7 @@ impl DpuNode {
             window_drops_base: 0,
             window_steered_base: 0,
             window_steered_new_base: 0,
+            window_soc_new_base: 0,
             headroom_pps: 0.0,
             recalled_pps: 0.0,
             seen_delete: Default::default(),
@@ -1397,6 +1399,7 @@ impl DpuNode {
             mem_util: self.mem_used as f64 / self.f.dpu.mem_bytes as f64,
             host_pps: steered as f64 / secs,
             host_cps: steered_new as f64 / secs,
+            dpu_cps: (self.counters.soc_new_conn - self.window_soc_new_base) as f64 / secs,
             plane_util: self.plane_util,
             workers: self.plane_workers,
             tenant_cores: self.tenant_cores,
@@ -1405,6 +1408,7 @@ impl DpuNode {
         self.window_drops_base = drops_now;
         self.window_steered_base = self.counters.steered;
         self.window_steered_new_base = self.counters.steered_new_conn;
+        self.window_soc_new_base = self.counters.soc_new_conn;
         self.last_load = load;
         // Recall headroom for the next window: what the fast path can still take below the
         // target utilisation. Recalls granted in the last window are now in the measurement.

@@ -23,15 +23,17 @@
 //! - **Release**: the whole load (DPU plus what the host carries) would fit the DPU under
 //!   `release_util` for `release_windows` consecutive windows.
 //! - **Quota**: fast-path pressure redirects every bucket (only new connections can move, and
-//!   placement refills the fast path up to its target); SoC-only pressure grows the quota to the
+//!   placement refills the fast path up to its target). SoC-only pressure grows the quota to the
 //!   share that brings the SoC back under `pressure_util - 0.05` (its load is proportional to the
 //!   share of new connections it keeps; a saturated SoC, which reads ~1 whatever the overload,
-//!   halves the share it keeps), at least `quota_step` buckets per pressured window, while
-//!   the plane has headroom (utilisation under `worker_add_util`, or a worker still to add). The quota never shrinks while active: giving
-//!   buckets back means handing their connections back, which is what a release does.
+//!   halves the share it keeps), at least `quota_step` buckets per pressured window, while the
+//!   plane has headroom (utilisation under `worker_add_util`, or a worker still to add); a plane
+//!   that cannot grow gets no more than its measured capacity allows. The quota never shrinks
+//!   while active: giving buckets back means handing their connections back, which is what a
+//!   release does.
 //! - **Workers**: plane utilisation above `worker_add_util` adds the workers that bring it back to
-//!   `worker_add_util - 0.1` (at least one), up to the isolatable
-//!   idle cores (host cores - tenant cores - reserve) and `workers_max`. Zero isolatable cores
+//!   `worker_add_util - 0.1` (at least one), up to the isolatable idle cores (host cores - tenant
+//!   cores - reserve) and `workers_max`. Zero isolatable cores
 //!   is a fallback: the plane is not started and the decision says why.
 
 use spillway_vswitch::TenantId;
@@ -55,6 +57,8 @@ pub struct Load {
     pub host_pps: f64,
     /// New connections per second the host plane opened in the window.
     pub host_cps: f64,
+    /// New connections per second the DPU's SoC opened in the window.
+    pub dpu_cps: f64,
     /// Spill-plane worker utilisation (last heartbeat).
     pub plane_util: f64,
     /// Workers the plane runs.
@@ -330,6 +334,20 @@ impl URSched {
             .min(self.redirect_buckets)
     }
 
+    /// The most buckets a plane that cannot grow any more can take: its measured capacity
+    /// (connections/s it carried over its utilisation) up to `worker_add_util`, as a share of
+    /// all new connections. No cap while the plane can still add workers or is barely loaded
+    /// (its capacity is not measurable yet).
+    fn plane_quota_cap(&self, load: &Load, cores: u32) -> u16 {
+        let total = load.host_cps + load.dpu_cps;
+        if load.workers < cores || load.plane_util < 0.05 || total <= 0.0 {
+            return self.redirect_buckets;
+        }
+        let capacity = load.host_cps / load.plane_util;
+        let share = (capacity * self.p.worker_add_util / total).clamp(0.0, 1.0);
+        (share * f64::from(self.redirect_buckets)).floor() as u16
+    }
+
     fn isolatable(&self, tenant_cores: u32) -> u32 {
         self.host_cores
             .saturating_sub(tenant_cores)
@@ -466,12 +484,16 @@ impl URSched {
                         self.redirect_buckets
                     } else {
                         self.soc_quota(load.soc_util)
+                            .min(self.plane_quota_cap(load, cores))
+                            .max(self.quota)
                     };
-                    out.push(Decision::Quota {
-                        buckets: q,
-                        reason: why_pressure(),
-                    });
-                    self.quota = q;
+                    if q > self.quota {
+                        out.push(Decision::Quota {
+                            buckets: q,
+                            reason: why_pressure(),
+                        });
+                        self.quota = q;
+                    }
                 }
                 if load.plane_util > p.worker_add_util && load.workers < cores {
                     // Enough workers to bring the plane back to 10 points under the threshold
