@@ -129,6 +129,8 @@ struct LongFlow {
     on_ns: u64,
     period_ns: u64,
     end: Instant,
+    /// Spacing of the handshake and teardown packets (one RTT leg), ns.
+    gap_ns: u64,
     step: u8,
 }
 
@@ -138,6 +140,8 @@ struct ShortConn {
     tenant: TenantId,
     dest: Dest,
     denied: bool,
+    /// Spacing of its packets (its group's `gap`), ns.
+    gap_ns: u64,
     step: u8,
 }
 
@@ -313,6 +317,7 @@ impl<'a> Sim<'a> {
                     on_ns: g.on.ns(),
                     period_ns: g.on.ns() + g.off.ns(),
                     end: open + g.lifetime.0,
+                    gap_ns: g.gap.ns().max(1),
                     step: 0,
                 });
                 if open < self.end {
@@ -351,14 +356,8 @@ impl<'a> Sim<'a> {
 
     fn flow_step(&mut self, idx: u32) {
         let now = self.now;
-        let gap = Instant(0)
-            + self
-                .sc
-                .cps
-                .first()
-                .map_or(core::time::Duration::from_micros(20), |c| c.gap.0);
-        let gap_ns = gap.0.max(1);
         let f = self.flows[idx as usize];
+        let gap_ns = f.gap_ns;
         let base = Train {
             conn: f.conn,
             tenant: f.tenant,
@@ -464,6 +463,7 @@ impl<'a> Sim<'a> {
             tenant,
             dest: dest(c.dest),
             denied,
+            gap_ns: c.gap.ns().max(1),
             step: 0,
         };
         let slot = match self.free_shorts.pop() {
@@ -511,8 +511,7 @@ impl<'a> Sim<'a> {
             return;
         }
         self.shorts[slot as usize].step += 1;
-        let gap = self.sc.cps.first().map_or(20_000, |c| c.gap.ns()).max(1);
-        self.push(Instant(self.now.0 + gap), EvKind::Short(slot));
+        self.push(Instant(self.now.0 + s.gap_ns), EvKind::Short(slot));
     }
 
     /// Every channel is FIFO in each direction (a ring, a socket): a message never arrives

@@ -73,6 +73,9 @@ pub struct FlowGroup {
     /// Relative random variation of each train's size, 0..1 (0: constant rate).
     #[serde(default)]
     pub jitter: f64,
+    /// Spacing of the handshake and teardown packets (one RTT leg).
+    #[serde(default = "gap20")]
+    pub gap: Dur,
 }
 
 /// A generator of short TCP connections: SYN, SYN-ACK, ACK, FIN, FIN-ACK, ACK (the DASH CPS

@@ -78,6 +78,7 @@ pub fn scenario(seed: u64) -> Scenario {
                 30 + pick(&mut rng, 100) as u64
             }),
             jitter: 0.3 * unit(&mut rng),
+            gap: Dur(Duration::from_micros(10 + pick(&mut rng, 200) as u64)),
         });
     }
     let mut cps = Vec::new();
