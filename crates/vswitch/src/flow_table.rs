@@ -501,10 +501,27 @@ where
         packets: u32,
         bytes: u64,
     ) -> Option<EntryIdx> {
-        let hash = self.hash(key);
-        let found = self.find(hash, key);
-        let idle_timeout_ns = self.idle_timeout_ns;
+        let found = self.find(self.hash(key), key);
+        self.account_n(now, found, packets, bytes)
+    }
+
+    #[inline]
+    fn account(&mut self, now: Instant, found: Option<u32>, bytes: u32) -> Option<EntryIdx> {
+        self.account_n(now, found, 1, u64::from(bytes))
+    }
+
+    /// Counts `packets` lookups of one key (one hit or miss each); a hit also counts `bytes` and
+    /// refreshes `last_seen`. An idle entry is a miss.
+    #[inline]
+    fn account_n(
+        &mut self,
+        now: Instant,
+        found: Option<u32>,
+        packets: u32,
+        bytes: u64,
+    ) -> Option<EntryIdx> {
         if let Some(slot) = found {
+            let idle_timeout_ns = self.idle_timeout_ns;
             let e = self.entries[slot as usize]
                 .0
                 .as_mut()
@@ -518,26 +535,6 @@ where
             }
         }
         self.counters.misses += u64::from(packets);
-        None
-    }
-
-    #[inline]
-    fn account(&mut self, now: Instant, found: Option<u32>, bytes: u32) -> Option<EntryIdx> {
-        if let Some(slot) = found {
-            let idle_timeout_ns = self.idle_timeout_ns;
-            let e = self.entries[slot as usize]
-                .0
-                .as_mut()
-                .expect("find returns occupied slots");
-            if !(e.evictable && now.0.saturating_sub(e.last_seen.0) >= idle_timeout_ns) {
-                e.packets += 1;
-                e.bytes += u64::from(bytes);
-                e.last_seen = e.last_seen.max(now);
-                self.counters.hits += 1;
-                return Some(EntryIdx(slot));
-            }
-        }
-        self.counters.misses += 1;
         None
     }
 
@@ -854,6 +851,32 @@ mod tests {
             evict_sample: capacity,
             hash_seed: 7,
         }
+    }
+
+    #[test]
+    fn a_train_counts_like_that_many_single_lookups() {
+        let mut a: FlowTable<u32, u32> = FlowTable::new(cfg(16)).expect("valid config");
+        let mut b: FlowTable<u32, u32> = FlowTable::new(cfg(16)).expect("valid config");
+        for t in [&mut a, &mut b] {
+            t.insert(Instant(1), 5, 0, true).expect("room");
+        }
+        assert!(a.lookup_train(Instant(2), &5, 7, 7 * 64).is_some());
+        for _ in 0..7 {
+            assert!(b.lookup(Instant(2), &5, 64).is_some());
+        }
+        assert!(a.lookup_train(Instant(2), &6, 3, 3 * 64).is_none());
+        for _ in 0..3 {
+            assert!(b.lookup(Instant(2), &6, 64).is_none());
+        }
+        assert_eq!(a.counters(), b.counters());
+        let (ea, eb) = (a.get(&5).unwrap().1, b.get(&5).unwrap().1);
+        assert_eq!((ea.packets(), ea.bytes()), (eb.packets(), eb.bytes()));
+        assert_eq!((ea.packets(), ea.bytes()), (7, 448));
+        // Idle entries miss for a whole train too.
+        assert!(
+            a.lookup_train(Instant(20_000_000_000), &5, 2, 128)
+                .is_none()
+        );
     }
 
     #[test]
