@@ -49,13 +49,14 @@ use spillway_vswitch::{Instant, TenantId};
 
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
+use crate::records::{Outbox, Records, Roled};
 use crate::server::{PS_PER_NS, Server};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Owner, Side, SyncKind, Train,
     Transmit,
 };
 use crate::ursched::{Decision, Load, PlaneView, URSched};
-use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
+use crate::vnic::{PhyVnic, at_ps, ps};
 
 /// The DPU's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,6 +73,15 @@ pub struct DpuConn {
     pub recalled: bool,
     /// Hardware packet count at the last stats report.
     pub hw_pkts_mark: u64,
+}
+
+impl Roled for DpuConn {
+    fn role(&self) -> Role {
+        self.role
+    }
+    fn set_role(&mut self, role: Role) {
+        self.role = role;
+    }
 }
 
 /// A plane's relation to a connection's state. Exactly one plane is `Owner`, or the state is in
@@ -351,9 +361,7 @@ pub struct DpuNode {
     steer: Server,
     steer_ps: u64,
     to_host: PhyVnic,
-    flow_vnic: FlowVnic,
-    conns: hashbrown::HashMap<ConnId, DpuConn, foldhash::fast::FixedState>,
-    conns_owned: u64,
+    conns: Records<DpuConn>,
     mem_used: u64,
     phase: Phase,
     colour: Colour,
@@ -379,7 +387,7 @@ pub struct DpuNode {
     seen_delete: std::collections::BTreeMap<u64, Option<ConnState>>,
     next_stats: Instant,
     last_load: Load,
-    out: VecDeque<Transmit>,
+    out: Outbox,
     commands: VecDeque<Command>,
     events: VecDeque<FabricEvent>,
     counters: DpuCounters,
@@ -410,9 +418,7 @@ impl DpuNode {
             steer: Server::new(1, 1 << 16),
             steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
             to_host: PhyVnic::new(f),
-            flow_vnic: FlowVnic::new(f),
-            conns: hashbrown::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(7)),
-            conns_owned: 0,
+            conns: Records::new(7),
             mem_used: 0,
             phase: Phase::Idle,
             colour: Colour(0),
@@ -438,7 +444,7 @@ impl DpuNode {
             seen_delete: Default::default(),
             next_stats: Instant::ZERO + f.placement.rebalance_period,
             last_load: Load::default(),
-            out: VecDeque::new(),
+            out: Outbox::new(f),
             commands: VecDeque::new(),
             events: VecDeque::new(),
             counters: DpuCounters::default(),
@@ -513,13 +519,11 @@ impl DpuNode {
     }
     /// Connections the DPU owns.
     pub fn conns_owned(&self) -> u64 {
-        self.conns_owned
+        self.conns.owned()
     }
     /// Every record, sorted by connection (for checkers and dumps; O(n log n)).
     pub fn conns_sorted(&self) -> Vec<(ConnId, DpuConn)> {
-        let mut v: Vec<_> = self.conns.iter().map(|(k, c)| (*k, *c)).collect();
-        v.sort_unstable_by_key(|(k, _)| *k);
-        v
+        self.conns.sorted()
     }
     /// Where `conn` is served: `None` if the DPU has no record.
     pub fn owner_view(&self, conn: ConnId) -> Option<Owner> {
@@ -534,7 +538,7 @@ impl DpuNode {
 
     /// The next message for the plane.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.out.pop_front()
+        self.out.pop()
     }
     /// The next command for the driver.
     pub fn poll_command(&mut self) -> Option<Command> {
@@ -571,24 +575,14 @@ impl DpuNode {
     }
 
     fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
-        self.out.push_back(Transmit { at, channel, msg });
+        self.out.send(at, channel, msg);
     }
 
     /// Sends a state message on the flow vNIC (rate-limited; never refused: the sync queue is
     /// sized for a bulk sync and a full one only delays).
     fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
-        let at = self.flow_vnic.depart(now);
         self.counters.sync_tx += 1;
-        let colour = self.colour;
-        self.send(
-            at,
-            Channel::FlowVnic,
-            Msg::Sync {
-                colour,
-                kind,
-                state,
-            },
-        );
+        self.out.sync(now, self.colour, kind, state);
     }
 
     fn deliver(&mut self, t: &Train, n: u32, latency_ps_sum: u64, hw: bool) {
@@ -616,18 +610,13 @@ impl DpuNode {
     }
 
     fn add_conn(&mut self, conn: ConnId, rec: DpuConn) {
-        if rec.role == Role::Owner {
-            self.conns_owned += 1;
+        if self.conns.insert(conn, rec).is_none() {
+            self.mem_used += self.f.dpu.mem_per_conn;
         }
-        self.mem_used += self.f.dpu.mem_per_conn;
-        self.conns.insert(conn, rec);
     }
 
     fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
-        let rec = self.conns.remove(&conn)?;
-        if rec.role == Role::Owner {
-            self.conns_owned -= 1;
-        }
+        let rec = self.conns.remove(conn)?;
         self.mem_used -= self.f.dpu.mem_per_conn;
         for side in [Side::Orig, Side::Reply] {
             if self.hw.remove(&HwKey { conn, side }) {
@@ -639,14 +628,7 @@ impl DpuNode {
     }
 
     fn set_role(&mut self, conn: ConnId, role: Role) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            match (c.role, role) {
-                (Role::Copy, Role::Owner) => self.conns_owned += 1,
-                (Role::Owner, Role::Copy) => self.conns_owned -= 1,
-                _ => {}
-            }
-            c.role = role;
-        }
+        self.conns.set_role(conn, role);
     }
 
     /// Queues the two insert commands of `conn`; returns how many were queued.
@@ -1205,7 +1187,7 @@ impl DpuNode {
         for (_, st) in v {
             self.send_sync(now, SyncKind::Mirror, st);
         }
-        let at = self.flow_vnic.idle_at(now);
+        let at = self.out.flow_idle_at(now);
         self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
         self.event(
             now,
@@ -1229,12 +1211,7 @@ impl DpuNode {
         self.counters.fail_opens += 1;
         // Every copy becomes owned: the mirror is the state. Redirect rules go at once (a
         // fail-open is local to the DPU, no handshake).
-        let copies: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.role == Role::Copy)
-            .map(|(k, _)| *k)
-            .collect();
+        let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
         let n = copies.len();
         for c in copies {
             self.set_role(c, Role::Owner);
@@ -1364,20 +1341,10 @@ impl DpuNode {
     /// the SoC (no live entries, none pending) move to the plane, which serves those buckets now.
     fn hand_over_buckets(&mut self, now: Instant, from: u16, to: u16) {
         let buckets = self.f.dpu.redirect_buckets;
-        let mut moving: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(k, c)| {
-                let b = k.bucket(buckets);
-                b >= from
-                    && b < to
-                    && c.role == Role::Owner
-                    && c.hw_live == 0
-                    && c.inserts_pending == 0
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        moving.sort_unstable();
+        let moving = self.conns.keys_where(|k, c| {
+            let b = k.bucket(buckets);
+            b >= from && b < to && c.role == Role::Owner && c.hw_live == 0 && c.inserts_pending == 0
+        });
         for conn in moving {
             let st = self.conns[&conn].state;
             self.set_role(conn, Role::Copy);
@@ -1665,14 +1632,7 @@ impl DpuNode {
         self.hw.check_invariants()?;
         self.soc.check_invariants()?;
         self.ins_srv.check_invariants()?;
-        let owned = self
-            .conns
-            .values()
-            .filter(|c| c.role == Role::Owner)
-            .count() as u64;
-        if owned != self.conns_owned {
-            return Err(format!("dpu: owned count {} != {owned}", self.conns_owned));
-        }
+        self.conns.check("dpu")?;
         let mem = self.conns.len() as u64 * self.f.dpu.mem_per_conn
             + self.hw.len() as u64 * self.f.dpu.mem_per_entry;
         if mem != self.mem_used {

@@ -61,6 +61,7 @@ pub mod hw;
 pub mod metrics;
 pub mod params;
 pub mod placement;
+mod records;
 pub mod server;
 pub mod spill;
 pub mod types;

@@ -22,7 +22,7 @@
 //! flow vNIC and demotions (deletes) on the reliable control channel, retransmitted every
 //! `control_rto` until acknowledged.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use spillway_vswitch::Instant;
 
@@ -30,11 +30,12 @@ use crate::dpu::Role;
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::placement::{self, Budget, Candidate, Move, Offloaded, PlacementPolicy};
+use crate::records::{Outbox, Records, Roled};
 use crate::server::{PS_PER_NS, Server};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
 };
-use crate::vnic::{FlowVnic, PhyVnic, at_ps, ps};
+use crate::vnic::{PhyVnic, at_ps, ps};
 
 /// The plane's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -51,6 +52,15 @@ pub struct SpillConn {
     pub pps: f64,
     /// When the plane took it.
     pub since: Instant,
+}
+
+impl Roled for SpillConn {
+    fn role(&self) -> Role {
+        self.role
+    }
+    fn set_role(&mut self, role: Role) {
+        self.role = role;
+    }
 }
 
 /// Plane counters (dotted names in [`SpillCounters::iter`]).
@@ -133,9 +143,7 @@ pub struct SpillPlane {
     pkt_ps: u64,
     new_ps: u64,
     to_dpu: PhyVnic,
-    flow_vnic: FlowVnic,
-    conns: hashbrown::HashMap<ConnId, SpillConn, foldhash::fast::FixedState>,
-    owned: u64,
+    conns: Records<SpillConn>,
     colour: Colour,
     active: bool,
     releasing: bool,
@@ -151,7 +159,7 @@ pub struct SpillPlane {
     cands: Vec<Candidate>,
     offl: Vec<Offloaded>,
     first_no_state: Option<ConnId>,
-    out: VecDeque<Transmit>,
+    out: Outbox,
     counters: SpillCounters,
     drops: Drops,
     latency: LatencyHist,
@@ -168,9 +176,7 @@ impl SpillPlane {
             pkt_ps: per_ps(f.host.pkt_cost),
             new_ps: per_ps(f.host.new_conn_cost),
             to_dpu: PhyVnic::new(f),
-            flow_vnic: FlowVnic::new(f),
-            conns: hashbrown::HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11)),
-            owned: 0,
+            conns: Records::new(11),
             colour: Colour(0),
             active: false,
             releasing: false,
@@ -190,7 +196,7 @@ impl SpillPlane {
             cands: Vec::new(),
             offl: Vec::new(),
             first_no_state: None,
-            out: VecDeque::new(),
+            out: Outbox::new(f),
             counters: SpillCounters::default(),
             drops: Drops::default(),
             latency: LatencyHist::default(),
@@ -234,13 +240,11 @@ impl SpillPlane {
     }
     /// Connections owned.
     pub fn conns_owned(&self) -> u64 {
-        self.owned
+        self.conns.owned()
     }
     /// Every record, sorted by connection.
     pub fn conns_sorted(&self) -> Vec<(ConnId, SpillConn)> {
-        let mut v: Vec<_> = self.conns.iter().map(|(k, c)| (*k, *c)).collect();
-        v.sort_unstable_by_key(|(k, _)| *k);
-        v
+        self.conns.sorted()
     }
     /// The placement policy's name.
     pub fn policy_name(&self) -> &'static str {
@@ -255,7 +259,7 @@ impl SpillPlane {
 
     /// The next message for the DPU.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.out.pop_front()
+        self.out.pop()
     }
 
     /// When [`SpillPlane::handle_timeout`] must next run.
@@ -274,52 +278,24 @@ impl SpillPlane {
     }
 
     fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
-        self.out.push_back(Transmit { at, channel, msg });
+        self.out.send(at, channel, msg);
     }
 
     fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
-        let at = self.flow_vnic.depart(now);
         self.counters.sync_tx += 1;
-        let colour = self.colour;
-        self.send(
-            at,
-            Channel::FlowVnic,
-            Msg::Sync {
-                colour,
-                kind,
-                state,
-            },
-        );
+        self.out.sync(now, self.colour, kind, state);
     }
 
     fn set_role(&mut self, conn: ConnId, role: Role) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            match (c.role, role) {
-                (Role::Copy, Role::Owner) => self.owned += 1,
-                (Role::Owner, Role::Copy) => self.owned -= 1,
-                _ => {}
-            }
-            c.role = role;
-        }
+        self.conns.set_role(conn, role);
     }
 
     fn insert_conn(&mut self, conn: ConnId, rec: SpillConn) {
-        if rec.role == Role::Owner {
-            self.owned += 1;
-        }
-        if let Some(old) = self.conns.insert(conn, rec)
-            && old.role == Role::Owner
-        {
-            self.owned -= 1;
-        }
+        self.conns.insert(conn, rec);
     }
 
     fn remove_conn(&mut self, conn: ConnId) -> Option<SpillConn> {
-        let c = self.conns.remove(&conn)?;
-        if c.role == Role::Owner {
-            self.owned -= 1;
-        }
-        Some(c)
+        self.conns.remove(conn)
     }
 
     // ---- inputs ----------------------------------------------------------------------------
@@ -345,7 +321,6 @@ impl SpillPlane {
         let lost = self.workers.fail(ps(now));
         self.up = false;
         self.conns.clear();
-        self.owned = 0;
         self.offloaded.clear();
         self.deletes.clear();
         self.pending_workers = None;
@@ -377,8 +352,7 @@ impl SpillPlane {
             }
             Msg::SyncDone { colour, count } => {
                 // In order on the flow vNIC: every state of the bulk sync is in.
-                let at = self.flow_vnic.depart(now);
-                self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
+                self.out.send_flow(now, Msg::SyncDone { colour, count });
             }
             Msg::Activated { colour } => {
                 self.colour = colour;
@@ -441,18 +415,12 @@ impl SpillPlane {
             }
             Msg::Release { colour } => {
                 self.releasing = true;
-                let mut owned: Vec<ConnId> = self
-                    .conns
-                    .iter()
-                    .filter(|(_, c)| c.role == Role::Owner)
-                    .map(|(k, _)| *k)
-                    .collect();
-                owned.sort_unstable();
+                let owned = self.conns.keys_where(|_, c| c.role == Role::Owner);
                 let count = owned.len() as u64;
                 for conn in owned {
                     self.hand_over(now, conn);
                 }
-                let at = self.flow_vnic.idle_at(now);
+                let at = self.out.flow_idle_at(now);
                 // On the flow vNIC, after the handovers, so the DPU has them all first.
                 self.send(at, Channel::FlowVnic, Msg::Released { colour, count });
             }
@@ -460,7 +428,7 @@ impl SpillPlane {
                 let done = self
                     .workers
                     .busy_until_ps()
-                    .max(ps(self.flow_vnic.idle_at(now)))
+                    .max(ps(self.out.flow_idle_at(now)))
                     .max(self.to_dpu.busy_until_ps())
                     .max(ps(now));
                 // On the flow vNIC, behind every handover the plane has sent: the DPU must own
@@ -698,20 +666,16 @@ impl SpillPlane {
         // The state travels with the recall: from here the plane holds a copy.
         self.set_role(conn, Role::Copy);
         self.counters.recalls_sent += 1;
-        let at = if channel == Channel::FlowVnic {
-            self.flow_vnic.depart(now)
-        } else {
-            now
+        let msg = Msg::Recall {
+            state,
+            pps,
+            replaces_pps,
         };
-        self.send(
-            at,
-            channel,
-            Msg::Recall {
-                state,
-                pps,
-                replaces_pps,
-            },
-        );
+        if channel == Channel::FlowVnic {
+            self.out.send_flow(now, msg);
+        } else {
+            self.send(now, channel, msg);
+        }
     }
 
     /// Timers: heartbeats, worker changes, placement ticks, delete retransmissions.
@@ -830,14 +794,7 @@ impl SpillPlane {
 
     /// Checks owner accounting and queue bounds. O(connections).
     pub fn check_invariants(&self) -> Result<(), String> {
-        let owned = self
-            .conns
-            .values()
-            .filter(|c| c.role == Role::Owner)
-            .count() as u64;
-        if owned != self.owned {
-            return Err(format!("spill: owned count {} != {owned}", self.owned));
-        }
+        self.conns.check("spill")?;
         if self.conns.len() * 2 > self.f.host.flow_cache_max {
             return Err(format!(
                 "spill: flow cache {} entries > {}",
