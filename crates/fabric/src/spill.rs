@@ -523,7 +523,7 @@ impl SpillPlane {
 
     fn handle_packets(&mut self, now: Instant, t: &Train) {
         self.counters.rx += u64::from(t.packets);
-        let known = self.conns.get(&t.conn).copied();
+        // The cost depends on the packet, not on what the plane knows of its connection.
         let cost = if t.kind == Kind::Open || t.denied {
             self.new_ps
         } else {
@@ -545,7 +545,8 @@ impl SpillPlane {
             return;
         }
         self.counters.processed += u64::from(a.count);
-        match known {
+        // One lookup of the connection per train.
+        match self.conns.get_mut(&t.conn) {
             None if t.kind == Kind::Open => {
                 if self.conns.len() * 2 + 2 > self.f.host.flow_cache_max {
                     self.drops
@@ -589,26 +590,24 @@ impl SpillPlane {
                 }
                 return;
             }
-            Some(c) => {
-                if t.kind == Kind::Close {
-                    let mut st = c.state;
-                    st.phase = ConnPhase::Closing;
-                    st.version += 1;
-                    self.remove_conn(t.conn);
-                    // Owner or not, the DPU must forget its record of a closed connection.
-                    self.send_sync(now, SyncKind::Closed, st);
-                } else {
-                    let rec = self.conns.get_mut(&t.conn).expect("known");
-                    rec.tick_packets = rec.tick_packets.saturating_add(a.count);
-                    if rec.state.apply(t) {
-                        let st = rec.state;
-                        let kind = if rec.role == Role::Owner {
-                            SyncKind::Mirror
-                        } else {
-                            SyncKind::Update
-                        };
-                        self.send_sync(now, kind, st);
-                    }
+            Some(rec) if t.kind == Kind::Close => {
+                let mut st = rec.state;
+                st.phase = ConnPhase::Closing;
+                st.version += 1;
+                self.remove_conn(t.conn);
+                // Owner or not, the DPU must forget its record of a closed connection.
+                self.send_sync(now, SyncKind::Closed, st);
+            }
+            Some(rec) => {
+                rec.tick_packets = rec.tick_packets.saturating_add(a.count);
+                if rec.state.apply(t) {
+                    let st = rec.state;
+                    let kind = if rec.role == Role::Owner {
+                        SyncKind::Mirror
+                    } else {
+                        SyncKind::Update
+                    };
+                    self.send_sync(now, kind, st);
                 }
             }
         }

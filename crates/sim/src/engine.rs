@@ -806,9 +806,14 @@ impl<'a> Sim<'a> {
 
     fn check_cheap(&mut self) -> Result<(), SimFailure> {
         self.checks += 1;
-        let t = self.totals();
-        let dropped = self.drops().total();
-        if t.offered != t.dpu + t.host + dropped + self.in_flight {
+        // Only the sums conservation needs: this runs after every event.
+        let d = self.dpu.counters();
+        let delivered =
+            d.hw_delivered + d.soc_delivered + d.host_out + self.spill.counters().direct;
+        let dropped =
+            self.dpu.drops().total() + self.spill.drops().total() + self.driver_drops.total();
+        if self.offered != delivered + dropped + self.in_flight {
+            let t = self.totals();
             return Err(self.fail(format!(
                 "conservation: offered {} != dpu {} + host {} + dropped {} + in flight {}",
                 t.offered, t.dpu, t.host, dropped, self.in_flight
