@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant as StdInstant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use spillway_sim::report::RunReport;
 use spillway_sim::scenario::{self, Scenario};
@@ -40,7 +40,10 @@ pub struct SimArgs {
     pub baseline: Option<Baseline>,
     /// Placement policy override: first-come, ovs-rebalance, none.
     #[arg(long)]
-    pub placement: Option<String>,
+    pub placement: Option<spillway_fabric::params::PlacementKind>,
+    /// Print every train and message of this connection id to stderr (debugging a run).
+    #[arg(long)]
+    pub trace_conn: Option<u64>,
     /// List the built-in scenarios and exit.
     #[arg(long)]
     pub list: bool,
@@ -164,15 +167,8 @@ pub fn sim(args: &SimArgs) -> Result<()> {
         return Ok(());
     }
     let (mut sc, source) = load(args)?;
-    if let Some(p) = &args.placement {
-        sc.fabric.placement.policy = match p.as_str() {
-            "first-come" => spillway_fabric::params::PlacementKind::FirstCome,
-            "ovs-rebalance" => spillway_fabric::params::PlacementKind::OvsRebalance,
-            "none" => spillway_fabric::params::PlacementKind::None,
-            other => {
-                bail!("--placement: expected first-come, ovs-rebalance or none, got {other:?}")
-            }
-        };
+    if let Some(p) = args.placement {
+        sc.fabric.placement.policy = p;
     }
     let seed = args.seed.unwrap_or(sc.seed);
     let dpu_only = args.baseline == Some(Baseline::DpuOnly);
@@ -231,7 +227,12 @@ pub fn sim(args: &SimArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let r = spillway_sim::run(&sc, seed, dpu_only, &mut |f| progress.set(f))
+    let opts = spillway_sim::engine::RunOptions {
+        seed,
+        dpu_only,
+        trace_conn: args.trace_conn.map(spillway_fabric::types::ConnId),
+    };
+    let r = spillway_sim::run_with(&sc, opts, &mut |f| progress.set(f))
         .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
     progress.done();
     if args.json {

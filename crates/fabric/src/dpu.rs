@@ -45,7 +45,7 @@ use std::collections::VecDeque;
 use spillway_vswitch::flow_table::Inserted;
 
 pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
-use spillway_vswitch::{Instant, TenantId};
+use spillway_vswitch::Instant;
 
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
@@ -817,7 +817,7 @@ impl DpuNode {
                     && c.hw_live == 0
                     && c.inserts_pending == 0
                     && t.kind != Kind::Close
-                    && self.hw.len() + self.pending.len() + 2 <= self.hw.capacity()
+                    && self.free_entries() >= 2
                 {
                     let queued = self.queue_inserts(at_ps(a.finish_ps), t.conn, false);
                     if let Some(r) = self.conns.get_mut(&t.conn) {
@@ -1060,9 +1060,7 @@ impl DpuNode {
     }
 
     fn handle_recall(&mut self, now: Instant, state: ConnState, pps: f64, replaces_pps: f64) {
-        let free = self.hw.capacity()
-            - self.hw.len()
-            - self.pending.len().min(self.hw.capacity() - self.hw.len());
+        let free = self.free_entries();
         // URSched's headroom binds every policy: a recall may not push the fast path past its
         // target utilisation. A swap is charged only what it adds.
         let charge = (pps - replaces_pps).max(0.0);
@@ -1610,13 +1608,19 @@ impl DpuNode {
         }
     }
 
-    /// Sends the recall budget to the plane: called by the plane's placement via the
-    /// heartbeat exchange. Free hardware entries and fast-path headroom, pps.
+    /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
+    /// entries and the fast-path headroom left, pps.
     pub fn recall_budget(&self) -> (usize, f64) {
-        let free = self.hw.capacity()
-            - self.hw.len()
-            - self.pending.len().min(self.hw.capacity() - self.hw.len());
-        (free, (self.headroom_pps - self.recalled_pps).max(0.0))
+        (
+            self.free_entries(),
+            (self.headroom_pps - self.recalled_pps).max(0.0),
+        )
+    }
+
+    /// Hardware entries neither installed nor promised to a queued insert.
+    fn free_entries(&self) -> usize {
+        let free = self.hw.capacity() - self.hw.len();
+        free - self.pending.len().min(free)
     }
 
     /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.
@@ -1655,10 +1659,5 @@ impl DpuNode {
             return Err("dpu: memory accounting ran away".into());
         }
         Ok(())
-    }
-
-    /// The tenant id the DPU's scheduler sees for a train (for tests).
-    pub fn tenant_of(t: &Train) -> TenantId {
-        t.tenant
     }
 }

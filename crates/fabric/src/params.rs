@@ -287,6 +287,26 @@ pub enum PlacementKind {
     None,
 }
 
+impl PlacementKind {
+    /// Every policy, by the name config files and `--placement` use.
+    pub const NAMES: [(&'static str, PlacementKind); 3] = [
+        ("first-come", PlacementKind::FirstCome),
+        ("ovs-rebalance", PlacementKind::OvsRebalance),
+        ("none", PlacementKind::None),
+    ];
+}
+
+impl core::str::FromStr for PlacementKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PlacementKind, String> {
+        PlacementKind::NAMES
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| format!("expected first-come, ovs-rebalance or none, got {s:?}"))
+    }
+}
+
 /// Placement settings.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

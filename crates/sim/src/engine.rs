@@ -43,8 +43,6 @@ pub struct RunOptions {
     pub seed: u64,
     /// No spill plane (the DPU-only baseline).
     pub dpu_only: bool,
-    /// Keep the time series.
-    pub series: bool,
     /// Print every train and message of this connection to stderr (debugging a failed seed).
     pub trace_conn: Option<ConnId>,
 }

@@ -57,19 +57,24 @@ pub fn run(
     dpu_only: bool,
     progress: &mut dyn FnMut(f64),
 ) -> Result<RunReport, SimFailure> {
-    let sim = Sim::new(
+    run_with(
         sc,
         RunOptions {
             seed,
             dpu_only,
-            series: true,
-            trace_conn: std::env::var("SPILLWAY_TRACE_CONN")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map(spillway_fabric::types::ConnId),
+            trace_conn: None,
         },
-    );
-    let mut r = sim.run(progress)?;
+        progress,
+    )
+}
+
+/// [`run`] with every option (a connection to trace, for debugging a failed seed).
+pub fn run_with(
+    sc: &Scenario,
+    opts: RunOptions,
+    progress: &mut dyn FnMut(f64),
+) -> Result<RunReport, SimFailure> {
+    let mut r = Sim::new(sc, opts).run(progress)?;
     if !sc.cps.is_empty() {
         r.zero_loss_cps = engine::zero_loss_cps(
             &r,

@@ -2,7 +2,8 @@
 //! (plane kills, control-channel loss, vNIC delays) in the safety phase, then a liveness phase
 //! without faults. Every run must pass every checker after every event (conservation, table and
 //! queue bounds, insertion budget, ownership, state continuity) and the end-of-run ownership
-//! check. A failing seed prints the line that replays it. `SPILLWAY_SWARM_SEEDS=N` runs more.
+//! check. A failing seed prints the line that replays it. `SPILLWAY_SWARM_SEEDS=N` runs more;
+//! `SPILLWAY_TRACE_CONN=N` traces one connection.
 
 use spillway_sim::swarm;
 
@@ -16,12 +17,22 @@ fn swarm_of_seeds_passes_every_checker() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    // `SPILLWAY_TRACE_CONN=N` prints every train and message of connection N (with a single
+    // seed, to see how a failing one went wrong).
+    let trace: Option<u64> = std::env::var("SPILLWAY_TRACE_CONN")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let mut activated = 0;
     let mut faults = 0;
     for seed in base..base + n {
         let sc = swarm::scenario(seed);
         faults += sc.faults.len();
-        let r = spillway_sim::run(&sc, seed, false, &mut |_| {}).unwrap_or_else(|e| {
+        let opts = spillway_sim::engine::RunOptions {
+            seed,
+            dpu_only: false,
+            trace_conn: trace.map(spillway_fabric::types::ConnId),
+        };
+        let r = spillway_sim::run_with(&sc, opts, &mut |_| {}).unwrap_or_else(|e| {
             panic!(
                 "seed {seed}: {e}\nrepro: SPILLWAY_SWARM_BASE={seed} SPILLWAY_SWARM_SEEDS=1 cargo test -p spillway-sim --test swarm"
             )
