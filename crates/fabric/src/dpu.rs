@@ -678,10 +678,8 @@ impl DpuNode {
         };
         let bytes = u64::from(t.packets) * u64::from(t.packet_bytes);
         if let Some(a) = self.hw.offer(now, &key, t.packets, bytes) {
-            let lost = t.packets - a.count;
-            if lost > 0 {
-                self.drops.add(FabricDrop::HwOverload, u64::from(lost));
-            }
+            self.drops
+                .add_refused(FabricDrop::HwOverload, t.packets, a.count);
             if a.count > 0 {
                 let sum =
                     a.wait_sum_ps + u64::from(a.count) * ns(self.f.dpu.hw_latency) * PS_PER_NS;
@@ -707,10 +705,8 @@ impl DpuNode {
 
     fn steer_to_host(&mut self, now: Instant, t: &Train) {
         let s = self.steer.offer(ps(now), t.packets, self.steer_ps);
-        if s.count < t.packets {
-            self.drops
-                .add(FabricDrop::SteerOverload, u64::from(t.packets - s.count));
-        }
+        self.drops
+            .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
         if s.count == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -720,10 +716,8 @@ impl DpuNode {
         let mut part = *t;
         part.packets = s.count;
         let a = self.to_host.offer(ps(now), &part);
-        if a.count < part.packets {
-            self.drops
-                .add(FabricDrop::VnicRingFull, u64::from(part.packets - a.count));
-        }
+        self.drops
+            .add_refused(FabricDrop::VnicRingFull, part.packets, a.count);
         if a.count == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -745,7 +739,7 @@ impl DpuNode {
             // The policy walk runs, then denies: the SoC pays a new-connection walk.
             let a = self.soc.offer(ps(now), t.packets, self.soc_new_ps);
             self.drops
-                .add(FabricDrop::SocQueueFull, u64::from(t.packets - a.count));
+                .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
             self.drops.add(FabricDrop::Policy, u64::from(a.count));
             return;
         }
@@ -757,10 +751,8 @@ impl DpuNode {
                     return;
                 }
                 let a = self.soc.offer(ps(now), t.packets, self.soc_new_ps);
-                if a.count < t.packets {
-                    self.drops
-                        .add(FabricDrop::SocQueueFull, u64::from(t.packets - a.count));
-                }
+                self.drops
+                    .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
                 if a.count == 0 {
                     self.counters.open_dropped += 1;
                     return;
@@ -804,10 +796,8 @@ impl DpuNode {
             }
             Some(c) => {
                 let a = self.soc.offer(ps(now), t.packets, self.soc_miss_ps);
-                if a.count < t.packets {
-                    self.drops
-                        .add(FabricDrop::SocQueueFull, u64::from(t.packets - a.count));
-                }
+                self.drops
+                    .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
                 if a.count == 0 {
                     return;
                 }
@@ -866,10 +856,8 @@ impl DpuNode {
             Msg::Packets(t) => {
                 // Processed by the plane; the DPU sends it on (steering rate, no rewrite).
                 let s = self.steer.offer(ps(now), t.packets, self.steer_ps);
-                if s.count < t.packets {
-                    self.drops
-                        .add(FabricDrop::SteerOverload, u64::from(t.packets - s.count));
-                }
+                self.drops
+                    .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
                 if s.count > 0 {
                     let extra = if t.dest == Dest::Vm {
                         ns(self.f.pcie.latency)

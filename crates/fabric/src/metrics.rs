@@ -78,6 +78,10 @@ impl Drops {
     pub fn add(&mut self, reason: FabricDrop, n: u64) {
         self.0[reason as usize] += n;
     }
+    /// Counts what a resource refused of a batch: `offered - admitted` drops of `reason`.
+    pub fn add_refused(&mut self, reason: FabricDrop, offered: u32, admitted: u32) {
+        self.add(reason, u64::from(offered - admitted));
+    }
     /// Drops of `reason`.
     pub fn get(&self, reason: FabricDrop) -> u64 {
         self.0[reason as usize]

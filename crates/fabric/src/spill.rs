@@ -530,10 +530,8 @@ impl SpillPlane {
             self.pkt_ps
         };
         let a = self.workers.offer(ps(now), t.packets, cost);
-        if a.count < t.packets {
-            self.drops
-                .add(FabricDrop::SpillQueueFull, u64::from(t.packets - a.count));
-        }
+        self.drops
+            .add_refused(FabricDrop::SpillQueueFull, t.packets, a.count);
         if a.count == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -580,10 +578,8 @@ impl SpillPlane {
                 back.packets = a.count;
                 self.counters.punted += u64::from(a.count);
                 let v = self.to_dpu.offer(a.finish_ps, &back);
-                if v.count < back.packets {
-                    self.drops
-                        .add(FabricDrop::VnicRingFull, u64::from(back.packets - v.count));
-                }
+                self.drops
+                    .add_refused(FabricDrop::VnicRingFull, back.packets, v.count);
                 if v.count > 0 {
                     back.packets = v.count;
                     self.send(at_ps(v.finish_ps), Channel::PhyVnic, Msg::Punt(back));
@@ -631,10 +627,8 @@ impl SpillPlane {
         if v.count == 0 && t.kind == Kind::Open {
             self.counters.open_dropped += 1;
         }
-        if v.count < done.packets {
-            self.drops
-                .add(FabricDrop::VnicRingFull, u64::from(done.packets - v.count));
-        }
+        self.drops
+            .add_refused(FabricDrop::VnicRingFull, done.packets, v.count);
         if v.count > 0 {
             done.packets = v.count;
             self.counters.to_dpu += u64::from(v.count);
