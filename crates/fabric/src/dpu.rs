@@ -362,6 +362,9 @@ pub struct DpuNode {
     steer_ps: u64,
     to_host: PhyVnic,
     conns: Records<DpuConn>,
+    /// `pcie.latency` and `dpu.hw_latency` converted once, not per train.
+    pcie_latency_ns: u64,
+    hw_latency_ps: u64,
     mem_used: u64,
     phase: Phase,
     colour: Colour,
@@ -419,6 +422,8 @@ impl DpuNode {
             steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
             to_host: PhyVnic::new(f),
             conns: Records::new(7),
+            pcie_latency_ns: ns(f.pcie.latency),
+            hw_latency_ps: ns(d.hw_latency) * PS_PER_NS,
             mem_used: 0,
             phase: Phase::Idle,
             colour: Colour(0),
@@ -587,7 +592,7 @@ impl DpuNode {
 
     fn deliver(&mut self, t: &Train, n: u32, latency_ps_sum: u64, hw: bool) {
         let extra = if t.dest == Dest::Vm {
-            ns(self.f.pcie.latency)
+            self.pcie_latency_ns
         } else {
             0
         };
@@ -681,8 +686,7 @@ impl DpuNode {
             self.drops
                 .add_refused(FabricDrop::HwOverload, t.packets, a.count);
             if a.count > 0 {
-                let sum =
-                    a.wait_sum_ps + u64::from(a.count) * ns(self.f.dpu.hw_latency) * PS_PER_NS;
+                let sum = a.wait_sum_ps + u64::from(a.count) * self.hw_latency_ps;
                 self.deliver(t, a.count, sum, true);
                 // Payload on the hardware path changes no connection state: the entry's own
                 // counters count it, and the SoC's record is left alone (as hardware conntrack
@@ -860,7 +864,7 @@ impl DpuNode {
                     .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
                 if s.count > 0 {
                     let extra = if t.dest == Dest::Vm {
-                        ns(self.f.pcie.latency)
+                        self.pcie_latency_ns
                     } else {
                         0
                     };
