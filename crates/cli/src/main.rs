@@ -8,6 +8,7 @@ mod inspect;
 mod pcapio;
 mod run;
 mod sim;
+mod stability;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -38,6 +39,10 @@ enum Command {
     Bench(BenchCommand),
     /// Simulate the fabric on a scenario (model results, virtual time).
     Sim(sim::SimArgs),
+    /// The flow-stability classifier offline: rank a feature trace, generate and evaluate
+    /// labelled traces.
+    #[command(subcommand)]
+    Stability(stability::StabilityCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -93,5 +98,6 @@ fn run_cli(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Datapath(args)) => bench::datapath(&args),
         Command::Bench(BenchCommand::Sim(args)) => sim::bench_sim(&args),
         Command::Sim(args) => sim::sim(&args),
+        Command::Stability(cmd) => stability::run(&cmd),
     }
 }

@@ -1,5 +1,6 @@
-//! `spillway sim` (one scenario run, or a worker sweep) and `spillway bench sim` (simulator
-//! speed). Every figure `sim` prints is a model result and is labelled so.
+//! `spillway sim` (one scenario run, a worker sweep, or a comparison of placement policies) and
+//! `spillway bench sim` (simulator speed). Every figure `sim` prints is a model result and is
+//! labelled so.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -38,7 +39,8 @@ pub struct SimArgs {
     /// Run a baseline instead of Spillway.
     #[arg(long, value_enum)]
     pub baseline: Option<Baseline>,
-    /// Placement policy override: first-come, ovs-rebalance, none.
+    /// Placement policy override: first-come, ovs-rebalance, threshold, stability, none. On a scenario
+    /// with a [compare] section, runs that one policy instead of the comparison.
     #[arg(long)]
     pub placement: Option<spillway_fabric::params::PlacementKind>,
     /// Print every train and message of this connection id to stderr (debugging a run).
@@ -157,6 +159,71 @@ fn print_summary(r: &RunReport, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
+/// The `--json` object of a placement comparison.
+fn compare_json(sc: &Scenario, seed: u64, points: &[spillway_sim::PlacementPoint]) -> Value {
+    json!({
+        "kind": "model",
+        "scenario": sc.name,
+        "seed": seed,
+        "policies": points,
+    })
+}
+
+fn print_compare(
+    sc: &Scenario,
+    seed: u64,
+    points: &[spillway_sim::PlacementPoint],
+    out: &mut impl Write,
+) -> Result<()> {
+    writeln!(
+        out,
+        "MODEL RESULT (simulator) - scenario {} - seed {seed}: placement policies, measure window {:.2}-{:.2} s",
+        sc.name,
+        sc.measure[0].0.as_secs_f64(),
+        sc.measure[1].0.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "  {:<14} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>6} {:>7}",
+        "policy",
+        "offload",
+        "plane",
+        "insert/s",
+        "delete/s",
+        "to host/s",
+        "host cpu",
+        "recalls",
+        "demote",
+        "shed",
+        "flaps",
+        "lost"
+    )?;
+    for p in points {
+        writeln!(
+            out,
+            "  {:<14} {:>8.3} {:>8} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>7} {:>7} {:>7} {:>6} {:>7}",
+            p.policy,
+            p.offload_ratio,
+            p.plane_offload_ratio
+                .map_or("-".into(), |r| format!("{r:.3}")),
+            p.inserts_per_s,
+            p.deletes_per_s,
+            p.deletes_to_host_per_s,
+            p.host_cpu_cores,
+            p.recalls,
+            p.demotions,
+            p.sheds,
+            p.flaps,
+            p.lost_packets
+        )?;
+    }
+    writeln!(
+        out,
+        "  offload: fast-path share of delivered packets; plane: the same among the traffic the plane took on; host cpu: plane worker cores busy; counts are over the window, lost over the run"
+    )?;
+    Ok(())
+}
+
 /// `spillway sim`.
 pub fn sim(args: &SimArgs) -> Result<()> {
     if args.list {
@@ -179,6 +246,23 @@ pub fn sim(args: &SimArgs) -> Result<()> {
     let progress = Progress::new(&sc.name);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
+    if sc.compare.is_some() && !dpu_only && args.placement.is_none() {
+        let points = spillway_sim::run_placement_compare(&sc, seed, &mut |f| progress.set(f))
+            .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
+        progress.done();
+        if args.json {
+            serde_json::to_writer(&mut out, &compare_json(&sc, seed, &points))?;
+            writeln!(out)?;
+        } else {
+            print_compare(&sc, seed, &points, &mut out)?;
+        }
+        if let Some(path) = &args.report {
+            let runs: Vec<&RunReport> = points.iter().map(|p| &p.run).collect();
+            std::fs::write(path, spillway_sim::html::render_html(&runs))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
     if sc.sweep.is_some() && !dpu_only {
         let points = spillway_sim::run_sweep(&sc, seed, &mut |f| progress.set(f))
             .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
@@ -319,4 +403,62 @@ pub fn bench_sim(args: &BenchSimArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_comparison_prints_one_row_and_one_json_object_per_policy() {
+        let sc = Scenario::from_toml_str(
+            r#"
+            name = "tiny-compare"
+            duration = "300ms"
+            measure = ["100ms", "300ms"]
+            [compare]
+            policies = ["first-come", "threshold"]
+            [[flows]]
+            count = 20
+            pps = 1000.0
+            lifetime = "1s"
+            "#,
+            "tiny.toml",
+        )
+        .unwrap();
+        let points = spillway_sim::run_placement_compare(&sc, 3, &mut |_| {}).unwrap();
+        let mut text = Vec::new();
+        print_compare(&sc, 3, &points, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.starts_with("MODEL RESULT"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("first-come "))
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("threshold "))
+        );
+        let v = compare_json(&sc, 3, &points);
+        assert_eq!(v["kind"], "model");
+        assert_eq!(v["scenario"], "tiny-compare");
+        assert_eq!(v["seed"], 3);
+        let p = v["policies"].as_array().unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[1]["policy"], "threshold");
+        for k in [
+            "offload_ratio",
+            "plane_offload_ratio",
+            "inserts_per_s",
+            "deletes_per_s",
+            "host_cpu_cores",
+            "flaps",
+            "recalls",
+            "lost_packets",
+            "run",
+        ] {
+            assert!(p[0].get(k).is_some(), "{k} missing: {}", p[0]);
+        }
+        assert_eq!(p[1]["run"]["placement"], "threshold");
+    }
 }

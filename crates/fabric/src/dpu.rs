@@ -73,6 +73,33 @@ pub struct DpuConn {
     pub recalled: bool,
     /// Hardware packet count at the last stats report.
     pub hw_pkts_mark: u64,
+    /// When `hw_pkts_mark` was taken (the last report, or the recall that installed the
+    /// entries): a flow recalled in the middle of a stats period is reported over the time it
+    /// has been on the fast path, not over the whole period.
+    pub hw_mark_at: Instant,
+    /// Where placement has moved it so far (for counting flaps).
+    pub history: RecallHistory,
+}
+
+/// Where placement has moved a connection so far: what `dpu.placement.flap` counts from.
+///
+/// A **flap** is a reversal of an earlier placement of the same connection: after its first
+/// recall to the fast path, every move of the connection between the fast path and the host
+/// counts once, whichever way it goes and whoever makes it. Leaving the fast path is a
+/// demotion by the policy or a shed by the DPU (its fast path overflowed, as when a recalled
+/// flow bursts); coming back is a recall. A flow recalled once and kept has no flap; recalled,
+/// shed and recalled again has two. Counting sheds makes the figure meaningful for policies
+/// that never demote (first come, threshold): what they recall badly, the DPU takes back.
+/// Moves of a connection never recalled (a shed of a flow the SoC opened) are not flaps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RecallHistory {
+    /// Never recalled.
+    #[default]
+    Never,
+    /// Recalled, and on the fast path since.
+    Recalled,
+    /// Recalled once, and left the fast path for the host since (it may be recalled again).
+    Left,
 }
 
 impl Roled for DpuConn {
@@ -284,6 +311,12 @@ pub struct DpuCounters {
     pub recalls_refused: u64,
     /// `dpu.demote`: entries demoted back to the plane (rebalance swaps).
     pub demotes: u64,
+    /// `dpu.hw.delete.to_host`: entries removed because their connection moved to the host
+    /// plane (demoted by placement or shed under overload), not because it closed. Part of
+    /// `dpu.hw.delete`.
+    pub deletes_to_host: u64,
+    /// `dpu.placement.flap`: placement reversals (see [`RecallHistory`]).
+    pub flaps: u64,
     /// `dpu.sync.tx`: state messages sent to the plane.
     pub sync_tx: u64,
     /// `dpu.sync.rx`: state messages received from the plane.
@@ -324,6 +357,8 @@ impl DpuCounters {
             ("dpu.recall.ok", self.recalls_ok),
             ("dpu.recall.refused", self.recalls_refused),
             ("dpu.demote", self.demotes),
+            ("dpu.hw.delete.to_host", self.deletes_to_host),
+            ("dpu.placement.flap", self.flaps),
             ("dpu.sync.tx", self.sync_tx),
             ("dpu.sync.rx", self.sync_rx),
             ("pcie.crossings", self.pcie_crossings),
@@ -387,6 +422,9 @@ pub struct DpuNode {
     window_soc_new_base: u64,
     headroom_pps: f64,
     recalled_pps: f64,
+    /// Packets matched by recalled entries that are gone or no longer recalled (see
+    /// [`DpuNode::recalled_hw_packets`]).
+    recalled_hw_retired: u64,
     seen_delete: std::collections::BTreeMap<u64, Option<ConnState>>,
     next_stats: Instant,
     last_load: Load,
@@ -446,6 +484,7 @@ impl DpuNode {
             window_soc_new_base: 0,
             headroom_pps: 0.0,
             recalled_pps: 0.0,
+            recalled_hw_retired: 0,
             seen_delete: Default::default(),
             next_stats: Instant::ZERO + f.placement.rebalance_period,
             last_load: Load::default(),
@@ -504,6 +543,38 @@ impl DpuNode {
     pub fn last_load(&self) -> &Load {
         &self.last_load
     }
+    /// Packets the fast path has matched for connections while they were recalled from the
+    /// plane: the hardware counters of live recalled entries plus those of recalled entries
+    /// removed (or demoted) before. O(connections): for reports at a window's edges, not per
+    /// packet. The entries' counters count matches, so under fast-path overload (a full input
+    /// queue) this includes packets the queue then dropped.
+    pub fn recalled_hw_packets(&self) -> u64 {
+        let live: u64 = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.recalled && c.hw_live > 0)
+            .map(|(k, _)| self.entry_packets(*k))
+            .sum();
+        self.recalled_hw_retired + live
+    }
+
+    /// Packets both of `conn`'s hardware entries have matched since they were installed.
+    fn entry_packets(&self, conn: ConnId) -> u64 {
+        [Side::Orig, Side::Reply]
+            .iter()
+            .filter_map(|side| self.hw.stats(&HwKey { conn, side: *side }))
+            .map(|e| e.packets)
+            .sum()
+    }
+
+    /// `conn` stops being recalled (demoted, stripped, rolled back, closed): its entries'
+    /// counts so far stay in [`DpuNode::recalled_hw_packets`].
+    fn retire_recalled(&mut self, conn: ConnId) {
+        if self.conns.get(&conn).is_some_and(|c| c.recalled) {
+            self.recalled_hw_retired += self.entry_packets(conn);
+        }
+    }
+
     /// Insert commands the hardware has executed (live or refused by a full table); the
     /// insertion-budget checker reads it.
     pub fn inserts_total(&self) -> u64 {
@@ -621,6 +692,7 @@ impl DpuNode {
     }
 
     fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
+        self.retire_recalled(conn);
         let rec = self.conns.remove(conn)?;
         self.mem_used -= self.f.dpu.mem_per_conn;
         for side in [Side::Orig, Side::Reply] {
@@ -774,6 +846,8 @@ impl DpuNode {
                         inserts_pending: queued,
                         recalled: false,
                         hw_pkts_mark: 0,
+                        hw_mark_at: Instant::ZERO,
+                        history: RecallHistory::Never,
                     },
                 );
                 self.deliver(t, a.count, a.wait_sum_ps, false);
@@ -1045,6 +1119,8 @@ impl DpuNode {
                         inserts_pending: 0,
                         recalled: false,
                         hw_pkts_mark: 0,
+                        hw_mark_at: Instant::ZERO,
+                        history: RecallHistory::Never,
                     },
                 );
             }
@@ -1077,6 +1153,9 @@ impl DpuNode {
                     c.state = state;
                 }
                 c.recalled = true;
+                // The entries are new: their counters start from zero now.
+                c.hw_pkts_mark = 0;
+                c.hw_mark_at = now;
             }
             None => self.add_conn(
                 state.conn,
@@ -1087,6 +1166,8 @@ impl DpuNode {
                     inserts_pending: 0,
                     recalled: true,
                     hw_pkts_mark: 0,
+                    hw_mark_at: now,
+                    history: RecallHistory::Never,
                 },
             ),
         }
@@ -1114,11 +1195,13 @@ impl DpuNode {
                 // The entries stay live until the plane has adopted the connection
                 // (`Msg::Adopted`): removed now, its next packets would be redirected to a
                 // plane that may not have the state yet (the ack travels on another channel).
+                self.retire_recalled(conn);
                 if let Some(r) = self.conns.get_mut(&conn) {
                     r.recalled = false;
                 }
                 self.set_role(conn, Role::Copy);
                 self.counters.demotes += 1;
+                self.left_fast_path(conn);
                 Some(c.state)
             }
             _ => None,
@@ -1132,14 +1215,33 @@ impl DpuNode {
         self.send(now, Channel::Control, Msg::DeleteAck { seq, state });
     }
 
+    /// `conn` leaves the fast path for the host (demoted or shed): a flap if it had been
+    /// recalled (see [`RecallHistory`]).
+    fn left_fast_path(&mut self, conn: ConnId) {
+        if let Some(r) = self.conns.get_mut(&conn)
+            && r.history != RecallHistory::Never
+        {
+            r.history = RecallHistory::Left;
+            self.counters.flaps += 1;
+        }
+    }
+
     fn finish_recall(&mut self, now: Instant, conn: ConnId, ok: bool) {
         if ok {
             self.set_role(conn, Role::Owner);
             self.counters.recalls_ok += 1;
+            if let Some(r) = self.conns.get_mut(&conn) {
+                if r.history == RecallHistory::Left {
+                    self.counters.flaps += 1;
+                }
+                r.history = RecallHistory::Recalled;
+            }
         } else {
             // Roll back whatever went in; the plane keeps the connection.
+            self.retire_recalled(conn);
             for side in [Side::Orig, Side::Reply] {
                 if self.hw.remove(&HwKey { conn, side }) {
+                    self.counters.deletes += 1;
                     self.mem_used -= self.f.dpu.mem_per_entry;
                 }
             }
@@ -1205,6 +1307,7 @@ impl DpuNode {
         let n = copies.len();
         for c in copies {
             self.set_role(c, Role::Owner);
+            self.retire_recalled(c);
             if let Some(r) = self.conns.get_mut(&c) {
                 r.recalled = false;
             }
@@ -1459,6 +1562,7 @@ impl DpuNode {
             // Entries stay until the plane adopts it (see `Msg::Adopted`).
             self.set_role(*conn, Role::Copy);
             self.counters.shed += 1;
+            self.left_fast_path(*conn);
             self.send_sync(now, SyncKind::Handover, st);
         }
         if moved > 0 {
@@ -1474,10 +1578,14 @@ impl DpuNode {
         }
     }
 
+    /// Removes the entries of a connection the plane has adopted (demoted, shed, or handed
+    /// over by bucket).
     fn strip_entries(&mut self, conn: ConnId) {
+        self.retire_recalled(conn);
         for side in [Side::Orig, Side::Reply] {
             if self.hw.remove(&HwKey { conn, side }) {
                 self.counters.deletes += 1;
+                self.counters.deletes_to_host += 1;
                 self.mem_used -= self.f.dpu.mem_per_entry;
             }
         }
@@ -1490,7 +1598,6 @@ impl DpuNode {
     /// The hardware flow-stats dump: the rate of every recalled entry over the last period,
     /// in connection order.
     fn send_offload_stats(&mut self, now: Instant) {
-        let secs = self.f.placement.rebalance_period.as_secs_f64();
         let mut v: Vec<(ConnId, u64)> = self
             .conns
             .iter()
@@ -1508,7 +1615,12 @@ impl DpuNode {
         for (conn, pkts) in v {
             let c = self.conns.get_mut(&conn).expect("collected from the map");
             let delta = pkts.saturating_sub(c.hw_pkts_mark);
+            let secs = now.saturating_since(c.hw_mark_at).as_secs_f64();
             c.hw_pkts_mark = pkts;
+            c.hw_mark_at = now;
+            if secs <= 0.0 {
+                continue;
+            }
             let pps = delta as f64 / secs;
             self.send(now, Channel::Control, Msg::OffloadStats { conn, pps });
         }
@@ -1651,5 +1763,102 @@ impl DpuNode {
             return Err("dpu: memory accounting ran away".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_vswitch::TenantId;
+
+    use super::*;
+
+    fn data(conn: ConnId, at: Instant, packets: u32) -> Train {
+        Train {
+            conn,
+            tenant: TenantId(1),
+            side: Side::Orig,
+            dest: Dest::Wire,
+            kind: Kind::Data,
+            packets,
+            packet_bytes: 64,
+            born: at,
+            denied: false,
+        }
+    }
+
+    #[test]
+    fn recall_demote_recall_is_two_flaps_and_recalled_packets_are_counted() {
+        let mut dpu = DpuNode::new(&FabricParams::default());
+        let conn = ConnId(5);
+        let state = ConnState {
+            conn,
+            tenant: TenantId(1),
+            phase: ConnPhase::Established,
+            packets: 10,
+            version: 2,
+            opened: Instant(0),
+        };
+        let recall = Msg::Recall {
+            state,
+            pps: 0.0,
+            replaces_pps: 0.0,
+        };
+        let ms = |m: u64| Instant(m * 1_000_000);
+        // Recalled: entries live after the insert latency. Not a flap.
+        dpu.handle_msg(ms(1), recall);
+        dpu.handle_timeout(ms(2));
+        assert_eq!(dpu.owner_view(conn), Some(Owner::DpuHw));
+        assert_eq!(dpu.counters().flaps, 0);
+        dpu.handle_train(ms(3), &data(conn, ms(3), 40));
+        assert_eq!(dpu.recalled_hw_packets(), 40);
+        // Demoted: a flap; its entries go when the plane has adopted it.
+        dpu.handle_msg(ms(4), Msg::Delete { seq: 1, conn });
+        assert_eq!(dpu.counters().flaps, 1);
+        assert_eq!(dpu.counters().demotes, 1);
+        dpu.handle_msg(ms(5), Msg::Adopted { conn });
+        assert_eq!(dpu.counters().deletes_to_host, 2);
+        assert_eq!(dpu.counters().deletes, 2);
+        // Recalled again: the second flap. Packets of the first stint stay counted.
+        dpu.handle_msg(ms(6), recall);
+        dpu.handle_timeout(ms(7));
+        assert_eq!(dpu.counters().flaps, 2);
+        assert_eq!(dpu.counters().recalls_ok, 2);
+        dpu.handle_train(ms(8), &data(conn, ms(8), 2));
+        assert_eq!(dpu.recalled_hw_packets(), 42);
+        assert_eq!(dpu.counters().hw_delivered, 42);
+        dpu.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_shed_counts_as_a_flap_only_for_a_recalled_connection() {
+        let mut dpu = DpuNode::new(&FabricParams::default());
+        // A connection the SoC opened, with live entries (what a shed picks).
+        dpu.conns.insert(
+            ConnId(1),
+            DpuConn {
+                state: ConnState {
+                    conn: ConnId(1),
+                    tenant: TenantId(1),
+                    phase: ConnPhase::Established,
+                    packets: 0,
+                    version: 1,
+                    opened: Instant(0),
+                },
+                role: Role::Owner,
+                hw_live: 2,
+                inserts_pending: 0,
+                recalled: false,
+                hw_pkts_mark: 0,
+                hw_mark_at: Instant::ZERO,
+                history: RecallHistory::Never,
+            },
+        );
+        dpu.left_fast_path(ConnId(1));
+        assert_eq!(dpu.counters().flaps, 0);
+        assert_eq!(dpu.conns[&ConnId(1)].history, RecallHistory::Never);
+        dpu.conns.get_mut(&ConnId(1)).unwrap().history = RecallHistory::Recalled;
+        dpu.left_fast_path(ConnId(1));
+        assert_eq!(dpu.counters().flaps, 1);
+        assert_eq!(dpu.conns[&ConnId(1)].history, RecallHistory::Left);
     }
 }

@@ -64,6 +64,7 @@ pub mod placement;
 mod records;
 pub mod server;
 pub mod spill;
+pub mod stability;
 pub mod types;
 pub mod ursched;
 mod vnic;

@@ -12,8 +12,15 @@
 //! - [`OvsRebalance`]: Open vSwitch's `offload-rebalance`: offload first come while the table has
 //!   room; when it is full, every `rebalance_period` (3 s), swap the lowest-pps offloaded flow for
 //!   the highest-pps pending one, pair by pair, while the pending one is faster.
+//! - [`Threshold`]: a bandwidth threshold, as Andromeda's Hoverboard offloads the flows whose
+//!   measured usage exceeds a threshold: recall every flow above `threshold_pps`, fastest
+//!   first, while entries and headroom last. Like Hoverboard it never evicts: an entry comes
+//!   back when its flow ends.
+//! - [`crate::stability::StabilityPlacement`]: Top-K on recent bandwidth × (1 − instability),
+//!   judged by per-flow Frequent Directions sketches, with hysteresis when swapping.
 //! - [`NoRecall`]: never recall.
 
+use spillway_sketch::features::FeatureTick;
 use spillway_vswitch::Instant;
 
 use crate::params::{PlacementKind, PlacementParams};
@@ -24,10 +31,14 @@ use crate::types::ConnId;
 pub struct Candidate {
     /// The connection.
     pub conn: ConnId,
-    /// Its rate over the last tick, packets/s.
+    /// Its rate over the last tick, packets/s (the same as `features.pps`).
     pub pps: f64,
     /// When the plane took it.
     pub since: Instant,
+    /// Its features over the last tick, as the plane measured them: bandwidth (packets x
+    /// packet size), packet rate, control-packet share (the trains that step the connection:
+    /// open, control, close) and inter-arrival jitter.
+    pub features: FeatureTick,
 }
 
 /// A flow on the hardware fast path that came from the plane.
@@ -204,6 +215,70 @@ impl PlacementPolicy for OvsRebalance {
     }
 }
 
+/// Recall the flows above a rate threshold, fastest first (Andromeda's Hoverboard). See the
+/// module doc.
+#[derive(Clone, Debug)]
+pub struct Threshold {
+    threshold_pps: f64,
+    above: Vec<Candidate>,
+}
+
+impl Threshold {
+    /// Recalls flows measured above `threshold_pps`.
+    pub fn new(threshold_pps: f64) -> Threshold {
+        Threshold {
+            threshold_pps,
+            above: Vec::new(),
+        }
+    }
+}
+
+impl PlacementPolicy for Threshold {
+    fn name(&self) -> &'static str {
+        "threshold"
+    }
+    fn tick(
+        &mut self,
+        _now: Instant,
+        candidates: &[Candidate],
+        _offloaded: &[Offloaded],
+        budget: Budget,
+        out: &mut Vec<Move>,
+    ) {
+        self.above.clear();
+        self.above.extend(
+            candidates
+                .iter()
+                .filter(|c| c.pps > self.threshold_pps)
+                .copied(),
+        );
+        // Highest rate first; ties by connection id.
+        self.above
+            .sort_by(|a, b| b.pps.total_cmp(&a.pps).then(a.conn.cmp(&b.conn)));
+        let mut entries = budget.free_entries;
+        let mut headroom = budget.headroom_pps;
+        let mut n = 0;
+        for c in &self.above {
+            if entries < 2 || n >= budget.recalls_max {
+                break;
+            }
+            if c.pps > headroom {
+                // Too fast for what the fast path has left; a slower one above the threshold
+                // may still fit.
+                continue;
+            }
+            entries -= 2;
+            headroom -= c.pps;
+            n += 1;
+            out.push(Move::Recall {
+                conn: c.conn,
+                pps: c.pps,
+                replaces_pps: 0.0,
+            });
+        }
+    }
+}
+
 /// Never recall.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoRecall;
@@ -221,6 +296,11 @@ pub fn from_params(p: &PlacementParams) -> Box<dyn PlacementPolicy + Send> {
     match p.policy {
         PlacementKind::FirstCome => Box::new(FirstCome::default()),
         PlacementKind::OvsRebalance => Box::new(OvsRebalance::new(p.rebalance_period)),
+        PlacementKind::Threshold => Box::new(Threshold::new(p.threshold_pps)),
+        PlacementKind::Stability => Box::new(crate::stability::StabilityPlacement::new(
+            p.stability.classifier(),
+            p.stability.policy(),
+        )),
         PlacementKind::None => Box::new(NoRecall),
     }
 }
@@ -234,7 +314,88 @@ mod tests {
             conn: ConnId(id),
             pps,
             since: Instant(since),
+            features: FeatureTick {
+                pps,
+                bw_bps: pps * 64.0 * 8.0,
+                ..FeatureTick::default()
+            },
         }
+    }
+
+    fn recalled(out: &[Move]) -> Vec<u64> {
+        out.iter()
+            .map(|m| match m {
+                Move::Recall { conn, .. } => conn.0,
+                Move::Demote { .. } => panic!("unexpected demotion: {out:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn threshold_recalls_only_flows_above_it_fastest_first_within_the_budget() {
+        let mut p = Threshold::new(1000.0);
+        let c = [
+            cand(1, 1000.0, 0), // at the threshold: not above it
+            cand(2, 5000.0, 0),
+            cand(3, 3000.0, 0),
+            cand(4, 3000.0, 0), // ties with 3: lower id first
+            cand(5, 90_000.0, 0),
+            cand(6, 999.0, 0),
+            cand(7, 2000.0, 0),
+        ];
+        let mut out = Vec::new();
+        let budget = Budget {
+            free_entries: 8,
+            headroom_pps: 12_000.0,
+            recalls_max: 100,
+        };
+        p.tick(Instant(0), &c, &[], budget, &mut out);
+        // 5 does not fit the headroom (skipped, not blocking); 2, 3, 4 fit (11k); 7 would
+        // exceed the headroom left (1k).
+        assert_eq!(recalled(&out), vec![2, 3, 4]);
+        out.clear();
+        // Entries bind: two connections' worth.
+        p.tick(
+            Instant(0),
+            &c,
+            &[],
+            Budget {
+                free_entries: 5,
+                ..budget
+            },
+            &mut out,
+        );
+        assert_eq!(recalled(&out), vec![2, 3]);
+        out.clear();
+        // The per-tick recall cap binds.
+        p.tick(
+            Instant(0),
+            &c,
+            &[],
+            Budget {
+                recalls_max: 1,
+                ..budget
+            },
+            &mut out,
+        );
+        assert_eq!(recalled(&out), vec![2]);
+        out.clear();
+        // A full table: nothing, and never an eviction.
+        let o = [Offloaded {
+            conn: ConnId(9),
+            pps: 1.0,
+        }];
+        p.tick(
+            Instant(0),
+            &c,
+            &o,
+            Budget {
+                free_entries: 1,
+                ..budget
+            },
+            &mut out,
+        );
+        assert!(out.is_empty(), "{out:?}");
     }
 
     #[test]

@@ -17,13 +17,16 @@
 //!
 //! # Placement
 //!
-//! Every placement tick the plane measures each owned flow's rate, asks its
-//! [`PlacementPolicy`] for moves within the DPU's last [`Msg::Budget`], and sends recalls on the
-//! flow vNIC and demotions (deletes) on the reliable control channel, retransmitted every
-//! `control_rto` until acknowledged.
+//! Every flow keeps a [`FlowCounters`] (packets, bytes, control packets, arrival gaps; a few
+//! integers updated per train, no allocation). Every placement tick the plane turns them into
+//! each flow's [`placement::Candidate::features`] (bandwidth, packet rate, control-packet
+//! share, jitter), asks its [`PlacementPolicy`] for moves within the DPU's last
+//! [`Msg::Budget`], and sends recalls on the flow vNIC and demotions (deletes) on the reliable
+//! control channel, retransmitted every `control_rto` until acknowledged.
 
 use std::collections::BTreeMap;
 
+use spillway_sketch::features::FlowCounters;
 use spillway_vswitch::Instant;
 
 use crate::dpu::Role;
@@ -46,8 +49,9 @@ pub struct SpillConn {
     pub role: Role,
     /// A recall is in flight.
     pub recalling: bool,
-    /// Packets this placement tick.
-    pub tick_packets: u32,
+    /// This placement tick's per-flow counters (packets, bytes, control packets, arrival
+    /// gaps): what [`placement::Candidate::features`] is made of.
+    pub counters: FlowCounters,
     /// Rate over the last full tick, packets/s (negative: not yet measured).
     pub pps: f64,
     /// When the plane took it.
@@ -98,6 +102,9 @@ pub struct SpillCounters {
     pub open_dropped: u64,
     /// `spill.conn.closed_direct`: connections whose last packet the plane delivered itself.
     pub closed_direct: u64,
+    /// `spill.busy_ns`: core-nanoseconds of work the workers were given (packets admitted
+    /// times their cost): the host CPU the plane spends. Per second of a window, cores busy.
+    pub busy_ns: u64,
 }
 
 impl SpillCounters {
@@ -120,6 +127,7 @@ impl SpillCounters {
             ("spill.punt", self.punted),
             ("spill.open_dropped", self.open_dropped),
             ("spill.conn.closed_direct", self.closed_direct),
+            ("spill.busy_ns", self.busy_ns),
         ]
         .into_iter()
     }
@@ -295,6 +303,9 @@ impl SpillPlane {
     }
 
     fn remove_conn(&mut self, conn: ConnId) -> Option<SpillConn> {
+        // A closed connection is no longer on the fast path either: placement must not see it
+        // among the offloaded flows (a swap would demote a connection that is gone).
+        self.offloaded.remove(&conn);
         self.conns.remove(conn)
     }
 
@@ -389,7 +400,7 @@ impl SpillPlane {
                             state: st,
                             role: Role::Owner,
                             recalling: false,
-                            tick_packets: 0,
+                            counters: FlowCounters::default(),
                             pps: -1.0,
                             since: now,
                         },
@@ -502,7 +513,7 @@ impl SpillPlane {
                                 state,
                                 role,
                                 recalling: false,
-                                tick_packets: 0,
+                                counters: FlowCounters::default(),
                                 pps: -1.0,
                                 since: now,
                             },
@@ -530,6 +541,7 @@ impl SpillPlane {
             self.pkt_ps
         };
         let a = self.workers.offer(ps(now), t.packets, cost);
+        self.counters.busy_ns += u64::from(a.count) * (cost / PS_PER_NS);
         self.drops
             .add_refused(FabricDrop::SpillQueueFull, t.packets, a.count);
         if a.count == 0 {
@@ -543,6 +555,9 @@ impl SpillPlane {
             return;
         }
         self.counters.processed += u64::from(a.count);
+        let bytes = u64::from(a.count) * u64::from(t.packet_bytes);
+        // Control packets: the trains that step the connection (open, control, close).
+        let ctrl = if t.kind == Kind::Data { 0 } else { a.count };
         // One lookup of the connection per train.
         match self.conns.get_mut(&t.conn) {
             None if t.kind == Kind::Open => {
@@ -554,13 +569,15 @@ impl SpillPlane {
                 }
                 self.counters.new_conn += 1;
                 let st = ConnState::open(now, t);
+                let mut counters = FlowCounters::default();
+                counters.record(now.0, a.count, bytes, ctrl);
                 self.insert_conn(
                     t.conn,
                     SpillConn {
                         state: st,
                         role: Role::Owner,
                         recalling: false,
-                        tick_packets: a.count,
+                        counters,
                         pps: -1.0,
                         since: now,
                     },
@@ -595,7 +612,7 @@ impl SpillPlane {
                 self.send_sync(now, SyncKind::Closed, st);
             }
             Some(rec) => {
-                rec.tick_packets = rec.tick_packets.saturating_add(a.count);
+                rec.counters.record(now.0, a.count, bytes, ctrl);
                 if rec.state.apply(t) {
                     let st = rec.state;
                     let kind = if rec.role == Role::Owner {
@@ -705,12 +722,12 @@ impl SpillPlane {
     }
 
     fn placement_tick(&mut self, now: Instant) {
-        let secs = self.f.placement.tick.as_secs_f64();
+        let tick = self.f.placement.tick;
         self.cands.clear();
         for (k, c) in self.conns.iter_mut() {
             let measured = c.pps >= 0.0;
-            let pps = f64::from(c.tick_packets) / secs;
-            c.tick_packets = 0;
+            let features = c.counters.take(tick);
+            let pps = features.pps;
             // A flow joining mid-tick has a partial first sample; it counts from the next one.
             let full_tick = now.0.saturating_sub(c.since.0) >= ns(self.f.placement.tick);
             c.pps = if full_tick { pps } else { -1.0 };
@@ -724,6 +741,7 @@ impl SpillPlane {
                     conn: *k,
                     pps,
                     since: c.since,
+                    features,
                 });
             }
         }
@@ -796,5 +814,100 @@ impl SpillPlane {
             ));
         }
         self.workers.check_invariants()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use spillway_vswitch::TenantId;
+
+    use super::*;
+    use crate::types::Side;
+
+    /// Every tick's time and candidates.
+    type Ticks = Arc<Mutex<Vec<(Instant, Vec<Candidate>)>>>;
+
+    /// A policy that recalls nothing and keeps every tick's candidates.
+    #[derive(Debug, Default)]
+    struct Recorder(Ticks);
+
+    impl PlacementPolicy for Recorder {
+        fn name(&self) -> &'static str {
+            "recorder"
+        }
+        fn tick(
+            &mut self,
+            now: Instant,
+            candidates: &[Candidate],
+            _: &[Offloaded],
+            _: Budget,
+            _: &mut Vec<Move>,
+        ) {
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .push((now, candidates.to_vec()));
+        }
+    }
+
+    #[test]
+    fn candidates_carry_each_flows_features_from_its_trains() {
+        let f = FabricParams::default();
+        let mut plane = SpillPlane::new(&f);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        plane.policy = Box::new(Recorder(seen.clone()));
+        plane.start(Instant(0), 4);
+        plane.handle_msg(Instant(0), Msg::Activated { colour: Colour(1) });
+        let base = Train {
+            conn: ConnId(7),
+            tenant: TenantId(1),
+            side: Side::Orig,
+            dest: Dest::Wire,
+            kind: Kind::Open,
+            packets: 1,
+            packet_bytes: 500,
+            born: Instant(0),
+            denied: false,
+        };
+        let ms = |m: u64| Instant(m * 1_000_000);
+        plane.handle_msg(Instant(0), Msg::Packets(base));
+        let reply = Train {
+            side: Side::Reply,
+            kind: Kind::Control,
+            ..base
+        };
+        plane.handle_msg(Instant(20_000), Msg::Packets(reply));
+        // Ten packets every 5 ms from 5 ms to 300 ms: 2 kpps of 500 B, evenly spaced.
+        for i in 1..=60 {
+            let t = Train {
+                kind: Kind::Data,
+                packets: 10,
+                born: ms(5 * i),
+                ..base
+            };
+            plane.handle_msg(ms(5 * i), Msg::Packets(t));
+            if (5 * i) % 100 == 0 {
+                plane.handle_timeout(ms(5 * i));
+            }
+        }
+        let seen = seen.lock().expect("not poisoned");
+        // Ticks at 100, 200 and 300 ms; the flow is a candidate once it has a full measured
+        // tick behind a first full one (from 200 ms).
+        assert_eq!(seen.len(), 3);
+        assert!(seen[0].1.is_empty());
+        for (at, c) in &seen[1..] {
+            assert_eq!(c.len(), 1, "at {at}");
+            let c = c[0];
+            assert_eq!(c.conn, ConnId(7));
+            assert_eq!(c.pps, 2000.0);
+            assert_eq!(c.features.pps, c.pps);
+            assert_eq!(c.features.bw_bps, 2000.0 * 500.0 * 8.0);
+            assert_eq!(c.features.ctrl_ratio, 0.0);
+            assert!(c.features.jitter_us < 1e-6, "{:?}", c.features);
+        }
+        // 2 handshake packets and 600 data packets of 1.15 us each (the open costs 2.5 us).
+        assert_eq!(plane.counters().busy_ns, 2_500 + 1_150 + 600 * 1_150);
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! The driver has no policy: it carries messages with the PCIe latency, starts and stops the
 //! plane's "process" when the DPU commands it (after the plane start latency), and feeds the
-//! nodes their timeouts. Everything random comes from one SplitMix64 seeded from `--seed`.
+//! nodes their timeouts. Everything random comes from SplitMix64 streams seeded from `--seed`:
+//! the run's own, and one per long flow (seed and connection id) for random arrivals and
+//! lifetimes and the non-steady shapes ([`crate::shape`]), so a flow's trajectory does not
+//! depend on event order or placement.
 //!
 //! # Checkers
 //!
@@ -26,8 +29,9 @@ use spillway_fabric::types::{Channel, ConnId, Dest, Kind, Msg, Side, Train, Tran
 use spillway_vswitch::workload::SplitMix64;
 use spillway_vswitch::{Instant, TenantId};
 
-use crate::report::{LatencyUs, PhaseEvent, RunReport, Sample};
-use crate::scenario::{DestSpec, FaultKind, Scenario};
+use crate::report::{LatencyUs, PhaseEvent, RunReport, Sample, WindowFigures};
+use crate::scenario::{Arrivals, DestSpec, FaultKind, Lifetimes, Scenario};
+use crate::shape::{self, ShapeState};
 
 /// Events between full invariant sweeps.
 const FULL_CHECK_EVERY: u64 = 2_000_000;
@@ -130,6 +134,10 @@ struct LongFlow {
     /// Spacing of the handshake and teardown packets (one RTT leg), ns.
     gap_ns: u64,
     step: u8,
+    /// How its rate varies (`Steady` uses `on_ns`/`period_ns` above).
+    shape: ShapeState,
+    /// Its own random stream (SplitMix64 state) for the shapes other than `steady`.
+    rng: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -173,6 +181,37 @@ struct Totals {
     new_conn: u64,
     closed: u64,
     inserts: u64,
+    /// Delivered by the hardware fast path (part of `dpu`).
+    hw: u64,
+    deletes: u64,
+    deletes_to_host: u64,
+    recalls: u64,
+    demotes: u64,
+    sheds: u64,
+    flaps: u64,
+    /// Spill-plane worker core-nanoseconds.
+    busy_ns: u64,
+}
+
+impl Totals {
+    /// Adds the change from `last` to `now` of every field.
+    fn add_delta(&mut self, now: &Totals, last: &Totals) {
+        self.offered += now.offered - last.offered;
+        self.dpu += now.dpu - last.dpu;
+        self.host += now.host - last.host;
+        self.lost += now.lost - last.lost;
+        self.new_conn += now.new_conn - last.new_conn;
+        self.closed += now.closed - last.closed;
+        self.inserts += now.inserts - last.inserts;
+        self.hw += now.hw - last.hw;
+        self.deletes += now.deletes - last.deletes;
+        self.deletes_to_host += now.deletes_to_host - last.deletes_to_host;
+        self.recalls += now.recalls - last.recalls;
+        self.demotes += now.demotes - last.demotes;
+        self.sheds += now.sheds - last.sheds;
+        self.flaps += now.flaps - last.flaps;
+        self.busy_ns += now.busy_ns - last.busy_ns;
+    }
 }
 
 /// One simulation run.
@@ -215,6 +254,9 @@ pub struct Sim<'a> {
     phases: Vec<FabricEvent>,
     measure: Totals,
     measure_secs: f64,
+    /// Fast-path packets of recalled connections at the measure window's start and end
+    /// (`DpuNode::recalled_hw_packets` is a scan, so it is read only there).
+    recalled_hw: [Option<u64>; 2],
     latency: LatencyHist,
     violation: Option<String>,
     last_arrival: [[Instant; 3]; 2],
@@ -265,6 +307,7 @@ impl<'a> Sim<'a> {
             phases: Vec::new(),
             measure: Totals::default(),
             measure_secs: 0.0,
+            recalled_hw: [(sc.measure[0].ns() < sc.sample.ns()).then_some(0), None],
             latency: LatencyHist::default(),
             violation: None,
             last_arrival: [[Instant::ZERO; 3]; 2],
@@ -294,15 +337,27 @@ impl<'a> Sim<'a> {
         for g in &sc.flows {
             let per_train = g.pps * train_ns as f64 / 1e9;
             for i in 0..g.count {
-                let offset = if g.count > 1 {
-                    g.spread.ns() as u128 * u128::from(i) / u128::from(g.count)
-                } else {
-                    0
-                } as u64;
-                let open = Instant(g.start.ns() + offset);
                 let conn = ConnId(self.next_conn);
                 self.next_conn += 1;
+                // Random arrivals and the shapes other than steady draw from the flow's own
+                // stream, never from the run's: scenarios without them draw exactly what they
+                // always did.
+                let mut rng = shape::flow_rng(self.opts.seed, conn.0);
+                let offset = match g.arrivals {
+                    Arrivals::Even if g.count > 1 => {
+                        (g.spread.ns() as u128 * u128::from(i) / u128::from(g.count)) as u64
+                    }
+                    Arrivals::Even => 0,
+                    Arrivals::Random => (shape::unit(&mut rng) * g.spread.ns() as f64) as u64,
+                };
+                let open = Instant(g.start.ns() + offset);
+                let lifetime = match g.lifetimes {
+                    Lifetimes::Fixed => g.lifetime.ns(),
+                    Lifetimes::Exponential => shape::exp_ns(&mut rng, g.lifetime.ns() as f64),
+                };
                 let idx = self.flows.len() as u32;
+                let state = ShapeState::new(g, open.0, &mut rng);
+                let steady = state == ShapeState::Steady;
                 self.flows.push(LongFlow {
                     conn,
                     tenant: TenantId(g.tenant + i % g.tenants),
@@ -312,11 +367,13 @@ impl<'a> Sim<'a> {
                     // A random phase, so equal flows do not send in lockstep.
                     acc: unit(&mut self.rng),
                     jitter: g.jitter,
-                    on_ns: g.on.ns(),
-                    period_ns: g.on.ns() + g.off.ns(),
-                    end: open + g.lifetime.0,
+                    on_ns: if steady { g.on.ns() } else { 0 },
+                    period_ns: if steady { g.on.ns() + g.off.ns() } else { 0 },
+                    end: Instant(open.0.saturating_add(lifetime)),
                     gap_ns: g.gap.ns().max(1),
                     step: 0,
+                    shape: state,
+                    rng: rng.0,
                 });
                 if open < self.end {
                     self.push(open, EvKind::Flow(idx));
@@ -387,17 +444,21 @@ impl<'a> Sim<'a> {
                         Some((3, Instant(now.0 + gap_ns))),
                     )
                 } else {
-                    let on = f.period_ns == 0 || now.0 % f.period_ns < f.on_ns;
                     let mut n = 0;
-                    if on {
-                        let j = if f.jitter > 0.0 {
-                            1.0 + f.jitter * (2.0 * unit(&mut self.rng) - 1.0)
-                        } else {
-                            1.0
-                        };
-                        let acc = f.acc + f.per_train * j;
-                        n = acc.floor() as u32;
-                        self.flows[idx as usize].acc = acc - f64::from(n);
+                    if f.shape == ShapeState::Steady {
+                        let on = f.period_ns == 0 || now.0 % f.period_ns < f.on_ns;
+                        if on {
+                            let j = if f.jitter > 0.0 {
+                                1.0 + f.jitter * (2.0 * unit(&mut self.rng) - 1.0)
+                            } else {
+                                1.0
+                            };
+                            let acc = f.acc + f.per_train * j;
+                            n = acc.floor() as u32;
+                            self.flows[idx as usize].acc = acc - f64::from(n);
+                        }
+                    } else {
+                        n = self.shaped_train(idx, now);
                     }
                     let next = Some((2, Instant(now.0 + self.sc.train.ns())));
                     if n == 0 {
@@ -432,6 +493,26 @@ impl<'a> Sim<'a> {
         };
         self.offer(&train);
         self.reschedule_flow(idx, next);
+    }
+
+    /// Packets of the next data train of a flow whose shape is not `steady`: its rate factor
+    /// now times the nominal train, with the group's jitter, all drawn from its own stream.
+    fn shaped_train(&mut self, idx: u32, now: Instant) -> u32 {
+        let fl = &mut self.flows[idx as usize];
+        let mut rng = SplitMix64(fl.rng);
+        let mut n = 0;
+        if let Some(factor) = fl.shape.factor(now.0, &mut rng) {
+            let j = if fl.jitter > 0.0 {
+                1.0 + fl.jitter * (2.0 * shape::unit(&mut rng) - 1.0)
+            } else {
+                1.0
+            };
+            let acc = fl.acc + fl.per_train * factor * j;
+            n = acc.floor() as u32;
+            fl.acc = acc - f64::from(n);
+        }
+        fl.rng = rng.0;
+        n
     }
 
     fn reschedule_flow(&mut self, idx: u32, next: Option<(u8, Instant)>) {
@@ -785,6 +866,14 @@ impl<'a> Sim<'a> {
             new_conn: d.soc_new_conn + s.1,
             closed: d.closed + s.2,
             inserts: self.dpu.inserts_total(),
+            hw: d.hw_delivered,
+            deletes: d.deletes,
+            deletes_to_host: d.deletes_to_host,
+            recalls: d.recalls_ok,
+            demotes: d.demotes,
+            sheds: d.shed,
+            flaps: d.flaps,
+            busy_ns: self.spill.counters().busy_ns,
         }
     }
 
@@ -937,12 +1026,18 @@ impl<'a> Sim<'a> {
         let from = self.sc.measure[0].ns();
         let to = self.sc.measure[1].ns();
         if self.now.0 > from && self.now.0 <= to {
-            self.measure.offered += t.offered - self.last.offered;
-            self.measure.dpu += t.dpu - self.last.dpu;
-            self.measure.host += t.host - self.last.host;
-            self.measure.lost += t.lost - self.last.lost;
-            self.measure.closed += t.closed - self.last.closed;
+            let last = self.last;
+            self.measure.add_delta(&t, &last);
             self.measure_secs += secs;
+        }
+        // The window's first delta starts at the last sample at or before `from`, its last
+        // delta ends at the last sample at or before `to`.
+        let step = self.sc.sample.ns();
+        if self.now.0 <= from && self.now.0 + step > from {
+            self.recalled_hw[0] = Some(self.dpu.recalled_hw_packets());
+        }
+        if self.now.0 > from && self.now.0 <= to && self.now.0 + step > to {
+            self.recalled_hw[1] = Some(self.dpu.recalled_hw_packets());
         }
         self.last_new_conn_offered = self.new_conn_offered;
         self.last = t;
@@ -1027,6 +1122,7 @@ impl Sim<'_> {
         for (k, v) in d.iter().chain(self.spill.counters().iter()) {
             counters.insert(k, v);
         }
+        counters.insert("dpu.hw.packets.recalled", self.dpu.recalled_hw_packets());
         counters.insert("sim.events", self.events);
         counters.insert("sim.path_checks", self.path.checks());
         counters.insert("sim.path_checks.hw_hits", self.path.hw_fast_path_hits());
@@ -1073,6 +1169,30 @@ impl Sim<'_> {
                 d.pcie_crossings as f64 / delivered as f64
             } else {
                 0.0
+            },
+            window: {
+                let per_s = |n: u64| n as f64 / secs;
+                let hw_recalled = match self.recalled_hw {
+                    [Some(a), Some(b)] => b.saturating_sub(a),
+                    _ => 0,
+                };
+                let plane = hw_recalled + m.host;
+                WindowFigures {
+                    offload_ratio: if m.dpu + m.host > 0 {
+                        m.hw as f64 / (m.dpu + m.host) as f64
+                    } else {
+                        0.0
+                    },
+                    plane_offload_ratio: (plane > 0).then(|| hw_recalled as f64 / plane as f64),
+                    inserts_per_s: per_s(m.inserts),
+                    deletes_per_s: per_s(m.deletes),
+                    deletes_to_host_per_s: per_s(m.deletes_to_host),
+                    recalls: m.recalls,
+                    demotions: m.demotes,
+                    sheds: m.sheds,
+                    flaps: m.flaps,
+                    host_cpu_cores: m.busy_ns as f64 / 1e9 / secs,
+                }
             },
             phases: self
                 .phases

@@ -577,7 +577,7 @@ svg .series{fill:none;stroke-width:1.8;stroke-linejoin:round;stroke-linecap:roun
 fn write_page(out: &mut String, runs: &[&RunReport]) -> fmt::Result {
     let names: Vec<String> = runs
         .iter()
-        .map(|r| format!("{} ({}, seed {})", r.scenario, r.baseline, r.seed))
+        .map(|r| format!("{} ({}, seed {})", r.scenario, run_label(r), r.seed))
         .collect();
     let title = if names.is_empty() {
         "Spillway simulator report".to_string()
@@ -614,6 +614,16 @@ fn write_page(out: &mut String, runs: &[&RunReport]) -> fmt::Result {
     writeln!(out, "</body>\n</html>")
 }
 
+/// The baseline, and for a Spillway run its placement policy (a placement comparison puts one
+/// run per policy on a page).
+fn run_label(r: &RunReport) -> String {
+    if r.baseline == "spillway" {
+        format!("spillway, placement {}", r.placement)
+    } else {
+        r.baseline.to_string()
+    }
+}
+
 fn write_run(
     out: &mut String,
     index: usize,
@@ -625,7 +635,7 @@ fn write_run(
         out,
         "<section id=\"run-{index}\">\n<h2>{} &mdash; {}</h2>",
         escape(&run.scenario),
-        escape(run.baseline)
+        escape(&run_label(run))
     )?;
     writeln!(out, "<p class=\"model\">{}</p>", escape(MODEL_LABEL))?;
     writeln!(out, "<table class=\"meta\">")?;
@@ -1109,6 +1119,7 @@ mod tests {
             },
             offload_ratio: 0.84,
             pcie_crossings_per_packet: 0.3,
+            window: Default::default(),
             zero_loss_cps: None,
             phases: vec![
                 PhaseEvent {

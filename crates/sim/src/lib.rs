@@ -9,15 +9,18 @@
 //!
 //! - [`scenario::Scenario`]: the workload and the fabric parameters, from TOML (built-in ones
 //!   under `scenarios/`).
-//! - [`engine::Sim`]: one run; [`run`] and [`run_sweep`] wrap it.
-//! - [`report::RunReport`]: what a run measured in the model.
+//! - [`engine::Sim`]: one run; [`run`], [`run_sweep`] and [`run_placement_compare`] wrap it.
+//! - [`report::RunReport`]: what a run measured in the model; [`PlacementPoint`]: one policy of
+//!   a placement comparison.
+//! - [`shape`]: how a flow group's rate varies over time (steady, periodic, bursty, random walk).
 //! - [`swarm`]: random scenarios for seed swarms.
 //!
 //! ## Determinism
 //!
-//! The event queue orders by `(time, sequence number)`; all randomness is one SplitMix64
-//! seeded from the run's seed; no hash-map order reaches an output. The same scenario and seed
-//! give the same report, byte for byte.
+//! The event queue orders by `(time, sequence number)`; all randomness is SplitMix64 seeded
+//! from the run's seed (one stream for the run, one per long flow derived from the seed and the
+//! flow's id); no hash-map order reaches an output. The same scenario and seed give the same
+//! report, byte for byte, and the same workload whatever the placement policy.
 //!
 //! ## Example
 //!
@@ -44,6 +47,7 @@ pub mod html;
 pub mod pathcheck;
 pub mod report;
 pub mod scenario;
+pub mod shape;
 pub mod swarm;
 
 use engine::{RunOptions, Sim, SimFailure};
@@ -203,6 +207,88 @@ pub fn run_sweep(
             (Some(b), Some(c)) if b > 0.0 => Some(c / b - 1.0),
             _ => None,
         };
+    }
+    Ok(points)
+}
+
+/// One policy of a placement comparison (see [`run_placement_compare`]). Rates and ratios are
+/// over the scenario's measure window; they are model results.
+#[derive(Clone, Debug, serde::Serialize, PartialEq)]
+pub struct PlacementPoint {
+    /// The policy's name.
+    pub policy: &'static str,
+    /// Traffic-offload ratio: share of the delivered packets the hardware fast path served.
+    pub offload_ratio: f64,
+    /// The same among the traffic the spill plane took on: fast-path packets of recalled
+    /// connections over those plus the plane's deliveries (`None` if the plane carried none).
+    pub plane_offload_ratio: Option<f64>,
+    /// Hardware insert commands executed per second.
+    pub inserts_per_s: f64,
+    /// Hardware entries removed per second (any reason).
+    pub deletes_per_s: f64,
+    /// Entries removed per second because their connection moved to the host (demoted or
+    /// shed).
+    pub deletes_to_host_per_s: f64,
+    /// Spill-plane worker cores busy (core-seconds of work per second).
+    pub host_cpu_cores: f64,
+    /// Placement reversals (see `spillway_fabric::dpu::RecallHistory`).
+    pub flaps: u64,
+    /// Recalls whose entries went live.
+    pub recalls: u64,
+    /// Demotions by the policy.
+    pub demotions: u64,
+    /// Connections shed by the DPU because its fast path overflowed.
+    pub sheds: u64,
+    /// Packets lost over the whole run.
+    pub lost_packets: u64,
+    /// The run.
+    pub run: RunReport,
+}
+
+impl PlacementPoint {
+    fn new(policy: &'static str, run: RunReport) -> PlacementPoint {
+        let w = run.window;
+        PlacementPoint {
+            policy,
+            offload_ratio: w.offload_ratio,
+            plane_offload_ratio: w.plane_offload_ratio,
+            inserts_per_s: w.inserts_per_s,
+            deletes_per_s: w.deletes_per_s,
+            deletes_to_host_per_s: w.deletes_to_host_per_s,
+            host_cpu_cores: w.host_cpu_cores,
+            flaps: w.flaps,
+            recalls: w.recalls,
+            demotions: w.demotions,
+            sheds: w.sheds,
+            lost_packets: run.lost_packets,
+            run,
+        }
+    }
+}
+
+/// Runs `sc` once per policy of its `[compare]` section, all with `seed`: the same workload
+/// (every flow's rate trajectory depends only on the seed and its id), the same hardware table
+/// and insertion budget; only the placement policy differs. Points are in the section's order.
+pub fn run_placement_compare(
+    sc: &Scenario,
+    seed: u64,
+    progress: &mut dyn FnMut(f64),
+) -> Result<Vec<PlacementPoint>, SimFailure> {
+    let policies = sc
+        .compare
+        .as_ref()
+        .expect("a scenario with a [compare] section")
+        .policies
+        .clone();
+    let total = policies.len() as f64;
+    let mut points = Vec::with_capacity(policies.len());
+    for (i, kind) in policies.into_iter().enumerate() {
+        let mut s = sc.clone();
+        s.fabric.placement.policy = kind;
+        s.compare = None;
+        let done = i as f64;
+        let r = run(&s, seed, false, &mut |p| progress((done + p) / total))?;
+        points.push(PlacementPoint::new(kind.name(), r));
     }
     Ok(points)
 }

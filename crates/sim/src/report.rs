@@ -59,6 +59,39 @@ pub struct LatencyUs {
     pub p99: f64,
 }
 
+/// What placement did over the measure window: how much traffic the hardware fast path served,
+/// what that cost in table churn and host CPU, and how often placement reversed itself. The
+/// comparison of placement policies (`spillway sim --scenario placement`) reads these.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct WindowFigures {
+    /// Traffic-offload ratio: packets delivered by the hardware fast path / packets
+    /// delivered (`dpu.hw.packets` over DPU + plane deliveries). A packet counts as offloaded
+    /// only once its entry is live (inserts take `insert_latency` behind the insertion queue).
+    pub offload_ratio: f64,
+    /// The same for the traffic the spill plane took on: packets the fast path delivered for
+    /// recalled connections / (those + packets the plane delivered). `None` without any.
+    pub plane_offload_ratio: Option<f64>,
+    /// Hardware insert commands executed per second (`dpu.hw.insert` + those refused by a full
+    /// table): what spends the insertion budget.
+    pub inserts_per_s: f64,
+    /// Hardware entries removed per second, for any reason (`dpu.hw.delete`).
+    pub deletes_per_s: f64,
+    /// Entries removed per second because their connection moved to the host (demoted or
+    /// shed), not because it closed (`dpu.hw.delete.to_host`).
+    pub deletes_to_host_per_s: f64,
+    /// Recalls whose entries went live (`dpu.recall.ok`).
+    pub recalls: u64,
+    /// Demotions by the placement policy (`dpu.demote`).
+    pub demotions: u64,
+    /// Connections the DPU shed to the plane because its fast path overflowed (`dpu.shed`).
+    pub sheds: u64,
+    /// Placement reversals (`dpu.placement.flap`): after a connection's first recall, each of
+    /// its moves between the fast path and the host (demotion, shed, recall again).
+    pub flaps: u64,
+    /// Host CPU of the spill plane: worker core-seconds of work per second (`spill.busy_ns`).
+    pub host_cpu_cores: f64,
+}
+
 /// The summary of one run.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct RunReport {
@@ -106,6 +139,8 @@ pub struct RunReport {
     pub offload_ratio: f64,
     /// PCIe crossings per delivered packet.
     pub pcie_crossings_per_packet: f64,
+    /// Placement and hardware-table figures over the measure window.
+    pub window: WindowFigures,
     /// Lifecycle events, in order.
     pub phases: Vec<PhaseEvent>,
     /// Counters by name (DPU, plane, driver), whole run.

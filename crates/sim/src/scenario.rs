@@ -6,7 +6,7 @@
 
 use core::time::Duration;
 use serde::Deserialize;
-use spillway_fabric::params::{FabricParams, humantime_us};
+use spillway_fabric::params::{FabricParams, PlacementKind, humantime_us};
 
 /// A duration field: `"10ms"`, `"200us"`, `"2s"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -36,7 +36,66 @@ pub enum DestSpec {
     Wire,
 }
 
-/// A group of long-lived flows (TCP: handshake, data trains, teardown).
+/// How a long flow's rate varies over time (see [`crate::shape`] for the processes).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    /// A constant `pps`, or with `on`/`off` set a fixed square wave: sends for `on`, pauses
+    /// for `off`.
+    #[default]
+    Steady,
+    /// `pps x (1 + amplitude x sin(2 pi t / period + phase))`, a random phase per flow
+    /// (needs `period` and `amplitude`).
+    Periodic,
+    /// On/off with exponentially distributed on and off times of means `on` and `off`; sends
+    /// at `pps` while on.
+    Bursty,
+    /// A log-rate random walk: every `step` (default 100 ms) the rate is multiplied by
+    /// `exp(volatility x N(0,1) - volatility^2 / 2)` (mean-preserving), clamped to
+    /// [`pps` / 10, `pps` x 10] (needs `volatility`).
+    RandomWalk,
+}
+
+impl Shape {
+    /// The name in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Steady => "steady",
+            Shape::Periodic => "periodic",
+            Shape::Bursty => "bursty",
+            Shape::RandomWalk => "random-walk",
+        }
+    }
+}
+
+/// When a group's flows open within its `spread` window.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arrivals {
+    /// Evenly spaced: flow `i` of `count` opens at `start + spread x i / count`.
+    #[default]
+    Even,
+    /// Each flow at an independent uniformly random time in the window (from the flow's own
+    /// random stream). Evenly spaced flows whose spacing is a multiple of the train interval
+    /// send their trains in lockstep, one burst per interval; real flows do not.
+    Random,
+}
+
+/// How long each flow of a group lives.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lifetimes {
+    /// Every flow lives `lifetime`.
+    #[default]
+    Fixed,
+    /// Each flow lives an exponentially distributed time of mean `lifetime` (from the flow's
+    /// own random stream). `count` flows opening at once and `count / lifetime` opening per
+    /// second after them keep `count` flows running: departures are spread, not a wave.
+    Exponential,
+}
+
+/// A group of long-lived flows (TCP: handshake, data trains, teardown). Short-lived flows
+/// ("mice") are groups with a short `lifetime`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FlowGroup {
@@ -48,28 +107,52 @@ pub struct FlowGroup {
     /// Tenants the group spreads over.
     #[serde(default = "one")]
     pub tenants: u32,
-    /// Packets per second of each flow while it sends.
+    /// Packets per second of each flow while it sends (the mean of a `periodic` or
+    /// `random-walk` flow).
     pub pps: f64,
+    /// How the rate varies over time; default `steady`.
+    #[serde(default)]
+    pub shape: Shape,
     /// When the first flow opens.
     #[serde(default)]
     pub start: Dur,
-    /// Flows open evenly over this window after `start` (the load ramps up over it).
+    /// Flows open over this window after `start` (the load ramps up over it).
     #[serde(default)]
     pub spread: Dur,
-    /// How long each flow lives after it opens (then it tears down).
+    /// How they open over it: `even` (default) or `random`.
+    #[serde(default)]
+    pub arrivals: Arrivals,
+    /// How long each flow lives after it opens (then it tears down); the mean with
+    /// `lifetimes = "exponential"`.
     pub lifetime: Dur,
+    /// `fixed` (default) or `exponential`.
+    #[serde(default)]
+    pub lifetimes: Lifetimes,
     /// Where its packets go.
     #[serde(default)]
     pub dest: DestSpec,
     /// Bytes per packet.
     #[serde(default = "bytes64")]
     pub bytes: u32,
-    /// On/off bursts: sends for `on`, then pauses for `off` (both zero: steady).
+    /// On/off bursts: `steady` sends for `on`, then pauses for `off` (both zero: constant);
+    /// `bursty` draws on and off times from exponentials of these means.
     #[serde(default)]
     pub on: Dur,
-    /// Pause length of an on/off flow.
+    /// Pause length of an on/off flow (the mean pause of a `bursty` one).
     #[serde(default)]
     pub off: Dur,
+    /// `periodic`: the period of the rate's sine.
+    #[serde(default)]
+    pub period: Option<Dur>,
+    /// `periodic`: the sine's amplitude relative to `pps`, 0..=1.
+    #[serde(default)]
+    pub amplitude: Option<f64>,
+    /// `random-walk`: standard deviation of the log-rate change per step, 0..=2.
+    #[serde(default)]
+    pub volatility: Option<f64>,
+    /// `random-walk`: interval between steps (default 100 ms, at least 1 ms).
+    #[serde(default)]
+    pub step: Option<Dur>,
     /// Relative random variation of each train's size, 0..1 (0: constant rate).
     #[serde(default)]
     pub jitter: f64,
@@ -188,6 +271,29 @@ pub struct Scenario {
     /// A zero-loss connection-rate sweep over the plane's size (see [`Sweep`]).
     #[serde(default)]
     pub sweep: Option<Sweep>,
+    /// A comparison of placement policies on this workload (see [`Compare`]).
+    #[serde(default)]
+    pub compare: Option<Compare>,
+}
+
+/// A comparison of placement policies: the scenario runs once per policy with the same seed,
+/// so every policy sees the same workload, hardware table and insertion budget
+/// (`crate::run_placement_compare`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Compare {
+    /// The policies, by the names `--placement` takes (`first-come`, `ovs-rebalance`,
+    /// `threshold`, ...), in report order.
+    #[serde(deserialize_with = "policy_names")]
+    pub policies: Vec<PlacementKind>,
+}
+
+fn policy_names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PlacementKind>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    names
+        .iter()
+        .map(|n| n.parse::<PlacementKind>().map_err(serde::de::Error::custom))
+        .collect()
 }
 
 /// A zero-loss CPS sweep (RFC 2544 style): for each worker count, binary search for the highest
@@ -318,6 +424,16 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         "fail-open",
         "scenarios/fail-open.toml",
         include_str!("../../../scenarios/fail-open.toml"),
+    ),
+    (
+        "placement",
+        "scenarios/placement.toml",
+        include_str!("../../../scenarios/placement.toml"),
+    ),
+    (
+        "placement-volatile",
+        "scenarios/placement-volatile.toml",
+        include_str!("../../../scenarios/placement-volatile.toml"),
     ),
 ];
 
@@ -453,6 +569,7 @@ impl Scenario {
                     format!("on {:?}, off {:?}", g.on.0, g.off.0),
                 ));
             }
+            validate_shape(g, i, &bad)?;
             if g.bytes < 60 || g.bytes > 9216 {
                 return Err(bad(
                     format!("flows[{i}].bytes"),
@@ -495,6 +612,31 @@ impl Scenario {
                     format!("faults[{i}].probability"),
                     "0..=1",
                     f.probability.to_string(),
+                ));
+            }
+        }
+        if let Some(c) = &self.compare {
+            if c.policies.is_empty() {
+                return Err(bad(
+                    "compare.policies".into(),
+                    "at least one policy",
+                    "none".into(),
+                ));
+            }
+            for (i, p) in c.policies.iter().enumerate() {
+                if c.policies[..i].contains(p) {
+                    return Err(bad(
+                        format!("compare.policies[{i}]"),
+                        "each policy once",
+                        format!("{:?} twice", p.name()),
+                    ));
+                }
+            }
+            if self.sweep.is_some() {
+                return Err(bad(
+                    "compare".into(),
+                    "either a sweep or a comparison, not both",
+                    "both".into(),
                 ));
             }
         }
@@ -541,6 +683,99 @@ impl Scenario {
     }
 }
 
+/// The shape-specific fields of flow group `i`: each shape's own fields present and in range,
+/// no field of another shape.
+fn validate_shape(
+    g: &FlowGroup,
+    i: usize,
+    bad: &dyn Fn(String, &str, String) -> ScenarioError,
+) -> Result<(), ScenarioError> {
+    let shape = g.shape.name();
+    let only = |field: &str, owner: &str| {
+        bad(
+            format!("flows[{i}].{field}"),
+            &format!("no {field} for shape {shape} (it belongs to shape {owner})"),
+            "a value".into(),
+        )
+    };
+    let periodic = g.shape == Shape::Periodic;
+    let walk = g.shape == Shape::RandomWalk;
+    if !periodic && g.period.is_some() {
+        return Err(only("period", "periodic"));
+    }
+    if !periodic && g.amplitude.is_some() {
+        return Err(only("amplitude", "periodic"));
+    }
+    if !walk && g.volatility.is_some() {
+        return Err(only("volatility", "random-walk"));
+    }
+    if !walk && g.step.is_some() {
+        return Err(only("step", "random-walk"));
+    }
+    let on_off = g.on.ns() != 0 || g.off.ns() != 0;
+    match g.shape {
+        Shape::Steady => {}
+        Shape::Periodic => {
+            let period = g.period.map_or(0, Dur::ns);
+            if period < 1_000_000 {
+                return Err(bad(
+                    format!("flows[{i}].period"),
+                    "a period of at least 1ms for shape periodic",
+                    g.period.map_or("none".into(), |d| format!("{:?}", d.0)),
+                ));
+            }
+            match g.amplitude {
+                Some(a) if (0.0..=1.0).contains(&a) => {}
+                a => {
+                    return Err(bad(
+                        format!("flows[{i}].amplitude"),
+                        "0..=1 for shape periodic",
+                        a.map_or("none".into(), |a| a.to_string()),
+                    ));
+                }
+            }
+        }
+        Shape::Bursty => {
+            if g.on.ns() == 0 || g.off.ns() == 0 {
+                return Err(bad(
+                    format!("flows[{i}].on"),
+                    "positive mean on and off times for shape bursty",
+                    format!("on {:?}, off {:?}", g.on.0, g.off.0),
+                ));
+            }
+        }
+        Shape::RandomWalk => {
+            match g.volatility {
+                Some(v) if (0.0..=2.0).contains(&v) => {}
+                v => {
+                    return Err(bad(
+                        format!("flows[{i}].volatility"),
+                        "0..=2 for shape random-walk",
+                        v.map_or("none".into(), |v| v.to_string()),
+                    ));
+                }
+            }
+            if let Some(st) = g.step
+                && st.ns() < 1_000_000
+            {
+                return Err(bad(
+                    format!("flows[{i}].step"),
+                    "at least 1ms",
+                    format!("{:?}", st.0),
+                ));
+            }
+        }
+    }
+    if on_off && matches!(g.shape, Shape::Periodic | Shape::RandomWalk) {
+        return Err(bad(
+            format!("flows[{i}].on"),
+            &format!("no on/off for shape {shape} (steady or bursty only)"),
+            format!("on {:?}, off {:?}", g.on.0, g.off.0),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -550,6 +785,103 @@ mod tests {
         for (name, _, _) in BUILTIN {
             Scenario::builtin(name).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
+    }
+
+    const HEAD: &str = "name = \"x\"\nduration = \"1s\"\nmeasure = [\"0s\", \"1s\"]\n";
+
+    fn flows(extra: &str) -> Result<Scenario, ScenarioError> {
+        Scenario::from_toml_str(
+            &format!("{HEAD}[[flows]]\ncount = 1\npps = 100.0\nlifetime = \"1s\"\n{extra}"),
+            "s.toml",
+        )
+    }
+
+    #[test]
+    fn shapes_parse_with_their_fields() {
+        let s = flows("shape = \"periodic\"\nperiod = \"2s\"\namplitude = 0.5\n").unwrap();
+        assert_eq!(s.flows[0].shape, Shape::Periodic);
+        assert_eq!(s.flows[0].amplitude, Some(0.5));
+        let s = flows("shape = \"bursty\"\non = \"10ms\"\noff = \"30ms\"\narrivals = \"random\"\nlifetimes = \"exponential\"\n").unwrap();
+        assert_eq!(s.flows[0].shape, Shape::Bursty);
+        assert_eq!(s.flows[0].arrivals, Arrivals::Random);
+        assert_eq!(s.flows[0].lifetimes, Lifetimes::Exponential);
+        let s = flows("shape = \"random-walk\"\nvolatility = 0.2\nstep = \"50ms\"\n").unwrap();
+        assert_eq!(s.flows[0].volatility, Some(0.2));
+        assert_eq!(flows("").unwrap().flows[0].shape, Shape::Steady);
+    }
+
+    #[test]
+    fn a_shape_field_that_is_missing_out_of_range_or_foreign_is_named() {
+        let cases = [
+            ("shape = \"periodic\"\namplitude = 0.5\n", "flows[0].period"),
+            (
+                "shape = \"periodic\"\nperiod = \"1s\"\n",
+                "flows[0].amplitude",
+            ),
+            (
+                "shape = \"periodic\"\nperiod = \"1s\"\namplitude = 1.5\n",
+                "flows[0].amplitude",
+            ),
+            (
+                "shape = \"periodic\"\nperiod = \"1s\"\namplitude = 0.5\non = \"1ms\"\noff = \"1ms\"\n",
+                "flows[0].on",
+            ),
+            ("shape = \"bursty\"\n", "flows[0].on"),
+            ("shape = \"random-walk\"\n", "flows[0].volatility"),
+            (
+                "shape = \"random-walk\"\nvolatility = 0.1\nstep = \"10us\"\n",
+                "flows[0].step",
+            ),
+            ("volatility = 0.1\n", "flows[0].volatility"),
+            ("period = \"1s\"\n", "flows[0].period"),
+            (
+                "shape = \"bursty\"\non = \"1ms\"\noff = \"1ms\"\nstep = \"1s\"\n",
+                "flows[0].step",
+            ),
+        ];
+        for (extra, field) in cases {
+            let e = flows(extra).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("s.toml: {field}: expected")),
+                "{extra:?}: {e}"
+            );
+        }
+        let e = flows("shape = \"square\"\n").unwrap_err().to_string();
+        assert!(e.contains("s.toml") && e.contains("shape"), "{e}");
+    }
+
+    #[test]
+    fn compare_names_its_policies_and_rejects_unknown_or_repeated_ones() {
+        let s = Scenario::from_toml_str(
+            &format!("{HEAD}[compare]\npolicies = [\"threshold\", \"first-come\"]\n"),
+            "c.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            s.compare.unwrap().policies,
+            vec![PlacementKind::Threshold, PlacementKind::FirstCome]
+        );
+        let e = Scenario::from_toml_str(
+            &format!("{HEAD}[compare]\npolicies = [\"first-come\", \"best\"]\n"),
+            "c.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("c.toml") && e.contains("policies") && e.contains("\"best\""),
+            "{e}"
+        );
+        let e = Scenario::from_toml_str(
+            &format!("{HEAD}[compare]\npolicies = [\"threshold\", \"threshold\"]\n"),
+            "c.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("c.toml: compare.policies[1]"), "{e}");
+        let e = Scenario::from_toml_str(&format!("{HEAD}[compare]\npolicies = []\n"), "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("c.toml: compare.policies"), "{e}");
     }
 
     #[test]

@@ -11,7 +11,9 @@ use core::time::Duration;
 use spillway_fabric::params::{FabricParams, PlacementKind};
 use spillway_vswitch::workload::SplitMix64;
 
-use crate::scenario::{CpsGroup, DestSpec, Dur, Fault, FaultKind, FlowGroup, Scenario};
+use crate::scenario::{
+    Arrivals, CpsGroup, DestSpec, Dur, Fault, FaultKind, FlowGroup, Lifetimes, Scenario, Shape,
+};
 
 fn pick(rng: &mut SplitMix64, n: usize) -> usize {
     rng.below(n)
@@ -64,7 +66,9 @@ pub fn scenario(seed: u64) -> Scenario {
             pps: 200.0 + 2000.0 * unit(&mut rng),
             start: ms(start),
             spread: ms(pick(&mut rng, 400) as u64),
+            arrivals: Arrivals::Even,
             lifetime: ms(100 + pick(&mut rng, 1400) as u64),
+            lifetimes: Lifetimes::Fixed,
             dest: if pick(&mut rng, 2) == 0 {
                 DestSpec::Vm
             } else {
@@ -79,6 +83,11 @@ pub fn scenario(seed: u64) -> Scenario {
             }),
             jitter: 0.3 * unit(&mut rng),
             gap: Dur(Duration::from_micros(10 + pick(&mut rng, 200) as u64)),
+            shape: Shape::Steady,
+            period: None,
+            amplitude: None,
+            volatility: None,
+            step: None,
         });
     }
     let mut cps = Vec::new();
@@ -125,5 +134,74 @@ pub fn scenario(seed: u64) -> Scenario {
         host_load: Vec::new(),
         faults,
         sweep: None,
+        compare: None,
     }
+}
+
+/// [`scenario`] for `seed` with the newer workload and placement options drawn on top, from a
+/// separate random stream (so [`scenario`] itself, and every seed kept for replay, is
+/// unchanged): each flow group gets a random shape (steady, periodic, bursty, random walk),
+/// random or even arrivals and fixed or exponential lifetimes, and the placement policy is any
+/// of them, the threshold and stability policies included.
+pub fn scenario_shaped(seed: u64) -> Scenario {
+    let mut sc = scenario(seed);
+    let mut rng = SplitMix64(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) ^ 0x005e_a9e5);
+    sc.name = format!("swarm-shaped-{seed}");
+    sc.fabric.placement.policy = [
+        PlacementKind::FirstCome,
+        PlacementKind::OvsRebalance,
+        PlacementKind::Threshold,
+        PlacementKind::Threshold,
+        PlacementKind::Stability,
+        PlacementKind::Stability,
+        PlacementKind::None,
+    ][pick(&mut rng, 7)];
+    sc.fabric.placement.threshold_pps = 100.0 + 2000.0 * unit(&mut rng);
+    // A swarm run lasts 1.5 s: the stability policy's history and hysteresis are scaled down
+    // so its recalls and swaps happen within it and go through the protocol under faults.
+    let st = &mut sc.fabric.placement.stability;
+    st.min_ticks = 2 + pick(&mut rng, 4) as u32;
+    st.dwell_min = ms(100 + pick(&mut rng, 400) as u64).0;
+    st.cooldown = ms(100 + pick(&mut rng, 400) as u64).0;
+    st.swap_margin = 1.0 + unit(&mut rng);
+    for g in &mut sc.flows {
+        g.arrivals = if pick(&mut rng, 2) == 0 {
+            Arrivals::Even
+        } else {
+            Arrivals::Random
+        };
+        g.lifetimes = if pick(&mut rng, 2) == 0 {
+            Lifetimes::Fixed
+        } else {
+            Lifetimes::Exponential
+        };
+        g.shape = [
+            Shape::Steady,
+            Shape::Periodic,
+            Shape::Bursty,
+            Shape::RandomWalk,
+        ][pick(&mut rng, 4)];
+        match g.shape {
+            Shape::Steady => {}
+            Shape::Periodic => {
+                g.on = Dur::default();
+                g.off = Dur::default();
+                g.period = Some(ms(50 + pick(&mut rng, 1000) as u64));
+                g.amplitude = Some(unit(&mut rng));
+            }
+            Shape::Bursty => {
+                g.on = ms(5 + pick(&mut rng, 200) as u64);
+                g.off = ms(5 + pick(&mut rng, 400) as u64);
+            }
+            Shape::RandomWalk => {
+                g.on = Dur::default();
+                g.off = Dur::default();
+                g.volatility = Some(0.5 * unit(&mut rng));
+                g.step = Some(ms(5 + pick(&mut rng, 200) as u64));
+            }
+        }
+    }
+    sc.validate("swarm")
+        .expect("the shaped swarm builds valid scenarios");
+    sc
 }

@@ -1,7 +1,7 @@
 //! Determinism: the same scenario and seed give the same report, byte for byte (as JSON, time
 //! series included); a different seed gives a different run. The swarm's random scenarios are
-//! used because they mix every source and fault kind, so any dependence on anything but the
-//! seed (hash-map order, addresses, the clock) would show.
+//! used because they mix every source and fault kind (the shaped ones every flow shape too), so
+//! any dependence on anything but the seed (hash-map order, addresses, the clock) would show.
 
 use spillway_sim::{scenario::Scenario, swarm};
 
@@ -14,8 +14,11 @@ fn json(sc: &Scenario, seed: u64) -> String {
 
 #[test]
 fn same_seed_same_json_byte_for_byte() {
-    for seed in [3, 17, 58] {
-        let sc = swarm::scenario(seed);
+    let scenarios = [3, 17, 58]
+        .map(|seed| (seed, swarm::scenario(seed)))
+        .into_iter()
+        .chain([5, 23].map(|seed| (seed, swarm::scenario_shaped(seed))));
+    for (seed, sc) in scenarios {
         let a = json(&sc, seed);
         assert_eq!(a, json(&sc, seed), "seed {seed}: two runs differ");
         assert_ne!(

@@ -1,0 +1,414 @@
+//! `spillway stability rank | gen | eval`: the flow-stability classifier offline, on feature
+//! traces (see `spillway_sketch::trace` for the CSV format).
+//!
+//! - `rank` reads a trace and prints the K flows the classifier would recall to the DPU at
+//!   the end of the trace (or at `--at-tick`), best first, with each decision explained.
+//! - `gen` writes a labelled synthetic trace (steady, periodic, bursty, random-walk, mice).
+//! - `eval` measures precision and recall of the top K against the labels, for the stability
+//!   ranking and the two bandwidth baselines, on a generated or a given labelled trace.
+//!
+//! Everything is deterministic: the same trace (or seed) gives the same output.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use spillway_sketch::stability::StabilityParams;
+use spillway_sketch::trace::{
+    self, Evaluation, FlowClass, GenSpec, LabelledRow, Ranking, TopK, Trace,
+};
+
+/// Most rows `gen` and `eval` generate (flows × ticks): about 1.1 GB in memory.
+const ROWS_MAX: u64 = 20_000_000;
+
+/// `spillway stability` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum StabilityCommand {
+    /// Rank a trace's flows: the K the classifier would recall to the DPU, best first.
+    Rank(RankArgs),
+    /// Write a labelled synthetic trace (steady, periodic, bursty, random-walk, mice).
+    Gen(GenArgs),
+    /// Precision and recall of the top K against the labels: stability vs bandwidth-only vs
+    /// last-tick bandwidth.
+    Eval(EvalArgs),
+}
+
+/// `spillway stability rank` arguments.
+#[derive(clap::Args, Debug)]
+pub struct RankArgs {
+    /// The trace: CSV with header flow_id,tick,bw_bps,pps,ctrl_ratio,jitter_us (any order,
+    /// extra columns ignored), one row per flow per 100 ms tick, in tick order.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// How many flows to print.
+    #[arg(long)]
+    pub k: usize,
+    /// Print a JSON list of {rank, flow_id, score, gain_bps, instability, ...} instead of the
+    /// table.
+    #[arg(long)]
+    pub json: bool,
+    /// Rank at this tick (its rows included) instead of the trace's last.
+    #[arg(long)]
+    pub at_tick: Option<u64>,
+}
+
+/// `spillway stability gen` arguments.
+#[derive(clap::Args, Debug)]
+pub struct GenArgs {
+    /// The seed.
+    #[arg(long)]
+    pub seed: u64,
+    /// Flows (the class mix is 30 % steady, 15 % periodic, 20 % bursty, 15 % random-walk,
+    /// 20 % mice).
+    #[arg(long, default_value_t = 2_000)]
+    pub flows: usize,
+    /// Ticks of 100 ms.
+    #[arg(long, default_value_t = 600)]
+    pub ticks: u64,
+    /// Where to write the CSV (with a trailing `class` column).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// `spillway stability eval` arguments.
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// The seed of the generated trace.
+    #[arg(long, default_value_t = 1, conflicts_with = "trace")]
+    pub seed: u64,
+    /// Flows of the generated trace.
+    #[arg(long, default_value_t = 2_000, conflicts_with = "trace")]
+    pub flows: usize,
+    /// Ticks of the generated trace.
+    #[arg(long, default_value_t = 600, conflicts_with = "trace")]
+    pub ticks: u64,
+    /// Evaluate this labelled trace (a CSV with a `class` column) instead of generating one.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// The K values, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200")]
+    pub k: Vec<usize>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs a `spillway stability` subcommand.
+pub fn run(cmd: &StabilityCommand) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    match cmd {
+        StabilityCommand::Rank(args) => rank(args, &mut out)?,
+        StabilityCommand::Gen(args) => gen_trace(args, &mut out)?,
+        StabilityCommand::Eval(args) => eval(args, &mut out)?,
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn read_trace(path: &Path) -> Result<Trace> {
+    let file = File::open(path).with_context(|| format!("opening trace {}", path.display()))?;
+    trace::read_csv(BufReader::new(file))
+        .with_context(|| format!("reading trace {}", path.display()))
+}
+
+/// Bits per second with an SI prefix.
+fn fmt_bps(bps: f64) -> String {
+    let (v, unit) = if bps >= 1e9 {
+        (bps / 1e9, "Gbit/s")
+    } else if bps >= 1e6 {
+        (bps / 1e6, "Mbit/s")
+    } else if bps >= 1e3 {
+        (bps / 1e3, "kbit/s")
+    } else {
+        (bps, "bit/s")
+    };
+    format!("{v:.2} {unit}")
+}
+
+fn rank(args: &RankArgs, out: &mut impl Write) -> Result<()> {
+    if args.k == 0 {
+        bail!("--k: expected at least 1, got 0");
+    }
+    let t = read_trace(&args.trace)?;
+    let r = trace::rank_trace(&t.rows, args.at_tick, &StabilityParams::default()).with_context(
+        || match args.at_tick {
+            Some(at) => format!("ranking trace {} at --at-tick {at}", args.trace.display()),
+            None => format!("ranking trace {}", args.trace.display()),
+        },
+    )?;
+    let top = &r.stability[..args.k.min(r.stability.len())];
+    if args.json {
+        let list: Vec<Value> = top
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                json!({
+                    "rank": i + 1,
+                    "flow_id": s.flow,
+                    "score": s.score,
+                    "gain_bps": s.gain_bps,
+                    "instability": s.instability,
+                    "residual": s.residual,
+                    "drift": s.drift,
+                    "control": s.control,
+                    "pps": s.pps,
+                    "ticks": s.ticks,
+                })
+            })
+            .collect();
+        serde_json::to_writer(&mut *out, &list)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    print_rank_header(args, &r, out)?;
+    writeln!(
+        out,
+        "{:>4}  {:>20}  {:>16}  {:>16}  {:>11}",
+        "rank", "flow_id", "score", "gain", "instability"
+    )?;
+    for (i, s) in top.iter().enumerate() {
+        writeln!(
+            out,
+            "{:>4}  {:>20}  {:>16}  {:>16}  {:>11.3}",
+            i + 1,
+            s.flow,
+            fmt_bps(s.score),
+            fmt_bps(s.gain_bps),
+            s.instability
+        )?;
+        writeln!(out, "      {s}")?;
+    }
+    if top.len() < args.k {
+        writeln!(
+            out,
+            "only {} flows are scored; the others have too little history and stay on the host",
+            top.len()
+        )?;
+    }
+    Ok(())
+}
+
+fn print_rank_header(args: &RankArgs, r: &Ranking, out: &mut impl Write) -> Result<()> {
+    writeln!(
+        out,
+        "trace {}: ranked at tick {} (first tick {}); {} flows known, {} scored; top {} by stability score = gain x (1 - instability)",
+        args.trace.display(),
+        r.tick,
+        r.first_tick,
+        r.flows_known,
+        r.stability.len(),
+        args.k
+    )?;
+    Ok(())
+}
+
+fn check_size(flows: usize, ticks: u64) -> Result<()> {
+    if flows == 0 || ticks == 0 {
+        bail!("--flows and --ticks: expected at least 1 each, got {flows} and {ticks}");
+    }
+    let rows = (flows as u64).saturating_mul(ticks);
+    if rows > ROWS_MAX {
+        bail!(
+            "--flows {flows} x --ticks {ticks} = {rows} rows: expected at most {ROWS_MAX} (the trace is held in memory)"
+        );
+    }
+    Ok(())
+}
+
+fn gen_trace(args: &GenArgs, out: &mut impl Write) -> Result<()> {
+    check_size(args.flows, args.ticks)?;
+    let spec = GenSpec {
+        flows: args.flows,
+        ticks: args.ticks,
+        ..GenSpec::default()
+    };
+    let rows = trace::generate(&spec, args.seed);
+    let file =
+        File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut w = BufWriter::new(file);
+    trace::write_csv(&rows, &mut w)
+        .and_then(|()| w.flush())
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    let counts = spec.counts();
+    let classes: Vec<String> = FlowClass::ALL
+        .iter()
+        .map(|c| format!("{c} {}", counts[c.index()]))
+        .collect();
+    writeln!(
+        out,
+        "wrote {} rows to {}: seed {}, {} flows ({}), {} ticks of 100 ms",
+        rows.len(),
+        args.out.display(),
+        args.seed,
+        args.flows,
+        classes.join(", "),
+        args.ticks
+    )?;
+    Ok(())
+}
+
+fn eval(args: &EvalArgs, out: &mut impl Write) -> Result<()> {
+    if args.k.is_empty() || args.k.contains(&0) {
+        bail!(
+            "--k: expected a comma-separated list of K >= 1, got {:?}",
+            args.k
+        );
+    }
+    let (rows, source): (Vec<LabelledRow>, String) = match &args.trace {
+        Some(path) => {
+            let t = read_trace(path)?;
+            let rows = t.labelled().with_context(|| {
+                format!(
+                    "evaluating trace {}: expected a `class` column with the flows' labels",
+                    path.display()
+                )
+            })?;
+            (rows, format!("trace {}", path.display()))
+        }
+        None => {
+            check_size(args.flows, args.ticks)?;
+            let spec = GenSpec {
+                flows: args.flows,
+                ticks: args.ticks,
+                ..GenSpec::default()
+            };
+            (
+                trace::generate(&spec, args.seed),
+                format!(
+                    "generated trace: seed {}, {} flows, {} ticks",
+                    args.seed, args.flows, args.ticks
+                ),
+            )
+        }
+    };
+    let e = trace::evaluate(&rows, &args.k, &StabilityParams::default())
+        .with_context(|| format!("evaluating {source}"))?;
+    if args.json {
+        let v = eval_json(&e, args);
+        serde_json::to_writer(&mut *out, &v)?;
+        writeln!(out)?;
+    } else {
+        print_eval(&e, &source, out)?;
+    }
+    Ok(())
+}
+
+fn by_class_json(counts: &[usize; 5]) -> Value {
+    let mut m = serde_json::Map::new();
+    for c in FlowClass::ALL {
+        m.insert(c.name().to_string(), json!(counts[c.index()]));
+    }
+    Value::Object(m)
+}
+
+fn top_json(t: &TopK) -> Value {
+    json!({
+        "precision": t.precision,
+        "recall": t.recall,
+        "stable": t.stable,
+        "taken": t.taken,
+        "by_class": by_class_json(&t.by_class),
+        "mean_gain_bps": t.mean_gain_bps,
+    })
+}
+
+fn eval_json(e: &Evaluation, args: &EvalArgs) -> Value {
+    let source = match &args.trace {
+        Some(p) => json!({ "trace": p.display().to_string() }),
+        None => json!({ "seed": args.seed, "flows": args.flows, "ticks": args.ticks }),
+    };
+    json!({
+        "source": source,
+        "tick": e.tick,
+        "alive": e.alive,
+        "stable_alive": e.stable_alive,
+        "alive_by_class": by_class_json(&e.alive_by_class),
+        "scored": e.scored,
+        "rows": e.rows.iter().map(|r| json!({
+            "k": r.k,
+            "stability": top_json(&r.stability),
+            "bandwidth_only": top_json(&r.by_gain),
+            "last_tick": top_json(&r.by_last_tick),
+        })).collect::<Vec<Value>>(),
+    })
+}
+
+fn print_eval(e: &Evaluation, source: &str, out: &mut impl Write) -> Result<()> {
+    let alive: Vec<String> = FlowClass::ALL
+        .iter()
+        .map(|c| format!("{c} {}", e.alive_by_class[c.index()]))
+        .collect();
+    writeln!(out, "{source}")?;
+    writeln!(
+        out,
+        "ranked at tick {}: {} flows alive ({}), {} stable; {} scored",
+        e.tick,
+        e.alive,
+        alive.join(", "),
+        e.stable_alive,
+        e.scored
+    )?;
+    writeln!(
+        out,
+        "precision = stable share of the K entries; recall = stable entries / min(K, stable alive)"
+    )?;
+    writeln!(
+        out,
+        "{:>6} | {:^17} | {:^17} | {:^17} | stability top-K by class",
+        "", "stability", "bandwidth-only", "last-tick bw"
+    )?;
+    writeln!(
+        out,
+        "{:>6} | {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8} |",
+        "K", "prec", "recall", "prec", "recall", "prec", "recall"
+    )?;
+    for r in &e.rows {
+        let classes: Vec<String> = FlowClass::ALL
+            .iter()
+            .map(|c| format!("{c} {}", r.stability.by_class[c.index()]))
+            .collect();
+        writeln!(
+            out,
+            "{:>6} | {:>8.3} {:>8.3} | {:>8.3} {:>8.3} | {:>8.3} {:>8.3} | {}",
+            r.k,
+            r.stability.precision,
+            r.stability.recall,
+            r.by_gain.precision,
+            r.by_gain.recall,
+            r.by_last_tick.precision,
+            r.by_last_tick.recall,
+            classes.join(", ")
+        )?;
+    }
+    writeln!(
+        out,
+        "mean long-run bandwidth of the top K (what the entries carry):"
+    )?;
+    for r in &e.rows {
+        writeln!(
+            out,
+            "{:>6} | {:>17} | {:>17} | {:>17} |",
+            r.k,
+            fmt_bps(r.stability.mean_gain_bps),
+            fmt_bps(r.by_gain.mean_gain_bps),
+            fmt_bps(r.by_last_tick.mean_gain_bps)
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bandwidth_is_printed_with_an_si_prefix() {
+        assert_eq!(fmt_bps(950.0), "950.00 bit/s");
+        assert_eq!(fmt_bps(12_345.0), "12.35 kbit/s");
+        assert_eq!(fmt_bps(10e6), "10.00 Mbit/s");
+        assert_eq!(fmt_bps(2.5e9), "2.50 Gbit/s");
+    }
+}
