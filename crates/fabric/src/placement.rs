@@ -10,8 +10,9 @@
 //! - [`FirstCome`]: offload every flow in the order it arrived while entries and headroom last.
 //!   What a plain hardware-offload switch does.
 //! - [`OvsRebalance`]: Open vSwitch's `offload-rebalance`: offload first come while the table has
-//!   room; when it is full, every `rebalance_period` (3 s), swap the lowest-pps offloaded flow for
-//!   the highest-pps pending one, pair by pair, while the pending one is faster.
+//!   room; when flows are left pending for lack of room, every `rebalance_period` (3 s), swap the
+//!   lowest-pps offloaded flow for the highest-pps pending one, pair by pair, while the pending
+//!   one is faster.
 //! - [`Threshold`]: a bandwidth threshold, as Andromeda's Hoverboard offloads the flows whose
 //!   measured usage exceeds a threshold: recall every flow above `threshold_pps`, fastest
 //!   first, while entries and headroom last. Like Hoverboard it never evicts: an entry comes
@@ -182,8 +183,13 @@ impl PlacementPolicy for OvsRebalance {
         budget: Budget,
         out: &mut Vec<Move>,
     ) {
-        if budget.free_entries >= 2 {
-            self.first.fill(candidates, budget, out);
+        // Offload first come into whatever is free. The table is full when that leaves flows
+        // pending (OVS rebalances when offloads fail for lack of room), whether or not a few
+        // entries happened to be free at the start of this tick: with churn they usually are.
+        let before = out.len();
+        self.first.fill(candidates, budget, out);
+        let filled = (out.len() - before) as u64;
+        if budget.free_entries >= 2 * (filled + 1) || filled as usize == candidates.len() {
             return;
         }
         let due = *self.next.get_or_insert(now + self.period);
@@ -192,7 +198,13 @@ impl PlacementPolicy for OvsRebalance {
         }
         self.next = Some(now + self.period);
         self.pending.clear();
-        self.pending.extend_from_slice(candidates);
+        // Pending: the candidates the fill did not take.
+        let taken = &out[before..];
+        self.pending.extend(candidates.iter().filter(|c| {
+            !taken
+                .iter()
+                .any(|m| matches!(m, Move::Recall { conn, .. } if *conn == c.conn))
+        }));
         // Highest pps first; ties by connection id.
         self.pending
             .sort_by(|a, b| b.pps.total_cmp(&a.pps).then(a.conn.cmp(&b.conn)));
@@ -428,6 +440,53 @@ mod tests {
             .collect();
         // 2 (t=10) fits; 3 (500 pps) does not; 1 fits; 4 fits the headroom but not the entries.
         assert_eq!(ids, vec![2, 1, 4]);
+    }
+
+    #[test]
+    fn ovs_rebalance_fills_free_entries_then_swaps_for_what_is_still_pending() {
+        let mut p = OvsRebalance::new(core::time::Duration::from_secs(3));
+        // One connection's worth of entries free, three candidates: the first come fills it,
+        // the other two are pending, so the table counts as full and the period is armed.
+        let b = Budget {
+            free_entries: 2,
+            headroom_pps: 1e9,
+            recalls_max: 100,
+        };
+        let c = [cand(10, 900.0, 5), cand(11, 50.0, 1), cand(12, 400.0, 3)];
+        let o = [Offloaded {
+            conn: ConnId(1),
+            pps: 100.0,
+        }];
+        let mut out = Vec::new();
+        p.tick(Instant(0), &c, &o, b, &mut out);
+        assert_eq!(
+            out,
+            vec![Move::Recall {
+                conn: ConnId(11),
+                pps: 50.0,
+                replaces_pps: 0.0
+            }]
+        );
+        out.clear();
+        p.tick(Instant(3_000_000_000), &c, &o, b, &mut out);
+        // Fill again (first come), then swap the fastest pending (900) for the slowest
+        // offloaded (100).
+        assert_eq!(
+            out,
+            vec![
+                Move::Recall {
+                    conn: ConnId(11),
+                    pps: 50.0,
+                    replaces_pps: 0.0
+                },
+                Move::Demote { conn: ConnId(1) },
+                Move::Recall {
+                    conn: ConnId(10),
+                    pps: 900.0,
+                    replaces_pps: 100.0
+                },
+            ]
+        );
     }
 
     #[test]
