@@ -108,27 +108,31 @@ impl FirstCome {
         self.order.clear();
         self.order.extend_from_slice(candidates);
         self.order.sort_by_key(|c| (c.since, c.conn));
-        let mut entries = budget.free_entries;
-        let mut headroom = budget.headroom_pps;
-        let mut n = 0;
-        for c in &self.order {
-            if entries < 2 || n >= budget.recalls_max {
-                break;
-            }
-            if c.pps > headroom {
-                // First come: a flow that does not fit blocks nothing behind it, but a later
-                // one is not preferred for being smaller either; skip it and go on.
-                continue;
-            }
-            entries -= 2;
-            headroom -= c.pps;
-            n += 1;
-            out.push(Move::Recall {
-                conn: c.conn,
-                pps: c.pps,
-                replaces_pps: 0.0,
-            });
+        recall_in_order(&self.order, budget, out);
+    }
+}
+
+/// Recalls `order`'s flows in that order while entries, headroom and the tick's recalls last.
+/// A flow too fast for the headroom left blocks nothing behind it: a slower one may still fit.
+fn recall_in_order(order: &[Candidate], budget: Budget, out: &mut Vec<Move>) {
+    let mut entries = budget.free_entries;
+    let mut headroom = budget.headroom_pps;
+    let mut n = 0;
+    for c in order {
+        if entries < 2 || n >= budget.recalls_max {
+            break;
         }
+        if c.pps > headroom {
+            continue;
+        }
+        entries -= 2;
+        headroom -= c.pps;
+        n += 1;
+        out.push(Move::Recall {
+            conn: c.conn,
+            pps: c.pps,
+            replaces_pps: 0.0,
+        });
     }
 }
 
@@ -267,27 +271,7 @@ impl PlacementPolicy for Threshold {
         // Highest rate first; ties by connection id.
         self.above
             .sort_by(|a, b| b.pps.total_cmp(&a.pps).then(a.conn.cmp(&b.conn)));
-        let mut entries = budget.free_entries;
-        let mut headroom = budget.headroom_pps;
-        let mut n = 0;
-        for c in &self.above {
-            if entries < 2 || n >= budget.recalls_max {
-                break;
-            }
-            if c.pps > headroom {
-                // Too fast for what the fast path has left; a slower one above the threshold
-                // may still fit.
-                continue;
-            }
-            entries -= 2;
-            headroom -= c.pps;
-            n += 1;
-            out.push(Move::Recall {
-                conn: c.conn,
-                pps: c.pps,
-                replaces_pps: 0.0,
-            });
-        }
+        recall_in_order(&self.above, budget, out);
     }
 }
 

@@ -16,45 +16,31 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use spillway_sketch::features::FlowCounters;
+use spillway_sketch::rng::SplitMix64;
 use spillway_sketch::stability::{Classifier, Score, StabilityParams};
 
 const FLOWS: usize = 100_000;
 const TICK: Duration = Duration::from_millis(100);
-
-/// SplitMix64: a fixed, documented generator so the bench is the same every run.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 struct World {
     counters: Vec<FlowCounters>,
     /// Packets per tick of each flow while it sends (heavy-tailed).
     per_tick: Vec<u32>,
     bursty: Vec<bool>,
-    rng: Rng,
+    rng: SplitMix64,
     tick: u64,
 }
 
 impl World {
     fn new() -> World {
-        let mut rng = Rng(0x5eed);
+        let mut rng = SplitMix64::new(0x5eed);
         let mut per_tick = Vec::with_capacity(FLOWS);
         let mut bursty = Vec::with_capacity(FLOWS);
         for _ in 0..FLOWS {
             // Pareto-like: most flows send a few packets a tick, a few send thousands.
-            let u = rng.unit().max(1e-9);
+            let u = rng.uniform_open().max(1e-9);
             per_tick.push((2.0 / u.powf(0.8)).min(20_000.0) as u32);
-            bursty.push(rng.unit() < 0.25);
+            bursty.push(rng.uniform_open() < 0.25);
         }
         World {
             counters: vec![FlowCounters::default(); FLOWS],
@@ -69,7 +55,7 @@ impl World {
     fn traffic(&mut self) {
         let base = self.tick * 100_000_000;
         for i in 0..FLOWS {
-            if self.bursty[i] && self.rng.unit() < 0.5 {
+            if self.bursty[i] && self.rng.uniform_open() < 0.5 {
                 continue;
             }
             let n = self.per_tick[i].div_ceil(4).max(1);

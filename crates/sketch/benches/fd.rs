@@ -21,32 +21,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use nalgebra::allocator::Allocator;
 use nalgebra::{Const, DefaultAllocator, DimDiff, DimSub, U1};
 use spillway_sketch::fd::{FrequentDirections, Variant, decay_for_half_life};
+use spillway_sketch::rng::SplitMix64;
 
 /// Rows in the pre-generated table (a power of two, indexed with a mask).
 const TABLE: usize = 4096;
-
-/// SplitMix64 with Box–Muller normals: a fixed, documented generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.unit(), self.unit());
-        (-2.0 * u1.ln()).sqrt() * (core::f64::consts::TAU * u2).cos()
-    }
-}
 
 /// Benchmarks inserting rows of dimension `D` into a warm sketch. The `where` clauses are
 /// nalgebra's, needed by any code generic over `D` (see the `fd` module documentation).
@@ -60,7 +38,7 @@ fn insert_case<const D: usize>(
     Const<D>: DimSub<U1>,
     DefaultAllocator: Allocator<DimDiff<Const<D>, U1>>,
 {
-    let mut rng = Rng(0x5EED_F00D);
+    let mut rng = SplitMix64::new(0x5EED_F00D);
     let rows: Vec<[f64; D]> = (0..TABLE)
         .map(|_| core::array::from_fn(|_| rng.normal()))
         .collect();

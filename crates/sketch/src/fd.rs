@@ -573,26 +573,11 @@ where
 mod tests {
     use super::*;
 
-    /// SplitMix64 (Steele, Lea, Flood 2014): a stable, seedable generator for test streams.
-    struct SplitMix64(u64);
+    use crate::rng::SplitMix64;
 
-    impl SplitMix64 {
-        fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        /// Uniform in [-1, 1).
-        fn uniform(&mut self) -> f64 {
-            (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
-        }
-
-        fn row<const D: usize>(&mut self) -> [f64; D] {
-            core::array::from_fn(|_| self.uniform())
-        }
+    /// A row uniform in [-1, 1)^D.
+    fn row<const D: usize>(rng: &mut SplitMix64) -> [f64; D] {
+        core::array::from_fn(|_| rng.uniform() * 2.0 - 1.0)
     }
 
     fn max_abs_diff<const D: usize>(a: &SMatrix<f64, D, D>, b: &SMatrix<f64, D, D>) -> f64 {
@@ -664,8 +649,8 @@ mod tests {
 
     #[test]
     fn short_stream_is_held_exactly() {
-        let mut rng = SplitMix64(1);
-        let rows: Vec<[f64; 5]> = (0..7).map(|_| rng.row()).collect();
+        let mut rng = SplitMix64::new(1);
+        let rows: Vec<[f64; 5]> = (0..7).map(|_| row(&mut rng)).collect();
         let mut fd = FrequentDirections::<5>::new(4, Variant::Fast).unwrap();
         for r in &rows {
             fd.insert(r);
@@ -714,10 +699,10 @@ mod tests {
 
     #[test]
     fn basic_holds_fewer_than_ell_rows_and_shrinks_every_row_once_warm() {
-        let mut rng = SplitMix64(2);
+        let mut rng = SplitMix64::new(2);
         let mut fd = FrequentDirections::<6>::new(3, Variant::Basic).unwrap();
         for i in 0..50_u64 {
-            fd.insert(&rng.row());
+            fd.insert(&row(&mut rng));
             assert!(fd.sketch().count() < 3);
             // Random rows in R^6 are in general position: after warm-up each row fills the
             // buffer again.
@@ -730,13 +715,13 @@ mod tests {
 
     #[test]
     fn fast_shrinks_at_most_once_per_ell_plus_one_rows() {
-        let mut rng = SplitMix64(3);
+        let mut rng = SplitMix64::new(3);
         let ell = 4;
         let mut fd = FrequentDirections::<8>::new(ell, Variant::Fast).unwrap();
         let mut last_shrink_at = None;
         for i in 0..200_u64 {
             let before = fd.shrinks();
-            fd.insert(&rng.row());
+            fd.insert(&row(&mut rng));
             assert!(fd.sketch().count() < 2 * ell);
             if fd.shrinks() > before {
                 assert!(fd.sketch().count() < ell);
@@ -754,12 +739,12 @@ mod tests {
     /// the same vectors with eigenvalues reduced by δ = sigma2[ℓ − 1].
     #[test]
     fn last_spectrum_is_the_pre_shrink_buffer_spectrum_and_predicts_the_sketch() {
-        let mut rng = SplitMix64(4);
+        let mut rng = SplitMix64::new(4);
         let ell = 3;
         let mut fd = FrequentDirections::<5>::new(ell, Variant::Fast).unwrap();
         let mut checked = 0;
         for _ in 0..100 {
-            let row: [f64; 5] = rng.row();
+            let row: [f64; 5] = row(&mut rng);
             let mut buffer: Vec<[f64; 5]> = fd.sketch().collect();
             buffer.push(row);
             let shrinks = fd.shrinks();
@@ -811,8 +796,8 @@ mod tests {
 
     #[test]
     fn ell_above_d_is_exact() {
-        let mut rng = SplitMix64(5);
-        let rows: Vec<[f64; 3]> = (0..100).map(|_| rng.row()).collect();
+        let mut rng = SplitMix64::new(5);
+        let rows: Vec<[f64; 3]> = (0..100).map(|_| row(&mut rng)).collect();
         for variant in [Variant::Basic, Variant::Fast] {
             let mut fd = FrequentDirections::<3>::new(5, variant).unwrap();
             for r in &rows {
@@ -861,10 +846,10 @@ mod tests {
 
     #[test]
     fn spectrum_vectors_are_orthonormal_sorted_and_sign_fixed() {
-        let mut rng = SplitMix64(6);
+        let mut rng = SplitMix64::new(6);
         let mut fd = FrequentDirections::<7>::new(5, Variant::Fast).unwrap();
         for _ in 0..40 {
-            fd.insert(&rng.row());
+            fd.insert(&row(&mut rng));
         }
         let s = fd.spectrum();
         assert!(s.sigma2.windows(2).all(|w| w[0] >= w[1]));
@@ -885,13 +870,13 @@ mod tests {
     #[test]
     fn same_stream_gives_bit_identical_sketches() {
         let run = || {
-            let mut rng = SplitMix64(7);
+            let mut rng = SplitMix64::new(7);
             let mut fd = FrequentDirections::<6>::new(3, Variant::Fast)
                 .unwrap()
                 .with_decay(0.97)
                 .unwrap();
             for _ in 0..300 {
-                fd.insert(&rng.row());
+                fd.insert(&row(&mut rng));
             }
             (fd.sketch().collect::<Vec<_>>(), fd.shrunk_mass())
         };
@@ -900,13 +885,13 @@ mod tests {
 
     #[test]
     fn clear_forgets_the_stream_but_keeps_the_configuration() {
-        let mut rng = SplitMix64(8);
+        let mut rng = SplitMix64::new(8);
         let mut fd = FrequentDirections::<4>::new(2, Variant::Basic)
             .unwrap()
             .with_decay(0.9)
             .unwrap();
         for _ in 0..20 {
-            fd.insert(&rng.row());
+            fd.insert(&row(&mut rng));
         }
         fd.clear();
         assert_eq!(fd.rows_seen(), 0);

@@ -49,5 +49,6 @@
 
 pub mod fd;
 pub mod features;
+pub mod rng;
 pub mod stability;
 pub mod trace;

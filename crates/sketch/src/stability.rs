@@ -881,21 +881,7 @@ impl Classifier {
 mod tests {
     use super::*;
 
-    /// SplitMix64 plus Box-Muller, seeded.
-    struct Rng(u64);
-    impl Rng {
-        fn unit(&mut self) -> f64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-        }
-        fn normal(&mut self) -> f64 {
-            let u = self.unit().max(1e-12);
-            (-2.0 * u.ln()).sqrt() * (core::f64::consts::TAU * self.unit()).cos()
-        }
-    }
+    use crate::rng::SplitMix64;
 
     fn tick(bw: f64) -> FeatureTick {
         FeatureTick {
@@ -910,7 +896,7 @@ mod tests {
     /// on/off (random durations), 4 random walk, all with a mean near 10 Mbit/s.
     fn four_classes(ticks: u32, seed: u64) -> Classifier {
         let mut c = Classifier::new(StabilityParams::default()).unwrap();
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64::new(seed);
         let mut on = true;
         let mut walk = 0.0f64;
         for t in 0..ticks {
@@ -919,7 +905,7 @@ mod tests {
             let periodic = 10e6 * (1.0 + 0.6 * (core::f64::consts::TAU * tf / 20.0).sin());
             c.observe(2, &tick(periodic * (1.0 + 0.03 * rng.normal())));
             // Switches with probability 0.2 per tick: on and off last 0.5 s on average.
-            if rng.unit() < 0.2 {
+            if rng.uniform() < 0.2 {
                 on = !on;
             }
             c.observe(3, &tick(if on { 20e6 } else { 0.0 }));

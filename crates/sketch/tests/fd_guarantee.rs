@@ -8,7 +8,7 @@
 //! `λ_min(E) >= −tol` and `λ_max(E) <= ‖A − A_k‖²_F / (ℓ − k) + tol`, that `shrunk_mass` lies
 //! between `λ_max(E)` and that bound, and that the sketch's top-`k` subspace projects `A` with
 //! error at most `‖A − A_k‖²_F + k·shrunk_mass` (Ghashami et al. 2016, Theorem 1.1's
-//! `(1 + k/(ℓ − k))` form). Streams come from an inline seeded SplitMix64 with Box–Muller
+//! `(1 + k/(ℓ − k))` form). Streams come from the crate's seeded SplitMix64 with Box–Muller
 //! normals: Gaussian matrices, low rank plus noise (where the bound is small and the check is
 //! tight), streams with zero rows, streams shorter than the buffer (exact: zero error), decayed
 //! streams, and proptest-generated small matrices for both variants.
@@ -16,35 +16,13 @@
 use nalgebra::{DMatrix, SymmetricEigen};
 use proptest::prelude::*;
 use spillway_sketch::fd::{FrequentDirections, Variant, decay_for_half_life};
+use spillway_sketch::rng::SplitMix64;
 
-/// SplitMix64 (Steele, Lea, Flood 2014) with Box–Muller normals: seeded and stable.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box–Muller, one of the pair).
-    fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.unit(), self.unit());
-        (-2.0 * u1.ln()).sqrt() * (core::f64::consts::TAU * u2).cos()
-    }
-
-    fn gaussian_rows<const D: usize>(&mut self, n: usize) -> Vec<[f64; D]> {
-        (0..n)
-            .map(|_| core::array::from_fn(|_| self.normal()))
-            .collect()
-    }
+/// `n` rows of independent standard normals.
+fn gaussian_rows<const D: usize>(rng: &mut SplitMix64, n: usize) -> Vec<[f64; D]> {
+    (0..n)
+        .map(|_| core::array::from_fn(|_| rng.normal()))
+        .collect()
 }
 
 /// What one check measured, for the callers' tightness assertions.
@@ -171,7 +149,7 @@ where
 
 #[test]
 fn gaussian_d16_ell4_and_ell8_both_variants() {
-    let rows = Rng(0x5EED_0001).gaussian_rows::<16>(500);
+    let rows = gaussian_rows::<16>(&mut SplitMix64::new(0x5EED_0001), 500);
     for ell in [4, 8] {
         for variant in [Variant::Basic, Variant::Fast, Variant::Buffered(24)] {
             let (fd, c) = run_and_check(&rows, ell, variant, 1.0);
@@ -185,7 +163,7 @@ fn gaussian_d16_ell4_and_ell8_both_variants() {
 
 #[test]
 fn gaussian_d32_ell10_both_variants() {
-    let rows = Rng(0x5EED_0002).gaussian_rows::<32>(500);
+    let rows = gaussian_rows::<32>(&mut SplitMix64::new(0x5EED_0002), 500);
     for variant in [Variant::Basic, Variant::Fast, Variant::Buffered(24)] {
         let (fd, _) = run_and_check(&rows, 10, variant, 1.0);
         assert!(fd.shrinks() > 0);
@@ -197,7 +175,7 @@ fn gaussian_d32_ell10_both_variants() {
 #[test]
 fn low_rank_plus_noise_is_captured_with_a_small_error() {
     const D: usize = 16;
-    let mut rng = Rng(0x5EED_0003);
+    let mut rng = SplitMix64::new(0x5EED_0003);
     let basis: [[f64; D]; 3] = core::array::from_fn(|_| core::array::from_fn(|_| rng.normal()));
     let rows: Vec<[f64; D]> = (0..500)
         .map(|_| {
@@ -224,7 +202,7 @@ fn low_rank_plus_noise_is_captured_with_a_small_error() {
 
 #[test]
 fn zero_rows_in_the_stream_change_nothing_but_the_count() {
-    let mut rng = Rng(0x5EED_0004);
+    let mut rng = SplitMix64::new(0x5EED_0004);
     let rows: Vec<[f64; 8]> = (0..300)
         .map(|i| {
             if i % 3 == 0 {
@@ -252,9 +230,9 @@ fn zero_rows_in_the_stream_change_nothing_but_the_count() {
 
 #[test]
 fn stream_shorter_than_the_buffer_is_exact() {
-    let mut rng = Rng(0x5EED_0005);
+    let mut rng = SplitMix64::new(0x5EED_0005);
     for (variant, n) in [(Variant::Basic, 5), (Variant::Fast, 11)] {
-        let rows = rng.gaussian_rows::<10>(n);
+        let rows = gaussian_rows::<10>(&mut rng, n);
         let (fd, c) = run_and_check(&rows, 6, variant, 1.0);
         assert_eq!(fd.shrinks(), 0);
         assert_eq!(fd.shrunk_mass(), 0.0);
@@ -265,11 +243,11 @@ fn stream_shorter_than_the_buffer_is_exact() {
 
 #[test]
 fn decayed_sketch_tracks_the_decayed_second_moment() {
-    let mut rng = Rng(0x5EED_0006);
+    let mut rng = SplitMix64::new(0x5EED_0006);
     let lambda = decay_for_half_life(50.0);
     // A drifting stream: the dominant direction changes half way, which a decayed sketch must
     // follow.
-    let mut rows = rng.gaussian_rows::<10>(400);
+    let mut rows = gaussian_rows::<10>(&mut rng, 400);
     for (i, r) in rows.iter_mut().enumerate() {
         let axis = if i < 200 { 0 } else { 5 };
         r[axis] *= 10.0;
