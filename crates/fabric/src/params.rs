@@ -371,7 +371,7 @@ pub struct StabilityConfig {
     pub swap_margin: f64,
     /// Most swaps per placement tick. [assumed]: 256.
     pub swaps_per_tick_max: u32,
-    /// Flows with a sketch (the candidate set's bound). [assumed]: 8,192.
+    /// Flows with a sketch (the candidate set's bound). [assumed]: 4,096.
     pub sketched_max: usize,
     /// Ticks of sketch history before a flow is scored. [assumed]: 10 (1 s).
     pub min_ticks: u32,

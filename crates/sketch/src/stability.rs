@@ -2,11 +2,11 @@
 //!
 //! # Two tiers
 //!
-//! Every flow gets cheap per-tick state ([`FlowState`]: a few EWMAs and the last
-//! [`WINDOW`] normalised bandwidth samples, tens of nanoseconds per tick). Only the flows worth
-//! an entry get a **sketch slot**: a time-decayed Frequent Directions sketch of their recent
-//! behaviour. The slots are a fixed pool of [`StabilityParams::sketched_max`]; a flow is
-//! admitted when its gain (long-run bandwidth) is at least [`StabilityParams::gain_floor_bps`]
+//! Every flow gets cheap per-tick state (a few EWMAs: recent and long-run mean bandwidth, packet
+//! rate, control ratio; about 50 ns per flow per tick, no logarithm). Only the flows worth
+//! an entry get a **sketch slot**: the last [`WINDOW`] normalised bandwidth samples and a
+//! time-decayed Frequent Directions sketch of their recent behaviour. The slots are a fixed pool of [`StabilityParams::sketched_max`]; a flow is
+//! admitted when its gain (recent mean bandwidth) is at least [`StabilityParams::gain_floor_bps`]
 //! and it ranks among the top `sketched_max` by gain; once the pool is full a newcomer takes the
 //! slot of the weakest sketched flow only when its gain is [`StabilityParams::admit_margin`]
 //! times larger, so slots do not churn between flows of similar size. The sketch work per tick
@@ -124,14 +124,18 @@ pub struct StabilityParams {
     pub drift_scale: f64,
     /// Control-packet ratio that counts as 1.0. Default 0.5.
     pub ctrl_scale: f64,
-    /// Ticks a flow must have been sketched before it is scored. Default 10 (1 s, two FD
-    /// shrinks of the fast variant).
+    /// Ticks a flow must have been sketched before it is scored. Default 10 (1 s): enough for
+    /// a full delay-embedding window plus a first subspace, short enough that an elephant is
+    /// not kept on the host for long.
     pub min_ticks: u32,
-    /// Sketch slots (the bound on sketch work per tick). Default 8,192.
+    /// Sketch slots (the bound on sketch work per tick). Default 4,096: several times the free
+    /// entries a spill plane can expect to win back in one placement horizon, and within the
+    /// cost budget (the sketch tier measured ~0.8 us per sketched flow per tick, so 4,096 flows
+    /// at 10 ticks/s are ~3.3% of a core; `benches/classifier.rs`).
     pub sketched_max: usize,
-    /// Flows below this long-run bandwidth never get a sketch slot, bits/s. Default 0 (the
-    /// slot pool alone bounds the work); placement sets it from the smallest flow worth an
-    /// entry.
+    /// Flows below this recent bandwidth never get a sketch slot, bits/s. Default 0: the slot
+    /// pool alone bounds the work; a deployment that knows the smallest flow worth an entry
+    /// sets it (also at run time, [`Classifier::set_gain_floor`]).
     pub gain_floor_bps: f64,
     /// A newcomer replaces the weakest sketched flow only when its gain is this many times
     /// larger. Default 2.0.
@@ -158,7 +162,7 @@ impl Default for StabilityParams {
             drift_scale: 0.5,
             ctrl_scale: 0.5,
             min_ticks: 10,
-            sketched_max: 8_192,
+            sketched_max: 4_096,
             gain_floor_bps: 0.0,
             admit_margin: 2.0,
             admit_per_tick_max: 2_048,
@@ -448,7 +452,7 @@ impl fmt::Display for Score {
 /// tick with [`Classifier::end_tick`], then read [`Classifier::rank`] or
 /// [`Classifier::score`].
 ///
-/// The cheap tier is a dense vector of [`FlowState`] in first-observation order, with a hash
+/// The cheap tier is a dense vector of per-flow states in first-observation order, with a hash
 /// index from flow id: a caller that observes its flows in a stable order (the spill plane
 /// walks its connections by id) touches that vector sequentially, so the per-flow cost stays
 /// at a hash probe plus a few multiply-adds rather than a cache miss per flow.
@@ -502,7 +506,7 @@ impl Classifier {
         &self.p
     }
 
-    /// Sets the gain floor (placement raises it to the smallest flow worth an entry).
+    /// Sets the gain floor below which flows get no sketch slot (see the field's doc).
     pub fn set_gain_floor(&mut self, bps: f64) {
         if bps.is_finite() && bps >= 0.0 {
             self.p.gain_floor_bps = bps;
