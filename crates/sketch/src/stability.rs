@@ -362,6 +362,22 @@ struct Slot {
 }
 
 impl Slot {
+    /// Gives the slot to `flow` (at `state`), forgetting the previous flow's sketch.
+    fn reset(&mut self, flow: FlowId, state: u32) {
+        self.flow = flow;
+        self.state = state;
+        self.in_use = true;
+        self.fd.clear();
+        self.basis = None;
+        self.shrinks_seen = 0;
+        self.residual = 0.0;
+        self.residual_n = 0;
+        self.drift2 = 0.0;
+        self.ticks = 0;
+        self.window = [0.0; WINDOW];
+        self.head = 0;
+    }
+
     /// Adds this tick's normalised sample and returns the sketch row.
     fn push(&mut self, st: &FlowState) -> [f64; ROW_DIM] {
         let f = &st.last;
@@ -687,7 +703,8 @@ impl Classifier {
                 self.states[old as usize].1.slot = None;
                 ws
             };
-            self.slots[slot as usize] = self.fresh_slot(id, state);
+            // A reused slot keeps its sketch's memory: clearing it does not allocate.
+            self.slots[slot as usize].reset(id, state);
             self.states[state as usize].1.slot = Some(slot);
         }
     }
