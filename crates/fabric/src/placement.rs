@@ -32,14 +32,19 @@ use crate::types::ConnId;
 pub struct Candidate {
     /// The connection.
     pub conn: ConnId,
-    /// Its rate over the last tick, packets/s (the same as `features.pps`).
-    pub pps: f64,
     /// When the plane took it.
     pub since: Instant,
     /// Its features over the last tick, as the plane measured them: bandwidth (packets x
     /// packet size), packet rate, control-packet share (the trains that step the connection:
     /// open, control, close) and inter-arrival jitter.
     pub features: FeatureTick,
+}
+
+impl Candidate {
+    /// Its rate over the last tick, packets/s.
+    pub fn pps(&self) -> f64 {
+        self.features.pps
+    }
 }
 
 /// A flow on the hardware fast path that came from the plane.
@@ -122,15 +127,15 @@ fn recall_in_order(order: &[Candidate], budget: Budget, out: &mut Vec<Move>) {
         if entries < 2 || n >= budget.recalls_max {
             break;
         }
-        if c.pps > headroom {
+        if c.pps() > headroom {
             continue;
         }
         entries -= 2;
-        headroom -= c.pps;
+        headroom -= c.pps();
         n += 1;
         out.push(Move::Recall {
             conn: c.conn,
-            pps: c.pps,
+            pps: c.pps(),
             replaces_pps: 0.0,
         });
     }
@@ -211,20 +216,20 @@ impl PlacementPolicy for OvsRebalance {
         }));
         // Highest pps first; ties by connection id.
         self.pending
-            .sort_by(|a, b| b.pps.total_cmp(&a.pps).then(a.conn.cmp(&b.conn)));
+            .sort_by(|a, b| b.pps().total_cmp(&a.pps()).then(a.conn.cmp(&b.conn)));
         self.low.clear();
         self.low.extend_from_slice(offloaded);
         self.low
             .sort_by(|a, b| a.pps.total_cmp(&b.pps).then(a.conn.cmp(&b.conn)));
         let pairs = self.pending.iter().zip(self.low.iter());
         for (n, (p, o)) in pairs.enumerate() {
-            if p.pps <= o.pps || n as u32 >= budget.recalls_max {
+            if p.pps() <= o.pps || n as u32 >= budget.recalls_max {
                 break;
             }
             out.push(Move::Demote { conn: o.conn });
             out.push(Move::Recall {
                 conn: p.conn,
-                pps: p.pps,
+                pps: p.pps(),
                 replaces_pps: o.pps,
             });
         }
@@ -265,12 +270,12 @@ impl PlacementPolicy for Threshold {
         self.above.extend(
             candidates
                 .iter()
-                .filter(|c| c.pps > self.threshold_pps)
+                .filter(|c| c.pps() > self.threshold_pps)
                 .copied(),
         );
         // Highest rate first; ties by connection id.
         self.above
-            .sort_by(|a, b| b.pps.total_cmp(&a.pps).then(a.conn.cmp(&b.conn)));
+            .sort_by(|a, b| b.pps().total_cmp(&a.pps()).then(a.conn.cmp(&b.conn)));
         recall_in_order(&self.above, budget, out);
     }
 }
@@ -308,7 +313,6 @@ mod tests {
     fn cand(id: u64, pps: f64, since: u64) -> Candidate {
         Candidate {
             conn: ConnId(id),
-            pps,
             since: Instant(since),
             features: FeatureTick {
                 pps,

@@ -727,10 +727,9 @@ impl SpillPlane {
         for (k, c) in self.conns.iter_mut() {
             let measured = c.pps >= 0.0;
             let features = c.counters.take(tick);
-            let pps = features.pps;
             // A flow joining mid-tick has a partial first sample; it counts from the next one.
             let full_tick = now.0.saturating_sub(c.since.0) >= ns(self.f.placement.tick);
-            c.pps = if full_tick { pps } else { -1.0 };
+            c.pps = if full_tick { features.pps } else { -1.0 };
             if measured
                 && full_tick
                 && c.role == Role::Owner
@@ -739,7 +738,6 @@ impl SpillPlane {
             {
                 self.cands.push(Candidate {
                     conn: *k,
-                    pps,
                     since: c.since,
                     features,
                 });
@@ -901,8 +899,8 @@ mod tests {
             assert_eq!(c.len(), 1, "at {at}");
             let c = c[0];
             assert_eq!(c.conn, ConnId(7));
-            assert_eq!(c.pps, 2000.0);
-            assert_eq!(c.features.pps, c.pps);
+            assert_eq!(c.pps(), 2000.0);
+            assert_eq!(c.features.pps, c.pps());
             assert_eq!(c.features.bw_bps, 2000.0 * 500.0 * 8.0);
             assert_eq!(c.features.ctrl_ratio, 0.0);
             assert!(c.features.jitter_us < 1e-6, "{:?}", c.features);

@@ -358,7 +358,6 @@ mod tests {
     fn cand(id: u64, pps: f64) -> Candidate {
         Candidate {
             conn: ConnId(id),
-            pps,
             since: Instant(0),
             features: FeatureTick {
                 bw_bps: pps * 512.0 * 8.0,
