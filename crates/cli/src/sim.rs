@@ -203,17 +203,18 @@ fn print_compare(
             out,
             "  {:<14} {:>8.3} {:>8} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>7} {:>7} {:>7} {:>6} {:>7}",
             p.policy,
-            p.offload_ratio,
-            p.plane_offload_ratio
+            p.window.offload_ratio,
+            p.window
+                .plane_offload_ratio
                 .map_or("-".into(), |r| format!("{r:.3}")),
-            p.inserts_per_s,
-            p.deletes_per_s,
-            p.deletes_to_host_per_s,
-            p.host_cpu_cores,
-            p.recalls,
-            p.demotions,
-            p.sheds,
-            p.flaps,
+            p.window.inserts_per_s,
+            p.window.deletes_per_s,
+            p.window.deletes_to_host_per_s,
+            p.window.host_cpu_cores,
+            p.window.recalls,
+            p.window.demotions,
+            p.window.sheds,
+            p.window.flaps,
             p.lost_packets
         )?;
     }

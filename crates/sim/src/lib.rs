@@ -211,59 +211,20 @@ pub fn run_sweep(
     Ok(points)
 }
 
-/// One policy of a placement comparison (see [`run_placement_compare`]). Rates and ratios are
-/// over the scenario's measure window; they are model results.
+/// One policy of a placement comparison (see [`run_placement_compare`]): the run's window
+/// figures (offload ratio, insertions, deletions, host CPU, flaps: [`report::WindowFigures`],
+/// flattened into the point's JSON) and the run itself. Model results.
 #[derive(Clone, Debug, serde::Serialize, PartialEq)]
 pub struct PlacementPoint {
     /// The policy's name.
     pub policy: &'static str,
-    /// Traffic-offload ratio: share of the delivered packets the hardware fast path served.
-    pub offload_ratio: f64,
-    /// The same among the traffic the spill plane took on: fast-path packets of recalled
-    /// connections over those plus the plane's deliveries (`None` if the plane carried none).
-    pub plane_offload_ratio: Option<f64>,
-    /// Hardware insert commands executed per second.
-    pub inserts_per_s: f64,
-    /// Hardware entries removed per second (any reason).
-    pub deletes_per_s: f64,
-    /// Entries removed per second because their connection moved to the host (demoted or
-    /// shed).
-    pub deletes_to_host_per_s: f64,
-    /// Spill-plane worker cores busy (core-seconds of work per second).
-    pub host_cpu_cores: f64,
-    /// Placement reversals (see `spillway_fabric::dpu::RecallHistory`).
-    pub flaps: u64,
-    /// Recalls whose entries went live.
-    pub recalls: u64,
-    /// Demotions by the policy.
-    pub demotions: u64,
-    /// Connections shed by the DPU because its fast path overflowed.
-    pub sheds: u64,
+    /// What placement did over the measure window (a copy of `run.window`).
+    #[serde(flatten)]
+    pub window: report::WindowFigures,
     /// Packets lost over the whole run.
     pub lost_packets: u64,
     /// The run.
     pub run: RunReport,
-}
-
-impl PlacementPoint {
-    fn new(policy: &'static str, run: RunReport) -> PlacementPoint {
-        let w = run.window;
-        PlacementPoint {
-            policy,
-            offload_ratio: w.offload_ratio,
-            plane_offload_ratio: w.plane_offload_ratio,
-            inserts_per_s: w.inserts_per_s,
-            deletes_per_s: w.deletes_per_s,
-            deletes_to_host_per_s: w.deletes_to_host_per_s,
-            host_cpu_cores: w.host_cpu_cores,
-            flaps: w.flaps,
-            recalls: w.recalls,
-            demotions: w.demotions,
-            sheds: w.sheds,
-            lost_packets: run.lost_packets,
-            run,
-        }
-    }
 }
 
 /// Runs `sc` once per policy of its `[compare]` section, all with `seed`: the same workload
@@ -288,7 +249,12 @@ pub fn run_placement_compare(
         s.compare = None;
         let done = i as f64;
         let r = run(&s, seed, false, &mut |p| progress((done + p) / total))?;
-        points.push(PlacementPoint::new(kind.name(), r));
+        points.push(PlacementPoint {
+            policy: kind.name(),
+            window: r.window,
+            lost_packets: r.lost_packets,
+            run: r,
+        });
     }
     Ok(points)
 }

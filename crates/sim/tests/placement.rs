@@ -58,16 +58,16 @@ fn check_comparison(name: &str) {
         eprintln!(
             "{:<14} offload {:.3} plane {:?} inserts/s {:.0} deletes/s {:.0} (to host {:.0}) host cpu {:.2} recalls {} demotions {} sheds {} flaps {} lost {}",
             p.policy,
-            p.offload_ratio,
-            p.plane_offload_ratio,
-            p.inserts_per_s,
-            p.deletes_per_s,
-            p.deletes_to_host_per_s,
-            p.host_cpu_cores,
-            p.recalls,
-            p.demotions,
-            p.sheds,
-            p.flaps,
+            p.window.offload_ratio,
+            p.window.plane_offload_ratio,
+            p.window.inserts_per_s,
+            p.window.deletes_per_s,
+            p.window.deletes_to_host_per_s,
+            p.window.host_cpu_cores,
+            p.window.recalls,
+            p.window.demotions,
+            p.window.sheds,
+            p.window.flaps,
             p.lost_packets
         );
         let r = &p.run;
@@ -122,32 +122,44 @@ fn check_comparison(name: &str) {
 
         // The window's figures are in range and agree with each other and the run.
         let w = &r.window;
-        assert!((0.0..=1.0).contains(&p.offload_ratio));
-        let plane = p.plane_offload_ratio.expect("the plane carried traffic");
+        assert!((0.0..=1.0).contains(&p.window.offload_ratio));
+        let plane = p
+            .window
+            .plane_offload_ratio
+            .expect("the plane carried traffic");
         assert!((0.0..=1.0).contains(&plane));
         assert!(
-            p.host_cpu_cores > 0.0 && p.host_cpu_cores <= f64::from(sc.fabric.host.workers_max)
+            p.window.host_cpu_cores > 0.0
+                && p.window.host_cpu_cores <= f64::from(sc.fabric.host.workers_max)
         );
-        assert!(p.deletes_to_host_per_s <= p.deletes_per_s);
-        let inserts = (p.inserts_per_s * secs).round() as u64;
+        assert!(p.window.deletes_to_host_per_s <= p.window.deletes_per_s);
+        let inserts = (p.window.inserts_per_s * secs).round() as u64;
         assert!(
-            inserts + 2 >= 2 * p.recalls,
+            inserts + 2 >= 2 * p.window.recalls,
             "{}: {inserts} inserts for {} recalls",
             p.policy,
-            p.recalls
+            p.window.recalls
         );
-        assert_eq!(p.flaps, w.flaps);
-        assert!(p.recalls <= c["dpu.recall.ok"]);
-        assert!(p.demotions <= c["dpu.demote"]);
-        assert!(p.flaps <= c["dpu.placement.flap"]);
-        assert!(p.demotions <= p.recalls + p.flaps);
+        assert_eq!(p.window.flaps, w.flaps);
+        assert!(p.window.recalls <= c["dpu.recall.ok"]);
+        assert!(p.window.demotions <= c["dpu.demote"]);
+        assert!(p.window.flaps <= c["dpu.placement.flap"]);
+        assert!(p.window.demotions <= p.window.recalls + p.window.flaps);
         // Every demotion is of a recalled flow, so it is a flap; every flap is a move.
-        assert!(p.flaps >= p.demotions, "{}", p.policy);
-        assert!(p.flaps <= p.demotions + p.sheds + p.recalls, "{}", p.policy);
+        assert!(p.window.flaps >= p.window.demotions, "{}", p.policy);
+        assert!(
+            p.window.flaps <= p.window.demotions + p.window.sheds + p.window.recalls,
+            "{}",
+            p.policy
+        );
         assert_eq!(c["spill.recall.ok"], c["dpu.recall.ok"], "{}", p.policy);
         assert!(c["dpu.hw.delete.to_host"] <= c["dpu.hw.delete"]);
         assert!(c["dpu.hw.packets.recalled"] <= c["dpu.hw.packets"]);
-        assert!(p.recalls > 0, "{}: placement recalled nothing", p.policy);
+        assert!(
+            p.window.recalls > 0,
+            "{}: placement recalled nothing",
+            p.policy
+        );
 
         match k {
             PlacementKind::FirstCome | PlacementKind::Threshold => {
@@ -191,7 +203,7 @@ fn threshold_recalls_nothing_when_no_flow_reaches_it() {
     assert!(threshold.run.activation_ms.is_some());
     assert_eq!(threshold.run.counters["spill.recall.sent"], 0);
     assert_eq!(threshold.run.counters["dpu.hw.packets.recalled"], 0);
-    assert_eq!(threshold.plane_offload_ratio, Some(0.0));
+    assert_eq!(threshold.window.plane_offload_ratio, Some(0.0));
     // The same run with first come recalls: the threshold, not a lack of room, held it back.
     assert!(first.run.counters["dpu.recall.ok"] > 0);
 }
