@@ -232,11 +232,6 @@ fn gen_trace(args: &GenArgs, out: &mut impl Write) -> Result<()> {
     trace::write_csv(&rows, &mut w)
         .and_then(|()| w.flush())
         .with_context(|| format!("writing {}", args.out.display()))?;
-    let counts = spec.counts();
-    let classes: Vec<String> = FlowClass::ALL
-        .iter()
-        .map(|c| format!("{c} {}", counts[c.index()]))
-        .collect();
     writeln!(
         out,
         "wrote {} rows to {}: seed {}, {} flows ({}), {} ticks of 100 ms",
@@ -244,7 +239,7 @@ fn gen_trace(args: &GenArgs, out: &mut impl Write) -> Result<()> {
         args.out.display(),
         args.seed,
         args.flows,
-        classes.join(", "),
+        trace::class_counts(&spec.counts()),
         args.ticks
     )?;
     Ok(())
@@ -337,19 +332,12 @@ fn eval_json(e: &Evaluation, args: &EvalArgs) -> Value {
 }
 
 fn print_eval(e: &Evaluation, source: &str, out: &mut impl Write) -> Result<()> {
-    let alive: Vec<String> = FlowClass::ALL
-        .iter()
-        .map(|c| format!("{c} {}", e.alive_by_class[c.index()]))
-        .collect();
+    let alive = trace::class_counts(&e.alive_by_class);
     writeln!(out, "{source}")?;
     writeln!(
         out,
         "ranked at tick {}: {} flows alive ({}), {} stable; {} scored",
-        e.tick,
-        e.alive,
-        alive.join(", "),
-        e.stable_alive,
-        e.scored
+        e.tick, e.alive, alive, e.stable_alive, e.scored
     )?;
     writeln!(
         out,
@@ -366,10 +354,6 @@ fn print_eval(e: &Evaluation, source: &str, out: &mut impl Write) -> Result<()> 
         "K", "prec", "recall", "prec", "recall", "prec", "recall"
     )?;
     for r in &e.rows {
-        let classes: Vec<String> = FlowClass::ALL
-            .iter()
-            .map(|c| format!("{c} {}", r.stability.by_class[c.index()]))
-            .collect();
         writeln!(
             out,
             "{:>6} | {:>8.3} {:>8.3} | {:>8.3} {:>8.3} | {:>8.3} {:>8.3} | {}",
@@ -380,12 +364,12 @@ fn print_eval(e: &Evaluation, source: &str, out: &mut impl Write) -> Result<()> 
             r.by_gain.recall,
             r.by_last_tick.precision,
             r.by_last_tick.recall,
-            classes.join(", ")
+            trace::class_counts(&r.stability.by_class)
         )?;
     }
     writeln!(
         out,
-        "mean long-run bandwidth of the top K (what the entries carry):"
+        "mean gain (recent bandwidth) of the top K (what the entries carry):"
     )?;
     for r in &e.rows {
         writeln!(

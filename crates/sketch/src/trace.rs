@@ -16,7 +16,7 @@
 //! - [`parse_csv`] / [`read_csv`] check every field and return a [`TraceError`] naming the
 //!   line, the column and what was expected.
 //! - [`rank_trace`] feeds a [`Classifier`] tick by tick and returns three rankings at a tick:
-//!   the stability ranking, the bandwidth-only ranking (long-run mean bandwidth, the same EWMA
+//!   the stability ranking, the bandwidth-only ranking (the recent mean bandwidth, the same EWMA
 //!   the classifier uses as its gain) and the last-tick bandwidth ranking (what a rebalance
 //!   that looks only at the latest interval, like OVS's pps-based PMD rebalance, sees).
 //! - [`generate`] makes a labelled trace from a [`GenSpec`] and a seed (its own SplitMix64
@@ -528,7 +528,7 @@ pub struct Ranking {
     /// Scored flows by stability score ([`Classifier::rank`]); flows with too little history
     /// are not in it.
     pub stability: Vec<Score>,
-    /// Every known flow by long-run mean bandwidth ([`Classifier::rank_by_gain`]).
+    /// Every known flow by its gain, the recent mean bandwidth ([`Classifier::rank_by_gain`]).
     pub by_gain: Vec<Score>,
     /// The flows with a row at the ranked tick, by that tick's bandwidth.
     pub by_last_tick: Vec<LastTick>,
@@ -1077,6 +1077,15 @@ pub fn to_csv_string(rows: &[LabelledRow]) -> String {
 // ---------------------------------------------------------------------------------------------
 // Evaluation.
 
+/// Per-class counts in [`FlowClass::ALL`] order as text: `steady 16, periodic 4, ...`.
+pub fn class_counts(counts: &[usize; 5]) -> String {
+    let parts: Vec<String> = FlowClass::ALL
+        .iter()
+        .map(|c| format!("{c} {}", counts[c.index()]))
+        .collect();
+    parts.join(", ")
+}
+
 /// How one ranking's top K fares against the labels.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TopK {
@@ -1094,7 +1103,7 @@ pub struct TopK {
     /// Entries per class, in [`FlowClass::ALL`] order (entries of unlabelled flows are not
     /// counted).
     pub by_class: [usize; 5],
-    /// Mean long-run bandwidth of the entries, bits/s (their gain in the classifier).
+    /// Mean gain (recent mean bandwidth) of the entries, bits/s: what their entries carry.
     pub mean_gain_bps: f64,
 }
 
@@ -1105,7 +1114,7 @@ pub struct EvalRow {
     pub k: usize,
     /// The stability ranking.
     pub stability: TopK,
-    /// The bandwidth-only (long-run mean) ranking.
+    /// The bandwidth-only ranking (by gain, the recent mean bandwidth).
     pub by_gain: TopK,
     /// The last-tick bandwidth ranking.
     pub by_last_tick: TopK,

@@ -13,7 +13,7 @@
 //! own test so they run in parallel; each prints its table (`--nocapture`).
 
 use spillway_sketch::stability::StabilityParams;
-use spillway_sketch::trace::{EvalRow, Evaluation, FlowClass, GenSpec, evaluate, generate};
+use spillway_sketch::trace::{EvalRow, Evaluation, GenSpec, class_counts, evaluate, generate};
 
 const KS: [usize; 4] = [25, 50, 100, 200];
 /// Least precision of the stability ranking's top K, for K in 50, 100, 200.
@@ -28,10 +28,6 @@ fn print(seed: u64, e: &Evaluation) {
     );
     eprintln!("    K  stability P/R  bandwidth P/R  last-tick P/R  stability top-K by class");
     for r in &e.rows {
-        let classes: Vec<String> = FlowClass::ALL
-            .iter()
-            .map(|c| format!("{c} {}", r.stability.by_class[c.index()]))
-            .collect();
         eprintln!(
             "  {:3}  {:.2}/{:.2}      {:.2}/{:.2}      {:.2}/{:.2}      {}",
             r.k,
@@ -41,7 +37,7 @@ fn print(seed: u64, e: &Evaluation) {
             r.by_gain.recall,
             r.by_last_tick.precision,
             r.by_last_tick.recall,
-            classes.join(", ")
+            class_counts(&r.stability.by_class)
         );
     }
 }
