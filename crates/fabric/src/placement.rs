@@ -91,6 +91,10 @@ pub enum Move {
 pub trait PlacementPolicy: core::fmt::Debug {
     /// Short name for reports.
     fn name(&self) -> &'static str;
+    /// `conn` closed: a policy that keeps per-connection state forgets it. The plane calls
+    /// this for every connection it removes; a connection back on the host shows up among the
+    /// candidates again, and a restarted plane starts with a fresh policy.
+    fn closed(&mut self, _conn: ConnId) {}
     /// Decides this tick's moves, appending them to `out`.
     fn tick(
         &mut self,

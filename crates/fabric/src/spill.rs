@@ -306,6 +306,7 @@ impl SpillPlane {
         // A closed connection is no longer on the fast path either: placement must not see it
         // among the offloaded flows (a swap would demote a connection that is gone).
         self.offloaded.remove(&conn);
+        self.policy.closed(conn);
         self.conns.remove(conn)
     }
 
@@ -336,6 +337,8 @@ impl SpillPlane {
         self.deletes.clear();
         self.pending_workers = None;
         self.out.clear();
+        // A new process starts with a new policy: nothing it learnt about flows survives.
+        self.policy = placement::from_params(&self.f.placement);
         lost
     }
 

@@ -28,11 +28,6 @@ use spillway_vswitch::Instant;
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
 use crate::types::ConnId;
 
-/// How long a recalled flow may be missing from the DPU's offloaded list before the policy
-/// forgets it: a recall travels the flow vNIC and the DPU's insertion queue first
-/// (microseconds to milliseconds; a second is far beyond any of it).
-const RECALL_GRACE: Duration = Duration::from_secs(1);
-
 /// The policy's own settings (the classifier's are [`StabilityParams`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StabilityPlacementParams {
@@ -195,6 +190,11 @@ impl StabilityPlacement {
         {
             return Explanation::Cooldown { conn, until };
         }
+        // The last tick's ranking may still list a flow that closed since; the classifier
+        // knows only the living.
+        let Some(now_score) = self.cls.score(conn.0) else {
+            return Explanation::Unknown(conn);
+        };
         if let Some(rank) = self.ranked.iter().position(|s| s.flow == conn.0) {
             let score = self.ranked[rank];
             return if rank < self.cut {
@@ -210,14 +210,13 @@ impl StabilityPlacement {
                 }
             };
         }
-        match self.cls.score(conn.0) {
-            Some(s) if s.status != Status::Scored => Explanation::Unscored(s),
-            Some(s) => Explanation::Host {
-                score: s,
-                rank: self.ranked.len() + 1,
-                k: self.cut,
-            },
-            None => Explanation::Unknown(conn),
+        if now_score.status != Status::Scored {
+            return Explanation::Unscored(now_score);
+        }
+        Explanation::Host {
+            score: now_score,
+            rank: self.ranked.len() + 1,
+            k: self.cut,
         }
     }
 
@@ -231,6 +230,12 @@ impl StabilityPlacement {
 impl PlacementPolicy for StabilityPlacement {
     fn name(&self) -> &'static str {
         "stability"
+    }
+
+    fn closed(&mut self, conn: ConnId) {
+        self.recalled.remove(&conn);
+        self.demoted.remove(&conn);
+        self.cls.remove(conn.0);
     }
 
     fn tick(
@@ -247,14 +252,12 @@ impl PlacementPolicy for StabilityPlacement {
         self.cls.end_tick();
         self.cls.rank(&mut self.ranked);
 
-        // Forget recalled flows the DPU no longer reports (closed, or shed back to the plane)
-        // and expired cooldowns. A recall is not in `offloaded` until the DPU has taken it,
-        // so a flow gets `RECALL_GRACE` to show up there. `offloaded` is sorted by id.
+        // A recalled flow that is a candidate again is back on the host (its recall was
+        // refused, or the DPU shed it): it is judged like any other from now on. Closed flows
+        // leave through `closed`; expired cooldowns here. `candidates` is sorted by id.
         self.stale.clear();
-        for (conn, r) in &self.recalled {
-            if offloaded.binary_search_by_key(conn, |o| o.conn).is_err()
-                && now.saturating_since(r.at) > RECALL_GRACE
-            {
+        for conn in self.recalled.keys() {
+            if candidates.binary_search_by_key(conn, |c| c.conn).is_ok() {
                 self.stale.push(*conn);
             }
         }
@@ -456,15 +459,21 @@ mod tests {
             StabilityPlacementParams::default(),
         );
         let mut out = Vec::new();
-        // Flow 4 (500 pps) gets the only free slot while it is the only scored flow.
+        // Flow 4 (500 pps) gets the only free slot while it is the only scored flow. From
+        // then on it is on the DPU, as the plane shows it: no longer a candidate, offloaded,
+        // and the table full.
+        let on_dpu = [Offloaded {
+            conn: ConnId(4),
+            pps: 500.0,
+        }];
         for t in 0..12 {
-            let c = if t < 2 {
-                vec![cand(4, 500.0)]
-            } else {
-                vec![cand(2, 3000.0), cand(4, 500.0)]
+            let (c, o, b) = match t {
+                0..2 => (vec![cand(4, 500.0)], &[][..], budget(2)),
+                2..10 => (vec![cand(2, 3000.0), cand(4, 500.0)], &[][..], budget(2)),
+                _ => (vec![cand(2, 3000.0)], &on_dpu[..], budget(0)),
             };
             out.clear();
-            p.tick(Instant(t * TICK_NS), &c, &[], budget(2), &mut out);
+            p.tick(Instant(t * TICK_NS), &c, o, b, &mut out);
             if t == 9 {
                 assert_eq!(recalls(&out), vec![4]);
             }
@@ -507,6 +516,43 @@ mod tests {
         assert!(matches!(e, Explanation::Cooldown { .. }), "{e}");
     }
 
+    #[test]
+    fn a_closed_flow_is_forgotten_and_a_returning_one_is_judged_again() {
+        let mut p = StabilityPlacement::new(
+            StabilityParams::default(),
+            StabilityPlacementParams::default(),
+        );
+        let mut out = Vec::new();
+        for t in 0..10 {
+            out.clear();
+            p.tick(
+                Instant(t * TICK_NS),
+                &[cand(4, 1000.0), cand(5, 800.0)],
+                &[],
+                budget(4),
+                &mut out,
+            );
+        }
+        assert_eq!(recalls(&out), vec![4, 5]);
+        let now = Instant(10 * TICK_NS);
+        assert!(matches!(
+            p.explain(ConnId(4), now),
+            Explanation::Offloaded { .. }
+        ));
+        // Flow 4 closes: the policy holds nothing of it any more.
+        p.closed(ConnId(4));
+        assert_eq!(p.explain(ConnId(4), now), Explanation::Unknown(ConnId(4)));
+        assert!(p.classifier().score(4).is_none());
+        // Flow 5 comes back to the host (its recall refused or shed): a candidate again, it is
+        // ranked, not taken for offloaded.
+        out.clear();
+        p.tick(now, &[cand(5, 800.0)], &[], budget(0), &mut out);
+        assert!(matches!(
+            p.explain(ConnId(5), now),
+            Explanation::Host { .. } | Explanation::Chosen { .. }
+        ));
+    }
+
     fn out_pps(out: &[Move]) -> f64 {
         match out[1] {
             Move::Recall { pps, .. } => pps,
@@ -521,7 +567,8 @@ mod tests {
             StabilityPlacementParams::default(),
         );
         let mut out = Vec::new();
-        for t in 0..12 {
+        // Flow 4 is recalled at tick 9 into the only free slot, and is on the DPU from then.
+        for t in 0..10 {
             out.clear();
             p.tick(
                 Instant(t * TICK_NS),
