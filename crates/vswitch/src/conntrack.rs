@@ -422,6 +422,48 @@ impl Connection {
     }
 }
 
+/// A connection with every field public: what state sync carries from one plane to another
+/// (the DPU's slow path and the spill plane each run their own tracker). [`Conntrack::adopt`]
+/// installs it on the receiving side.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CtSnapshot {
+    /// The tenant zone.
+    pub zone: TenantId,
+    /// The tuple of the first packet.
+    pub orig: FlowKey,
+    /// The tuple expected in the reply direction.
+    pub reply: FlowKey,
+    /// The state.
+    pub state: CtState,
+    /// When the connection was created.
+    pub created: Instant,
+    /// The last accepted packet.
+    pub last_seen: Instant,
+    /// Packets accepted, original then reply direction.
+    pub packets: [u64; 2],
+    /// Bytes accepted, original then reply direction.
+    pub bytes: [u64; 2],
+    /// The owner's opaque tag.
+    pub tag: u64,
+}
+
+impl Connection {
+    /// Every field, for state sync.
+    pub fn snapshot(&self) -> CtSnapshot {
+        CtSnapshot {
+            zone: self.zone,
+            orig: self.orig,
+            reply: self.reply,
+            state: self.state,
+            created: self.created,
+            last_seen: self.last_seen,
+            packets: self.packets,
+            bytes: self.bytes,
+            tag: self.tag,
+        }
+    }
+}
+
 fn is_icmp(proto: u8) -> bool {
     proto == ip_proto::ICMP || proto == ip_proto::ICMPV6
 }
@@ -448,6 +490,8 @@ pub struct CtCounters {
     pub rejected_full: u64,
     /// Packets refused with [`CtError::Invalid`] (by `create` or `update`).
     pub invalid: u64,
+    /// Connections installed from another plane's snapshot ([`Conntrack::adopt`]).
+    pub adopted: u64,
 }
 
 /// The connection tracker. See the module doc.
@@ -631,6 +675,33 @@ impl Conntrack {
                 on_reclaimed(&c);
             }
         }
+        let slot = self.alloc_slot(now, &mut on_reclaimed)?;
+        self.slots[slot as usize] = Some(Connection {
+            zone,
+            orig,
+            reply,
+            state,
+            created: now,
+            last_seen: now,
+            packets: [0, 0],
+            bytes: [0, 0],
+            tag,
+        });
+        self.index_insert(hashes[0], slot, CtDir::Original);
+        if reply != orig {
+            self.index_insert(hashes[1], slot, CtDir::Reply);
+        }
+        self.counters.created += 1;
+        Ok(self.handle(slot))
+    }
+
+    /// A free slot, reclaiming an expired connection within `reclaim_scan` slots when the table
+    /// is full; [`CtError::Full`] if none is found.
+    fn alloc_slot(
+        &mut self,
+        now: Instant,
+        on_reclaimed: &mut impl FnMut(&Connection),
+    ) -> Result<u32, CtError> {
         if self.free.is_empty() {
             let cap = self.config.capacity;
             let mut reclaimed = None;
@@ -653,23 +724,49 @@ impl Conntrack {
             self.counters.expired += 1;
             on_reclaimed(&c);
         }
-        let slot = self.free.pop().expect("a slot is free or was just freed");
+        Ok(self.free.pop().expect("a slot is free or was just freed"))
+    }
+
+    /// Installs a connection another plane tracked (state sync), replacing whatever this tracker
+    /// holds under either of its tuples: the sender owns the connection, so its state wins. The
+    /// snapshot's `last_seen` is kept unless this tracker saw the connection later. Replaced
+    /// connections go to `on_replaced` (so the caller can release their tags). At capacity it
+    /// reclaims an expired connection like [`Conntrack::create`], else [`CtError::Full`].
+    pub fn adopt(
+        &mut self,
+        now: Instant,
+        s: &CtSnapshot,
+        mut on_replaced: impl FnMut(&Connection),
+    ) -> Result<CtHandle, CtError> {
+        let mut last_seen = s.last_seen;
+        for key in [s.orig, s.reply] {
+            if let Some((slot, _)) = self.find(s.zone, &key) {
+                let c = self.remove_slot(slot);
+                last_seen = last_seen.max(c.last_seen);
+                on_replaced(&c);
+            }
+        }
+        let slot = self.alloc_slot(now, &mut on_replaced)?;
         self.slots[slot as usize] = Some(Connection {
-            zone,
-            orig,
-            reply,
-            state,
-            created: now,
-            last_seen: now,
-            packets: [0, 0],
-            bytes: [0, 0],
-            tag,
+            zone: s.zone,
+            orig: s.orig,
+            reply: s.reply,
+            state: s.state,
+            created: s.created,
+            last_seen,
+            packets: s.packets,
+            bytes: s.bytes,
+            tag: s.tag,
         });
+        let hashes = [
+            key_hash(&self.hasher, s.zone, &s.orig),
+            key_hash(&self.hasher, s.zone, &s.reply),
+        ];
         self.index_insert(hashes[0], slot, CtDir::Original);
-        if reply != orig {
+        if s.reply != s.orig {
             self.index_insert(hashes[1], slot, CtDir::Reply);
         }
-        self.counters.created += 1;
+        self.counters.adopted += 1;
         Ok(self.handle(slot))
     }
 

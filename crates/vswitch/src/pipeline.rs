@@ -32,7 +32,7 @@ use spillway_wire::{ip_proto, parse_frame};
 
 use crate::action::{Action, ActionList, NatSide, apply};
 use crate::conntrack::{
-    Connection, Conntrack, ConntrackConfig, CtDir, CtError, CtHandle, CtState, TcpState,
+    Connection, Conntrack, ConntrackConfig, CtDir, CtError, CtHandle, CtSnapshot, CtState, TcpState,
 };
 use crate::flow::{FlowEntry, FlowMatch};
 use crate::flow_table::{EntryIdx, FlowTable, FlowTableConfig, Inserted};
@@ -165,6 +165,18 @@ pub struct Pipeline {
     drops: DropCounters,
 }
 
+/// Why [`Pipeline::adopt_conn`] refused a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdoptError {
+    /// The connection is source-NATed: its binding belongs to the sender's SNAT pool, which
+    /// state sync does not carry (yet).
+    #[error("connection is source-NATed; its SNAT binding is not synced")]
+    Nat,
+    /// The tracker refused it (full with nothing expired to reclaim).
+    #[error("conntrack: {0}")]
+    Conntrack(#[from] CtError),
+}
+
 /// Errors building a pipeline.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -251,7 +263,26 @@ impl Pipeline {
         &self.flows
     }
 
-    /// The conntrack table.
+    /// The tracked connection with `key` (either direction) in `zone`, as state sync carries it.
+    pub fn export_conn(&self, now: Instant, zone: TenantId, key: &FlowKey) -> Option<CtSnapshot> {
+        let (h, _) = self.ct.lookup(now, zone, key)?;
+        self.ct.get(h).map(|c| c.snapshot())
+    }
+
+    /// Installs a connection another plane tracked, so its next packets here find their state
+    /// (the slow path then derives the flow entries from policy, as after an idle-out). The
+    /// sender owns the connection: its state replaces any this pipeline held.
+    pub fn adopt_conn(&mut self, now: Instant, s: &CtSnapshot) -> Result<(), AdoptError> {
+        if s.reply != s.orig.reversed() {
+            return Err(AdoptError::Nat);
+        }
+        let (policy, snat) = (&self.policy, &mut self.snat);
+        self.ct
+            .adopt(now, s, |c| release_snat_of(policy, snat, c))?;
+        Ok(())
+    }
+
+    /// The connection tracker.
     pub fn conntrack(&self) -> &Conntrack {
         &self.ct
     }
