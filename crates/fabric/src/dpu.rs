@@ -164,6 +164,8 @@ pub enum EventKind {
     FailOpen,
     /// Pressure but no safe host capacity.
     Fallback,
+    /// An operator set or cleared a hold on the lifecycle ([`DpuNode::handle_hold`]).
+    Hold,
 }
 
 impl EventKind {
@@ -183,6 +185,7 @@ impl EventKind {
             EventKind::Idle => "idle",
             EventKind::FailOpen => "fail_open",
             EventKind::Fallback => "fallback",
+            EventKind::Hold => "hold",
         }
     }
 }
@@ -198,6 +201,32 @@ pub enum Command {
     },
     /// Stop the plane and release its cores.
     StopPlane,
+}
+
+/// An operator's hold on the lifecycle (`spillway ctl activate | release | auto`). While a hold
+/// is set, URSched's decisions against it are dropped and the DPU moves towards the held state
+/// by the same transitions URSched would use; a fail-open under `Active` is followed by a fresh
+/// plane at the next window (the fabric recovers without the operator).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hold {
+    /// No hold: URSched decides.
+    #[default]
+    Auto,
+    /// Keep a plane active with every bucket redirected.
+    Active,
+    /// Keep the plane released.
+    Released,
+}
+
+impl Hold {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hold::Auto => "auto",
+            Hold::Active => "active",
+            Hold::Released => "released",
+        }
+    }
 }
 
 /// Lifecycle phase. See the module doc's diagram.
@@ -402,6 +431,7 @@ pub struct DpuNode {
     hw_latency_ps: u64,
     mem_used: u64,
     phase: Phase,
+    hold: Hold,
     colour: Colour,
     quota: u16,
     sched: URSched,
@@ -464,6 +494,7 @@ impl DpuNode {
             hw_latency_ps: ns(d.hw_latency) * PS_PER_NS,
             mem_used: 0,
             phase: Phase::Idle,
+            hold: Hold::Auto,
             colour: Colour(0),
             quota: 0,
             sched: URSched::new(f),
@@ -504,6 +535,10 @@ impl DpuNode {
     /// The lifecycle phase.
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+    /// The operator's hold.
+    pub fn hold(&self) -> Hold {
+        self.hold
     }
     /// Counters.
     pub fn counters(&self) -> &DpuCounters {
@@ -990,6 +1025,7 @@ impl DpuNode {
                             colour.0
                         ),
                     );
+                    self.enforce_hold(now);
                 }
             }
             Msg::Recall {
@@ -1355,6 +1391,7 @@ impl DpuNode {
                 );
                 self.send(now, Channel::Control, Msg::Activated { colour });
                 self.hand_over_buckets(now, 0, self.quota);
+                self.enforce_hold(now);
             }
             Phase::Draining {
                 colour,
@@ -1510,9 +1547,82 @@ impl DpuNode {
         decisions.clear();
         self.sched.window(&load, self.plane_view(), &mut decisions);
         for d in decisions.drain(..) {
-            self.apply(now, d);
+            let against_hold = match (self.hold, &d) {
+                (Hold::Active, Decision::Release { .. }) => true,
+                (
+                    Hold::Released,
+                    Decision::Prepare { .. } | Decision::Activate { .. } | Decision::Quota { .. },
+                ) => true,
+                _ => false,
+            };
+            if !against_hold {
+                self.apply(now, d);
+            }
         }
         self.decisions = decisions;
+        self.enforce_hold(now);
+    }
+
+    /// An operator sets (or clears, with [`Hold::Auto`]) a hold on the lifecycle. The DPU takes
+    /// the next step towards it at once where one is possible (prepare a plane, activate a
+    /// synced one, release an active one), and the rest as the protocol completes.
+    pub fn handle_hold(&mut self, now: Instant, hold: Hold) {
+        if hold != self.hold {
+            self.hold = hold;
+            self.event(
+                now,
+                EventKind::Hold,
+                format!("operator set hold {} in {}", hold.name(), self.phase.name()),
+            );
+        }
+        self.enforce_hold(now);
+    }
+
+    /// The one step the hold asks for in the current phase, if any.
+    fn enforce_hold(&mut self, now: Instant) {
+        let buckets = self.f.dpu.redirect_buckets;
+        let reason = |what: &str| format!("operator hold: {what}");
+        match (self.hold, self.phase) {
+            (Hold::Active, Phase::Idle) => self.apply(
+                now,
+                Decision::Prepare {
+                    workers: self.f.host.workers_initial,
+                    cause: crate::ursched::Cause::Operator,
+                    reason: reason("activate"),
+                },
+            ),
+            (Hold::Active, Phase::Shadow { synced: true, .. }) => {
+                self.quota = buckets;
+                self.apply(
+                    now,
+                    Decision::Activate {
+                        reason: reason("activate"),
+                    },
+                );
+            }
+            (Hold::Active, Phase::Active { .. }) if self.quota < buckets => self.apply(
+                now,
+                Decision::Quota {
+                    buckets,
+                    reason: reason("every bucket"),
+                },
+            ),
+            (Hold::Released, Phase::Active { .. } | Phase::Shadow { .. }) => self.apply(
+                now,
+                Decision::Release {
+                    reason: reason("release"),
+                },
+            ),
+            (
+                Hold::Auto | Hold::Active | Hold::Released,
+                Phase::Idle
+                | Phase::Preparing { .. }
+                | Phase::Shadow { .. }
+                | Phase::Activating { .. }
+                | Phase::Active { .. }
+                | Phase::Draining { .. },
+            ) => {}
+        }
     }
 
     /// The fast path is over its capacity while the plane is active (established flows grew,
@@ -1636,7 +1746,11 @@ impl DpuNode {
                     reason,
                 },
             ) => {
-                self.trigger = (cause == crate::ursched::Cause::Load).then_some(now);
+                self.trigger = matches!(
+                    cause,
+                    crate::ursched::Cause::Load | crate::ursched::Cause::Operator
+                )
+                .then_some(now);
                 self.colour = Colour(self.colour.0 + 1);
                 self.phase = Phase::Preparing {
                     colour: self.colour,

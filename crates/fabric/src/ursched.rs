@@ -120,6 +120,8 @@ pub enum Cause {
     Memory,
     /// A noisy tenant (pre-warm).
     Variance,
+    /// An operator asked for it (`spillway ctl activate`): the decision is the trigger.
+    Operator,
 }
 
 /// Where the plane is, as far as URSched's decisions go.
