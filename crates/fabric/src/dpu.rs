@@ -1547,14 +1547,16 @@ impl DpuNode {
         decisions.clear();
         self.sched.window(&load, self.plane_view(), &mut decisions);
         for d in decisions.drain(..) {
-            let against_hold = match (self.hold, &d) {
-                (Hold::Active, Decision::Release { .. }) => true,
-                (
-                    Hold::Released,
-                    Decision::Prepare { .. } | Decision::Activate { .. } | Decision::Quota { .. },
-                ) => true,
-                _ => false,
-            };
+            let against_hold = matches!(
+                (self.hold, &d),
+                (Hold::Active, Decision::Release { .. })
+                    | (
+                        Hold::Released,
+                        Decision::Prepare { .. }
+                            | Decision::Activate { .. }
+                            | Decision::Quota { .. }
+                    )
+            );
             if !against_hold {
                 self.apply(now, d);
             }
