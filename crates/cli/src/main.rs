@@ -1,11 +1,11 @@
 //! The `spillway` command line: run the vSwitch pipeline over captures, inspect captures, and
-//! benchmark the data path, and simulate the fabric. (`run` and `ctl` arrive with the real-time
-//! driver.)
+//! benchmark the data path, simulate the fabric, and run it in real time (`run`, `ctl`).
 
 mod alloc;
 mod bench;
 mod inspect;
 mod pcapio;
+mod rt;
 mod run;
 mod sim;
 mod stability;
@@ -43,6 +43,14 @@ enum Command {
     /// labelled traces.
     #[command(subcommand)]
     Stability(stability::StabilityCommand),
+    /// Bring up a testbed (tenant VMs as network namespaces on TAP devices) and run the fabric
+    /// in real time until Ctrl-C; everything it creates is removed on exit.
+    Run(rt::RunArgs),
+    /// The spill-plane process (started by `spillway run`, not by hand).
+    #[command(hide = true)]
+    SpillPlane(rt::PlaneArgs),
+    /// Talk to a running `spillway run`: status, flows, activate, release, policy.
+    Ctl(rt::CtlArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -99,5 +107,8 @@ fn run_cli(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Sim(args)) => sim::bench_sim(&args),
         Command::Sim(args) => sim::sim(&args),
         Command::Stability(cmd) => stability::run(&cmd),
+        Command::Run(args) => rt::run(&args),
+        Command::SpillPlane(args) => rt::spill_plane(&args),
+        Command::Ctl(args) => rt::ctl(&args),
     }
 }

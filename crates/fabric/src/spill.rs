@@ -342,6 +342,14 @@ impl SpillPlane {
         lost
     }
 
+    /// Switches the placement policy (an operator's `spillway ctl set-policy`). The new policy
+    /// starts with no history, as a restarted plane's would; flows already on the fast path stay
+    /// there until it decides otherwise.
+    pub fn set_placement(&mut self, kind: crate::params::PlacementKind) {
+        self.f.placement.policy = kind;
+        self.policy = placement::from_params(&self.f.placement);
+    }
+
     fn send_heartbeat(&mut self, now: Instant) {
         let util = self.workers.take_util(ps(now));
         let workers = self.workers.parallel();

@@ -1,0 +1,207 @@
+# shellcheck shell=bash
+# The applications: servers started in namespace b once a mode is up, and the tests whose clients
+# run in namespace a. A test appends its figures to "$TMP/results.tsv" (run, mode, metric, value)
+# or a reason to "$TMP/failures.tsv"; the report reads both.
+#
+# Metrics, with the unit in the name's last part:
+#   tcp_gbps             iperf3 TCP, receiver side
+#   udp64_rx_kpps        iperf3 UDP, 64-byte payloads, unlimited rate: datagrams the server got
+#   udp64_tx_kpps        ... datagrams the client sent (shows whether sender or path was the limit)
+#   http_close_rps       wrk -t1 -c32 with `Connection: close` against nginx (a TCP connection per
+#                        request: connection setup is what this measures)
+#   http_keepalive_rps   the same with keep-alive                                  (--all-apps)
+#   redis_set_rps        redis-benchmark -t set, 50 clients, no pipelining          (--all-apps)
+#   redis_get_rps        redis-benchmark -t get                                     (--all-apps)
+
+IPERF_PORT=5201
+HTTP_PORT=8080
+REDIS_PORT=6380
+UDP_LEN=64
+
+record() { printf '%s\t%s\t%s\t%s\n' "$RUN" "$MODE" "$1" "$2" >>"$TMP/results.tsv"; }
+
+FAILED=0
+fail() {
+    FAILED=1
+    printf '%s\t%s\t%s\t%s\n' "$RUN" "$MODE" "$1" "$2" >>"$TMP/failures.tsv"
+    log "FAILED run $RUN $MODE $1: $2"
+}
+
+# servers_start: iperf3 and nginx (and redis with --all-apps) in namespace b, then wait until a
+# reaches b. Returns 1 with a reason in FAIL_REASON.
+servers_start() {
+    local d=$MODE_DIR www=$MODE_DIR/www
+    mkdir -p "$www" "$d/nginx-temp"
+    # nginx's worker runs as nobody and must traverse the temp dirs to read the page.
+    chmod 755 "$TMP" "$d" "$www"
+    printf 'spillway vs-ovs bench\n' >"$www/index.html"
+    chmod 644 "$www/index.html"
+    cat >"$d/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $d/nginx.pid;
+error_log $d/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 10000000;
+    client_body_temp_path $d/nginx-temp/body;
+    proxy_temp_path $d/nginx-temp/proxy;
+    fastcgi_temp_path $d/nginx-temp/fastcgi;
+    uwsgi_temp_path $d/nginx-temp/uwsgi;
+    scgi_temp_path $d/nginx-temp/scgi;
+    server {
+        listen $IP_B:$HTTP_PORT;
+        root $www;
+    }
+}
+EOF
+    start_bg "$d/iperf3-server.log" ip netns exec "$NS_B" iperf3 -s -p "$IPERF_PORT"
+    start_bg "$d/nginx.out" ip netns exec "$NS_B" nginx -e "$d/nginx-error.log" -p "$d" -c "$d/nginx.conf"
+    if ((ALL_APPS)); then
+        start_bg "$d/redis.out" ip netns exec "$NS_B" redis-server --port "$REDIS_PORT" \
+            --bind "$IP_B" --protected-mode no --save '' --appendonly no --daemonize no \
+            --dir "$d" --logfile "$d/redis.log"
+    fi
+    if ! wait_for 10 listening "$NS_B" "$IPERF_PORT"; then
+        FAIL_REASON="iperf3 server not listening after 10 s: $(tail_of "$d/iperf3-server.log")"
+        return 1
+    fi
+    if ! wait_for 10 listening "$NS_B" "$HTTP_PORT"; then
+        FAIL_REASON="nginx not listening after 10 s: $(tail_of "$d/nginx-error.log") $(tail_of "$d/nginx.out")"
+        return 1
+    fi
+    if ((ALL_APPS)) && ! wait_for 10 listening "$NS_B" "$REDIS_PORT"; then
+        FAIL_REASON="redis-server not listening after 10 s: $(tail_of "$d/redis.log")"
+        return 1
+    fi
+    # The first connection also resolves ARP and, for OVS, installs the first datapath flows.
+    if ! wait_for 10 reachable "$HTTP_PORT"; then
+        FAIL_REASON="$IP_A cannot connect to $IP_B:$HTTP_PORT within 10 s (the switch passes no traffic)"
+        return 1
+    fi
+    return 0
+}
+
+# iperf_figures FILE tcp|udp: print "metric value" lines from an iperf3 -J report, or a reason on
+# stderr and status 1.
+iperf_figures() {
+    python3 - "$1" "$2" "$UDP_LEN" <<'PY'
+import json, sys
+path, kind, length = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    with open(path) as f:
+        report = json.load(f)
+except (OSError, ValueError) as e:
+    sys.exit(f"no iperf3 JSON report ({e})")
+if report.get("error"):
+    sys.exit(f"iperf3: {report['error']}")
+end = report.get("end", {})
+received, sent = end.get("sum_received"), end.get("sum_sent")
+if not received or not received.get("seconds"):
+    sys.exit("iperf3 report has no end.sum_received")
+if kind == "tcp":
+    print("tcp_gbps", received["bits_per_second"] / 1e9)
+else:
+    # The receiver's packet count is its highest sequence number, lost ones included; the bytes
+    # it got divided by the datagram size is what arrived.
+    rx = received["bytes"] / length / received["seconds"]
+    tx = sent["packets"] / sent["seconds"] if sent and sent.get("seconds") else float("nan")
+    if rx <= 0:
+        sys.exit(f"no datagram arrived (sent {sent and sent.get('packets')})")
+    print("udp64_rx_kpps", rx / 1e3)
+    print("udp64_tx_kpps", tx / 1e3)
+PY
+}
+
+# record_figures TEST FILE-WITH-"metric value"-LINES
+record_figures() {
+    local metric value
+    while read -r metric value; do
+        record "$metric" "$value"
+    done <"$2"
+}
+
+test_tcp() {
+    local out=$MODE_DIR/tcp.json
+    run_client $((DURATION + 20)) "$out" ip netns exec "$NS_A" \
+        iperf3 -c "$IP_B" -p "$IPERF_PORT" -t "$DURATION" -J --connect-timeout 3000
+    if ! iperf_figures "$out" tcp >"$out.figures" 2>"$out.reason"; then
+        fail tcp "$(tail_of "$out.reason" 1) $(tail_of "$out.err" 2)"
+        return
+    fi
+    record_figures tcp "$out.figures"
+}
+
+test_udp() {
+    local out=$MODE_DIR/udp64.json
+    run_client $((DURATION + 20)) "$out" ip netns exec "$NS_A" \
+        iperf3 -c "$IP_B" -p "$IPERF_PORT" -u -b 0 -l "$UDP_LEN" -t "$DURATION" -J --connect-timeout 3000
+    if ! iperf_figures "$out" udp >"$out.figures" 2>"$out.reason"; then
+        fail udp64 "$(tail_of "$out.reason" 1) $(tail_of "$out.err" 2)"
+        return
+    fi
+    record_figures udp64 "$out.figures"
+}
+
+# wrk_test NAME METRIC [wrk args...]
+wrk_test() {
+    local name=$1 metric=$2 out=$MODE_DIR/$1.txt rps
+    shift 2
+    run_client $((DURATION + 20)) "$out" ip netns exec "$NS_A" \
+        wrk -t1 -c32 -d "${DURATION}s" "$@" "http://$IP_B:$HTTP_PORT/"
+    rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
+    if [[ -z $rps ]]; then
+        fail "$name" "wrk printed no Requests/sec: $(tail_of "$out.err") $(tail_of "$out")"
+        return
+    fi
+    if grep -q 'Non-2xx' "$out"; then
+        fail "$name" "nginx answered with errors: $(grep 'Non-2xx' "$out")"
+        return
+    fi
+    if awk -v r="$rps" 'BEGIN { exit !(r <= 0) }'; then
+        fail "$name" "0 requests/s: $(grep -E 'requests in|Socket errors' "$out" | tr '\n' ' ')"
+        return
+    fi
+    record "$metric" "$rps"
+}
+
+test_http_close() { wrk_test http_close http_close_rps -H 'Connection: close'; }
+test_http_keepalive() { wrk_test http_keepalive http_keepalive_rps; }
+
+test_redis() {
+    local out=$MODE_DIR/redis.csv n
+    # redis-benchmark has no duration; about 10k requests per second of test keeps it near one.
+    n=$((REDIS_REQUESTS > 0 ? REDIS_REQUESTS : DURATION * 10000))
+    run_client $((DURATION * 10 + 60)) "$out" ip netns exec "$NS_A" \
+        redis-benchmark -h "$IP_B" -p "$REDIS_PORT" -t set,get -n "$n" -q --csv
+    if ! python3 - "$out" >"$out.figures" 2>"$out.reason" <<'PY'
+import csv, sys
+rows = {}
+with open(sys.argv[1]) as f:
+    for row in csv.reader(f):
+        if len(row) >= 2 and row[0] in ("SET", "GET"):
+            rows[row[0]] = float(row[1])
+missing = {"SET", "GET"} - rows.keys()
+if missing:
+    sys.exit(f"redis-benchmark printed no {', '.join(sorted(missing))} line")
+for name, rps in sorted(rows.items()):
+    print(f"redis_{name.lower()}_rps", rps)
+PY
+    then
+        fail redis "$(tail_of "$out.reason" 1) $(tail_of "$out.err" 2)"
+        return
+    fi
+    record_figures redis "$out.figures"
+}
+
+# run_tests: every test, in a fixed order, with a short pause so one test's queues have drained
+# before the next starts.
+run_tests() {
+    local t
+    for t in "${TESTS[@]}"; do
+        log "run $RUN/$RUNS $MODE: $t"
+        "test_$t"
+        sleep 0.5
+    done
+}

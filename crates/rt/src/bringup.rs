@@ -1,0 +1,101 @@
+//! Brings a testbed's VMs up: for each, a network namespace and a TAP device the DPU process
+//! holds, moved into the namespace, renamed, addressed, with permanent neighbour entries that
+//! point every peer of its tenant at the tenant router's MAC (the vSwitch routes; ARP is not
+//! forwarded), and its GSO size capped so a TSO super-frame plus headers fits a 64 KiB frame.
+//!
+//! Every namespace is recorded in the [`Ledger`] before it is created, so a crash leaves
+//! nothing the next start cannot remove. The TAPs are not persistent: they vanish with the
+//! process's fds (and with their namespace).
+
+use std::net::IpAddr;
+
+use crate::netns::{self, Ledger};
+use crate::tap::{Tap, TapOptions};
+use crate::testbed::{Testbed, VmSpec};
+
+/// GSO super-frames from the VMs are capped below the 65,535-byte IP datagram limit so that
+/// the Ethernet frame parses (its length must fit 16 bits too).
+const GSO_MAX_SIZE: u32 = 62_000;
+
+/// Creates every VM of `tb`; returns each with its TAP, in testbed order.
+pub fn bring_up(tb: &Testbed, ledger: &mut Ledger) -> Result<Vec<(VmSpec, Tap)>, String> {
+    let mut out = Vec::with_capacity(tb.vms.len());
+    for vm in &tb.vms {
+        let tap = bring_up_vm(tb, vm, ledger).map_err(|e| format!("vm {}: {e}", vm.name))?;
+        out.push((vm.clone(), tap));
+    }
+    Ok(out)
+}
+
+fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, String> {
+    let ns = vm.netns.as_str();
+    if netns::netns_exists(ns).map_err(|e| e.to_string())? {
+        return Err(format!(
+            "namespace {ns} already exists (another testbed, or a run that did not clean up \
+             and left no ledger); remove it with `ip netns del {ns}`"
+        ));
+    }
+    ledger.netns_add(ns).map_err(|e| e.to_string())?;
+    let opts = TapOptions {
+        vnet_hdr: tb.vnet_hdr,
+        offload: tb.vnet_hdr,
+        queues: 1,
+    };
+    let tap = Tap::create(&vm.tap, opts).map_err(|e| e.to_string())?;
+    ledger
+        .link_set_netns(&vm.tap, ns)
+        .map_err(|e| e.to_string())?;
+    let ip = |args: &[&str]| -> Result<(), String> {
+        let out = std::process::Command::new("ip")
+            .arg("-n")
+            .arg(ns)
+            .args(args)
+            .output()
+            .map_err(|e| format!("running ip: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ip -n {ns} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    };
+    ip(&["link", "set", "dev", &vm.tap, "name", &vm.ifname])?;
+    let e = |e: netns::NetnsError| e.to_string();
+    // The VMs are IPv4 hosts: without this, IPv6 autoconfiguration and MLD reports would be the
+    // first "connections" every testbed sees.
+    netns::sysctl(Some(ns), "net.ipv6.conf.all.disable_ipv6", "1").map_err(e)?;
+    netns::sysctl(Some(ns), "net.ipv6.conf.default.disable_ipv6", "1").map_err(e)?;
+    netns::link_set_mac(Some(ns), &vm.ifname, vm.mac).map_err(e)?;
+    netns::link_set_mtu(Some(ns), &vm.ifname, vm.mtu).map_err(e)?;
+    ip(&[
+        "link",
+        "set",
+        "dev",
+        &vm.ifname,
+        "gso_max_size",
+        &GSO_MAX_SIZE.to_string(),
+    ])?;
+    netns::addr_add(
+        Some(ns),
+        &vm.ifname,
+        &format!("{}/{}", vm.ip, vm.prefix_len),
+    )
+    .map_err(e)?;
+    netns::link_set_up(Some(ns), "lo").map_err(e)?;
+    netns::link_set_up(Some(ns), &vm.ifname).map_err(e)?;
+    let mask = u32::MAX
+        .checked_shl(32 - u32::from(vm.prefix_len))
+        .unwrap_or(0);
+    for peer in &vm.peers {
+        if u32::from(*peer) & mask != u32::from(vm.ip) & mask {
+            // A peer in another subnet of the tenant: on-link through the router too.
+            netns::route_add(Some(ns), &format!("{peer}/32"), None, Some(&vm.ifname)).map_err(e)?;
+        }
+        netns::neigh_add_permanent(Some(ns), IpAddr::V4(*peer), vm.router_mac, &vm.ifname)
+            .map_err(e)?;
+    }
+    Ok(tap)
+}

@@ -1,0 +1,684 @@
+//! The byte encoding of what crosses between the DPU process and the spill-plane process: the
+//! fabric's [`Msg`]s (on the rings and the control socket), the conntrack snapshot that rides on
+//! a state-sync message, and the frame metadata of the phy vNIC.
+//!
+//! Both processes are the same binary, so the format only has to be stable within one build;
+//! still, every field is written explicitly (little-endian, fixed width) rather than by
+//! transmuting structs, and every read is bounds- and value-checked: a record that does not
+//! decode is a [`CodecError`] naming the field, never a panic. Encoding appends to a caller's
+//! `Vec` that is cleared and reused, so the data path allocates nothing after warm-up.
+//!
+//! ```text
+//! record   = msg [snapshot] [frame-meta frame]
+//! msg      = tag:u8 fields...                       (see `encode_msg`)
+//! snapshot = 0:u8 | 1:u8 zone:u32 orig:key reply:key state:u8 closer:u8 created:u64
+//!            last_seen:u64 packets:2*u64 bytes:2*u64 tag:u64
+//! key      = src:16B dst:16B sport:u16 dport:u16 proto:u8
+//! ```
+
+use spillway_fabric::types::{
+    Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Side, SyncKind, Train,
+};
+use spillway_vswitch::conntrack::{CtDir, CtSnapshot, CtState, TcpState};
+use spillway_vswitch::{Instant, TenantId};
+use spillway_wire::{FlowKey, IpAddr16};
+
+/// A record that does not decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// The record ended inside a field.
+    #[error("record truncated in field {field}: need {need} bytes, {have} left")]
+    Truncated {
+        /// The field being read.
+        field: &'static str,
+        /// Bytes the field needs.
+        need: usize,
+        /// Bytes left.
+        have: usize,
+    },
+    /// A field holds a value outside its range.
+    #[error("field {field} holds {value}, which is not a valid value")]
+    BadValue {
+        /// The field.
+        field: &'static str,
+        /// What it held.
+        value: u64,
+    },
+}
+
+/// Appends fixed-width little-endian fields.
+#[derive(Debug)]
+pub struct Writer<'a>(pub &'a mut Vec<u8>);
+
+impl Writer<'_> {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn f64(&mut self, v: f64) {
+        self.u64(v.to_bits());
+    }
+}
+
+/// Reads fixed-width little-endian fields, checking every length.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader at the start of `buf`.
+    pub fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, at: 0 }
+    }
+    /// Bytes consumed so far.
+    pub fn position(&self) -> usize {
+        self.at
+    }
+    /// The unread rest.
+    pub fn rest(&self) -> &'a [u8] {
+        &self.buf[self.at..]
+    }
+    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], CodecError> {
+        let have = self.buf.len() - self.at;
+        if have < n {
+            return Err(CodecError::Truncated {
+                field,
+                need: n,
+                have,
+            });
+        }
+        let s = &self.buf[self.at..self.at + n];
+        self.at += n;
+        Ok(s)
+    }
+    fn u8(&mut self, field: &'static str) -> Result<u8, CodecError> {
+        Ok(self.take(field, 1)?[0])
+    }
+    fn u16(&mut self, field: &'static str) -> Result<u16, CodecError> {
+        Ok(u16::from_le_bytes(
+            self.take(field, 2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    /// A little-endian u32.
+    pub fn u32(&mut self, field: &'static str) -> Result<u32, CodecError> {
+        Ok(u32::from_le_bytes(
+            self.take(field, 4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self, field: &'static str) -> Result<u64, CodecError> {
+        Ok(u64::from_le_bytes(
+            self.take(field, 8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn f64(&mut self, field: &'static str) -> Result<f64, CodecError> {
+        Ok(f64::from_bits(self.u64(field)?))
+    }
+    fn bool(&mut self, field: &'static str) -> Result<bool, CodecError> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(CodecError::BadValue {
+                field,
+                value: u64::from(v),
+            }),
+        }
+    }
+}
+
+fn bad(field: &'static str, value: u8) -> CodecError {
+    CodecError::BadValue {
+        field,
+        value: u64::from(value),
+    }
+}
+
+fn put_train(w: &mut Writer<'_>, t: &Train) {
+    w.u64(t.conn.0);
+    w.u32(t.tenant.0);
+    w.u8(match t.side {
+        Side::Orig => 0,
+        Side::Reply => 1,
+    });
+    w.u8(match t.dest {
+        Dest::Vm => 0,
+        Dest::Wire => 1,
+    });
+    w.u8(match t.kind {
+        Kind::Open => 0,
+        Kind::Control => 1,
+        Kind::Data => 2,
+        Kind::Close => 3,
+    });
+    w.u32(t.packets);
+    w.u32(t.packet_bytes);
+    w.u64(t.born.0);
+    w.u8(u8::from(t.denied));
+}
+
+fn get_train(r: &mut Reader<'_>) -> Result<Train, CodecError> {
+    Ok(Train {
+        conn: ConnId(r.u64("train.conn")?),
+        tenant: TenantId(r.u32("train.tenant")?),
+        side: match r.u8("train.side")? {
+            0 => Side::Orig,
+            1 => Side::Reply,
+            v => return Err(bad("train.side", v)),
+        },
+        dest: match r.u8("train.dest")? {
+            0 => Dest::Vm,
+            1 => Dest::Wire,
+            v => return Err(bad("train.dest", v)),
+        },
+        kind: match r.u8("train.kind")? {
+            0 => Kind::Open,
+            1 => Kind::Control,
+            2 => Kind::Data,
+            3 => Kind::Close,
+            v => return Err(bad("train.kind", v)),
+        },
+        packets: r.u32("train.packets")?,
+        packet_bytes: r.u32("train.packet_bytes")?,
+        born: Instant(r.u64("train.born")?),
+        denied: r.bool("train.denied")?,
+    })
+}
+
+fn put_state(w: &mut Writer<'_>, s: &ConnState) {
+    w.u64(s.conn.0);
+    w.u32(s.tenant.0);
+    w.u8(match s.phase {
+        ConnPhase::Opening => 0,
+        ConnPhase::Established => 1,
+        ConnPhase::Closing => 2,
+    });
+    w.u64(s.packets);
+    w.u32(s.version);
+    w.u64(s.opened.0);
+}
+
+fn get_state(r: &mut Reader<'_>) -> Result<ConnState, CodecError> {
+    Ok(ConnState {
+        conn: ConnId(r.u64("state.conn")?),
+        tenant: TenantId(r.u32("state.tenant")?),
+        phase: match r.u8("state.phase")? {
+            0 => ConnPhase::Opening,
+            1 => ConnPhase::Established,
+            2 => ConnPhase::Closing,
+            v => return Err(bad("state.phase", v)),
+        },
+        packets: r.u64("state.packets")?,
+        version: r.u32("state.version")?,
+        opened: Instant(r.u64("state.opened")?),
+    })
+}
+
+/// Appends `msg`.
+pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
+    let mut w = Writer(out);
+    match msg {
+        Msg::Packets(t) => {
+            w.u8(0);
+            put_train(&mut w, t);
+        }
+        Msg::Punt(t) => {
+            w.u8(1);
+            put_train(&mut w, t);
+        }
+        Msg::Sync {
+            colour,
+            kind,
+            state,
+        } => {
+            w.u8(2);
+            w.u32(colour.0);
+            w.u8(match kind {
+                SyncKind::Mirror => 0,
+                SyncKind::Handover => 1,
+                SyncKind::Update => 2,
+                SyncKind::Closed => 3,
+            });
+            put_state(&mut w, state);
+        }
+        Msg::SyncDone { colour, count } => {
+            w.u8(3);
+            w.u32(colour.0);
+            w.u64(*count);
+        }
+        Msg::Recall {
+            state,
+            pps,
+            replaces_pps,
+        } => {
+            w.u8(4);
+            put_state(&mut w, state);
+            w.f64(*pps);
+            w.f64(*replaces_pps);
+        }
+        Msg::RecallDone { conn, ok } => {
+            w.u8(5);
+            w.u64(conn.0);
+            w.u8(u8::from(*ok));
+        }
+        Msg::Delete { seq, conn } => {
+            w.u8(6);
+            w.u64(*seq);
+            w.u64(conn.0);
+        }
+        Msg::DeleteAck { seq, state } => {
+            w.u8(7);
+            w.u64(*seq);
+            match state {
+                None => w.u8(0),
+                Some(s) => {
+                    w.u8(1);
+                    put_state(&mut w, s);
+                }
+            }
+        }
+        Msg::Adopted { conn } => {
+            w.u8(8);
+            w.u64(conn.0);
+        }
+        Msg::Activated { colour } => {
+            w.u8(9);
+            w.u32(colour.0);
+        }
+        Msg::Release { colour } => {
+            w.u8(10);
+            w.u32(colour.0);
+        }
+        Msg::Released { colour, count } => {
+            w.u8(11);
+            w.u32(colour.0);
+            w.u64(*count);
+        }
+        Msg::Drain { colour } => {
+            w.u8(12);
+            w.u32(colour.0);
+        }
+        Msg::Drained { colour } => {
+            w.u8(13);
+            w.u32(colour.0);
+        }
+        Msg::Absorbing => w.u8(14),
+        Msg::OffloadStats { conn, pps } => {
+            w.u8(15);
+            w.u64(conn.0);
+            w.f64(*pps);
+        }
+        Msg::Budget {
+            free_entries,
+            headroom_pps,
+        } => {
+            w.u8(16);
+            w.u64(*free_entries);
+            w.f64(*headroom_pps);
+        }
+        Msg::Heartbeat { workers, util } => {
+            w.u8(17);
+            w.u32(*workers);
+            w.f64(*util);
+        }
+        Msg::SetWorkers { workers } => {
+            w.u8(18);
+            w.u32(*workers);
+        }
+    }
+}
+
+/// Reads one message from the front of `r`.
+pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
+    let colour = |r: &mut Reader<'_>| r.u32("colour").map(Colour);
+    Ok(match r.u8("msg.tag")? {
+        0 => Msg::Packets(get_train(r)?),
+        1 => Msg::Punt(get_train(r)?),
+        2 => {
+            let colour = colour(r)?;
+            let kind = match r.u8("sync.kind")? {
+                0 => SyncKind::Mirror,
+                1 => SyncKind::Handover,
+                2 => SyncKind::Update,
+                3 => SyncKind::Closed,
+                v => return Err(bad("sync.kind", v)),
+            };
+            Msg::Sync {
+                colour,
+                kind,
+                state: get_state(r)?,
+            }
+        }
+        3 => Msg::SyncDone {
+            colour: colour(r)?,
+            count: r.u64("count")?,
+        },
+        4 => Msg::Recall {
+            state: get_state(r)?,
+            pps: r.f64("recall.pps")?,
+            replaces_pps: r.f64("recall.replaces_pps")?,
+        },
+        5 => Msg::RecallDone {
+            conn: ConnId(r.u64("conn")?),
+            ok: r.bool("recall_done.ok")?,
+        },
+        6 => Msg::Delete {
+            seq: r.u64("seq")?,
+            conn: ConnId(r.u64("conn")?),
+        },
+        7 => Msg::DeleteAck {
+            seq: r.u64("seq")?,
+            state: if r.bool("delete_ack.has_state")? {
+                Some(get_state(r)?)
+            } else {
+                None
+            },
+        },
+        8 => Msg::Adopted {
+            conn: ConnId(r.u64("conn")?),
+        },
+        9 => Msg::Activated { colour: colour(r)? },
+        10 => Msg::Release { colour: colour(r)? },
+        11 => Msg::Released {
+            colour: colour(r)?,
+            count: r.u64("count")?,
+        },
+        12 => Msg::Drain { colour: colour(r)? },
+        13 => Msg::Drained { colour: colour(r)? },
+        14 => Msg::Absorbing,
+        15 => Msg::OffloadStats {
+            conn: ConnId(r.u64("conn")?),
+            pps: r.f64("pps")?,
+        },
+        16 => Msg::Budget {
+            free_entries: r.u64("budget.free_entries")?,
+            headroom_pps: r.f64("budget.headroom_pps")?,
+        },
+        17 => Msg::Heartbeat {
+            workers: r.u32("heartbeat.workers")?,
+            util: r.f64("heartbeat.util")?,
+        },
+        18 => Msg::SetWorkers {
+            workers: r.u32("workers")?,
+        },
+        v => return Err(bad("msg.tag", v)),
+    })
+}
+
+fn put_key(w: &mut Writer<'_>, k: &FlowKey) {
+    w.0.extend_from_slice(&k.src_ip.0);
+    w.0.extend_from_slice(&k.dst_ip.0);
+    w.u16(k.src_port);
+    w.u16(k.dst_port);
+    w.u8(k.proto);
+}
+
+fn get_key(r: &mut Reader<'_>) -> Result<FlowKey, CodecError> {
+    Ok(FlowKey {
+        src_ip: IpAddr16(r.take("key.src_ip", 16)?.try_into().expect("16 bytes")),
+        dst_ip: IpAddr16(r.take("key.dst_ip", 16)?.try_into().expect("16 bytes")),
+        src_port: r.u16("key.src_port")?,
+        dst_port: r.u16("key.dst_port")?,
+        proto: r.u8("key.proto")?,
+    })
+}
+
+fn dir_code(d: CtDir) -> u8 {
+    match d {
+        CtDir::Original => 0,
+        CtDir::Reply => 1,
+    }
+}
+
+/// Appends an optional conntrack snapshot.
+pub fn encode_snapshot(out: &mut Vec<u8>, s: Option<&CtSnapshot>) {
+    let mut w = Writer(out);
+    let Some(s) = s else {
+        w.u8(0);
+        return;
+    };
+    w.u8(1);
+    w.u32(s.zone.0);
+    put_key(&mut w, &s.orig);
+    put_key(&mut w, &s.reply);
+    let (state, closer) = match s.state {
+        CtState::Unreplied => (0, 0),
+        CtState::Replied => (1, 0),
+        CtState::Tcp(t) => match t {
+            TcpState::SynSent => (2, 0),
+            TcpState::SynReceived => (3, 0),
+            TcpState::Established => (4, 0),
+            TcpState::FinWait { closer } => (5, dir_code(closer)),
+            TcpState::CloseWait { closer } => (6, dir_code(closer)),
+            TcpState::LastAck { closer } => (7, dir_code(closer)),
+            TcpState::TimeWait => (8, 0),
+            TcpState::Close => (9, 0),
+        },
+    };
+    w.u8(state);
+    w.u8(closer);
+    w.u64(s.created.0);
+    w.u64(s.last_seen.0);
+    w.u64(s.packets[0]);
+    w.u64(s.packets[1]);
+    w.u64(s.bytes[0]);
+    w.u64(s.bytes[1]);
+    w.u64(s.tag);
+}
+
+/// Reads an optional conntrack snapshot.
+pub fn decode_snapshot(r: &mut Reader<'_>) -> Result<Option<CtSnapshot>, CodecError> {
+    if !r.bool("snapshot.present")? {
+        return Ok(None);
+    }
+    let zone = TenantId(r.u32("snapshot.zone")?);
+    let orig = get_key(r)?;
+    let reply = get_key(r)?;
+    let code = r.u8("snapshot.state")?;
+    let closer = match r.u8("snapshot.closer")? {
+        0 => CtDir::Original,
+        1 => CtDir::Reply,
+        v => return Err(bad("snapshot.closer", v)),
+    };
+    let state = match code {
+        0 => CtState::Unreplied,
+        1 => CtState::Replied,
+        2 => CtState::Tcp(TcpState::SynSent),
+        3 => CtState::Tcp(TcpState::SynReceived),
+        4 => CtState::Tcp(TcpState::Established),
+        5 => CtState::Tcp(TcpState::FinWait { closer }),
+        6 => CtState::Tcp(TcpState::CloseWait { closer }),
+        7 => CtState::Tcp(TcpState::LastAck { closer }),
+        8 => CtState::Tcp(TcpState::TimeWait),
+        9 => CtState::Tcp(TcpState::Close),
+        v => return Err(bad("snapshot.state", v)),
+    };
+    Ok(Some(CtSnapshot {
+        zone,
+        orig,
+        reply,
+        state,
+        created: Instant(r.u64("snapshot.created")?),
+        last_seen: Instant(r.u64("snapshot.last_seen")?),
+        packets: [r.u64("snapshot.packets")?, r.u64("snapshot.packets")?],
+        bytes: [r.u64("snapshot.bytes")?, r.u64("snapshot.bytes")?],
+        tag: r.u64("snapshot.tag")?,
+    }))
+}
+
+/// Appends the phy-vNIC frame metadata: the port the frame entered on (DPU to host) or leaves
+/// by (host to DPU; `u32::MAX` for none).
+pub fn encode_port(out: &mut Vec<u8>, port: u32) {
+    Writer(out).u32(port);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn train(seed: u64) -> Train {
+        Train {
+            conn: ConnId(seed),
+            tenant: TenantId(seed as u32 ^ 7),
+            side: if seed & 1 == 0 {
+                Side::Orig
+            } else {
+                Side::Reply
+            },
+            dest: if seed & 2 == 0 { Dest::Vm } else { Dest::Wire },
+            kind: [Kind::Open, Kind::Control, Kind::Data, Kind::Close][(seed % 4) as usize],
+            packets: (seed % 9) as u32 + 1,
+            packet_bytes: 64 + (seed % 1400) as u32,
+            born: Instant(seed.wrapping_mul(31)),
+            denied: seed & 8 != 0,
+        }
+    }
+
+    fn state(seed: u64) -> ConnState {
+        ConnState {
+            conn: ConnId(seed),
+            tenant: TenantId(3),
+            phase: [
+                ConnPhase::Opening,
+                ConnPhase::Established,
+                ConnPhase::Closing,
+            ][(seed % 3) as usize],
+            packets: seed.wrapping_mul(3),
+            version: seed as u32,
+            opened: Instant(seed),
+        }
+    }
+
+    fn every_msg(seed: u64) -> Vec<Msg> {
+        let c = Colour(seed as u32);
+        vec![
+            Msg::Packets(train(seed)),
+            Msg::Punt(train(seed.wrapping_add(1))),
+            Msg::Sync {
+                colour: c,
+                kind: SyncKind::Handover,
+                state: state(seed),
+            },
+            Msg::SyncDone {
+                colour: c,
+                count: seed,
+            },
+            Msg::Recall {
+                state: state(seed),
+                pps: 1.5,
+                replaces_pps: 0.25,
+            },
+            Msg::RecallDone {
+                conn: ConnId(seed),
+                ok: true,
+            },
+            Msg::Delete {
+                seq: seed,
+                conn: ConnId(seed),
+            },
+            Msg::DeleteAck {
+                seq: seed,
+                state: Some(state(seed)),
+            },
+            Msg::DeleteAck {
+                seq: seed,
+                state: None,
+            },
+            Msg::Adopted { conn: ConnId(seed) },
+            Msg::Activated { colour: c },
+            Msg::Release { colour: c },
+            Msg::Released {
+                colour: c,
+                count: 4,
+            },
+            Msg::Drain { colour: c },
+            Msg::Drained { colour: c },
+            Msg::Absorbing,
+            Msg::OffloadStats {
+                conn: ConnId(seed),
+                pps: 9.0,
+            },
+            Msg::Budget {
+                free_entries: 5,
+                headroom_pps: 1e6,
+            },
+            Msg::Heartbeat {
+                workers: 2,
+                util: 0.5,
+            },
+            Msg::SetWorkers { workers: 3 },
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_message_round_trips(seed in any::<u64>()) {
+            let mut buf = Vec::new();
+            for m in every_msg(seed) {
+                buf.clear();
+                encode_msg(&mut buf, &m);
+                let mut r = Reader::new(&buf);
+                prop_assert_eq!(decode_msg(&mut r).unwrap(), m);
+                prop_assert_eq!(r.position(), buf.len());
+                // Every strict prefix is a typed error, never a panic.
+                for cut in 0..buf.len() {
+                    prop_assert!(decode_msg(&mut Reader::new(&buf[..cut])).is_err());
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut r = Reader::new(&bytes);
+            let _ = decode_msg(&mut r);
+            let _ = decode_snapshot(&mut Reader::new(&bytes));
+        }
+    }
+
+    #[test]
+    fn snapshot_round_trips() {
+        let key = FlowKey {
+            src_ip: IpAddr16::from_v4([10, 0, 0, 1]),
+            dst_ip: IpAddr16::from_v4([10, 0, 0, 2]),
+            src_port: 4000,
+            dst_port: 80,
+            proto: 6,
+        };
+        for state in [
+            CtState::Unreplied,
+            CtState::Replied,
+            CtState::Tcp(TcpState::Established),
+            CtState::Tcp(TcpState::LastAck {
+                closer: CtDir::Reply,
+            }),
+        ] {
+            let s = CtSnapshot {
+                zone: TenantId(9),
+                orig: key,
+                reply: key.reversed(),
+                state,
+                created: Instant(1),
+                last_seen: Instant(2),
+                packets: [3, 4],
+                bytes: [5, 6],
+                tag: 7,
+            };
+            let mut buf = Vec::new();
+            encode_snapshot(&mut buf, Some(&s));
+            encode_snapshot(&mut buf, None);
+            let mut r = Reader::new(&buf);
+            assert_eq!(decode_snapshot(&mut r).unwrap(), Some(s));
+            assert_eq!(decode_snapshot(&mut r).unwrap(), None);
+            assert!(r.rest().is_empty());
+        }
+    }
+}

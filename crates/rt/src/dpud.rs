@@ -1,0 +1,1216 @@
+//! The DPU process of `spillway run`: the emulated DPU in real time between the tenant VMs' TAP
+//! devices, and the DPU end of the vNIC set towards the spill-plane process.
+//!
+//! The loop is the fabric core's polling order with real inputs:
+//!
+//! 1. frames from every TAP (a batch per port): each is parsed, classified into a one-frame
+//!    train ([`crate::flows`]) and offered to [`DpuNode::handle_train`], which decides with the
+//!    DPU's limits in real time whether the hardware fast path or the SoC slow path delivers it,
+//!    whether a redirect rule steers it to the spill plane, or whether a limit drops it. A
+//!    delivered frame goes through the DPU's own [`Pipeline`] (the same vSwitch code the plane
+//!    runs) and out of the destination port's TAP; a steered frame goes on the phy ring with
+//!    its train;
+//! 2. frames back from the plane (processed: sent on; punted: the slow path takes them);
+//! 3. flow-ring and control records from the plane (their conntrack snapshots are adopted into
+//!    the DPU's pipeline, so a connection handed back keeps its state);
+//! 4. the core's timers, then its outputs: messages to the plane (with snapshots), commands to
+//!    start or stop the plane's process, lifecycle events (logged and kept for `ctl status`);
+//! 5. the plane's process: accept its connection, notice its death (fail-open), reap it;
+//! 6. `spillway ctl` requests and the metrics snapshot;
+//! 7. sleep in `poll` on the TAPs, the doorbell and the sockets until the next timer.
+//!
+//! What the model charges but this driver does not emulate: latency. The DPU's limits (rates,
+//! queues, table size, insertion budget, memory) are enforced on real frames as they arrive; a
+//! frame the model admits is forwarded at once, not after the modelled service time.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::json;
+use spillway_fabric::dpu::{Command as DpuCommand, DpuNode, EventKind, FabricEvent, Hold, Role};
+use spillway_fabric::params::PlacementKind;
+use spillway_fabric::types::{Channel, ConnId, Dest, Msg, Transmit};
+use spillway_vswitch::packet::HEADROOM;
+use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
+use spillway_vswitch::policy::Policy;
+use spillway_vswitch::{Instant, PacketBuf, PortId, TenantId, Verdict};
+use spillway_wire::{ParseOptions, parse_frame};
+
+use crate::cgroup::{Cgroup, CgroupSpec};
+use crate::clock::Clock;
+use crate::ctl::{CtlCall, CtlRequest, CtlResponse, CtlServer};
+use crate::flows::Flows;
+use crate::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
+use crate::netns::{Ledger, LedgerEntry};
+use crate::signals;
+use crate::tap::Tap;
+use crate::testbed::{InitialHold, Testbed};
+use crate::vnet::VnetHdr;
+use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, VnicSet};
+
+/// Frames read from one TAP per loop turn before the next port gets its turn.
+const TAP_BATCH: usize = 64;
+/// Records taken from a ring per loop turn.
+const RING_BATCH: usize = 256;
+/// Frame buffer: a 64 KiB GSO frame plus its virtio-net header and tags.
+const FRAME_MAX: usize = 12 + 18 + 65_535;
+/// Connections the driver remembers (the model has its own limits).
+const CONNS_MAX: usize = 1 << 20;
+/// Lifecycle events kept for `ctl status`.
+const EVENTS_KEPT: usize = 64;
+
+/// Driver counters (`rt.*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RtCounters {
+    /// `rt.rx.frames`: frames read from the TAPs.
+    pub rx_frames: u64,
+    /// `rt.tx.frames`: frames written to the TAPs.
+    pub tx_frames: u64,
+    /// `rt.tx.errors`: TAP writes that failed (the VM's queue was full, or it is gone).
+    pub tx_errors: u64,
+    /// `rt.drop.parse`: frames that did not parse (counted, dropped).
+    pub drop_parse: u64,
+    /// `rt.drop.non_ip`: frames without an IP 5-tuple (ARP and the like; the VMs use static
+    /// neighbours).
+    pub drop_non_ip: u64,
+    /// `rt.drop.vswitch`: frames the vSwitch pipeline dropped (policy, spoofing, no route...).
+    pub drop_vswitch: u64,
+    /// `rt.drop.fabric`: frames a DPU limit dropped (the model counts the reason).
+    pub drop_fabric: u64,
+    /// `rt.drop.partial_gso`: GSO frames the model admitted only in part (dropped whole).
+    pub drop_partial_gso: u64,
+    /// `rt.drop.plane_gone`: frames steered while no plane was connected.
+    pub drop_plane_gone: u64,
+    /// `rt.steered.frames`: frames sent to the spill plane.
+    pub steered: u64,
+    /// `rt.from_plane.frames`: frames the plane sent back.
+    pub from_plane: u64,
+    /// `rt.snapshot.adopted`: conntrack snapshots adopted from the plane.
+    pub adopted: u64,
+    /// `rt.snapshot.refused`: snapshots the pipeline refused (SNAT, full table).
+    pub adopt_refused: u64,
+    /// `rt.plane.starts`: spill-plane processes started.
+    pub plane_starts: u64,
+    /// `rt.plane.failures`: plane processes that died or broke the protocol.
+    pub plane_failures: u64,
+}
+
+impl RtCounters {
+    /// Dotted names and values.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("rt.rx.frames", self.rx_frames),
+            ("rt.tx.frames", self.tx_frames),
+            ("rt.tx.errors", self.tx_errors),
+            ("rt.drop.parse", self.drop_parse),
+            ("rt.drop.non_ip", self.drop_non_ip),
+            ("rt.drop.vswitch", self.drop_vswitch),
+            ("rt.drop.fabric", self.drop_fabric),
+            ("rt.drop.partial_gso", self.drop_partial_gso),
+            ("rt.drop.plane_gone", self.drop_plane_gone),
+            ("rt.steered.frames", self.steered),
+            ("rt.from_plane.frames", self.from_plane),
+            ("rt.snapshot.adopted", self.adopted),
+            ("rt.snapshot.refused", self.adopt_refused),
+            ("rt.plane.starts", self.plane_starts),
+            ("rt.plane.failures", self.plane_failures),
+        ]
+        .into_iter()
+    }
+}
+
+/// One activation, timed from its trigger (URSched's decision or the operator's command).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Activation {
+    /// A plane had to be started (cold) rather than activated from shadow (warm).
+    pub cold: bool,
+    /// Trigger to redirect rules live, ms.
+    pub rules_live_ms: Option<f64>,
+    /// Trigger to the first redirected packet served by the plane (as the DPU heard of it), ms.
+    pub first_packet_ms: Option<f64>,
+}
+
+/// A VM port: its TAP and its tenant.
+#[derive(Debug)]
+struct Port {
+    id: PortId,
+    tenant: TenantId,
+    tap: Tap,
+}
+
+/// The plane's process as the DPU process sees it.
+#[derive(Debug)]
+struct PlaneProc {
+    child: Child,
+    vnic: Option<VnicSet>,
+    up: bool,
+    workers: u32,
+    stats: serde_json::Value,
+}
+
+/// The data path's state: everything a frame touches.
+#[derive(Debug)]
+struct DataPath {
+    dpu: DpuNode,
+    pipeline: Pipeline,
+    flows: Flows,
+    ports: Vec<Port>,
+    port_index: BTreeMap<PortId, usize>,
+    vnet_hdr: bool,
+    parse_opts: ParseOptions,
+    pkt: PacketBuf,
+    counters: RtCounters,
+}
+
+/// Options of `spillway run`.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// The testbed.
+    pub testbed: Testbed,
+    /// The binary that runs `spill-plane` (this one).
+    pub plane_exe: PathBuf,
+    /// Written once the testbed is up (scripts wait for it).
+    pub ready_file: Option<PathBuf>,
+}
+
+/// Errors of `spillway run`.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Bringing the testbed up failed.
+    #[error("testbed: {0}")]
+    Setup(String),
+    /// An I/O error in the loop.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was done.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RunError {
+    let what = what.into();
+    move |source| RunError::Io { what, source }
+}
+
+/// What `spillway run` reports when it stops.
+#[derive(Debug, serde::Serialize)]
+pub struct RunReport {
+    /// Driver counters at the end.
+    pub counters: BTreeMap<&'static str, u64>,
+    /// Activations seen.
+    pub activations: Vec<Activation>,
+    /// Objects the cleanup removed.
+    pub cleaned: usize,
+}
+
+impl DataPath {
+    fn port_slot(&self, id: PortId) -> Option<usize> {
+        self.port_index.get(&id).copied()
+    }
+
+    fn write_port(&mut self, port: PortId, vnet: &[u8], frame: &[u8]) {
+        let Some(i) = self.port_slot(port) else {
+            self.counters.tx_errors += 1;
+            return;
+        };
+        let tap = &self.ports[i].tap;
+        let r = if self.vnet_hdr {
+            match VnetHdr::parse(vnet) {
+                Ok(h) => tap.write_vectored(&h, frame),
+                Err(_) => tap.write_vectored(&VnetHdr::NONE, frame),
+            }
+        } else {
+            tap.write(frame)
+        };
+        match r {
+            Ok(_) => self.counters.tx_frames += 1,
+            Err(_) => self.counters.tx_errors += 1,
+        }
+    }
+
+    /// Runs the DPU's pipeline on `frame` from `ingress` and sends it on.
+    fn forward(&mut self, now: Instant, ingress: PortId, vnet: &[u8], frame: &[u8]) {
+        if self.pkt.load(frame).is_err() {
+            self.counters.drop_parse += 1;
+            return;
+        }
+        match self.pipeline.process(now, ingress, &mut self.pkt) {
+            Verdict::Forward(out) => {
+                let pkt = std::mem::take(&mut self.pkt);
+                self.write_port(out, vnet, pkt.data());
+                self.pkt = pkt;
+            }
+            Verdict::Drop(_) => self.counters.drop_vswitch += 1,
+        }
+    }
+
+    /// The snapshot of `conn`'s conntrack entry in the DPU's pipeline, if it has one.
+    fn snapshot_of(
+        &self,
+        now: Instant,
+        conn: ConnId,
+    ) -> Option<spillway_vswitch::conntrack::CtSnapshot> {
+        let rec = self.flows.get(conn)?;
+        self.pipeline.export_conn(now, rec.zone, &rec.orig)
+    }
+
+    fn adopt(&mut self, now: Instant, snap: Option<spillway_vswitch::conntrack::CtSnapshot>) {
+        if let Some(s) = snap {
+            self.flows.learn(now, s.zone, s.orig);
+            match self.pipeline.adopt_conn(now, &s) {
+                Ok(()) => self.counters.adopted += 1,
+                Err(_) => self.counters.adopt_refused += 1,
+            }
+        }
+    }
+}
+
+fn sample_f64(v: &crate::metrics::SampleValue) -> f64 {
+    match *v {
+        crate::metrics::SampleValue::U64(x) => x as f64,
+        crate::metrics::SampleValue::I64(x) => x as f64,
+        crate::metrics::SampleValue::F64(x) => x,
+    }
+}
+
+/// A frame being handled, so that a phy-vNIC message the core emits for it carries it.
+struct FrameCtx<'a> {
+    conn: ConnId,
+    port: u32,
+    vnet: [u8; 12],
+    frame: &'a [u8],
+}
+
+/// Sends the core's messages to the plane. A `Packets`/`Punt` message for the frame in `ctx`
+/// carries that frame; the core emits phy messages only while handling a frame, so any other is
+/// counted (it cannot happen without a frame).
+fn route_outputs(
+    dp: &mut DataPath,
+    plane: Option<&mut PlaneProc>,
+    now: Instant,
+    ctx: Option<&FrameCtx<'_>>,
+) -> Result<(), String> {
+    let mut vnic = plane.and_then(|p| p.vnic.as_mut());
+    while let Some(Transmit { channel, msg, .. }) = dp.dpu.poll_transmit() {
+        let Some(v) = vnic.as_deref_mut() else {
+            if msg.train().is_some() {
+                dp.counters.drop_plane_gone += 1;
+            }
+            continue;
+        };
+        match channel {
+            Channel::PhyVnic => match (ctx, msg.train()) {
+                (Some(c), Some(t)) if t.conn == c.conn => {
+                    if v.send_frame(&msg, c.port, &c.vnet, c.frame) {
+                        dp.counters.steered += 1;
+                    }
+                }
+                _ => dp.counters.drop_plane_gone += 1,
+            },
+            Channel::FlowVnic | Channel::Control => {
+                let conn = match &msg {
+                    Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
+                    Msg::DeleteAck {
+                        state: Some(state), ..
+                    } => Some(state.conn),
+                    _ => None,
+                };
+                let snap = conn.and_then(|c| dp.snapshot_of(now, c));
+                v.send_msg(channel == Channel::Control, &msg, snap.as_ref())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    if let Some(v) = vnic {
+        v.kick();
+    }
+    Ok(())
+}
+
+fn gso_segments(hdr: &VnetHdr, frame_len: usize, payload_offset: usize) -> u32 {
+    if !hdr.is_gso() || hdr.gso_size == 0 {
+        return 1;
+    }
+    let payload = frame_len.saturating_sub(payload_offset);
+    payload.div_ceil(usize::from(hdr.gso_size)).max(1) as u32
+}
+
+impl DataPath {
+    /// A frame from VM port slot `i`.
+    fn on_tap_frame(
+        &mut self,
+        plane: Option<&mut PlaneProc>,
+        now: Instant,
+        i: usize,
+        buf: &[u8],
+    ) -> Result<(), String> {
+        self.counters.rx_frames += 1;
+        let (vnet, frame) = if self.vnet_hdr {
+            if buf.len() < VnetHdr::LEN {
+                self.counters.drop_parse += 1;
+                return Ok(());
+            }
+            buf.split_at(VnetHdr::LEN)
+        } else {
+            (&[0u8; 12][..], buf)
+        };
+        let hdr = VnetHdr::parse(vnet).unwrap_or(VnetHdr::NONE);
+        let parsed = match parse_frame(frame, &self.parse_opts) {
+            Ok(p) => p,
+            Err(_) => {
+                self.counters.drop_parse += 1;
+                return Ok(());
+            }
+        };
+        let Some(key) = parsed.outer.key else {
+            self.counters.drop_non_ip += 1;
+            return Ok(());
+        };
+        let (port, tenant) = (self.ports[i].id, self.ports[i].tenant);
+        let mut train = self.flows.classify(
+            now,
+            tenant,
+            &key,
+            parsed.outer.tcp_flags,
+            frame.len() as u32,
+            Dest::Vm,
+        );
+        let segs = gso_segments(&hdr, frame.len(), usize::from(parsed.outer.payload_offset));
+        train.packets = segs;
+        train.packet_bytes = (frame.len() as u32).div_ceil(segs);
+        let c = *self.dpu.counters();
+        let drops = self.dpu.drops().total();
+        self.dpu.handle_train(now, &train);
+        let ctx = FrameCtx {
+            conn: train.conn,
+            port: port.0,
+            vnet: vnet.try_into().expect("12 bytes"),
+            frame,
+        };
+        route_outputs(self, plane, now, Some(&ctx))?;
+        let after = self.dpu.counters();
+        let delivered =
+            (after.hw_delivered - c.hw_delivered) + (after.soc_delivered - c.soc_delivered);
+        if delivered == u64::from(segs) {
+            self.forward(now, port, vnet, frame);
+        } else if delivered > 0 {
+            self.counters.drop_partial_gso += 1;
+        } else if self.dpu.drops().total() > drops {
+            self.counters.drop_fabric += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The DPU process.
+#[derive(Debug)]
+pub struct DpuDaemon {
+    tb: Testbed,
+    clock: Clock,
+    dp: DataPath,
+    plane: Option<PlaneProc>,
+    plane_exe: PathBuf,
+    listener: UnixListener,
+    vnic_path: PathBuf,
+    cgroup: Option<Cgroup>,
+    ledger: Option<Ledger>,
+    ctl: Option<CtlServer>,
+    metrics: Option<MetricsServer>,
+    publisher: SnapshotPublisher,
+    events: VecDeque<FabricEvent>,
+    activations: Vec<Activation>,
+    pending_trigger: Option<(Instant, bool)>,
+    last_publish: Instant,
+    rates: Rates,
+    rx: Vec<u8>,
+}
+
+/// Per-second rates for `ctl status`, from counter deltas.
+#[derive(Debug, Default)]
+struct Rates {
+    at: Instant,
+    base: BTreeMap<&'static str, u64>,
+    per_sec: BTreeMap<&'static str, f64>,
+}
+
+impl DpuDaemon {
+    /// Brings the testbed up: recovers a crashed predecessor's leftovers, creates the
+    /// namespaces and TAPs, the plane's cgroup and sockets, the ctl socket and the metrics
+    /// endpoint.
+    pub fn start(opts: RunOptions) -> Result<DpuDaemon, RunError> {
+        let tb = opts.testbed;
+        std::fs::create_dir_all(&tb.state_dir)
+            .map_err(io_err(format!("creating {}", tb.state_dir.display())))?;
+        match Ledger::recover(&tb.state_dir, &tb.name) {
+            Ok(Some(r)) => {
+                tracing::warn!(target: "spillway::run", removed = r.removed.len(), failed = r.failed.len(), "removed leftovers of a previous run that did not clean up");
+            }
+            Ok(None) => {}
+            Err(e) => return Err(RunError::Setup(format!("recovering leftovers: {e}"))),
+        }
+        let mut ledger = Ledger::open(&tb.state_dir, &tb.name)
+            .map_err(|e| RunError::Setup(format!("opening the ledger: {e}")))?;
+        let ports = match crate::bringup::bring_up(&tb, &mut ledger) {
+            Ok(p) => p,
+            Err(e) => {
+                ledger.cleanup();
+                return Err(RunError::Setup(e));
+            }
+        };
+        let build = |ledger: &mut Ledger| -> Result<DpuDaemon, RunError> {
+            let ports: Vec<Port> = ports
+                .into_iter()
+                .map(|(spec, tap)| Port {
+                    id: spec.port,
+                    tenant: tb.policy.port(spec.port).expect("validated").tenant,
+                    tap,
+                })
+                .collect();
+            let port_index = ports.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
+            let pipeline = Pipeline::new(tb.policy.clone(), PipelineConfig::default())
+                .map_err(|e| RunError::Setup(format!("pipeline: {e}")))?;
+            let cgroup = {
+                let spec = CgroupSpec {
+                    cpus: tb.spill_cpus.clone(),
+                    mems: "0".into(),
+                    memory_max: tb.spill_memory_max,
+                };
+                let name = format!("{}-plane", tb.name);
+                Some(
+                    ledger
+                        .create_cgroup(&name, &spec)
+                        .map_err(|e| RunError::Setup(format!("spill-plane cgroup: {e}")))?,
+                )
+            };
+            let vnic_path = tb.state_dir.join(format!("{}-vnic.sock", tb.name));
+            let _ = std::fs::remove_file(&vnic_path);
+            ledger
+                .record(LedgerEntry::File(vnic_path.clone()))
+                .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
+            let listener = UnixListener::bind(&vnic_path)
+                .map_err(io_err(format!("binding {}", vnic_path.display())))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(io_err("vnic listener"))?;
+            for f in [tb.ctl_socket.clone(), {
+                let mut l = tb.ctl_socket.clone().into_os_string();
+                l.push(".lock");
+                PathBuf::from(l)
+            }] {
+                ledger
+                    .record(LedgerEntry::File(f))
+                    .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
+            }
+            let ctl = CtlServer::bind(&tb.ctl_socket)
+                .map_err(|e| RunError::Setup(format!("ctl socket: {e}")))?;
+            let snapshot = Snapshot::new("dpu");
+            let publisher = snapshot.publisher();
+            let metrics = match tb.metrics_addr {
+                None => None,
+                Some(a) => Some(
+                    MetricsServer::bind(a, snapshot)
+                        .map_err(|e| RunError::Setup(format!("metrics endpoint {a}: {e}")))?,
+                ),
+            };
+            let clock = Clock::start();
+            let mut dpu = DpuNode::new(&tb.fabric);
+            let now = clock.now();
+            match tb.hold {
+                InitialHold::Auto => {}
+                InitialHold::Active => dpu.handle_hold(now, Hold::Active),
+                InitialHold::Released => dpu.handle_hold(now, Hold::Released),
+            }
+            let parse_opts = ParseOptions {
+                vxlan_port: tb.policy.host().vxlan_port,
+            };
+            Ok(DpuDaemon {
+                dp: DataPath {
+                    dpu,
+                    pipeline,
+                    flows: Flows::new(CONNS_MAX),
+                    ports,
+                    port_index,
+                    vnet_hdr: tb.vnet_hdr,
+                    parse_opts,
+                    pkt: PacketBuf::with_capacity(HEADROOM + FRAME_MAX),
+                    counters: RtCounters::default(),
+                },
+                clock,
+                plane: None,
+                plane_exe: opts.plane_exe.clone(),
+                listener,
+                vnic_path,
+                cgroup,
+                ledger: None,
+                ctl: Some(ctl),
+                metrics,
+                publisher,
+                events: VecDeque::new(),
+                activations: Vec::new(),
+                pending_trigger: None,
+                last_publish: Instant::ZERO,
+                rates: Rates::default(),
+                rx: vec![0u8; FRAME_MAX],
+                tb: tb.clone(),
+            })
+        };
+        match build(&mut ledger) {
+            Ok(mut d) => {
+                d.ledger = Some(ledger);
+                if let Some(f) = &opts.ready_file {
+                    std::fs::write(f, format!("{}\n", std::process::id()))
+                        .map_err(io_err(format!("writing {}", f.display())))?;
+                }
+                tracing::info!(target: "spillway::run", testbed = %d.tb.name, vms = d.tb.vms.len(), ctl = %d.tb.ctl_socket.display(), "testbed up");
+                Ok(d)
+            }
+            Err(e) => {
+                ledger.cleanup();
+                Err(e)
+            }
+        }
+    }
+
+    /// The ctl socket's path.
+    pub fn ctl_path(&self) -> &Path {
+        &self.tb.ctl_socket
+    }
+
+    /// Runs until SIGINT/SIGTERM (or [`signals::request_stop`]), then tears everything down.
+    pub fn run(mut self) -> Result<RunReport, RunError> {
+        let result = self.run_loop();
+        let report = self.teardown();
+        result.map(|()| report)
+    }
+
+    fn run_loop(&mut self) -> Result<(), RunError> {
+        while !signals::stop_requested() {
+            let now = self.clock.now();
+            let mut busy = self.poll_taps(now)?;
+            busy |= self.poll_plane(now);
+            let due = self.dp.dpu.poll_timeout().is_some_and(|t| t <= now);
+            if due {
+                self.dp.dpu.handle_timeout(now);
+            }
+            self.after_input(now);
+            self.manage_plane(now);
+            self.serve_ctl(now);
+            if now.0.saturating_sub(self.last_publish.0) >= 100_000_000 {
+                self.publish(now);
+            }
+            if !busy {
+                self.sleep();
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_taps(&mut self, now: Instant) -> Result<bool, RunError> {
+        let mut busy = false;
+        for i in 0..self.dp.ports.len() {
+            for _ in 0..TAP_BATCH {
+                let n = match self.dp.ports[i].tap.read(&mut self.rx) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_err("reading a TAP")(e)),
+                };
+                busy = true;
+                let buf = std::mem::take(&mut self.rx);
+                let r = self.dp.on_tap_frame(self.plane.as_mut(), now, i, &buf[..n]);
+                self.rx = buf;
+                if let Err(e) = r {
+                    self.plane_failed(now, &e);
+                }
+            }
+        }
+        Ok(busy)
+    }
+
+    /// Records from the plane; true if there were any.
+    fn poll_plane(&mut self, now: Instant) -> bool {
+        let Some(plane) = self.plane.as_mut() else {
+            return false;
+        };
+        let Some(vnic) = plane.vnic.as_mut() else {
+            return false;
+        };
+        let dp = &mut self.dp;
+        let mut busy = false;
+        let r = vnic.recv_frames(RING_BATCH, |rec| {
+            dp.counters.from_plane += 1;
+            let port = PortId(rec.port);
+            match rec.msg {
+                Msg::Packets(t) => {
+                    let before = dp.dpu.counters().host_out;
+                    dp.dpu.handle_msg(now, Msg::Packets(t));
+                    if dp.dpu.counters().host_out - before == u64::from(t.packets) {
+                        dp.write_port(port, rec.vnet, rec.frame);
+                    } else {
+                        dp.counters.drop_fabric += 1;
+                    }
+                }
+                Msg::Punt(t) => {
+                    let c = *dp.dpu.counters();
+                    dp.dpu.handle_msg(now, Msg::Punt(t));
+                    let after = dp.dpu.counters();
+                    let delivered = (after.hw_delivered - c.hw_delivered)
+                        + (after.soc_delivered - c.soc_delivered);
+                    if delivered == u64::from(t.packets) {
+                        dp.forward(now, port, rec.vnet, rec.frame);
+                    } else {
+                        dp.counters.drop_fabric += 1;
+                    }
+                }
+                _ => {}
+            }
+        });
+        let mut failure = None;
+        match r {
+            Ok(n) => busy |= n > 0,
+            Err(e) => failure = Some(e.to_string()),
+        }
+        let mut inbox = Vec::new();
+        let r = vnic.recv_flow(RING_BATCH, |m, s| inbox.push((m, s)));
+        match r {
+            Ok(n) => busy |= n > 0,
+            Err(e) => failure = Some(e.to_string()),
+        }
+        let mut stats = None;
+        let r = vnic.recv_control(|c| match c {
+            Control::Msg(m, s) => inbox.push((m, s)),
+            Control::Json(CONTROL_STATS, doc) => stats = Some(doc),
+            Control::Json(..) => {}
+        });
+        match r {
+            Ok(n) => busy |= n > 0,
+            Err(e) => failure = Some(e.to_string()),
+        }
+        if let Some(doc) = stats {
+            plane.stats = doc;
+        }
+        if !inbox.is_empty() && !plane.up {
+            // The plane's first record (its start-up heartbeat) says it runs and has mapped
+            // the rings.
+            plane.up = true;
+            dp.dpu.handle_plane_up(now);
+        }
+        for (m, s) in inbox {
+            dp.adopt(now, s);
+            dp.dpu.handle_msg(now, m);
+        }
+        if let Some(e) = failure {
+            self.plane_failed(now, &e);
+        }
+        busy
+    }
+
+    fn plane_failed(&mut self, now: Instant, why: &str) {
+        if let Some(mut p) = self.plane.take() {
+            self.dp.counters.plane_failures += 1;
+            tracing::warn!(target: "spillway::run", reason = why, "spill plane failed; failing open");
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            self.dp
+                .dpu
+                .handle_plane_failed(now, &format!("spill plane failed: {why}"));
+        }
+    }
+
+    /// Drains the core's outputs after this turn's inputs.
+    fn after_input(&mut self, now: Instant) {
+        if let Err(e) = route_outputs(&mut self.dp, self.plane.as_mut(), now, None) {
+            self.plane_failed(now, &e);
+        }
+        while let Some(cmd) = self.dp.dpu.poll_command() {
+            match cmd {
+                DpuCommand::StartPlane { workers } => self.start_plane(now, workers),
+                DpuCommand::StopPlane => self.stop_plane(),
+            }
+        }
+        while let Some(ev) = self.dp.dpu.poll_event() {
+            self.on_event(&ev);
+            if self.events.len() == EVENTS_KEPT {
+                self.events.pop_front();
+            }
+            self.events.push_back(ev);
+        }
+    }
+
+    fn on_event(&mut self, ev: &FabricEvent) {
+        tracing::info!(target: "spillway::fabric", event = ev.what.name(), at_ms = ev.at.0 as f64 / 1e6, reason = %ev.reason);
+        let ms = |a: Instant, b: Instant| (a.0.saturating_sub(b.0)) as f64 / 1e6;
+        match ev.what {
+            EventKind::Preparing => self.pending_trigger = Some((ev.at, true)),
+            EventKind::Activating => {
+                self.pending_trigger.get_or_insert((ev.at, false));
+            }
+            EventKind::Active => {
+                if let Some((t, cold)) = self.pending_trigger {
+                    self.activations.push(Activation {
+                        cold,
+                        rules_live_ms: Some(ms(ev.at, t)),
+                        first_packet_ms: None,
+                    });
+                }
+            }
+            EventKind::Absorbing => {
+                if let (Some(since), Some(a)) = (ev.since, self.activations.last_mut()) {
+                    a.first_packet_ms = Some(ms(ev.at, since));
+                }
+                self.pending_trigger = None;
+            }
+            EventKind::Idle | EventKind::FailOpen => self.pending_trigger = None,
+            _ => {}
+        }
+    }
+
+    fn start_plane(&mut self, now: Instant, workers: u32) {
+        if self.plane.is_some() {
+            self.stop_plane();
+        }
+        let mut cmd = Command::new(&self.plane_exe);
+        cmd.arg("spill-plane")
+            .arg("--config")
+            .arg(&self.tb.file)
+            .arg("--vnic-socket")
+            .arg(&self.vnic_path)
+            .arg("--workers")
+            .arg(workers.to_string())
+            .arg("--clock-origin-ns")
+            .arg(self.clock.origin_ns().to_string())
+            .stdin(Stdio::null());
+        let spawned = match self.ledger.as_mut() {
+            Some(l) => l.spawn(&mut cmd).map_err(|e| e.to_string()),
+            None => cmd.spawn().map_err(|e| e.to_string()),
+        };
+        match spawned {
+            Ok(child) => {
+                let pid = child.id();
+                if let Some(cg) = &self.cgroup
+                    && let Err(e) = cg.add_pid(pid)
+                {
+                    tracing::warn!(target: "spillway::run", pid, error = %e, "could not move the spill plane into its cgroup");
+                }
+                self.dp.counters.plane_starts += 1;
+                tracing::info!(target: "spillway::run", pid, workers, at_ms = now.0 as f64 / 1e6, "spill plane started");
+                self.plane = Some(PlaneProc {
+                    child,
+                    vnic: None,
+                    up: false,
+                    workers,
+                    stats: serde_json::Value::Null,
+                });
+            }
+            Err(e) => {
+                tracing::error!(target: "spillway::run", error = %e, exe = %self.plane_exe.display(), "could not start the spill plane");
+                self.dp
+                    .dpu
+                    .handle_plane_failed(now, &format!("could not start the spill plane: {e}"));
+            }
+        }
+    }
+
+    fn stop_plane(&mut self) {
+        if let Some(mut p) = self.plane.take() {
+            // SIGTERM first: the plane exits by itself; then make sure.
+            let pid = p.child.id() as i32;
+            // SAFETY: sending a signal to our own child's pid, which we have not reaped yet
+            // (so it cannot have been recycled).
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+            loop {
+                match p.child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    _ => {
+                        let _ = p.child.kill();
+                        let _ = p.child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Accepts the plane's connection; notices its death.
+    fn manage_plane(&mut self, now: Instant) {
+        let Some(p) = self.plane.as_mut() else {
+            // A connection without a plane we started is refused (closed at once).
+            if let Ok((s, _)) = self.listener.accept() {
+                drop(s);
+            }
+            return;
+        };
+        if p.vnic.is_none()
+            && let Ok((stream, _)) = self.listener.accept()
+        {
+            match VnicSet::create(stream, &format!("workers={}", p.workers)) {
+                Ok(v) => p.vnic = Some(v),
+                Err(e) => {
+                    let e = e.to_string();
+                    self.plane_failed(now, &e);
+                    return;
+                }
+            }
+        }
+        if let Some(p) = self.plane.as_mut()
+            && let Ok(Some(status)) = p.child.try_wait()
+        {
+            let why = format!("process exited ({status})");
+            self.plane_failed(now, &why);
+        }
+    }
+
+    fn sleep(&mut self) {
+        let now = self.clock.now();
+        let next = self
+            .dp
+            .dpu
+            .poll_timeout()
+            .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
+        // Wake at least every 10 ms for the plane's process, ctl requests and metrics.
+        let timeout_ms = (next / 1_000_000).clamp(0, 10) as i32;
+        let armed = match self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
+            Some(v) => v.prepare_sleep(),
+            None => true,
+        };
+        if !armed {
+            return;
+        }
+        let mut fds: Vec<BorrowedFd<'_>> = self
+            .dp
+            .ports
+            .iter()
+            .filter_map(|p| p.tap.as_fd(0))
+            .collect();
+        if let Some(v) = self.plane.as_ref().and_then(|p| p.vnic.as_ref()) {
+            fds.extend(v.poll_fds());
+        }
+        fds.push(self.listener.as_fd());
+        let mut pfds: Vec<rustix::event::PollFd<'_>> = fds
+            .iter()
+            .map(|fd| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
+            .collect();
+        let ts = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: i64::from(timeout_ms) * 1_000_000,
+        };
+        let _ = rustix::event::poll(&mut pfds, Some(&ts));
+        drop(pfds);
+        drop(fds);
+        if let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
+            v.woke();
+        }
+    }
+
+    fn send_plane_command(&mut self, doc: serde_json::Value) -> Result<(), String> {
+        match self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
+            Some(v) => v
+                .send_json(CONTROL_COMMAND, &doc)
+                .map_err(|e| e.to_string()),
+            None => Err("no spill plane is running".into()),
+        }
+    }
+
+    fn serve_ctl(&mut self, now: Instant) {
+        while let Some(call) = self.ctl.as_ref().and_then(|c| c.try_recv()) {
+            let resp = self.answer(now, &call.request);
+            CtlCall::respond(call, resp);
+        }
+    }
+
+    fn answer(&mut self, now: Instant, req: &CtlRequest) -> CtlResponse {
+        match req {
+            CtlRequest::Status => CtlResponse::ok(self.status(now)),
+            CtlRequest::Metrics => {
+                let mut v = Vec::new();
+                self.fill_samples(&mut v);
+                let m: BTreeMap<String, f64> = v
+                    .iter()
+                    .filter(|s| s.labels.is_empty())
+                    .map(|s| (s.name.to_string(), sample_f64(&s.value)))
+                    .collect();
+                CtlResponse::ok(json!(m))
+            }
+            CtlRequest::Flows { limit, owner } => {
+                CtlResponse::ok(self.flow_dump(*limit, owner.as_deref()))
+            }
+            CtlRequest::Activate => {
+                self.dp.dpu.handle_hold(now, Hold::Active);
+                self.after_input(now);
+                CtlResponse::ok(json!({"hold": "active", "phase": self.dp.dpu.phase().name()}))
+            }
+            CtlRequest::Release => {
+                self.dp.dpu.handle_hold(now, Hold::Released);
+                self.after_input(now);
+                CtlResponse::ok(json!({"hold": "released", "phase": self.dp.dpu.phase().name()}))
+            }
+            CtlRequest::Auto => {
+                self.dp.dpu.handle_hold(now, Hold::Auto);
+                CtlResponse::ok(json!({"hold": "auto", "phase": self.dp.dpu.phase().name()}))
+            }
+            CtlRequest::SetPolicy { placement } => {
+                let Some((_, kind)) = PlacementKind::NAMES.iter().find(|(n, _)| n == placement)
+                else {
+                    let names: Vec<&str> = PlacementKind::NAMES.iter().map(|(n, _)| *n).collect();
+                    return CtlResponse::error(format!(
+                        "unknown placement policy {placement:?}; expected one of {}",
+                        names.join(", ")
+                    ));
+                };
+                self.tb.fabric.placement.policy = *kind;
+                let sent = self.send_plane_command(json!({"set_placement": placement}));
+                CtlResponse::ok(
+                    json!({"placement": placement, "plane": sent.err().unwrap_or_else(|| "updated".into())}),
+                )
+            }
+            CtlRequest::Reload => {
+                let tb = match Testbed::load(&self.tb.file) {
+                    Ok(t) => t,
+                    Err(e) => return CtlResponse::error(e.to_string()),
+                };
+                let policy: Policy = tb.policy.clone();
+                self.dp.pipeline.set_policy(policy);
+                self.tb.policy_text = tb.policy_text.clone();
+                self.tb.policy = tb.policy;
+                let sent = self.send_plane_command(json!({"set_policy": tb.policy_text}));
+                CtlResponse::ok(json!({
+                    "epoch": self.dp.pipeline.epoch().0,
+                    "plane": sent.err().unwrap_or_else(|| "updated".into()),
+                }))
+            }
+        }
+    }
+
+    fn status(&mut self, now: Instant) -> serde_json::Value {
+        let dpu = &self.dp.dpu;
+        let last = self.events.back();
+        let counters: BTreeMap<&str, u64> = dpu
+            .counters()
+            .iter()
+            .chain(self.dp.counters.iter())
+            .collect();
+        json!({
+            "testbed": self.tb.name,
+            "uptime_s": now.0 as f64 / 1e9,
+            "phase": dpu.phase().name(),
+            "hold": dpu.hold().name(),
+            "reason": last.map(|e| e.reason.clone()),
+            "last_event": last.map(|e| e.what.name()),
+            "quota_buckets": dpu.quota(),
+            "redirect_buckets": self.tb.fabric.dpu.redirect_buckets,
+            "hw_entries": dpu.hw_entries(),
+            "hw_capacity": dpu.hw_capacity(),
+            "epoch": self.dp.pipeline.epoch().0,
+            "placement": self.tb.fabric.placement.policy.name(),
+            "metrics_addr": self.metrics.as_ref().map(|m| m.local_addr().to_string()),
+            "plane": self.plane.as_ref().map(|p| json!({
+                "pid": p.child.id(),
+                "up": p.up,
+                "connected": p.vnic.is_some(),
+                "stats": p.stats,
+            })),
+            "rates_per_s": self.rates.per_sec,
+            "counters": counters,
+            "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
+            "activations": self.activations,
+            "events": self.events.iter().rev().take(16).map(|e| json!({
+                "at_s": e.at.0 as f64 / 1e9, "event": e.what.name(), "reason": e.reason,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn flow_dump(&self, limit: Option<usize>, owner: Option<&str>) -> serde_json::Value {
+        let limit = limit.unwrap_or(1000).min(100_000);
+        let quota = self.dp.dpu.quota();
+        let buckets = self.tb.fabric.dpu.redirect_buckets;
+        let mut rows = Vec::new();
+        for (conn, c) in self.dp.dpu.conns_sorted() {
+            let (who, why) = match (c.role, c.hw_live) {
+                (Role::Owner, n) if n > 0 => (
+                    "dpu-hw",
+                    if c.recalled {
+                        "recalled to the fast path by the plane's placement".to_string()
+                    } else {
+                        "fast-path entries installed by the SoC slow path".to_string()
+                    },
+                ),
+                (Role::Owner, _) if c.inserts_pending > 0 => {
+                    ("dpu-soc", "hardware inserts pending".to_string())
+                }
+                (Role::Owner, _) => (
+                    "dpu-soc",
+                    "no hardware entry (table full, memory, or insertion budget)".to_string(),
+                ),
+                (Role::Copy, _) => (
+                    "spill",
+                    if conn.bucket(buckets) < quota {
+                        format!(
+                            "redirected: bucket {} < quota {quota}",
+                            conn.bucket(buckets)
+                        )
+                    } else {
+                        "handed to the plane (shed from the fast path or opened while redirected)"
+                            .to_string()
+                    },
+                ),
+            };
+            if owner.is_some_and(|o| o != who) {
+                continue;
+            }
+            let key = self.dp.flows.get(conn).map(|r| {
+                format!(
+                    "{}:{} > {}:{} proto {}",
+                    r.orig.src_ip.to_std(),
+                    r.orig.src_port,
+                    r.orig.dst_ip.to_std(),
+                    r.orig.dst_port,
+                    r.orig.proto
+                )
+            });
+            rows.push(json!({
+                "conn": conn.0, "flow": key, "tenant": c.state.tenant.0, "owner": who, "why": why,
+                "packets": c.state.packets, "phase": format!("{:?}", c.state.phase),
+            }));
+            if rows.len() >= limit {
+                break;
+            }
+        }
+        json!({ "flows": rows, "total": self.dp.dpu.conns_len() })
+    }
+
+    fn fill_samples(&self, out: &mut Vec<Sample>) {
+        let dpu = &self.dp.dpu;
+        for (n, v) in dpu.counters().iter() {
+            out.push(Sample::counter(n, v));
+        }
+        for (n, v) in dpu.drops().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("packets a DPU limit dropped")
+                    .with_label("layer", "fabric"),
+            );
+        }
+        for (n, v) in self.dp.counters.iter() {
+            out.push(Sample::counter(n, v));
+        }
+        let fc = self.dp.flows.counters();
+        for (n, v) in [
+            ("rt.flows.opened", fc.opened),
+            ("rt.flows.closed", fc.closed),
+            ("rt.flows.unknown", fc.unknown),
+            ("rt.flows.table_full", fc.table_full),
+        ] {
+            out.push(Sample::counter(n, v));
+        }
+        out.push(Sample::gauge("dpu.hw.entries", dpu.hw_entries() as f64));
+        out.push(Sample::gauge("dpu.hw.capacity", dpu.hw_capacity() as f64));
+        out.push(Sample::gauge("dpu.redirect.quota", f64::from(dpu.quota())));
+        out.push(Sample::gauge("dpu.conns", dpu.conns_len() as f64));
+        out.push(Sample::gauge(
+            "spill.up",
+            if self.plane.as_ref().is_some_and(|p| p.up) {
+                1.0
+            } else {
+                0.0
+            },
+        ));
+        out.extend(Sample::state_set(
+            "fabric.phase",
+            "phase",
+            &[
+                "idle",
+                "preparing",
+                "shadow",
+                "activating",
+                "active",
+                "draining",
+            ],
+            dpu.phase().name(),
+        ));
+        if let Some(p) = &self.plane
+            && let Some(obj) = p.stats.get("counters").and_then(|c| c.as_object())
+        {
+            for (k, v) in obj {
+                if let Some(v) = v.as_u64() {
+                    out.push(Sample::counter(k.clone(), v));
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, now: Instant) {
+        self.last_publish = now;
+        let mut samples = Vec::new();
+        self.fill_samples(&mut samples);
+        self.publisher
+            .publish(|out| out.extend(samples.iter().cloned()));
+        // Rates once a second.
+        if now.0.saturating_sub(self.rates.at.0) >= 1_000_000_000 {
+            let secs = (now.0 - self.rates.at.0) as f64 / 1e9;
+            let cur: BTreeMap<&'static str, u64> = self
+                .dp
+                .dpu
+                .counters()
+                .iter()
+                .chain(self.dp.counters.iter())
+                .collect();
+            self.rates.per_sec = cur
+                .iter()
+                .filter_map(|(k, v)| {
+                    let b = self.rates.base.get(k)?;
+                    Some((*k, (v - b) as f64 / secs))
+                })
+                .filter(|(_, r)| *r > 0.0)
+                .collect();
+            self.rates.base = cur;
+            self.rates.at = now;
+        }
+    }
+
+    fn teardown(&mut self) -> RunReport {
+        self.stop_plane();
+        self.ctl.take();
+        self.metrics.take();
+        let counters = self.dp.counters.iter().collect();
+        // Close the TAPs before removing the namespaces they live in.
+        self.dp.ports.clear();
+        self.cgroup.take();
+        let cleaned = match self.ledger.take() {
+            Some(mut l) => {
+                let r = l.cleanup();
+                for (entry, why) in &r.failed {
+                    tracing::error!(target: "spillway::run", ?entry, reason = %why, "cleanup failed");
+                }
+                r.removed.len()
+            }
+            None => 0,
+        };
+        // The shared parent cgroup is created on demand; remove it when no other instance
+        // uses it (rmdir of a non-empty cgroup fails, which is the answer we want).
+        if let Ok(h) = crate::cgroup::Hierarchy::detect() {
+            for dir in h.dirs_for(&format!("{}-plane", self.tb.name)) {
+                if let Some(parent) = dir.parent() {
+                    let _ = std::fs::remove_dir(parent);
+                }
+            }
+        }
+        tracing::info!(target: "spillway::run", cleaned, "testbed down");
+        RunReport {
+            counters,
+            activations: self.activations.clone(),
+            cleaned,
+        }
+    }
+}

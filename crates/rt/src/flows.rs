@@ -1,0 +1,299 @@
+//! From real frames to the fabric's vocabulary: which connection a frame belongs to
+//! ([`ConnId`]), which side sent it, and what it does to the connection ([`Kind`]). The fabric
+//! core reasons about connections and packet trains; the real-time driver offers it one train
+//! per frame, built here.
+//!
+//! A connection's id is a seeded hash of its tenant zone and its two endpoints in canonical
+//! order, so both directions map to one id, as a DPU's symmetric RSS hash would. The table of
+//! known connections is bounded (`conns_max`); at the limit a new connection is still classified
+//! (as `Open`) but not remembered, and counted in [`FlowCounters::table_full`]: its later packets
+//! are then unknown and the fabric counts them as `no_state` drops, which is what a full
+//! connection table does on a real DPU.
+//!
+//! TCP: an unknown SYN opens; SYN-ACK, FIN and handshake ACKs are control; RST closes at once;
+//! after both sides' FIN, the first pure ACK closes. An unknown non-SYN segment is `Data` of an
+//! unknown connection (a stray after a close, or a connection older than this process).
+//! Other protocols: the first datagram opens, the rest are data.
+
+use core::hash::BuildHasher;
+use std::collections::HashMap;
+
+use foldhash::fast::FixedState;
+use spillway_fabric::types::{ConnId, Dest, Kind, Side, Train};
+use spillway_vswitch::{Instant, TenantId};
+use spillway_wire::{FlowKey, ip_proto};
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
+
+/// What the driver remembers of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RtConn {
+    /// Tenant zone.
+    pub zone: TenantId,
+    /// The tuple of the first packet (the `Orig` side).
+    pub orig: FlowKey,
+    /// FIN seen from (orig, reply).
+    pub fin: [bool; 2],
+    /// Last frame.
+    pub last_seen: Instant,
+}
+
+/// Classification counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowCounters {
+    /// `rt.flows.opened`: connections opened.
+    pub opened: u64,
+    /// `rt.flows.closed`: connections closed (RST, or the ACK after both FINs).
+    pub closed: u64,
+    /// `rt.flows.unknown`: segments of TCP connections this table does not know.
+    pub unknown: u64,
+    /// `rt.flows.table_full`: connections not remembered because the table was full.
+    pub table_full: u64,
+    /// `rt.flows.expired`: connections forgotten after idling out.
+    pub expired: u64,
+}
+
+/// The connection table of one process.
+#[derive(Debug)]
+pub struct Flows {
+    conns: HashMap<ConnId, RtConn, FixedState>,
+    conns_max: usize,
+    seed: FixedState,
+    counters: FlowCounters,
+}
+
+/// The id of the connection `key` belongs to in `zone`, the same for both directions.
+pub fn conn_id(hasher: &FixedState, zone: TenantId, key: &FlowKey) -> ConnId {
+    let a = (key.src_ip, key.src_port);
+    let b = (key.dst_ip, key.dst_port);
+    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+    ConnId(hasher.hash_one((zone.0, key.proto, lo, hi)))
+}
+
+impl Flows {
+    /// An empty table remembering at most `conns_max` connections.
+    pub fn new(conns_max: usize) -> Flows {
+        let seed = FixedState::with_seed(0x5b11_1a7e);
+        Flows {
+            conns: HashMap::with_capacity_and_hasher(conns_max.min(1 << 16), seed.clone()),
+            conns_max,
+            seed,
+            counters: FlowCounters::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &FlowCounters {
+        &self.counters
+    }
+
+    /// Connections remembered.
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether no connection is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// The record of `conn`.
+    pub fn get(&self, conn: ConnId) -> Option<&RtConn> {
+        self.conns.get(&conn)
+    }
+
+    /// Remembers a connection learnt from the other plane (a state sync), so frames of it that
+    /// arrive here later are classified as a known connection.
+    pub fn learn(&mut self, now: Instant, zone: TenantId, orig: FlowKey) -> ConnId {
+        let id = conn_id(&self.seed, zone, &orig);
+        if self.conns.len() < self.conns_max || self.conns.contains_key(&id) {
+            self.conns.entry(id).or_insert(RtConn {
+                zone,
+                orig,
+                fin: [false; 2],
+                last_seen: now,
+            });
+        }
+        id
+    }
+
+    /// The train of one frame of `bytes` bytes with 5-tuple `key` and TCP flags `flags`, from
+    /// tenant `zone`, headed to `dest`.
+    pub fn classify(
+        &mut self,
+        now: Instant,
+        zone: TenantId,
+        key: &FlowKey,
+        flags: u8,
+        bytes: u32,
+        dest: Dest,
+    ) -> Train {
+        let conn = conn_id(&self.seed, zone, key);
+        let tcp = key.proto == ip_proto::TCP;
+        let mut train = Train {
+            conn,
+            tenant: zone,
+            side: Side::Orig,
+            dest,
+            kind: Kind::Data,
+            packets: 1,
+            packet_bytes: bytes,
+            born: now,
+            denied: false,
+        };
+        let Some(rec) = self.conns.get_mut(&conn) else {
+            if tcp && (flags & (SYN | ACK | RST) != SYN) {
+                self.counters.unknown += 1;
+                return train;
+            }
+            train.kind = Kind::Open;
+            self.counters.opened += 1;
+            if self.conns.len() >= self.conns_max {
+                self.counters.table_full += 1;
+            } else {
+                self.conns.insert(
+                    conn,
+                    RtConn {
+                        zone,
+                        orig: *key,
+                        fin: [false; 2],
+                        last_seen: now,
+                    },
+                );
+            }
+            return train;
+        };
+        rec.last_seen = now;
+        let side = if *key == rec.orig {
+            Side::Orig
+        } else {
+            Side::Reply
+        };
+        train.side = side;
+        if !tcp {
+            return train;
+        }
+        let s = usize::from(side == Side::Reply);
+        train.kind = if flags & RST != 0 {
+            Kind::Close
+        } else if flags & (SYN | FIN) != 0 {
+            if flags & FIN != 0 {
+                rec.fin[s] = true;
+            }
+            Kind::Control
+        } else if rec.fin[0] && rec.fin[1] && flags & ACK != 0 && bytes_is_header_only(bytes) {
+            Kind::Close
+        } else {
+            Kind::Data
+        };
+        if train.kind == Kind::Close {
+            self.conns.remove(&conn);
+            self.counters.closed += 1;
+        }
+        train
+    }
+
+    /// Forgets connections idle longer than `idle` (at most `budget` examined per call, so the
+    /// sweep never stalls the data path); returns how many were forgotten.
+    pub fn expire(&mut self, now: Instant, idle: core::time::Duration, budget: usize) -> usize {
+        let idle_ns = idle.as_nanos() as u64;
+        let mut n = 0;
+        let mut examined = 0;
+        self.conns.retain(|_, c| {
+            examined += 1;
+            if examined > budget {
+                return true;
+            }
+            let keep = now.0.saturating_sub(c.last_seen.0) < idle_ns;
+            n += usize::from(!keep);
+            keep
+        });
+        self.counters.expired += n as u64;
+        n
+    }
+}
+
+/// A pure ACK carries no payload: an Ethernet + IPv4 + TCP header is at most 14 + 60 + 60
+/// bytes, and a minimal one is 54 (padded to 60 on the wire). Frames above the largest header
+/// carry payload; frames within it are treated as header-only (a 1-byte payload at the end of a
+/// teardown is vanishingly rare, and misreading it only closes the record one frame early).
+fn bytes_is_header_only(bytes: u32) -> bool {
+    bytes <= 14 + 60 + 60
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_wire::IpAddr16;
+
+    fn key(sport: u16, dport: u16, proto: u8) -> FlowKey {
+        FlowKey {
+            src_ip: IpAddr16::from_v4([10, 0, 0, 1]),
+            dst_ip: IpAddr16::from_v4([10, 0, 0, 2]),
+            src_port: sport,
+            dst_port: dport,
+            proto,
+        }
+    }
+
+    #[test]
+    fn tcp_connection_lifecycle_maps_to_kinds() {
+        let mut f = Flows::new(16);
+        let z = TenantId(1);
+        let k = key(4000, 80, ip_proto::TCP);
+        let r = k.reversed();
+        let t = |f: &mut Flows, k: &FlowKey, flags, bytes| {
+            let t = f.classify(Instant(1), z, k, flags, bytes, Dest::Vm);
+            (t.side, t.kind)
+        };
+        assert_eq!(t(&mut f, &k, SYN, 74), (Side::Orig, Kind::Open));
+        assert_eq!(t(&mut f, &r, SYN | ACK, 74), (Side::Reply, Kind::Control));
+        assert_eq!(t(&mut f, &k, ACK, 66), (Side::Orig, Kind::Data));
+        assert_eq!(t(&mut f, &k, ACK, 1000), (Side::Orig, Kind::Data));
+        assert_eq!(t(&mut f, &k, FIN | ACK, 66), (Side::Orig, Kind::Control));
+        assert_eq!(t(&mut f, &r, FIN | ACK, 66), (Side::Reply, Kind::Control));
+        assert_eq!(t(&mut f, &k, ACK, 66), (Side::Orig, Kind::Close));
+        assert!(f.is_empty());
+        // A stray retransmission after the close is unknown data.
+        assert_eq!(t(&mut f, &r, FIN | ACK, 66), (Side::Orig, Kind::Data));
+        assert_eq!(f.counters().unknown, 1);
+        // Both directions map to one id.
+        let id = conn_id(&f.seed, z, &k);
+        assert_eq!(id, conn_id(&f.seed, z, &r));
+        assert_ne!(id, conn_id(&f.seed, TenantId(2), &k));
+    }
+
+    #[test]
+    fn rst_closes_and_udp_opens_on_first_datagram() {
+        let mut f = Flows::new(16);
+        let z = TenantId(1);
+        let k = key(4000, 80, ip_proto::TCP);
+        f.classify(Instant(0), z, &k, SYN, 74, Dest::Vm);
+        let t = f.classify(Instant(0), z, &k.reversed(), RST | ACK, 60, Dest::Vm);
+        assert_eq!(t.kind, Kind::Close);
+        let u = key(5000, 53, ip_proto::UDP);
+        assert_eq!(
+            f.classify(Instant(0), z, &u, 0, 60, Dest::Vm).kind,
+            Kind::Open
+        );
+        let back = f.classify(Instant(0), z, &u.reversed(), 0, 60, Dest::Vm);
+        assert_eq!((back.side, back.kind), (Side::Reply, Kind::Data));
+    }
+
+    #[test]
+    fn full_table_still_opens_but_forgets_and_idle_connections_expire() {
+        let mut f = Flows::new(2);
+        let z = TenantId(1);
+        for p in 0..3 {
+            let t = f.classify(Instant(0), z, &key(p, 53, ip_proto::UDP), 0, 60, Dest::Vm);
+            assert_eq!(t.kind, Kind::Open);
+        }
+        assert_eq!((f.len(), f.counters().table_full), (2, 1));
+        let s = core::time::Duration::from_secs(1);
+        assert_eq!(f.expire(Instant(2_000_000_000), s, 100), 2);
+        assert!(f.is_empty());
+    }
+}

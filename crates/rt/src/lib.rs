@@ -1,0 +1,64 @@
+//! # spillway-rt
+//!
+//! The real-time driver of the fabric core, and the only crate that talks to the operating
+//! system: `spillway run` brings up tenant VMs as network namespaces on TAP devices
+//! ([`testbed`], [`bringup`], [`tap`], [`netns`]), runs the emulated DPU in real time between
+//! them ([`dpud`]), starts the spill plane as a separate process in its own cgroup
+//! ([`planed`], [`cgroup`]) connected by shared-memory rings ([`ring`], [`vnic`], [`fdpass`]),
+//! and serves `spillway ctl` ([`ctl`]) and a Prometheus endpoint ([`metrics`]).
+//!
+//! ## Main types
+//!
+//! - [`dpud::DpuDaemon`]: the DPU process (the core's `DpuNode` with real frames and a clock).
+//! - [`planed::run`]: the spill-plane process (the core's `SpillPlane`).
+//! - [`vnic::VnicSet`]: one end of the vNIC set; [`ring::SharedRing`] the memfd ring under it.
+//! - [`netns::Ledger`]: the crash-safe record of everything a testbed creates.
+//!
+//! ## Invariants
+//!
+//! - The driver holds no policy: every decision (fast path, slow path, steer, drop, recall,
+//!   activate, release) is the core's; the driver moves frames and messages and counts what it
+//!   could not move (`rt.drop.*`).
+//! - Everything created is recorded in the ledger before it exists, and removed on exit, on
+//!   Ctrl-C, and by the next start after a crash.
+//! - Shared memory from the other process is untrusted: every length read from a ring is
+//!   bounds-checked, every record decoded with typed errors ([`codec`]).
+//!
+//! `README.md` beside this crate explains the processes, the rings and the cleanup rules.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use spillway_rt::dpud::{DpuDaemon, RunOptions};
+//! use spillway_rt::testbed::Testbed;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let testbed = Testbed::load("examples/testbed-two-vms.toml".as_ref())?;
+//! spillway_rt::signals::install()?;
+//! let daemon = DpuDaemon::start(RunOptions {
+//!     testbed,
+//!     plane_exe: std::env::current_exe()?,
+//!     ready_file: None,
+//! })?;
+//! let report = daemon.run()?; // until SIGINT / SIGTERM; then everything is removed
+//! println!("{:?}", report.activations);
+//! # Ok(()) }
+//! ```
+
+pub mod bringup;
+pub mod cgroup;
+pub mod clock;
+pub mod codec;
+pub mod ctl;
+pub mod dpud;
+pub mod fdpass;
+pub mod flows;
+pub mod log;
+pub mod metrics;
+pub mod netns;
+pub mod planed;
+pub mod ring;
+pub mod signals;
+pub mod tap;
+pub mod testbed;
+pub mod vnet;
+pub mod vnic;

@@ -1,0 +1,1086 @@
+//! Network namespaces, links and addresses through `ip` (iproute2), and the cleanup [`Ledger`].
+//!
+//! A testbed is a handful of network namespaces (each playing a VM or a host), veth pairs and
+//! TAP devices between them, addresses, routes and static neighbours. These are set up once
+//! and never on a hot path, so we shell out to `ip`: zero build cost, and every step is a
+//! command line an operator can paste to reproduce or inspect it. Each error carries that
+//! command line and `ip`'s stderr.
+//!
+//! Functions taking `ns: Option<&str>` act inside that namespace (`ip -n <ns> ...`) or, with
+//! `None`, in the caller's.
+//!
+//! The [`Ledger`] is what makes a testbed leave nothing behind, even when the process crashes:
+//! every object is recorded (appended and fsynced) *before* it is created, so after a crash the
+//! next run's [`Ledger::recover`] finds and removes whatever may exist. Removal tolerates
+//! objects that were never created or are already gone.
+
+use std::fmt::Write as _;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write as _};
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use spillway_wire::MacAddr;
+use thiserror::Error;
+
+use crate::cgroup::{self, Cgroup, CgroupError, CgroupSpec, Hierarchy};
+
+/// Errors from namespace and link commands. Each carries the command line that was run.
+#[derive(Debug, Error)]
+pub enum NetnsError {
+    /// A program we need is not installed.
+    #[error("`{tool}` not found on PATH (install {package}); needed for `{cmd}`")]
+    ToolMissing {
+        /// The program, e.g. `ip` or `ethtool`.
+        tool: &'static str,
+        /// The Debian package that provides it.
+        package: &'static str,
+        /// The command line that needed it.
+        cmd: String,
+    },
+    /// The command could not be started.
+    #[error("could not run `{cmd}`: {source}")]
+    Spawn {
+        /// The command line.
+        cmd: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The command ran and failed.
+    #[error("`{cmd}` failed ({status}): {stderr}")]
+    Failed {
+        /// The command line.
+        cmd: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// An argument was rejected before running anything.
+    #[error("invalid {what} {value:?}: {reason}")]
+    InvalidArg {
+        /// What kind of argument: "namespace name", "link name", "sysctl key", ...
+        what: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Writing a sysctl in the caller's namespace failed.
+    #[error("writing {value:?} to {path}: {source}")]
+    Sysctl {
+        /// The /proc/sys file.
+        path: PathBuf,
+        /// The value.
+        value: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+// ---- Running commands ------------------------------------------------------------------------
+
+/// The command line of `cmd` as one string, for error messages: arguments with spaces quoted.
+fn cmd_line(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        let arg = arg.to_string_lossy();
+        if arg.is_empty() || arg.contains(char::is_whitespace) {
+            let _ = write!(s, " {arg:?}");
+        } else {
+            let _ = write!(s, " {arg}");
+        }
+    }
+    s
+}
+
+/// Runs `cmd` to completion and returns its stdout; a non-zero exit is an error with stderr.
+fn run(mut cmd: Command, tool: &'static str, package: &'static str) -> Result<String, NetnsError> {
+    let line = cmd_line(&cmd);
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => NetnsError::ToolMissing {
+                tool,
+                package,
+                cmd: line.clone(),
+            },
+            _ => NetnsError::Spawn {
+                cmd: line.clone(),
+                source,
+            },
+        })?;
+    if !out.status.success() {
+        return Err(NetnsError::Failed {
+            cmd: line,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `ip [-n <ns>] <args...>`.
+fn ip(ns: Option<&str>, args: &[&str]) -> Result<String, NetnsError> {
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = ns {
+        check_netns_name(ns)?;
+        cmd.args(["-n", ns]);
+    }
+    cmd.args(args);
+    run(cmd, "ip", "iproute2")
+}
+
+/// Whether `program` is an executable file in a `PATH` directory.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| {
+            fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+        })
+    })
+}
+
+// ---- Argument checks: reject early what `ip` would misparse ---------------------------------
+
+fn invalid(what: &'static str, value: &str, reason: &'static str) -> NetnsError {
+    NetnsError::InvalidArg {
+        what,
+        value: value.to_owned(),
+        reason,
+    }
+}
+
+/// Namespace names become file names under /run/netns.
+fn check_netns_name(name: &str) -> Result<(), NetnsError> {
+    const WHAT: &str = "namespace name";
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(invalid(WHAT, name, "empty, '.' or '..'"));
+    }
+    if name.len() > 255 {
+        return Err(invalid(WHAT, name, "longer than 255 bytes"));
+    }
+    if name.starts_with('-') {
+        return Err(invalid(
+            WHAT,
+            name,
+            "starts with '-' (would parse as an option)",
+        ));
+    }
+    if name.contains(|c: char| c == '/' || c == '\0' || c.is_whitespace()) {
+        return Err(invalid(WHAT, name, "contains '/', NUL or whitespace"));
+    }
+    Ok(())
+}
+
+/// Interface names: at most 15 bytes, no '/', ':' or whitespace (the kernel's `dev_valid_name`).
+fn check_link_name(name: &str) -> Result<(), NetnsError> {
+    const WHAT: &str = "link name";
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(invalid(WHAT, name, "empty, '.' or '..'"));
+    }
+    if name.len() > 15 {
+        return Err(invalid(WHAT, name, "longer than 15 bytes"));
+    }
+    if name.starts_with('-') {
+        return Err(invalid(
+            WHAT,
+            name,
+            "starts with '-' (would parse as an option)",
+        ));
+    }
+    if name.contains(|c: char| c == '/' || c == ':' || c == '\0' || c.is_whitespace()) {
+        return Err(invalid(WHAT, name, "contains '/', ':', NUL or whitespace"));
+    }
+    Ok(())
+}
+
+// ---- Namespaces --------------------------------------------------------------------------------
+
+/// Creates network namespace `name` (`ip netns add`), bound at `/run/netns/<name>`.
+pub fn netns_add(name: &str) -> Result<(), NetnsError> {
+    check_netns_name(name)?;
+    ip(None, &["netns", "add", name]).map(drop)
+}
+
+/// Deletes network namespace `name` (`ip netns del`). Links inside go with it once no process
+/// holds the namespace; veth peers outside are deleted with their inside end.
+pub fn netns_del(name: &str) -> Result<(), NetnsError> {
+    check_netns_name(name)?;
+    ip(None, &["netns", "del", name]).map(drop)
+}
+
+/// Whether a named network namespace exists (`ip netns list`).
+pub fn netns_exists(name: &str) -> Result<bool, NetnsError> {
+    check_netns_name(name)?;
+    let list = ip(None, &["netns", "list"])?;
+    // Lines look like "name" or "name (id: 3)".
+    Ok(list
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(name)))
+}
+
+/// A `Command` that runs `program` inside namespace `ns` (`ip netns exec <ns> <program>`); add
+/// arguments and spawn it as usual. `ip netns exec` also mounts a /sys for the namespace and
+/// applies `/etc/netns/<ns>`, as an operator's shell would see it.
+pub fn run_in_netns(ns: &str, program: &str) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, program]);
+    cmd
+}
+
+// ---- Links -------------------------------------------------------------------------------------
+
+/// Moves `link` from the caller's namespace into namespace `ns`.
+pub fn link_set_netns(link: &str, ns: &str) -> Result<(), NetnsError> {
+    check_link_name(link)?;
+    check_netns_name(ns)?;
+    ip(None, &["link", "set", "dev", link, "netns", ns]).map(drop)
+}
+
+/// Creates a veth pair `a` <-> `b` in the caller's namespace.
+pub fn veth_add(a: &str, b: &str) -> Result<(), NetnsError> {
+    check_link_name(a)?;
+    check_link_name(b)?;
+    ip(None, &["link", "add", a, "type", "veth", "peer", "name", b]).map(drop)
+}
+
+/// Deletes link `name` (for a veth, both ends).
+pub fn link_del(name: &str, ns: Option<&str>) -> Result<(), NetnsError> {
+    check_link_name(name)?;
+    ip(ns, &["link", "del", "dev", name]).map(drop)
+}
+
+/// Whether link `name` exists in `ns` (false as well when the namespace does not exist).
+pub fn link_exists(name: &str, ns: Option<&str>) -> Result<bool, NetnsError> {
+    check_link_name(name)?;
+    if let Some(ns) = ns
+        && !netns_exists(ns)?
+    {
+        return Ok(false);
+    }
+    match ip(ns, &["link", "show", "dev", name]) {
+        Ok(_) => Ok(true),
+        // iproute2 says "Device \"x\" does not exist." for a missing link.
+        Err(NetnsError::Failed { stderr, .. }) if stderr.contains("does not exist") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Brings `link` up.
+pub fn link_set_up(ns: Option<&str>, link: &str) -> Result<(), NetnsError> {
+    check_link_name(link)?;
+    ip(ns, &["link", "set", "dev", link, "up"]).map(drop)
+}
+
+/// Sets the MAC address of `link`.
+pub fn link_set_mac(ns: Option<&str>, link: &str, mac: MacAddr) -> Result<(), NetnsError> {
+    check_link_name(link)?;
+    ip(
+        ns,
+        &["link", "set", "dev", link, "address", &mac.to_string()],
+    )
+    .map(drop)
+}
+
+/// Sets the MTU of `link`.
+pub fn link_set_mtu(ns: Option<&str>, link: &str, mtu: u32) -> Result<(), NetnsError> {
+    check_link_name(link)?;
+    ip(ns, &["link", "set", "dev", link, "mtu", &mtu.to_string()]).map(drop)
+}
+
+/// Adds address `cidr` (e.g. `10.0.0.1/24` or `fd00::1/64`) to `link`.
+pub fn addr_add(ns: Option<&str>, link: &str, cidr: &str) -> Result<(), NetnsError> {
+    check_link_name(link)?;
+    if cidr.starts_with('-') || cidr.contains(char::is_whitespace) {
+        return Err(invalid("address", cidr, "not an address/prefix"));
+    }
+    ip(ns, &["addr", "add", cidr, "dev", link]).map(drop)
+}
+
+/// Adds a route to `dest` (a prefix or `default`) via gateway `via` and/or out of `dev`; at
+/// least one of the two must be given.
+pub fn route_add(
+    ns: Option<&str>,
+    dest: &str,
+    via: Option<IpAddr>,
+    dev: Option<&str>,
+) -> Result<(), NetnsError> {
+    if dest.starts_with('-') || dest.is_empty() || dest.contains(char::is_whitespace) {
+        return Err(invalid(
+            "route destination",
+            dest,
+            "not a prefix or 'default'",
+        ));
+    }
+    if via.is_none() && dev.is_none() {
+        return Err(invalid("route", dest, "needs a gateway (via) or a device"));
+    }
+    let via = via.map(|v| v.to_string());
+    let mut args = vec!["route", "add", dest];
+    if let Some(via) = &via {
+        args.extend(["via", via.as_str()]);
+    }
+    if let Some(dev) = dev {
+        check_link_name(dev)?;
+        args.extend(["dev", dev]);
+    }
+    ip(ns, &args).map(drop)
+}
+
+/// Installs a permanent neighbour entry `ip` -> `mac` on `dev`, so traffic to a peer that never
+/// answers ARP/ND (a TAP read by a test) leaves without resolution. Uses `ip neigh replace`, so
+/// an entry the kernel already made for `ip` is overwritten rather than an error.
+pub fn neigh_add_permanent(
+    ns: Option<&str>,
+    ip_addr: IpAddr,
+    mac: MacAddr,
+    dev: &str,
+) -> Result<(), NetnsError> {
+    check_link_name(dev)?;
+    let (ip_s, mac_s) = (ip_addr.to_string(), mac.to_string());
+    let args = [
+        "neigh",
+        "replace",
+        &ip_s,
+        "lladdr",
+        &mac_s,
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ];
+    ip(ns, &args).map(drop)
+}
+
+/// Turns an offload `feature` of `link` on or off with `ethtool -K` (in `ns` through
+/// `ip netns exec`). `ethtool` is often not installed: that is a [`NetnsError::ToolMissing`].
+pub fn ethtool_offload(
+    ns: Option<&str>,
+    link: &str,
+    feature: &str,
+    on: bool,
+) -> Result<(), NetnsError> {
+    check_link_name(link)?;
+    if feature.is_empty() || feature.starts_with('-') || feature.contains(char::is_whitespace) {
+        return Err(invalid("ethtool feature", feature, "not a feature name"));
+    }
+    let state = if on { "on" } else { "off" };
+    let mut cmd = match ns {
+        Some(ns) => {
+            check_netns_name(ns)?;
+            run_in_netns(ns, "ethtool")
+        }
+        None => Command::new("ethtool"),
+    };
+    cmd.args(["-K", link, feature, state]);
+    // Under `ip netns exec` a missing ethtool would surface as an exec failure inside ip;
+    // look it up first for a clear error.
+    if !on_path("ethtool") {
+        return Err(NetnsError::ToolMissing {
+            tool: "ethtool",
+            package: "ethtool",
+            cmd: cmd_line(&cmd),
+        });
+    }
+    run(cmd, "ethtool", "ethtool").map(drop)
+}
+
+/// Sets sysctl `key` (`net.ipv4.ip_forward`, or with slashes `net/ipv4/conf/eth0.1/rp_filter`)
+/// to `value` in `ns`. Network sysctls are per namespace; in one, the write is done by a shell
+/// started with `ip netns exec`, which avoids depending on procps' `sysctl`.
+pub fn sysctl(ns: Option<&str>, key: &str, value: &str) -> Result<(), NetnsError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/');
+    if key.is_empty() || !key.chars().all(ok_char) || key.split(['.', '/']).any(str::is_empty) {
+        return Err(invalid(
+            "sysctl key",
+            key,
+            "expected dotted or slashed /proc/sys path",
+        ));
+    }
+    if value.contains('\n') {
+        return Err(invalid("sysctl value", value, "contains a newline"));
+    }
+    // Slashes mean the key is already a path (needed when a component contains a dot).
+    let rel = if key.contains('/') {
+        key.to_owned()
+    } else {
+        key.replace('.', "/")
+    };
+    let path = Path::new("/proc/sys").join(rel);
+    match ns {
+        None => fs::write(&path, value).map_err(|source| NetnsError::Sysctl {
+            path,
+            value: value.to_owned(),
+            source,
+        }),
+        Some(ns) => {
+            check_netns_name(ns)?;
+            let mut cmd = run_in_netns(ns, "sh");
+            // Value and path are positional parameters, never parsed by the shell.
+            cmd.args(["-c", "printf '%s\\n' \"$1\" > \"$2\"", "sh", value])
+                .arg(&path);
+            run(cmd, "ip", "iproute2").map(drop)
+        }
+    }
+}
+
+// ---- The ledger --------------------------------------------------------------------------------
+
+/// One object a testbed created, as recorded in a [`Ledger`] (one JSON object per line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerEntry {
+    /// A named network namespace.
+    Netns(String),
+    /// A link (veth, persistent TAP, ...) in namespace `ns` (`None`: the root namespace).
+    Link {
+        /// Interface name.
+        name: String,
+        /// Namespace it lives in, if not the root one.
+        ns: Option<String>,
+    },
+    /// One cgroup directory (a v1 cgroup has two entries, cpuset and memory).
+    Cgroup(PathBuf),
+    /// A process, identified by pid *and* start time, so that a recycled pid is never killed.
+    Pid {
+        /// Process id.
+        pid: u32,
+        /// Start time in clock ticks since boot, field 22 of `/proc/<pid>/stat`.
+        start_time_ticks: u64,
+    },
+    /// A file (socket, pid file, shared-memory backing file, ...).
+    File(PathBuf),
+}
+
+impl LedgerEntry {
+    /// An entry for running process `pid`, with its start time read from /proc.
+    pub fn pid(pid: u32) -> io::Result<LedgerEntry> {
+        Ok(LedgerEntry::Pid {
+            pid,
+            start_time_ticks: proc_start_time(pid)?.0,
+        })
+    }
+}
+
+/// Errors from the ledger itself (commands it runs report their own errors inside).
+#[derive(Debug, Error)]
+pub enum LedgerError {
+    /// The instance name cannot be a file name.
+    #[error("invalid ledger instance {instance:?}: {reason}")]
+    InvalidInstance {
+        /// The instance name given.
+        instance: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A ledger from an earlier run exists: its objects may still exist too.
+    #[error("ledger {path} from an earlier run exists: call Ledger::recover first")]
+    Stale {
+        /// The ledger file.
+        path: PathBuf,
+    },
+    /// Another live process holds this ledger.
+    #[error("ledger {path} is in use by a running process")]
+    InUse {
+        /// The ledger file.
+        path: PathBuf,
+    },
+    /// Reading or writing the ledger file failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A namespace or link command failed.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// A cgroup operation failed.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// Spawning a recorded process failed.
+    #[error("spawning `{cmd}`: {source}")]
+    Spawn {
+        /// The command line.
+        cmd: String,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// What [`Ledger::cleanup`] did, entry by entry.
+#[derive(Debug, Default)]
+pub struct CleanupReport {
+    /// Entries whose object existed and was removed.
+    pub removed: Vec<LedgerEntry>,
+    /// Entries whose object did not exist (never created, or removed by someone else).
+    pub already_gone: Vec<LedgerEntry>,
+    /// Entries whose removal failed, with the reason. The ledger file is kept when any did.
+    pub failed: Vec<(LedgerEntry, String)>,
+    /// Lines of the ledger file that did not parse (a line torn by a crash mid-write).
+    pub unparsed_lines: usize,
+    /// Whether the ledger file was deleted.
+    pub ledger_removed: bool,
+}
+
+impl CleanupReport {
+    /// True when nothing failed.
+    pub fn is_clean(&self) -> bool {
+        self.failed.is_empty()
+    }
+}
+
+/// A crash-safe record of everything a testbed instance creates, kept in
+/// `<dir>/<instance>.ledger` as JSON lines, held under an exclusive `flock` while the instance
+/// runs (so [`Ledger::recover`] never tears down a live instance).
+///
+/// Protocol: [`Ledger::record`] an object *before* creating it (the helpers such as
+/// [`Ledger::netns_add`] do both); at the end [`Ledger::cleanup`] (or drop) removes everything
+/// in reverse order. If the process dies, the file stays; the next run calls
+/// [`Ledger::recover`] first. Processes are the one exception to record-first, as a pid exists
+/// only after the spawn: [`Ledger::spawn`] records right after, and a process started inside a
+/// recorded cgroup or namespace is covered by that entry during the gap.
+#[derive(Debug)]
+pub struct Ledger {
+    path: PathBuf,
+    file: File,
+    entries: Vec<LedgerEntry>,
+    /// True once cleaned up or leaked: Drop then does nothing.
+    done: bool,
+}
+
+impl Ledger {
+    /// Where ledgers live by default: a tmpfs, so a reboot (which removes every object too)
+    /// also removes the ledgers.
+    pub const DEFAULT_DIR: &'static str = "/run/spillway";
+
+    /// [`Ledger::DEFAULT_DIR`] as a path.
+    pub fn default_dir() -> &'static Path {
+        Path::new(Self::DEFAULT_DIR)
+    }
+
+    /// The ledger file of `instance` in `dir`.
+    pub fn path_for(dir: &Path, instance: &str) -> PathBuf {
+        dir.join(format!("{instance}.ledger"))
+    }
+
+    /// Starts a new, empty ledger for `instance` in `dir` (created if missing). Fails with
+    /// [`LedgerError::Stale`] if one exists: recover it first.
+    pub fn open(dir: &Path, instance: &str) -> Result<Ledger, LedgerError> {
+        check_instance(instance)?;
+        let io_err = |op, path: &Path| {
+            let path = path.to_owned();
+            move |source| LedgerError::Io { op, path, source }
+        };
+        fs::create_dir_all(dir).map_err(io_err("create_dir_all", dir))?;
+        let path = Self::path_for(dir, instance);
+        // Create and lock under a private name, then link it into place: the ledger never
+        // appears unlocked, so a concurrent recover cannot mistake it for a dead run's.
+        let tmp = dir.join(format!(".{instance}.ledger.{}.tmp", std::process::id()));
+        // A leftover with our pid can only be from a dead process that had the same pid.
+        let _ = fs::remove_file(&tmp);
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io_err("create", &tmp))?;
+        let locked = rustix::fs::flock(
+            file.as_fd(),
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        );
+        let linked = locked
+            .map_err(io::Error::from)
+            .and_then(|()| fs::hard_link(&tmp, &path));
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(LedgerError::Stale { path });
+            }
+            Err(e) => return Err(io_err("link", &path)(e)),
+        }
+        // Make the new directory entry durable too, not just the file's contents.
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err("fsync", dir))?;
+        Ok(Ledger {
+            path,
+            file,
+            entries: Vec::new(),
+            done: false,
+        })
+    }
+
+    /// Cleans up after a previous run of `instance` that did not (it crashed or was killed):
+    /// removes every recorded object and the ledger. `Ok(None)` when there is no ledger.
+    /// Fails with [`LedgerError::InUse`] if that run is still alive.
+    pub fn recover(dir: &Path, instance: &str) -> Result<Option<CleanupReport>, LedgerError> {
+        check_instance(instance)?;
+        let path = Self::path_for(dir, instance);
+        let file = match OpenOptions::new().read(true).append(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(LedgerError::Io {
+                    op: "open",
+                    path,
+                    source,
+                });
+            }
+        };
+        match rustix::fs::flock(
+            file.as_fd(),
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        ) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Err(LedgerError::InUse { path }),
+            Err(e) => {
+                return Err(LedgerError::Io {
+                    op: "flock",
+                    path,
+                    source: e.into(),
+                });
+            }
+        }
+        // The owner may have finished its cleanup (unlinking the file) between our open and
+        // our lock; then the locked inode is no longer the ledger and there is nothing to do.
+        let same_file = match (file.metadata(), fs::metadata(&path)) {
+            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+            _ => false,
+        };
+        if !same_file {
+            return Ok(None);
+        }
+        let mut entries = Vec::new();
+        let mut unparsed = 0;
+        for line in BufReader::new(&file).lines() {
+            let line = line.map_err(|source| LedgerError::Io {
+                op: "read",
+                path: path.clone(),
+                source,
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str(&line) {
+                Ok(entry) => entries.push(entry),
+                Err(_) => unparsed += 1,
+            }
+        }
+        let mut ledger = Ledger {
+            path,
+            file,
+            entries,
+            done: false,
+        };
+        let mut report = ledger.cleanup();
+        report.unparsed_lines = unparsed;
+        Ok(Some(report))
+    }
+
+    /// The ledger file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Everything recorded so far, oldest first.
+    pub fn entries(&self) -> &[LedgerEntry] {
+        &self.entries
+    }
+
+    /// Appends `entry` to the file and fsyncs it. Call before creating the object.
+    pub fn record(&mut self, entry: LedgerEntry) -> Result<(), LedgerError> {
+        let mut line = serde_json::to_string(&entry).expect("ledger entries always serialize");
+        line.push('\n');
+        // One write of a whole line with O_APPEND: a crash leaves at worst a torn last line,
+        // which recover skips (and counts).
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(|source| LedgerError::Io {
+                op: "append",
+                path: self.path.clone(),
+                source,
+            })?;
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    /// Records and creates network namespace `name`.
+    pub fn netns_add(&mut self, name: &str) -> Result<(), LedgerError> {
+        self.record(LedgerEntry::Netns(name.to_owned()))?;
+        Ok(netns_add(name)?)
+    }
+
+    /// Records both ends and creates veth pair `a` <-> `b` in the root namespace.
+    pub fn veth_add(&mut self, a: &str, b: &str) -> Result<(), LedgerError> {
+        for end in [a, b] {
+            self.record(LedgerEntry::Link {
+                name: end.to_owned(),
+                ns: None,
+            })?;
+        }
+        Ok(veth_add(a, b)?)
+    }
+
+    /// Records the link's new home and moves `link` into namespace `ns`.
+    pub fn link_set_netns(&mut self, link: &str, ns: &str) -> Result<(), LedgerError> {
+        self.record(LedgerEntry::Link {
+            name: link.to_owned(),
+            ns: Some(ns.to_owned()),
+        })?;
+        Ok(link_set_netns(link, ns)?)
+    }
+
+    /// Records the cgroup's directories and creates it in the detected hierarchy.
+    pub fn create_cgroup(&mut self, name: &str, spec: &CgroupSpec) -> Result<Cgroup, LedgerError> {
+        let hierarchy = Hierarchy::detect()?;
+        for dir in hierarchy.dirs_for(name) {
+            self.record(LedgerEntry::Cgroup(dir))?;
+        }
+        Ok(Cgroup::create_in(&hierarchy, name, spec)?)
+    }
+
+    /// Spawns `cmd` and records the child (see the type's doc for the window between the two).
+    /// If recording fails the child is killed, so nothing unrecorded survives.
+    pub fn spawn(&mut self, cmd: &mut Command) -> Result<Child, LedgerError> {
+        let mut child = cmd.spawn().map_err(|source| LedgerError::Spawn {
+            cmd: cmd_line(cmd),
+            source,
+        })?;
+        let recorded = LedgerEntry::pid(child.id())
+            .map_err(|source| LedgerError::Io {
+                op: "read start time of",
+                path: format!("/proc/{}/stat", child.id()).into(),
+                source,
+            })
+            .and_then(|entry| self.record(entry));
+        if let Err(e) = recorded {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+        Ok(child)
+    }
+
+    /// Removes every recorded object, newest first, tolerating those already gone, then
+    /// deletes the ledger file. If some removal fails the file is kept (and the failed entries
+    /// stay in memory) so a later cleanup or recover can retry.
+    pub fn cleanup(&mut self) -> CleanupReport {
+        let mut report = CleanupReport::default();
+        let mut failed = Vec::new();
+        for entry in self.entries.drain(..).rev() {
+            match remove_entry(&entry) {
+                Ok(true) => report.removed.push(entry),
+                Ok(false) => report.already_gone.push(entry),
+                Err(reason) => {
+                    report.failed.push((entry.clone(), reason));
+                    failed.push(entry);
+                }
+            }
+        }
+        if failed.is_empty() {
+            match fs::remove_file(&self.path) {
+                Ok(()) => report.ledger_removed = true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => report.ledger_removed = true,
+                Err(e) => report.failed.push((
+                    LedgerEntry::File(self.path.clone()),
+                    format!("removing the ledger: {e}"),
+                )),
+            }
+            self.done = report.ledger_removed;
+        } else {
+            failed.reverse();
+            self.entries = failed;
+        }
+        report
+    }
+
+    /// Gives up the ledger without cleaning up, as a crash would: the file and every recorded
+    /// object stay for [`Ledger::recover`]. For tests of recovery, and for handing a testbed
+    /// over to another process.
+    pub fn leak(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let report = self.cleanup();
+        for (entry, reason) in &report.failed {
+            let ledger = self.path.display();
+            tracing::warn!(%ledger, ?entry, %reason, "cleanup on drop failed");
+        }
+    }
+}
+
+fn check_instance(instance: &str) -> Result<(), LedgerError> {
+    let reason = if instance.is_empty() || instance.starts_with('.') {
+        Some("empty or starting with '.'")
+    } else if instance.contains(|c: char| c == '/' || c == '\0' || c.is_whitespace()) {
+        Some("contains '/', NUL or whitespace")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(LedgerError::InvalidInstance {
+            instance: instance.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Removes one object; `Ok(false)` if it did not exist. The error is a message, for the report.
+fn remove_entry(entry: &LedgerEntry) -> Result<bool, String> {
+    match entry {
+        LedgerEntry::Netns(name) => {
+            if !netns_exists(name).map_err(|e| e.to_string())? {
+                return Ok(false);
+            }
+            match netns_del(name) {
+                Ok(()) => Ok(true),
+                // Someone else deleted it between our check and our delete: still gone.
+                Err(e) => match netns_exists(name) {
+                    Ok(false) => Ok(false),
+                    _ => Err(e.to_string()),
+                },
+            }
+        }
+        LedgerEntry::Link { name, ns } => {
+            let ns = ns.as_deref();
+            if !link_exists(name, ns).map_err(|e| e.to_string())? {
+                return Ok(false);
+            }
+            match link_del(name, ns) {
+                Ok(()) => Ok(true),
+                // Deleting a veth end deletes its peer too, and a namespace going away takes
+                // its links: both race with us harmlessly.
+                Err(e) => match link_exists(name, ns) {
+                    Ok(false) => Ok(false),
+                    _ => Err(e.to_string()),
+                },
+            }
+        }
+        LedgerEntry::Cgroup(path) => cgroup::remove_dir(path).map_err(|e| e.to_string()),
+        LedgerEntry::Pid {
+            pid,
+            start_time_ticks,
+        } => kill_recorded(*pid, *start_time_ticks),
+        LedgerEntry::File(path) => match fs::remove_file(path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(format!("removing {}: {e}", path.display())),
+        },
+    }
+}
+
+/// Start time (clock ticks since boot) and state letter of a process, from `/proc/<pid>/stat`.
+fn proc_start_time(pid: u32) -> io::Result<(u64, char)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&stat).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected /proc/{pid}/stat: {stat:?}"),
+        )
+    })
+}
+
+/// Parses state (field 3) and starttime (field 22) from a `/proc/<pid>/stat` line. The command
+/// name (field 2) is in parentheses and may itself contain spaces and parentheses, so fields
+/// are counted from the last ')'.
+fn parse_stat(stat: &str) -> Option<(u64, char)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // `rest` starts at field 3; starttime is field 22, 19 further on.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((start, state))
+}
+
+/// Kills a recorded process if it is still the same one (same start time); `Ok(false)` when it
+/// is gone, already a zombie, or the pid now belongs to another process.
+fn kill_recorded(pid: u32, start_time_ticks: u64) -> Result<bool, String> {
+    let alive = |pid| match proc_start_time(pid) {
+        Ok((start, state)) => Ok(start == start_time_ticks && state != 'Z' && state != 'X'),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(format!("reading /proc/{pid}/stat: {e}")),
+    };
+    if !alive(pid)? {
+        return Ok(false);
+    }
+    let raw = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| format!("pid {pid} out of range"))?;
+    match rustix::process::kill_process(raw, rustix::process::Signal::KILL) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+        Err(e) => return Err(format!("kill -KILL {pid}: {e}")),
+    }
+    // Wait (bounded) until it is dead; as a zombie it counts as dead (its parent reaps it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid)? {
+        if Instant::now() >= deadline {
+            return Err(format!("pid {pid} still alive 5 s after SIGKILL"));
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ledger_entries_serialize_as_one_json_object_per_line() {
+        let cases = [
+            (LedgerEntry::Netns("ns1".into()), r#"{"netns":"ns1"}"#),
+            (
+                LedgerEntry::Link {
+                    name: "veth0".into(),
+                    ns: None,
+                },
+                r#"{"link":{"name":"veth0","ns":null}}"#,
+            ),
+            (
+                LedgerEntry::Cgroup("/sys/fs/cgroup/x".into()),
+                r#"{"cgroup":"/sys/fs/cgroup/x"}"#,
+            ),
+            (
+                LedgerEntry::Pid {
+                    pid: 42,
+                    start_time_ticks: 7,
+                },
+                r#"{"pid":{"pid":42,"start_time_ticks":7}}"#,
+            ),
+            (LedgerEntry::File("/run/x".into()), r#"{"file":"/run/x"}"#),
+        ];
+        for (entry, json) in cases {
+            assert_eq!(serde_json::to_string(&entry).unwrap(), json);
+            assert_eq!(serde_json::from_str::<LedgerEntry>(json).unwrap(), entry);
+        }
+    }
+
+    #[test]
+    fn parse_stat_counts_fields_after_the_command_name() {
+        // A command name with spaces and a ')' must not shift the fields.
+        let stat = "1234 (a b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    987654 1000 10 18446744073709551615";
+        assert_eq!(parse_stat(stat), Some((987654, 'S')));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn own_start_time_is_readable() {
+        let (start, state) = proc_start_time(std::process::id()).unwrap();
+        assert!(start > 0);
+        assert!(matches!(state, 'R' | 'S'));
+    }
+
+    #[test]
+    fn names_that_ip_would_misparse_are_rejected() {
+        assert!(matches!(
+            netns_add("-n"),
+            Err(NetnsError::InvalidArg { .. })
+        ));
+        assert!(matches!(
+            netns_add("a/b"),
+            Err(NetnsError::InvalidArg { .. })
+        ));
+        assert!(matches!(
+            veth_add("abcdefghijklmnop", "x"),
+            Err(NetnsError::InvalidArg { .. })
+        ));
+        assert!(matches!(
+            link_set_up(Some("ns"), "a b"),
+            Err(NetnsError::InvalidArg { .. })
+        ));
+        assert!(matches!(
+            sysctl(None, "../etc/passwd", "x"),
+            Err(NetnsError::InvalidArg { .. })
+        ));
+        assert!(matches!(
+            route_add(None, "default", None, None),
+            Err(NetnsError::InvalidArg { .. })
+        ));
+    }
+
+    #[test]
+    fn cmd_line_quotes_arguments_with_spaces() {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", "n", "sh", "-c", "echo hi"]);
+        assert_eq!(cmd_line(&c), r#"ip netns exec n sh -c "echo hi""#);
+    }
+
+    #[test]
+    fn ledger_refuses_a_stale_file_and_recover_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = Ledger::open(dir.path(), "unit").unwrap();
+        let f = dir.path().join("payload");
+        l.record(LedgerEntry::File(f.clone())).unwrap();
+        fs::write(&f, "x").unwrap();
+        // While held, a second open sees a stale ledger and recover sees it in use.
+        assert!(matches!(
+            Ledger::open(dir.path(), "unit"),
+            Err(LedgerError::Stale { .. })
+        ));
+        assert!(matches!(
+            Ledger::recover(dir.path(), "unit"),
+            Err(LedgerError::InUse { .. })
+        ));
+        l.leak();
+        let report = Ledger::recover(dir.path(), "unit").unwrap().unwrap();
+        assert!(report.is_clean(), "{report:?}");
+        assert_eq!(report.removed, vec![LedgerEntry::File(f.clone())]);
+        assert!(!f.exists());
+        assert!(!Ledger::path_for(dir.path(), "unit").exists());
+        assert!(Ledger::recover(dir.path(), "unit").unwrap().is_none());
+    }
+
+    #[test]
+    fn recover_skips_a_torn_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Ledger::path_for(dir.path(), "torn");
+        let gone = dir.path().join("never-created");
+        fs::write(
+            &path,
+            format!(
+                "{}\n{{\"file\":\"/x",
+                serde_json::to_string(&LedgerEntry::File(gone.clone())).unwrap()
+            ),
+        )
+        .unwrap();
+        let report = Ledger::recover(dir.path(), "torn").unwrap().unwrap();
+        assert_eq!(report.unparsed_lines, 1);
+        assert_eq!(report.already_gone, vec![LedgerEntry::File(gone)]);
+        assert!(report.ledger_removed);
+    }
+
+    #[test]
+    fn drop_cleans_up_everything_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        {
+            let mut l = Ledger::open(dir.path(), "drop").unwrap();
+            l.record(LedgerEntry::File(f.clone())).unwrap();
+            fs::write(&f, "x").unwrap();
+        }
+        assert!(!f.exists());
+        assert!(!Ledger::path_for(dir.path(), "drop").exists());
+    }
+}

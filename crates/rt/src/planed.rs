@@ -1,0 +1,327 @@
+//! The spill-plane process (`spillway spill-plane`), started by the DPU process in its own
+//! cgroup: the host-side [`SpillPlane`] with the same vSwitch [`Pipeline`] as the DPU, on the
+//! plane's end of the vNIC set.
+//!
+//! Per loop turn: frames steered to it from the phy ring (each offered to the model, then, if
+//! the model serves it, run through the pipeline and sent back on the phy ring with the port it
+//! leaves by; a frame of a connection it has no state for is punted back whole); records from
+//! the flow ring and the control socket (conntrack snapshots adopted, so a connection it takes
+//! over continues mid-stream); the model's timers and outputs (its messages carry the
+//! connection's snapshot); every 500 ms its counters to the DPU process. It sleeps in `poll` on
+//! its doorbell and the control socket. It exits on SIGTERM, or when the DPU process closes the
+//! control socket.
+
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use serde_json::json;
+use spillway_fabric::params::PlacementKind;
+use spillway_fabric::spill::SpillPlane;
+use spillway_fabric::types::{Channel, ConnId, Msg, Transmit};
+use spillway_vswitch::packet::HEADROOM;
+use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
+use spillway_vswitch::policy::Policy;
+use spillway_vswitch::{Instant, PacketBuf, PortId, Verdict};
+
+use crate::clock::Clock;
+use crate::flows::Flows;
+use crate::signals;
+use crate::testbed::Testbed;
+use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, VnicSet};
+
+/// Options of `spillway spill-plane`.
+#[derive(Debug)]
+pub struct PlaneOptions {
+    /// The testbed file (policy and fabric parameters).
+    pub config: PathBuf,
+    /// The DPU process's vNIC socket.
+    pub vnic_socket: PathBuf,
+    /// Workers to start with.
+    pub workers: u32,
+    /// The DPU process's clock origin.
+    pub clock_origin_ns: u64,
+}
+
+/// Plane-process counters (`plane.*`, sent to the DPU process for its metrics).
+#[derive(Clone, Copy, Debug, Default)]
+struct PlaneCounters {
+    frames_in: u64,
+    frames_out: u64,
+    punted: u64,
+    drop_vswitch: u64,
+    drop_model: u64,
+    drop_ring_full: u64,
+    adopted: u64,
+    adopt_refused: u64,
+}
+
+/// Runs the plane until SIGTERM or the DPU process goes away.
+pub fn run(opts: PlaneOptions) -> Result<(), String> {
+    let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
+    let stream = UnixStream::connect(&opts.vnic_socket)
+        .map_err(|e| format!("connecting to {}: {e}", opts.vnic_socket.display()))?;
+    let (mut vnic, hello) = VnicSet::accept(stream).map_err(|e| e.to_string())?;
+    tracing::info!(target: "spillway::plane", pid = std::process::id(), hello = %hello, "vNIC set mapped");
+    let clock = Clock::with_origin(opts.clock_origin_ns);
+    let mut plane = SpillPlane::new(&tb.fabric);
+    let mut pipeline = Pipeline::new(tb.policy.clone(), PipelineConfig::default())
+        .map_err(|e| format!("pipeline: {e}"))?;
+    let mut flows = Flows::new(1 << 20);
+    let mut pkt = PacketBuf::with_capacity(HEADROOM + 12 + 18 + 65_535);
+    let mut c = PlaneCounters::default();
+    plane.start(clock.now(), opts.workers.max(1));
+    let mut last_stats = Instant::ZERO;
+    let mut inbox: Vec<(Msg, Option<spillway_vswitch::conntrack::CtSnapshot>)> = Vec::new();
+    let mut commands: Vec<serde_json::Value> = Vec::new();
+    let mut deferred: Vec<Msg> = Vec::with_capacity(64);
+    let parse_opts = spillway_wire::ParseOptions {
+        vxlan_port: tb.policy.host().vxlan_port,
+    };
+    loop {
+        if signals::stop_requested() {
+            tracing::info!(target: "spillway::plane", "stopping on signal");
+            return Ok(());
+        }
+        let now = clock.now();
+        send_outputs(&mut plane, &mut vnic, &pipeline, &flows, now, None, &mut c)
+            .map_err(|e| e.to_string())?;
+        // Frames from the DPU: served by the model, processed by the pipeline, and sent back
+        // from the receive ring straight onto the send ring.
+        deferred.clear();
+        let r = {
+            let (plane, pipeline, flows, pkt, c, deferred) = (
+                &mut plane,
+                &mut pipeline,
+                &mut flows,
+                &mut pkt,
+                &mut c,
+                &mut deferred,
+            );
+            vnic.recv_frames_tx(256, |rec, tx| {
+                c.frames_in += 1;
+                let Some(t) = rec.msg.train().copied() else {
+                    return;
+                };
+                if t.kind == spillway_fabric::types::Kind::Open
+                    && let Ok(p) = spillway_wire::parse_frame(rec.frame, &parse_opts)
+                    && let Some(key) = p.outer.key
+                {
+                    flows.learn(now, t.tenant, key);
+                }
+                plane.handle_msg(now, Msg::Packets(t));
+                let vnet: [u8; 12] = rec.vnet.try_into().expect("12 bytes");
+                let mut served = false;
+                while let Some(Transmit { channel, msg, .. }) = plane.poll_transmit() {
+                    match (channel, &msg) {
+                        (Channel::PhyVnic, Msg::Packets(done)) if done.conn == t.conn => {
+                            served = true;
+                            if pkt.load(rec.frame).is_err() {
+                                c.drop_vswitch += 1;
+                                continue;
+                            }
+                            match pipeline.process(now, PortId(rec.port), pkt) {
+                                Verdict::Forward(out) => {
+                                    if tx.send_frame(&msg, out.0, &vnet, pkt.data()) {
+                                        c.frames_out += 1;
+                                    } else {
+                                        c.drop_ring_full += 1;
+                                    }
+                                }
+                                Verdict::Drop(_) => c.drop_vswitch += 1,
+                            }
+                        }
+                        (Channel::PhyVnic, Msg::Punt(back)) if back.conn == t.conn => {
+                            served = true;
+                            c.punted += 1;
+                            if !tx.send_frame(&msg, rec.port, &vnet, rec.frame) {
+                                c.drop_ring_full += 1;
+                            }
+                        }
+                        _ => deferred.push(msg),
+                    }
+                }
+                if !served {
+                    c.drop_model += 1;
+                }
+            })
+        };
+        for msg in deferred.drain(..) {
+            let snap = snapshot_for(&msg, &pipeline, &flows, now);
+            vnic.send_msg(channel_is_control(&msg), &msg, snap.as_ref())
+                .map_err(|e| e.to_string())?;
+        }
+        let out_frames = 0usize;
+        let busy_frames = r.map_err(|e| e.to_string())? > 0;
+        // Flow ring and control.
+        inbox.clear();
+        let flow_n = vnic
+            .recv_flow(256, |m, s| inbox.push((m, s)))
+            .map_err(|e| e.to_string())?;
+        let ctl_n = match vnic.recv_control(|rec| match rec {
+            Control::Msg(m, s) => inbox.push((m, s)),
+            Control::Json(CONTROL_COMMAND, doc) => commands.push(doc),
+            Control::Json(..) => {}
+        }) {
+            Ok(n) => n,
+            Err(crate::vnic::VnicError::Closed) => {
+                tracing::info!(target: "spillway::plane", "DPU process closed the control socket; exiting");
+                return Ok(());
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        for (m, s) in inbox.drain(..) {
+            if let Some(s) = s {
+                flows.learn(now, s.zone, s.orig);
+                match pipeline.adopt_conn(now, &s) {
+                    Ok(()) => c.adopted += 1,
+                    Err(_) => c.adopt_refused += 1,
+                }
+            }
+            plane.handle_msg(now, m);
+        }
+        for doc in commands.drain(..) {
+            apply_command(&doc, &mut plane, &mut pipeline);
+        }
+        if plane.poll_timeout().is_some_and(|t| t <= now) {
+            plane.handle_timeout(now);
+        }
+        send_outputs(&mut plane, &mut vnic, &pipeline, &flows, now, None, &mut c)
+            .map_err(|e| e.to_string())?;
+        vnic.kick();
+        if now.0.saturating_sub(last_stats.0) >= 500_000_000 {
+            last_stats = now;
+            let mut counters = serde_json::Map::new();
+            for (k, v) in plane.counters().iter() {
+                counters.insert(k.to_string(), json!(v));
+            }
+            for (k, v) in plane.drops().iter() {
+                counters.insert(format!("plane.{k}"), json!(v));
+            }
+            for (k, v) in [
+                ("plane.frames.in", c.frames_in),
+                ("plane.frames.out", c.frames_out),
+                ("plane.frames.punted", c.punted),
+                ("plane.drop.vswitch", c.drop_vswitch),
+                ("plane.drop.model", c.drop_model),
+                ("plane.drop.ring_full", c.drop_ring_full),
+                ("plane.snapshot.adopted", c.adopted),
+                ("plane.snapshot.refused", c.adopt_refused),
+            ] {
+                counters.insert(k.to_string(), json!(v));
+            }
+            let doc = json!({
+                "pid": std::process::id(),
+                "workers": plane.workers(),
+                "conns": plane.conns_len(),
+                "placement": plane.policy_name(),
+                "epoch": pipeline.epoch().0,
+                "counters": counters,
+            });
+            vnic.send_json(CONTROL_STATS, &doc)
+                .map_err(|e| e.to_string())?;
+        }
+        if !busy_frames && flow_n == 0 && ctl_n == 0 && out_frames == 0 {
+            sleep(&mut vnic, &plane, now)?;
+        }
+    }
+}
+
+fn channel_is_control(msg: &Msg) -> bool {
+    matches!(
+        msg,
+        Msg::Delete { .. }
+            | Msg::DeleteAck { .. }
+            | Msg::Adopted { .. }
+            | Msg::Activated { .. }
+            | Msg::Release { .. }
+            | Msg::Released { .. }
+            | Msg::Drain { .. }
+            | Msg::Drained { .. }
+            | Msg::Absorbing
+            | Msg::OffloadStats { .. }
+            | Msg::Budget { .. }
+            | Msg::Heartbeat { .. }
+            | Msg::SetWorkers { .. }
+    )
+}
+
+fn snapshot_for(
+    msg: &Msg,
+    pipeline: &Pipeline,
+    flows: &Flows,
+    now: Instant,
+) -> Option<spillway_vswitch::conntrack::CtSnapshot> {
+    let conn: ConnId = match msg {
+        Msg::Sync { state, .. } | Msg::Recall { state, .. } => state.conn,
+        _ => return None,
+    };
+    let rec = flows.get(conn)?;
+    pipeline.export_conn(now, rec.zone, &rec.orig)
+}
+
+fn send_outputs(
+    plane: &mut SpillPlane,
+    vnic: &mut VnicSet,
+    pipeline: &Pipeline,
+    flows: &Flows,
+    now: Instant,
+    _ctx: Option<()>,
+    c: &mut PlaneCounters,
+) -> Result<(), crate::vnic::VnicError> {
+    while let Some(Transmit { channel, msg, .. }) = plane.poll_transmit() {
+        if msg.train().is_some() {
+            // Phy messages are produced only while a frame is handled, which pairs them.
+            c.drop_model += 1;
+            continue;
+        }
+        let snap = snapshot_for(&msg, pipeline, flows, now);
+        vnic.send_msg(channel == Channel::Control, &msg, snap.as_ref())?;
+    }
+    Ok(())
+}
+
+fn apply_command(doc: &serde_json::Value, plane: &mut SpillPlane, pipeline: &mut Pipeline) {
+    if let Some(name) = doc.get("set_placement").and_then(|v| v.as_str())
+        && let Some((_, kind)) = PlacementKind::NAMES.iter().find(|(n, _)| *n == name)
+    {
+        plane.set_placement(*kind);
+        tracing::info!(target: "spillway::plane", placement = name, "placement policy changed");
+    }
+    if let Some(text) = doc.get("set_policy").and_then(|v| v.as_str()) {
+        match Policy::from_toml_str(text, "policy from the DPU process") {
+            Ok(p) => {
+                pipeline.set_policy(p);
+                tracing::info!(target: "spillway::plane", epoch = pipeline.epoch().0, "policy replaced");
+            }
+            Err(e) => tracing::error!(target: "spillway::plane", error = %e, "policy refused"),
+        }
+    }
+}
+
+fn sleep(vnic: &mut VnicSet, plane: &SpillPlane, now: Instant) -> Result<(), String> {
+    if !vnic.prepare_sleep() {
+        return Ok(());
+    }
+    let next = plane
+        .poll_timeout()
+        .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
+    let ms = (next / 1_000_000).min(10) as i64;
+    {
+        let fds = vnic.poll_fds();
+        let mut pfds: Vec<rustix::event::PollFd<'_>> = fds
+            .iter()
+            .map(|fd| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
+            .collect();
+        let ts = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: ms * 1_000_000,
+        };
+        match rustix::event::poll(&mut pfds, Some(&ts)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(io::Error::from(e).to_string()),
+        }
+    }
+    vnic.woke();
+    Ok(())
+}

@@ -1,0 +1,617 @@
+//! The vNIC set between the DPU process and the spill-plane process, one end per process.
+//!
+//! ```text
+//!   DPU process                                     spill-plane process
+//!   phy  tx ==== memfd ring "phy.d2h"  =========>  phy  rx   frames steered to the plane
+//!   phy  rx <=== memfd ring "phy.h2d"  ==========  phy  tx   frames processed (or punted)
+//!   flow tx ==== memfd ring "flow.d2h" =========>  flow rx   state sync (mirror, handover)
+//!   flow rx <=== memfd ring "flow.h2d" ==========  flow tx   recalls (inserts), sync back
+//!   bell(dpu)  <--- eventfd kicked by the plane when the DPU's rings get records
+//!   bell(plane) <-- eventfd kicked by the DPU when the plane's rings get records
+//!   control ====== Unix stream socket (length-prefixed records) ======  deletes + acks,
+//!                                                                       lifecycle, heartbeats
+//! ```
+//!
+//! Inserts ride the data path (the flow ring), deletions the reliable control channel, as the
+//! design asks: a lost delete would leave a stale rule forwarding traffic. The DPU process
+//! creates the rings and eventfds and hands them over the control socket with `SCM_RIGHTS`
+//! ([`crate::fdpass`]); the plane maps them. A full ring drops the record and counts it (the
+//! fabric model has already charged the vNIC's rate; a full ring means the plane is not keeping
+//! up, which is the phy vNIC's overflow); a control socket that stays blocked past its buffer
+//! means the peer is stalled, which the caller treats as a failed plane.
+//!
+//! Records: phy = `msg port:u32 vnet:12B frame`, flow = `msg snapshot`, control =
+//! `len:u32 kind:u8 body` where the body is `msg snapshot` or a JSON document (see
+//! [`crate::codec`]).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use spillway_fabric::types::Msg;
+use spillway_vswitch::conntrack::CtSnapshot;
+
+use crate::codec::{self, CodecError, Reader};
+use crate::fdpass;
+use crate::ring::{Consumer, Doorbell, Producer, SharedRing};
+
+/// Bytes of each phy ring: room for a few hundred 64 KiB TSO frames or tens of thousands of
+/// small ones.
+pub const PHY_RING_BYTES: usize = 32 << 20;
+/// Bytes of each flow ring.
+pub const FLOW_RING_BYTES: usize = 4 << 20;
+/// Control bytes buffered towards a peer that is not reading before it counts as stalled.
+pub const CONTROL_BUF_MAX: usize = 4 << 20;
+/// The handshake's greeting.
+pub const HELLO: &[u8] = b"spillway-vnic-v1";
+
+/// Control record kind: a fabric message (+ snapshot).
+pub const CONTROL_MSG: u8 = 0;
+/// Control record kind: the plane's statistics (JSON), plane to DPU.
+pub const CONTROL_STATS: u8 = 1;
+/// Control record kind: an operator's command for the plane (JSON), DPU to plane.
+pub const CONTROL_COMMAND: u8 = 2;
+
+/// A record from the control socket.
+#[derive(Debug)]
+pub enum Control {
+    /// A fabric message and the conntrack snapshot riding on it.
+    Msg(Msg, Option<CtSnapshot>),
+    /// A JSON document of the given kind.
+    Json(u8, serde_json::Value),
+}
+
+/// Which end of the set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The DPU process (creates the rings).
+    Dpu,
+    /// The spill-plane process.
+    Plane,
+}
+
+/// Errors on the vNIC set.
+#[derive(Debug, thiserror::Error)]
+pub enum VnicError {
+    /// I/O on the control socket or setting up the rings.
+    #[error("vnic {what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// A ring failed (corrupt header or record).
+    #[error("vnic ring {ring}: {detail}")]
+    Ring {
+        /// Which ring.
+        ring: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+    /// A record did not decode.
+    #[error("vnic record on {channel}: {source}")]
+    Codec {
+        /// Which channel.
+        channel: &'static str,
+        /// The error.
+        source: CodecError,
+    },
+    /// The peer closed the control socket.
+    #[error("vnic control socket closed by the peer")]
+    Closed,
+    /// The peer does not read its control socket.
+    #[error("vnic control socket: {0} bytes queued towards a peer that is not reading")]
+    Stalled(usize),
+    /// The handshake went wrong.
+    #[error("vnic handshake: {0}")]
+    Handshake(String),
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> VnicError {
+    move |source| VnicError::Io { what, source }
+}
+
+/// Counters of one end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VnicCounters {
+    /// `vnic.phy.tx`: frames pushed.
+    pub phy_tx: u64,
+    /// `vnic.phy.rx`: frames popped.
+    pub phy_rx: u64,
+    /// `vnic.phy.full`: frames dropped on a full phy ring.
+    pub phy_full: u64,
+    /// `vnic.flow.tx`: flow records pushed.
+    pub flow_tx: u64,
+    /// `vnic.flow.rx`: flow records popped.
+    pub flow_rx: u64,
+    /// `vnic.flow.full`: flow records dropped on a full ring.
+    pub flow_full: u64,
+    /// `vnic.control.tx`: control records sent.
+    pub control_tx: u64,
+    /// `vnic.control.rx`: control records received.
+    pub control_rx: u64,
+    /// `vnic.kicks`: doorbell kicks sent.
+    pub kicks: u64,
+}
+
+/// One end of the vNIC set.
+#[derive(Debug)]
+pub struct VnicSet {
+    phy_tx: Producer,
+    phy_rx: Consumer,
+    flow_tx: Producer,
+    flow_rx: Consumer,
+    /// Kicked when the peer's rings get records.
+    peer_bell: Doorbell,
+    /// Waited on for this end's rings.
+    my_bell: Doorbell,
+    control: UnixStream,
+    control_in: Vec<u8>,
+    control_out: Vec<u8>,
+    scratch: Vec<u8>,
+    kick_pending: bool,
+    counters: VnicCounters,
+}
+
+/// The sending half of the phy ring, lent to a receive callback.
+#[derive(Debug)]
+pub struct PhyTx<'a> {
+    phy_tx: &'a mut Producer,
+    scratch: &'a mut Vec<u8>,
+    counters: &'a mut VnicCounters,
+    kick_pending: &'a mut bool,
+}
+
+impl PhyTx<'_> {
+    /// Pushes a frame with its message; false (and counted) if the ring is full.
+    pub fn send_frame(&mut self, msg: &Msg, port: u32, vnet: &[u8; 12], frame: &[u8]) -> bool {
+        self.scratch.clear();
+        codec::encode_msg(self.scratch, msg);
+        codec::encode_port(self.scratch, port);
+        self.scratch.extend_from_slice(vnet);
+        match self
+            .phy_tx
+            .try_push_parts(&[self.scratch.as_slice(), frame])
+        {
+            Ok(()) => {
+                self.counters.phy_tx += 1;
+                *self.kick_pending |= self.phy_tx.needs_kick();
+                true
+            }
+            Err(_) => {
+                self.counters.phy_full += 1;
+                false
+            }
+        }
+    }
+}
+
+/// A phy-vNIC record as received.
+#[derive(Debug)]
+pub struct PhyRecord<'a> {
+    /// `Packets` or `Punt`.
+    pub msg: Msg,
+    /// Port the frame entered on (DPU to plane) or leaves by (plane to DPU).
+    pub port: u32,
+    /// The virtio-net header bytes.
+    pub vnet: &'a [u8],
+    /// The Ethernet frame.
+    pub frame: &'a [u8],
+}
+
+impl VnicSet {
+    /// Creates the four rings and two doorbells (DPU end) and hands the plane's halves over
+    /// `control` with the greeting `hello_extra` appended to [`HELLO`].
+    pub fn create(control: UnixStream, hello_extra: &str) -> Result<VnicSet, VnicError> {
+        let ring = |name: &'static str, bytes| {
+            SharedRing::create(name, bytes).map_err(|e| VnicError::Ring {
+                ring: name,
+                detail: e.to_string(),
+            })
+        };
+        let phy_d2h = ring("phy.d2h", PHY_RING_BYTES)?;
+        let phy_h2d = ring("phy.h2d", PHY_RING_BYTES)?;
+        let flow_d2h = ring("flow.d2h", FLOW_RING_BYTES)?;
+        let flow_h2d = ring("flow.h2d", FLOW_RING_BYTES)?;
+        let bell = |name: &'static str| {
+            Doorbell::new().map_err(|e| VnicError::Ring {
+                ring: name,
+                detail: e.to_string(),
+            })
+        };
+        let bell_dpu = bell("doorbell of the DPU")?;
+        let bell_plane = bell("doorbell of the plane")?;
+        let mut hello = HELLO.to_vec();
+        hello.push(b' ');
+        hello.extend_from_slice(hello_extra.as_bytes());
+        fdpass::send_with_fds(
+            &control,
+            &hello,
+            &[
+                phy_d2h.fd(),
+                phy_h2d.fd(),
+                flow_d2h.fd(),
+                flow_h2d.fd(),
+                bell_dpu.as_fd(),
+                bell_plane.as_fd(),
+            ],
+        )
+        .map_err(io_err("handing the rings to the plane"))?;
+        let e = |ring: &'static str| {
+            move |e: crate::ring::RingError| VnicError::Ring {
+                ring,
+                detail: e.to_string(),
+            }
+        };
+        VnicSet::assemble(
+            control,
+            phy_d2h.into_producer().map_err(e("phy.d2h"))?,
+            phy_h2d.into_consumer().map_err(e("phy.h2d"))?,
+            flow_d2h.into_producer().map_err(e("flow.d2h"))?,
+            flow_h2d.into_consumer().map_err(e("flow.h2d"))?,
+            bell_plane,
+            bell_dpu,
+        )
+    }
+
+    /// The plane's end: receives the rings over `control`; returns the set and the greeting's
+    /// extra text.
+    pub fn accept(control: UnixStream) -> Result<(VnicSet, String), VnicError> {
+        let mut buf = vec![0u8; 4096];
+        let (n, fds) =
+            fdpass::recv_with_fds(&control, &mut buf, 6).map_err(io_err("receiving the rings"))?;
+        let text = String::from_utf8_lossy(&buf[..n]).to_string();
+        let Some(extra) = text.strip_prefix(std::str::from_utf8(HELLO).expect("ascii")) else {
+            return Err(VnicError::Handshake(format!(
+                "unexpected greeting {text:?}"
+            )));
+        };
+        let extra = extra.trim().to_string();
+        let fds: Vec<OwnedFd> = fds;
+        let [phy_d2h, phy_h2d, flow_d2h, flow_h2d, bell_dpu, bell_plane]: [OwnedFd; 6] =
+            fds.try_into().map_err(|v: Vec<OwnedFd>| {
+                VnicError::Handshake(format!("expected 6 descriptors, got {}", v.len()))
+            })?;
+        let e = |ring: &'static str| {
+            move |e: crate::ring::RingError| VnicError::Ring {
+                ring,
+                detail: e.to_string(),
+            }
+        };
+        let map = |name: &'static str, fd| SharedRing::from_fd(fd).map_err(e(name));
+        let set = VnicSet::assemble(
+            control,
+            map("phy.h2d", phy_h2d)?
+                .into_producer()
+                .map_err(e("phy.h2d"))?,
+            map("phy.d2h", phy_d2h)?
+                .into_consumer()
+                .map_err(e("phy.d2h"))?,
+            map("flow.h2d", flow_h2d)?
+                .into_producer()
+                .map_err(e("flow.h2d"))?,
+            map("flow.d2h", flow_d2h)?
+                .into_consumer()
+                .map_err(e("flow.d2h"))?,
+            Doorbell::from_fd(bell_dpu).map_err(e("doorbell of the DPU"))?,
+            Doorbell::from_fd(bell_plane).map_err(e("doorbell of the plane"))?,
+        )?;
+        Ok((set, extra))
+    }
+
+    fn assemble(
+        control: UnixStream,
+        phy_tx: Producer,
+        phy_rx: Consumer,
+        flow_tx: Producer,
+        flow_rx: Consumer,
+        peer_bell: Doorbell,
+        my_bell: Doorbell,
+    ) -> Result<VnicSet, VnicError> {
+        control
+            .set_nonblocking(true)
+            .map_err(io_err("setting the control socket non-blocking"))?;
+        Ok(VnicSet {
+            phy_tx,
+            phy_rx,
+            flow_tx,
+            flow_rx,
+            peer_bell,
+            my_bell,
+            control,
+            control_in: Vec::with_capacity(64 << 10),
+            control_out: Vec::with_capacity(64 << 10),
+            scratch: Vec::with_capacity(256),
+            kick_pending: false,
+            counters: VnicCounters::default(),
+        })
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &VnicCounters {
+        &self.counters
+    }
+
+    /// The fds to poll for input: this end's doorbell and the control socket.
+    pub fn poll_fds(&self) -> [BorrowedFd<'_>; 2] {
+        [self.my_bell.as_fd(), self.control.as_fd()]
+    }
+
+    /// Pushes a frame with its message on the phy ring; false (and counted) if the ring is full.
+    pub fn send_frame(&mut self, msg: &Msg, port: u32, vnet: &[u8; 12], frame: &[u8]) -> bool {
+        PhyTx {
+            phy_tx: &mut self.phy_tx,
+            scratch: &mut self.scratch,
+            counters: &mut self.counters,
+            kick_pending: &mut self.kick_pending,
+        }
+        .send_frame(msg, port, vnet, frame)
+    }
+
+    /// Sends a message (with the conntrack snapshot of its connection, if any) on the flow ring
+    /// or the control socket.
+    pub fn send_msg(
+        &mut self,
+        control: bool,
+        msg: &Msg,
+        snap: Option<&CtSnapshot>,
+    ) -> Result<bool, VnicError> {
+        self.scratch.clear();
+        codec::encode_msg(&mut self.scratch, msg);
+        codec::encode_snapshot(&mut self.scratch, snap);
+        if control {
+            let len = self.scratch.len() as u32 + 1;
+            self.control_out.extend_from_slice(&len.to_le_bytes());
+            self.control_out.push(CONTROL_MSG);
+            self.control_out.extend_from_slice(&self.scratch);
+            self.counters.control_tx += 1;
+            self.flush_control()?;
+            return Ok(true);
+        }
+        match self.flow_tx.try_push(&self.scratch) {
+            Ok(()) => {
+                self.counters.flow_tx += 1;
+                self.kick_pending |= self.flow_tx.needs_kick();
+                Ok(true)
+            }
+            Err(_) => {
+                self.counters.flow_full += 1;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Sends a JSON document on the control socket: the plane's statistics, or an operator's
+    /// command for the plane (records of kind [`CONTROL_STATS`] / [`CONTROL_COMMAND`]).
+    pub fn send_json(&mut self, kind: u8, doc: &serde_json::Value) -> Result<(), VnicError> {
+        let body = serde_json::to_vec(doc).expect("a JSON value serialises");
+        let len = body.len() as u32 + 1;
+        self.control_out.extend_from_slice(&len.to_le_bytes());
+        self.control_out.push(kind);
+        self.control_out.extend_from_slice(&body);
+        self.counters.control_tx += 1;
+        self.flush_control()
+    }
+
+    /// Writes buffered control bytes; an error if the peer is gone or stalled.
+    pub fn flush_control(&mut self) -> Result<(), VnicError> {
+        while !self.control_out.is_empty() {
+            match self.control.write(&self.control_out) {
+                Ok(0) => return Err(VnicError::Closed),
+                Ok(n) => {
+                    self.control_out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Err(VnicError::Closed),
+                Err(e) => return Err(io_err("writing the control socket")(e)),
+            }
+        }
+        if self.control_out.len() > CONTROL_BUF_MAX {
+            return Err(VnicError::Stalled(self.control_out.len()));
+        }
+        Ok(())
+    }
+
+    /// Kicks the peer if a push since the last call found it asleep.
+    pub fn kick(&mut self) {
+        if std::mem::take(&mut self.kick_pending) {
+            // A failed kick (the peer closed its end) surfaces as a closed control socket.
+            let _ = self.peer_bell.kick();
+            self.counters.kicks += 1;
+        }
+    }
+
+    /// Pops up to `max` phy records.
+    pub fn recv_frames(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(PhyRecord<'_>),
+    ) -> Result<usize, VnicError> {
+        self.recv_frames_tx(max, |rec, _| f(rec))
+    }
+
+    /// Pops up to `max` phy records; `f` may send frames back on the phy ring while a record
+    /// is borrowed (no copy: a processed frame goes from the receive ring to the send ring).
+    pub fn recv_frames_tx(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(PhyRecord<'_>, &mut PhyTx<'_>),
+    ) -> Result<usize, VnicError> {
+        let mut bad = None;
+        let mut tx = PhyTx {
+            phy_tx: &mut self.phy_tx,
+            scratch: &mut self.scratch,
+            counters: &mut self.counters,
+            kick_pending: &mut self.kick_pending,
+        };
+        let n = self
+            .phy_rx
+            .pop_batch(max, |rec| {
+                let mut r = Reader::new(rec);
+                let parsed = codec::decode_msg(&mut r).and_then(|msg| {
+                    let port = r.u32("phy.port")?;
+                    let rest = r.rest();
+                    if rest.len() < 12 {
+                        return Err(CodecError::Truncated {
+                            field: "phy.vnet",
+                            need: 12,
+                            have: rest.len(),
+                        });
+                    }
+                    Ok((msg, port, &rest[..12], &rest[12..]))
+                });
+                match parsed {
+                    Ok((msg, port, vnet, frame)) => f(
+                        PhyRecord {
+                            msg,
+                            port,
+                            vnet,
+                            frame,
+                        },
+                        &mut tx,
+                    ),
+                    Err(e) => {
+                        bad.get_or_insert(e);
+                    }
+                }
+            })
+            .map_err(|e| VnicError::Ring {
+                ring: "phy",
+                detail: e.to_string(),
+            })?;
+        self.counters.phy_rx += n as u64;
+        match bad {
+            Some(source) => Err(VnicError::Codec {
+                channel: "phy",
+                source,
+            }),
+            None => Ok(n),
+        }
+    }
+
+    /// Pops up to `max` flow records.
+    pub fn recv_flow(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(Msg, Option<CtSnapshot>),
+    ) -> Result<usize, VnicError> {
+        let mut bad = None;
+        let n = self
+            .flow_rx
+            .pop_batch(max, |rec| {
+                let mut r = Reader::new(rec);
+                match codec::decode_msg(&mut r)
+                    .and_then(|m| codec::decode_snapshot(&mut r).map(|s| (m, s)))
+                {
+                    Ok((m, s)) => f(m, s),
+                    Err(e) => {
+                        bad.get_or_insert(e);
+                    }
+                }
+            })
+            .map_err(|e| VnicError::Ring {
+                ring: "flow",
+                detail: e.to_string(),
+            })?;
+        self.counters.flow_rx += n as u64;
+        match bad {
+            Some(source) => Err(VnicError::Codec {
+                channel: "flow",
+                source,
+            }),
+            None => Ok(n),
+        }
+    }
+
+    /// Reads the control socket and hands every complete record to `f`.
+    pub fn recv_control(&mut self, mut f: impl FnMut(Control)) -> Result<usize, VnicError> {
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            match self.control.read(&mut buf) {
+                Ok(0) => return Err(VnicError::Closed),
+                Ok(n) => self.control_in.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(VnicError::Closed);
+                }
+                Err(e) => return Err(io_err("reading the control socket")(e)),
+            }
+        }
+        let mut at = 0;
+        let mut n = 0;
+        while self.control_in.len() - at >= 4 {
+            let len =
+                u32::from_le_bytes(self.control_in[at..at + 4].try_into().expect("four bytes"))
+                    as usize;
+            if len > CONTROL_BUF_MAX {
+                return Err(VnicError::Codec {
+                    channel: "control",
+                    source: CodecError::BadValue {
+                        field: "control.len",
+                        value: len as u64,
+                    },
+                });
+            }
+            if self.control_in.len() - at - 4 < len {
+                break;
+            }
+            let rec = &self.control_in[at + 4..at + 4 + len];
+            let codec_err = |source| VnicError::Codec {
+                channel: "control",
+                source,
+            };
+            match rec.split_first() {
+                Some((&CONTROL_MSG, body)) => {
+                    let mut r = Reader::new(body);
+                    let (m, s) = codec::decode_msg(&mut r)
+                        .and_then(|m| codec::decode_snapshot(&mut r).map(|s| (m, s)))
+                        .map_err(codec_err)?;
+                    f(Control::Msg(m, s));
+                }
+                Some((&kind, body)) if kind == CONTROL_STATS || kind == CONTROL_COMMAND => {
+                    let doc = serde_json::from_slice(body).map_err(|_| {
+                        codec_err(CodecError::BadValue {
+                            field: "control.json",
+                            value: body.len() as u64,
+                        })
+                    })?;
+                    f(Control::Json(kind, doc));
+                }
+                Some((&kind, _)) => {
+                    return Err(codec_err(CodecError::BadValue {
+                        field: "control.kind",
+                        value: u64::from(kind),
+                    }));
+                }
+                None => {
+                    return Err(codec_err(CodecError::Truncated {
+                        field: "control.kind",
+                        need: 1,
+                        have: 0,
+                    }));
+                }
+            }
+            at += 4 + len;
+            n += 1;
+        }
+        self.control_in.drain(..at);
+        self.counters.control_rx += n as u64;
+        Ok(n)
+    }
+
+    /// Before sleeping in `poll`: arms this end's doorbell. False if records arrived meanwhile
+    /// (do not sleep).
+    pub fn prepare_sleep(&mut self) -> bool {
+        self.phy_rx.prepare_sleep() && self.flow_rx.prepare_sleep()
+    }
+
+    /// After waking: disarms the doorbell and clears its count.
+    pub fn woke(&mut self) {
+        self.phy_rx.woke();
+        self.flow_rx.woke();
+        let _ = self.my_bell.drain();
+    }
+}

@@ -1,0 +1,334 @@
+//! TAP devices against the real kernel: frames cross between a `Tap` fd and sockets in a
+//! network namespace, in both directions, with and without the virtio-net header's offloads.
+//! Each test creates a TAP with a unique name, moves it into a fresh namespace (recorded in a
+//! ledger, so it is removed even when an assertion fails), gives it an address and a permanent
+//! neighbour entry for a peer that exists only as this test's reads and writes on the fd, then
+//! checks byte by byte what the kernel sent or received. The TCP test answers the handshake by
+//! hand and shows that TSO super-frames (gso_type TCPV4, longer than the MTU) pass through.
+//! Needs root; without it the tests skip (or fail under CI=true).
+
+mod oslab;
+
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use oslab::{Lab, in_netns, parse_ipv4, read_until, spawn_in_netns, tcp_frame, udp_frame, unique};
+use spillway_rt::netns;
+use spillway_rt::tap::{FrameBatch, Tap, TapOptions};
+use spillway_rt::vnet::{VnetHdr, complete_checksum};
+use spillway_wire::MacAddr;
+
+const LOCAL_MAC: MacAddr = MacAddr([0x02, 0x00, 0x00, 0x00, 0x00, 0x01]);
+const PEER_MAC: MacAddr = MacAddr([0x02, 0x00, 0x00, 0x00, 0x00, 0x02]);
+const LOCAL_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+const PEER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A TAP inside its own namespace, addressed LOCAL_IP/24 with PEER_IP -> PEER_MAC pinned.
+struct TapNs {
+    // Field order: the TAP closes (and its interface disappears) before the lab deletes the
+    // namespace.
+    tap: Tap,
+    ns: String,
+    _lab: Lab,
+}
+
+fn tap_in_netns(opts: TapOptions) -> TapNs {
+    let mut lab = Lab::new();
+    let ns = unique("swt");
+    lab.ledger.netns_add(&ns).unwrap();
+    let tap = Tap::create(&unique("swt"), opts).unwrap();
+    let dev = tap.name().to_owned();
+    netns::link_set_netns(&dev, &ns).unwrap();
+    let ns_ = Some(ns.as_str());
+    // No IPv6 on the TAP: router solicitations and MLD reports would be noise on the fd.
+    if std::path::Path::new("/proc/sys/net/ipv6").exists() {
+        netns::sysctl(ns_, &format!("net/ipv6/conf/{dev}/disable_ipv6"), "1").unwrap();
+    }
+    netns::link_set_mac(ns_, &dev, LOCAL_MAC).unwrap();
+    netns::addr_add(ns_, &dev, &format!("{LOCAL_IP}/24")).unwrap();
+    netns::link_set_up(ns_, "lo").unwrap();
+    netns::link_set_up(ns_, &dev).unwrap();
+    netns::neigh_add_permanent(ns_, PEER_IP.into(), PEER_MAC, &dev).unwrap();
+    TapNs { tap, ns, _lab: lab }
+}
+
+fn is_udp_to(port: u16) -> impl Fn(&VnetHdr, &[u8]) -> bool {
+    move |_, f| parse_ipv4(f).is_some_and(|p| p.proto == 17 && p.dport() == port)
+}
+
+#[test]
+fn tap_delivers_udp_sent_in_the_namespace_with_a_full_checksum() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    let t = tap_in_netns(TapOptions::default());
+    assert!(t.tap.vnet_hdr());
+    in_netns(&t.ns, || {
+        let s = UdpSocket::bind((LOCAL_IP, 4000)).unwrap();
+        s.send_to(b"hello from the namespace", (PEER_IP, 9999))
+            .unwrap();
+    });
+
+    let frame = read_until(&t.tap.queues()[0], TIMEOUT, is_udp_to(9999));
+    let hdr = VnetHdr::parse(&frame).unwrap();
+    // Without offloads the kernel must finish the checksum itself and say nothing special.
+    assert_eq!(hdr.gso_type, VnetHdr::GSO_NONE);
+    assert!(!hdr.needs_csum(), "{hdr:?}");
+    let p = parse_ipv4(&frame[VnetHdr::LEN..]).unwrap();
+    assert_eq!((p.dst_mac, p.src_mac), (PEER_MAC, LOCAL_MAC));
+    assert_eq!((p.src, p.dst), (LOCAL_IP, PEER_IP));
+    assert_eq!((p.sport(), p.dport()), (4000, 9999));
+    assert_eq!(&p.l4[8..], b"hello from the namespace");
+    assert!(p.ip_checksum_ok());
+    assert!(
+        p.l4_checksum_ok(),
+        "UDP checksum must be complete without offloads"
+    );
+}
+
+#[test]
+fn tap_with_offloads_hands_over_partial_checksums_that_complete_checksum_finishes() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    let opts = TapOptions {
+        offload: true,
+        ..TapOptions::default()
+    };
+    let t = tap_in_netns(opts);
+    assert!(t.tap.offloads().csum && t.tap.offloads().tso);
+    in_netns(&t.ns, || {
+        let s = UdpSocket::bind((LOCAL_IP, 4001)).unwrap();
+        s.send_to(b"partial", (PEER_IP, 9999)).unwrap();
+    });
+
+    let mut frame = read_until(&t.tap.queues()[0], TIMEOUT, is_udp_to(9999));
+    let hdr = VnetHdr::parse(&frame).unwrap();
+    assert!(hdr.needs_csum(), "device offers checksum offload: {hdr:?}");
+    assert!(!hdr.is_gso());
+    // Checksumming starts at the UDP header; the result goes in its checksum field.
+    assert_eq!((hdr.csum_start, hdr.csum_offset), (34, 6));
+    assert!(!parse_ipv4(&frame[VnetHdr::LEN..]).unwrap().l4_checksum_ok());
+
+    complete_checksum(&mut frame[VnetHdr::LEN..], &hdr).unwrap();
+    let p = parse_ipv4(&frame[VnetHdr::LEN..]).unwrap();
+    assert_eq!(&p.l4[8..], b"partial");
+    assert!(
+        p.l4_checksum_ok(),
+        "complete_checksum must produce a valid UDP checksum"
+    );
+}
+
+#[test]
+fn tap_write_reaches_a_udp_socket_in_the_namespace() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    let t = tap_in_netns(TapOptions::default());
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let receiver = spawn_in_netns(&t.ns, move || {
+        let s = UdpSocket::bind((LOCAL_IP, 9998)).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        for _ in 0..2 {
+            let (n, from) = s.recv_from(&mut buf).expect("datagram from the TAP");
+            got.push((buf[..n].to_vec(), from));
+        }
+        got
+    });
+    ready_rx.recv_timeout(TIMEOUT).unwrap();
+
+    let one = udp_frame(PEER_MAC, LOCAL_MAC, PEER_IP, LOCAL_IP, 5555, 9998, b"one");
+    let n = t.tap.write_vectored(&VnetHdr::NONE, &one).unwrap();
+    assert_eq!(n, VnetHdr::LEN + one.len());
+    // The same through plain write(), header and frame in one buffer.
+    let two = udp_frame(PEER_MAC, LOCAL_MAC, PEER_IP, LOCAL_IP, 5555, 9998, b"two");
+    let mut buf = VnetHdr::NONE.to_bytes().to_vec();
+    buf.extend_from_slice(&two);
+    assert_eq!(t.tap.write(&buf).unwrap(), buf.len());
+
+    let got = receiver.join().unwrap();
+    let from: SocketAddr = (PEER_IP, 5555).into();
+    assert_eq!(got, vec![(b"one".to_vec(), from), (b"two".to_vec(), from)]);
+}
+
+#[test]
+fn read_batch_drains_queued_frames_up_to_the_batch_size() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    let t = tap_in_netns(TapOptions::default());
+    in_netns(&t.ns, || {
+        let s = UdpSocket::bind((LOCAL_IP, 4002)).unwrap();
+        for i in 0..5u8 {
+            s.send_to(&[i; 10], (PEER_IP, 9997)).unwrap();
+        }
+    });
+    let q = &t.tap.queues()[0];
+    let mut batch = FrameBatch::new(3, 2048);
+    let mut payloads = Vec::new();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while payloads.len() < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "got only {payloads:?}"
+        );
+        q.wait_readable(Some(Duration::from_millis(100))).unwrap();
+        batch.clear();
+        let n = q.read_batch(&mut batch).unwrap();
+        assert!(n <= 3 && n == batch.len());
+        for f in batch.iter() {
+            if let Some(p) = parse_ipv4(&f[VnetHdr::LEN..]).filter(|p| p.dport() == 9997) {
+                payloads.push(p.l4[8]);
+            }
+        }
+    }
+    assert_eq!(payloads, vec![0, 1, 2, 3, 4]);
+    // Drained: an empty queue is 0 frames, and a plain read says WouldBlock.
+    batch.clear();
+    assert_eq!(q.read_batch(&mut batch).unwrap(), 0);
+    let mut buf = [0u8; 2048];
+    assert_eq!(q.read(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
+}
+
+/// The kernel's TCP in the namespace talks to a "peer" that is this test: we answer its SYN
+/// with a SYN-ACK (MSS 1460, window 65535) written into the TAP, then let it send a burst. With
+/// TSO offered by the TAP, the burst leaves as GSO super-frames longer than the MTU.
+#[test]
+fn tap_with_offloads_passes_tso_super_frames_through() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    let opts = TapOptions {
+        offload: true,
+        ..TapOptions::default()
+    };
+    let t = tap_in_netns(opts);
+    let q = &t.tap.queues()[0];
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let client = spawn_in_netns(&t.ns, move || {
+        let s = TcpStream::connect_timeout(&(PEER_IP, 7777).into(), TIMEOUT).expect("connect");
+        // Close with RST, not FIN-and-linger: the peer will never ACK, and an orphaned socket
+        // would keep retransmitting (and keep the namespace alive) for minutes.
+        rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO)).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let data = vec![0x5a; 256 * 1024];
+        let sent = match std::io::Write::write(&mut &s, &data) {
+            Ok(n) => n,
+            Err(e) => panic!("send: {e}"),
+        };
+        let _ = done_rx.recv_timeout(TIMEOUT);
+        sent
+    });
+
+    let syn = read_until(q, TIMEOUT, |_, f| {
+        parse_ipv4(f).is_some_and(|p| p.proto == 6 && p.dport() == 7777 && p.l4[13] == 0x02)
+    });
+    let p = parse_ipv4(&syn[VnetHdr::LEN..]).unwrap();
+    let client_port = p.sport();
+    let isn = u32::from_be_bytes(p.l4[4..8].try_into().unwrap());
+    let syn_ack = tcp_frame(
+        PEER_MAC,
+        LOCAL_MAC,
+        PEER_IP,
+        LOCAL_IP,
+        7777,
+        client_port,
+        1000,
+        isn.wrapping_add(1),
+        0x12, // SYN | ACK
+        1460,
+    );
+    t.tap.write_vectored(&VnetHdr::NONE, &syn_ack).unwrap();
+
+    let gso = read_until(q, TIMEOUT, |hdr, f| {
+        hdr.is_gso() && parse_ipv4(f).is_some_and(|p| p.proto == 6 && p.sport() == client_port)
+    });
+    done_tx.send(()).unwrap();
+    let sent = client.join().unwrap();
+    assert!(sent > 1460, "the client queued only {sent} bytes");
+
+    let hdr = VnetHdr::parse(&gso).unwrap();
+    let frame = &gso[VnetHdr::LEN..];
+    assert_eq!(
+        hdr.gso_type & !VnetHdr::GSO_ECN,
+        VnetHdr::GSO_TCPV4,
+        "{hdr:?}"
+    );
+    assert_eq!(hdr.gso_size, 1460, "segments at the MSS we announced");
+    assert!(
+        hdr.needs_csum(),
+        "a TSO frame carries a partial checksum: {hdr:?}"
+    );
+    assert!(
+        frame.len() > 1514,
+        "a super-frame longer than MTU + Ethernet header, got {} bytes",
+        frame.len()
+    );
+    let p = parse_ipv4(frame).unwrap();
+    assert_eq!(p.dst, PEER_IP);
+    // hdr_len is the linear part of the skb: at least the headers, a hint only.
+    assert!(usize::from(hdr.hdr_len) >= 14 + 20 + 20, "{hdr:?}");
+}
+
+#[test]
+fn multiqueue_tap_has_one_fd_per_queue_and_disappears_with_them() {
+    if !oslab::require_root("TAP devices") {
+        return;
+    }
+    let opts = TapOptions {
+        queues: 2,
+        ..TapOptions::default()
+    };
+    let tap = Tap::create(&unique("swq"), opts).unwrap();
+    let name = tap.name().to_owned();
+    assert_eq!(tap.queues().len(), 2);
+    assert!(tap.as_fd(1).is_some() && tap.as_fd(2).is_none());
+    let sys = std::path::PathBuf::from(format!("/sys/class/net/{name}"));
+    let flags = std::fs::read_to_string(sys.join("tun_flags")).unwrap();
+    let flags = i64::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap();
+    assert_eq!(flags & 0x0100, 0x0100, "IFF_MULTI_QUEUE in {flags:#x}");
+    assert_eq!(flags & 0x4000, 0x4000, "IFF_VNET_HDR in {flags:#x}");
+    drop(tap);
+    assert!(
+        !sys.exists(),
+        "non-persistent TAP must vanish when its fds close"
+    );
+}
+
+#[test]
+fn persistent_tap_outlives_its_fd_until_the_ledger_removes_it() {
+    if !oslab::require_root("TAP devices") {
+        return;
+    }
+    let mut lab = Lab::new();
+    let name = unique("swp");
+    lab.ledger
+        .record(netns::LedgerEntry::Link {
+            name: name.clone(),
+            ns: None,
+        })
+        .unwrap();
+    let tap = Tap::create(&name, TapOptions::default()).unwrap();
+    tap.set_persist(true).unwrap();
+    drop(tap);
+    assert!(
+        netns::link_exists(&name, None).unwrap(),
+        "persistent TAP gone"
+    );
+    let report = lab.ledger.cleanup();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.removed.len(), 1);
+    assert!(!netns::link_exists(&name, None).unwrap());
+}
+
+#[test]
+fn tap_names_longer_than_15_bytes_are_refused() {
+    let err = Tap::create("a-name-too-long!", TapOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("15 bytes"), "{err}");
+}
