@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use spillway_rt::ctl::{CtlRequest, ctl_call};
 use spillway_rt::dpud::{DpuDaemon, RunOptions};
 use spillway_rt::planed::{self, PlaneOptions};
-use spillway_rt::testbed::Testbed;
+use spillway_rt::testbed::{InitialHold, Testbed};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,6 +18,10 @@ pub struct RunArgs {
     /// Written with the DPU process's pid once the testbed is up.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// Override the testbed's initial hold: auto (URSched decides), active (force a plane
+    /// active), released (DPU only).
+    #[arg(long)]
+    pub hold: Option<String>,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     pub log: String,
@@ -101,7 +105,15 @@ fn level(s: &str) -> Result<tracing::Level> {
 /// `spillway run`.
 pub fn run(args: &RunArgs) -> Result<()> {
     spillway_rt::log::init(level(&args.log)?, spillway_rt::log::LogFormat::Text);
-    let testbed = Testbed::load(&args.config)?;
+    let mut testbed = Testbed::load(&args.config)?;
+    if let Some(h) = &args.hold {
+        testbed.hold = match h.as_str() {
+            "auto" => InitialHold::Auto,
+            "active" => InitialHold::Active,
+            "released" => InitialHold::Released,
+            _ => bail!("--hold: expected auto, active or released, got {h:?}"),
+        };
+    }
     spillway_rt::signals::install().context("installing signal handlers")?;
     let plane_exe = std::env::current_exe().context("locating the spillway binary")?;
     let daemon = DpuDaemon::start(RunOptions {

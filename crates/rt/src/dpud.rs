@@ -271,6 +271,26 @@ impl DataPath {
     }
 }
 
+/// Whether `msg` comes from the connection's owner (or hands ownership over), so that the
+/// conntrack snapshot riding on it is authoritative. An `Update` comes from a plane holding only
+/// a copy: its snapshot may be behind the owner's and must not replace it.
+pub fn carries_owner_state(msg: &Msg) -> bool {
+    use spillway_fabric::types::SyncKind;
+    matches!(
+        msg,
+        Msg::Sync {
+            kind: SyncKind::Mirror | SyncKind::Handover,
+            ..
+        } | Msg::Recall { .. }
+            | Msg::DeleteAck { state: Some(_), .. }
+    )
+}
+
+/// The connection id a snapshot's connection has in `flows`.
+fn conn_of(flows: &Flows, s: &spillway_vswitch::conntrack::CtSnapshot) -> ConnId {
+    flows.id_of(s.zone, &s.orig)
+}
+
 fn sample_f64(v: &crate::metrics::SampleValue) -> f64 {
     match *v {
         crate::metrics::SampleValue::U64(x) => x as f64,
@@ -393,16 +413,22 @@ impl DataPath {
             vnet: vnet.try_into().expect("12 bytes"),
             frame,
         };
-        route_outputs(self, plane, now, Some(&ctx))?;
         let after = self.dpu.counters();
         let delivered =
             (after.hw_delivered - c.hw_delivered) + (after.soc_delivered - c.soc_delivered);
+        // Forward before sending the core's messages: a state sync this frame caused then
+        // carries the conntrack entry as this frame left it, not one packet behind.
         if delivered == u64::from(segs) {
             self.forward(now, port, vnet, frame);
+        }
+        route_outputs(self, plane, now, Some(&ctx))?;
+        if delivered == u64::from(segs) {
+            // Sent on above.
         } else if delivered > 0 {
             self.counters.drop_partial_gso += 1;
-        } else if self.dpu.drops().total() > drops {
+        } else if delivered == 0 && self.dpu.drops().total() > drops {
             self.counters.drop_fabric += 1;
+            tracing::debug!(target: "spillway::drop", kind = ?train.kind, side = ?train.side, flags = parsed.outer.tcp_flags, len = frame.len(), "a DPU limit dropped a frame");
         }
         Ok(())
     }
@@ -666,6 +692,7 @@ impl DpuDaemon {
                         dp.forward(now, port, rec.vnet, rec.frame);
                     } else {
                         dp.counters.drop_fabric += 1;
+                        tracing::debug!(target: "spillway::drop", kind = ?t.kind, side = ?t.side, len = rec.frame.len(), known = dp.flows.get(t.conn).is_some(), "a punted frame found no state");
                     }
                 }
                 _ => {}
@@ -702,8 +729,16 @@ impl DpuDaemon {
             dp.dpu.handle_plane_up(now);
         }
         for (m, s) in inbox {
-            dp.adopt(now, s);
             dp.dpu.handle_msg(now, m);
+            // Adopt the conntrack entry only from the connection's owner (or a handover), and
+            // only if the core still holds the connection: a late mirror of a connection that
+            // has closed meanwhile must not resurrect the driver's record.
+            if let Some(snap) = s
+                && carries_owner_state(&m)
+                && dp.dpu.conn(conn_of(&dp.flows, &snap)).is_some()
+            {
+                dp.adopt(now, Some(snap));
+            }
         }
         if let Some(e) = failure {
             self.plane_failed(now, &e);
@@ -1024,6 +1059,7 @@ impl DpuDaemon {
             "rates_per_s": self.rates.per_sec,
             "counters": counters,
             "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
+            "vswitch_drops": self.dp.pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "activations": self.activations,
             "events": self.events.iter().rev().take(16).map(|e| json!({
                 "at_s": e.at.0 as f64 / 1e9, "event": e.what.name(), "reason": e.reason,
@@ -1104,6 +1140,13 @@ impl DpuDaemon {
         }
         for (n, v) in self.dp.counters.iter() {
             out.push(Sample::counter(n, v));
+        }
+        for (n, v) in self.dp.pipeline.drops().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("frames the DPU's vSwitch pipeline dropped")
+                    .with_label("plane", "dpu"),
+            );
         }
         let fc = self.dp.flows.counters();
         for (n, v) in [

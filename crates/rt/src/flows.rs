@@ -10,8 +10,9 @@
 //! are then unknown and the fabric counts them as `no_state` drops, which is what a full
 //! connection table does on a real DPU.
 //!
-//! TCP: an unknown SYN opens; SYN-ACK, FIN and handshake ACKs are control; RST closes at once;
-//! after both sides' FIN, the first pure ACK closes. An unknown non-SYN segment is `Data` of an
+//! TCP: a SYN (without ACK) opens, also when repeated; SYN-ACK, FIN and handshake ACKs are
+//! control; RST closes at once;
+//! after both sides' FIN, the first closer's pure ACK closes. An unknown non-SYN segment is `Data` of an
 //! unknown connection (a stray after a close, or a connection older than this process).
 //! Other protocols: the first datagram opens, the rest are data.
 
@@ -37,6 +38,8 @@ pub struct RtConn {
     pub orig: FlowKey,
     /// FIN seen from (orig, reply).
     pub fin: [bool; 2],
+    /// The side whose FIN came first (0 orig, 1 reply), once one has.
+    pub first_fin: Option<u8>,
     /// Last frame.
     pub last_seen: Instant,
 }
@@ -105,6 +108,11 @@ impl Flows {
         self.conns.get(&conn)
     }
 
+    /// The id `key`'s connection has in `zone`.
+    pub fn id_of(&self, zone: TenantId, key: &FlowKey) -> ConnId {
+        conn_id(&self.seed, zone, key)
+    }
+
     /// Remembers a connection learnt from the other plane (a state sync), so frames of it that
     /// arrive here later are classified as a known connection.
     pub fn learn(&mut self, now: Instant, zone: TenantId, orig: FlowKey) -> ConnId {
@@ -114,6 +122,7 @@ impl Flows {
                 zone,
                 orig,
                 fin: [false; 2],
+                first_fin: None,
                 last_seen: now,
             });
         }
@@ -160,6 +169,7 @@ impl Flows {
                         zone,
                         orig: *key,
                         fin: [false; 2],
+                        first_fin: None,
                         last_seen: now,
                     },
                 );
@@ -177,14 +187,30 @@ impl Flows {
             return train;
         }
         let s = usize::from(side == Side::Reply);
-        train.kind = if flags & RST != 0 {
+        train.kind = if flags & (SYN | ACK | RST) == SYN {
+            // A SYN again: a retransmission (the fabric may have dropped the first at a limit,
+            // and then does not know the connection) or a new connection on a reused tuple.
+            // Either way it opens; for a connection the fabric knows, an open is a miss.
+            rec.fin = [false; 2];
+            rec.first_fin = None;
+            Kind::Open
+        } else if flags & RST != 0 {
             Kind::Close
         } else if flags & (SYN | FIN) != 0 {
             if flags & FIN != 0 {
                 rec.fin[s] = true;
+                rec.first_fin.get_or_insert(s as u8);
             }
             Kind::Control
-        } else if rec.fin[0] && rec.fin[1] && flags & ACK != 0 && bytes_is_header_only(bytes) {
+        } else if rec.fin[0]
+            && rec.fin[1]
+            && rec.first_fin == Some(s as u8)
+            && flags & ACK != 0
+            && bytes_is_header_only(bytes)
+        {
+            // The first closer acknowledges the second FIN: the last packet of an orderly
+            // close (in a simultaneous close the other side's ACK may still follow; it then
+            // meets no state, a counted `no_state` drop that only a TIME_WAIT table would save).
             Kind::Close
         } else {
             Kind::Data

@@ -171,14 +171,19 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             Err(e) => return Err(e.to_string()),
         };
         for (m, s) in inbox.drain(..) {
-            if let Some(s) = s {
+            plane.handle_msg(now, m);
+            // As in the DPU process: only the owner's state, of a connection the model still
+            // holds, is adopted.
+            if let Some(s) = s
+                && crate::dpud::carries_owner_state(&m)
+                && plane.conn(flows.id_of(s.zone, &s.orig)).is_some()
+            {
                 flows.learn(now, s.zone, s.orig);
                 match pipeline.adopt_conn(now, &s) {
                     Ok(()) => c.adopted += 1,
                     Err(_) => c.adopt_refused += 1,
                 }
             }
-            plane.handle_msg(now, m);
         }
         for doc in commands.drain(..) {
             apply_command(&doc, &mut plane, &mut pipeline);
@@ -217,6 +222,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 "placement": plane.policy_name(),
                 "epoch": pipeline.epoch().0,
                 "counters": counters,
+                "vswitch_drops": pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
             });
             vnic.send_json(CONTROL_STATS, &doc)
                 .map_err(|e| e.to_string())?;
