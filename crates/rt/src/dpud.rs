@@ -50,7 +50,7 @@ use crate::signals;
 use crate::tap::Tap;
 use crate::testbed::{InitialHold, Testbed};
 use crate::vnet::VnetHdr;
-use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, VnicSet};
+use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 
 /// Frames read from one TAP per loop turn before the next port gets its turn.
 const TAP_BATCH: usize = 64;
@@ -246,7 +246,10 @@ impl DataPath {
                 self.write_port(out, vnet, pkt.data());
                 self.pkt = pkt;
             }
-            Verdict::Drop(_) => self.counters.drop_vswitch += 1,
+            Verdict::Drop(r) => {
+                self.counters.drop_vswitch += 1;
+                tracing::debug!(target: "spillway::drop", reason = ?r, len = frame.len(), "the DPU's vSwitch dropped a frame");
+            }
         }
     }
 
@@ -418,10 +421,44 @@ impl DataPath {
             (after.hw_delivered - c.hw_delivered) + (after.soc_delivered - c.soc_delivered);
         // Forward before sending the core's messages: a state sync this frame caused then
         // carries the conntrack entry as this frame left it, not one packet behind.
+        let mut plane = plane;
+        let mut ct_changed = None;
         if delivered == u64::from(segs) {
+            // A TCP state change of a connection the DPU owns goes to the plane's copy.
+            let watch = key.proto == spillway_wire::ip_proto::TCP
+                && plane.as_ref().is_some_and(|p| p.vnic.is_some())
+                && self
+                    .dpu
+                    .conn(train.conn)
+                    .is_some_and(|c| c.role == Role::Owner);
+            let before = if watch {
+                self.pipeline
+                    .export_conn(now, tenant, &key)
+                    .map(|s| s.state)
+            } else {
+                None
+            };
             self.forward(now, port, vnet, frame);
+            if watch
+                && let Some(after) = self.pipeline.export_conn(now, tenant, &key)
+                && Some(after.state) != before
+            {
+                ct_changed = Some(after);
+            }
         }
-        route_outputs(self, plane, now, Some(&ctx))?;
+        if train.kind == spillway_fabric::types::Kind::Close && delivered == 0 {
+            // The plane (or nobody) carried the close: the DPU pipeline's entry, if any, is a
+            // stale copy that would refuse the tuple's next SYN.
+            self.pipeline.forget_conn(now, tenant, &key);
+        }
+        route_outputs(self, plane.as_deref_mut(), now, Some(&ctx))?;
+        // After the core's own messages, so a copy the plane creates from a mirror exists.
+        if let Some(after) = ct_changed
+            && let Some(v) = plane.and_then(|p| p.vnic.as_mut())
+        {
+            v.send_ct(&after);
+            v.kick();
+        }
         if delivered == u64::from(segs) {
             // Sent on above.
         } else if delivered > 0 {
@@ -704,7 +741,11 @@ impl DpuDaemon {
             Err(e) => failure = Some(e.to_string()),
         }
         let mut inbox = Vec::new();
-        let r = vnic.recv_flow(RING_BATCH, |m, s| inbox.push((m, s)));
+        let mut ct_updates = Vec::new();
+        let r = vnic.recv_flow(RING_BATCH, |rec| match rec {
+            FlowRecord::Msg(m, s) => inbox.push((m, s)),
+            FlowRecord::Ct(s) => ct_updates.push(s),
+        });
         match r {
             Ok(n) => busy |= n > 0,
             Err(e) => failure = Some(e.to_string()),
@@ -737,6 +778,13 @@ impl DpuDaemon {
                 && carries_owner_state(&m)
                 && dp.dpu.conn(conn_of(&dp.flows, &snap)).is_some()
             {
+                dp.adopt(now, Some(snap));
+            }
+        }
+        for snap in ct_updates {
+            // The plane owns the connection; the DPU keeps its copy current.
+            let id = conn_of(&dp.flows, &snap);
+            if dp.dpu.conn(id).is_some_and(|c| c.role == Role::Copy) {
                 dp.adopt(now, Some(snap));
             }
         }
@@ -1061,7 +1109,7 @@ impl DpuDaemon {
             "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "vswitch_drops": self.dp.pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "activations": self.activations,
-            "events": self.events.iter().rev().take(16).map(|e| json!({
+            "events": self.events.iter().rev().map(|e| json!({
                 "at_s": e.at.0 as f64 / 1e9, "event": e.what.name(), "reason": e.reason,
             })).collect::<Vec<_>>(),
         })
@@ -1195,6 +1243,11 @@ impl DpuDaemon {
 
     fn publish(&mut self, now: Instant) {
         self.last_publish = now;
+        // Connections that never close (UDP) or whose close was not seen are forgotten after
+        // two minutes idle, a bounded slice per call.
+        self.dp
+            .flows
+            .expire(now, std::time::Duration::from_secs(120), 4096);
         let mut samples = Vec::new();
         self.fill_samples(&mut samples);
         self.publisher

@@ -222,6 +222,11 @@ impl Flows {
         train
     }
 
+    /// Forgets `conn` (it closed).
+    pub fn forget(&mut self, conn: ConnId) -> Option<RtConn> {
+        self.conns.remove(&conn)
+    }
+
     /// Forgets connections idle longer than `idle` (at most `budget` examined per call, so the
     /// sweep never stalls the data path); returns how many were forgotten.
     pub fn expire(&mut self, now: Instant, idle: core::time::Duration, budget: usize) -> usize {

@@ -16,6 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use serde_json::json;
+use spillway_fabric::dpu::Role;
 use spillway_fabric::params::PlacementKind;
 use spillway_fabric::spill::SpillPlane;
 use spillway_fabric::types::{Channel, ConnId, Msg, Transmit};
@@ -28,7 +29,7 @@ use crate::clock::Clock;
 use crate::flows::Flows;
 use crate::signals;
 use crate::testbed::Testbed;
-use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, VnicSet};
+use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 
 /// Options of `spillway spill-plane`.
 #[derive(Debug)]
@@ -75,6 +76,8 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
     let mut inbox: Vec<(Msg, Option<spillway_vswitch::conntrack::CtSnapshot>)> = Vec::new();
     let mut commands: Vec<serde_json::Value> = Vec::new();
     let mut deferred: Vec<Msg> = Vec::with_capacity(64);
+    let mut ct_out: Vec<spillway_vswitch::conntrack::CtSnapshot> = Vec::with_capacity(64);
+    let mut ct_in: Vec<spillway_vswitch::conntrack::CtSnapshot> = Vec::with_capacity(64);
     let parse_opts = spillway_wire::ParseOptions {
         vxlan_port: tb.policy.host().vxlan_port,
     };
@@ -90,26 +93,30 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         // from the receive ring straight onto the send ring.
         deferred.clear();
         let r = {
-            let (plane, pipeline, flows, pkt, c, deferred) = (
+            let (plane, pipeline, flows, pkt, c, deferred, ct_out) = (
                 &mut plane,
                 &mut pipeline,
                 &mut flows,
                 &mut pkt,
                 &mut c,
                 &mut deferred,
+                &mut ct_out,
             );
             vnic.recv_frames_tx(256, |rec, tx| {
                 c.frames_in += 1;
                 let Some(t) = rec.msg.train().copied() else {
                     return;
                 };
+                let key = spillway_wire::parse_frame(rec.frame, &parse_opts)
+                    .ok()
+                    .and_then(|p| p.outer.key);
                 if t.kind == spillway_fabric::types::Kind::Open
-                    && let Ok(p) = spillway_wire::parse_frame(rec.frame, &parse_opts)
-                    && let Some(key) = p.outer.key
+                    && let Some(key) = key
                 {
                     flows.learn(now, t.tenant, key);
                 }
                 plane.handle_msg(now, Msg::Packets(t));
+                let plane_owns = plane.conn(t.conn).is_some_and(|c| c.role == Role::Owner);
                 let vnet: [u8; 12] = rec.vnet.try_into().expect("12 bytes");
                 let mut served = false;
                 while let Some(Transmit { channel, msg, .. }) = plane.poll_transmit() {
@@ -120,7 +127,26 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                                 c.drop_vswitch += 1;
                                 continue;
                             }
-                            match pipeline.process(now, PortId(rec.port), pkt) {
+                            // A TCP state change of a connection the plane owns goes to the
+                            // DPU's copy (its fail-open state).
+                            let watch = key
+                                .is_some_and(|k| k.proto == spillway_wire::ip_proto::TCP)
+                                && plane_owns;
+                            let before = match (watch, key) {
+                                (true, Some(k)) => {
+                                    pipeline.export_conn(now, t.tenant, &k).map(|s| s.state)
+                                }
+                                _ => None,
+                            };
+                            let verdict = pipeline.process(now, PortId(rec.port), pkt);
+                            if watch
+                                && let Some(k) = key
+                                && let Some(after) = pipeline.export_conn(now, t.tenant, &k)
+                                && Some(after.state) != before
+                            {
+                                ct_out.push(after);
+                            }
+                            match verdict {
                                 Verdict::Forward(out) => {
                                     if tx.send_frame(&msg, out.0, &vnet, pkt.data()) {
                                         c.frames_out += 1;
@@ -144,6 +170,9 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 if !served {
                     c.drop_model += 1;
                 }
+                if t.kind == spillway_fabric::types::Kind::Close {
+                    flows.forget(t.conn);
+                }
             })
         };
         for msg in deferred.drain(..) {
@@ -151,13 +180,33 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             vnic.send_msg(channel_is_control(&msg), &msg, snap.as_ref())
                 .map_err(|e| e.to_string())?;
         }
+        // After the model's own messages, so a copy the DPU creates from a mirror exists.
+        for s in ct_out.drain(..) {
+            vnic.send_ct(&s);
+        }
         let out_frames = 0usize;
         let busy_frames = r.map_err(|e| e.to_string())? > 0;
         // Flow ring and control.
         inbox.clear();
+        ct_in.clear();
         let flow_n = vnic
-            .recv_flow(256, |m, s| inbox.push((m, s)))
+            .recv_flow(256, |rec| match rec {
+                FlowRecord::Msg(m, s) => inbox.push((m, s)),
+                FlowRecord::Ct(s) => ct_in.push(s),
+            })
             .map_err(|e| e.to_string())?;
+        for s in ct_in.drain(..) {
+            // The DPU owns the connection; the plane keeps its copy current.
+            if plane
+                .conn(flows.id_of(s.zone, &s.orig))
+                .is_some_and(|c| c.role == Role::Copy)
+            {
+                match pipeline.adopt_conn(now, &s) {
+                    Ok(()) => c.adopted += 1,
+                    Err(_) => c.adopt_refused += 1,
+                }
+            }
+        }
         let ctl_n = match vnic.recv_control(|rec| match rec {
             Control::Msg(m, s) => inbox.push((m, s)),
             Control::Json(CONTROL_COMMAND, doc) => commands.push(doc),
@@ -171,6 +220,16 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             Err(e) => return Err(e.to_string()),
         };
         for (m, s) in inbox.drain(..) {
+            if let Msg::Sync {
+                kind: spillway_fabric::types::SyncKind::Closed,
+                state,
+                ..
+            } = m
+                && let Some(rec) = flows.forget(state.conn)
+            {
+                // The DPU carried the close: this pipeline's copy is stale.
+                pipeline.forget_conn(now, rec.zone, &rec.orig);
+            }
             plane.handle_msg(now, m);
             // As in the DPU process: only the owner's state, of a connection the model still
             // holds, is adopted.
@@ -196,6 +255,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         vnic.kick();
         if now.0.saturating_sub(last_stats.0) >= 500_000_000 {
             last_stats = now;
+            flows.expire(now, std::time::Duration::from_secs(120), 4096);
             let mut counters = serde_json::Map::new();
             for (k, v) in plane.counters().iter() {
                 counters.insert(k.to_string(), json!(v));

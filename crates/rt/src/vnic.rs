@@ -52,6 +52,19 @@ pub const CONTROL_STATS: u8 = 1;
 /// Control record kind: an operator's command for the plane (JSON), DPU to plane.
 pub const CONTROL_COMMAND: u8 = 2;
 
+/// Flow-ring record kind byte of a conntrack update (fabric messages start with their own tag,
+/// which is never this value).
+pub const FLOW_CT: u8 = 0xff;
+
+/// A record from the flow ring.
+#[derive(Debug)]
+pub enum FlowRecord {
+    /// A fabric message and the conntrack snapshot riding on it.
+    Msg(Msg, Option<CtSnapshot>),
+    /// The owner's conntrack entry after a TCP state change ([`VnicSet::send_ct`]).
+    Ct(CtSnapshot),
+}
+
 /// A record from the control socket.
 #[derive(Debug)]
 pub enum Control {
@@ -495,17 +508,29 @@ impl VnicSet {
     pub fn recv_flow(
         &mut self,
         max: usize,
-        mut f: impl FnMut(Msg, Option<CtSnapshot>),
+        mut f: impl FnMut(FlowRecord),
     ) -> Result<usize, VnicError> {
         let mut bad = None;
         let n = self
             .flow_rx
             .pop_batch(max, |rec| {
-                let mut r = Reader::new(rec);
-                match codec::decode_msg(&mut r)
-                    .and_then(|m| codec::decode_snapshot(&mut r).map(|s| (m, s)))
-                {
-                    Ok((m, s)) => f(m, s),
+                let parsed = match rec.split_first() {
+                    Some((&FLOW_CT, rest)) => codec::decode_snapshot(&mut Reader::new(rest))
+                        .and_then(|s| {
+                            s.map(FlowRecord::Ct).ok_or(CodecError::BadValue {
+                                field: "flow.ct",
+                                value: 0,
+                            })
+                        }),
+                    _ => {
+                        let mut r = Reader::new(rec);
+                        codec::decode_msg(&mut r).and_then(|m| {
+                            codec::decode_snapshot(&mut r).map(|s| FlowRecord::Msg(m, s))
+                        })
+                    }
+                };
+                match parsed {
+                    Ok(r) => f(r),
                     Err(e) => {
                         bad.get_or_insert(e);
                     }
@@ -522,6 +547,26 @@ impl VnicSet {
                 source,
             }),
             None => Ok(n),
+        }
+    }
+
+    /// Sends the owner's current conntrack entry of a connection whose real TCP state changed
+    /// without a change the fabric core syncs (its phases are coarser than TCP's), so the peer's
+    /// copy stays current for a fail-open or a handover. False (counted) if the ring is full.
+    pub fn send_ct(&mut self, snap: &CtSnapshot) -> bool {
+        self.scratch.clear();
+        self.scratch.push(FLOW_CT);
+        codec::encode_snapshot(&mut self.scratch, Some(snap));
+        match self.flow_tx.try_push(&self.scratch) {
+            Ok(()) => {
+                self.counters.flow_tx += 1;
+                self.kick_pending |= self.flow_tx.needs_kick();
+                true
+            }
+            Err(_) => {
+                self.counters.flow_full += 1;
+                false
+            }
         }
     }
 

@@ -282,6 +282,23 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Removes the tracked connection with `key` (either direction) in `zone`, releasing its
+    /// SNAT binding: another plane carried its last packets, so this pipeline's entry is stale
+    /// (a reused tuple must open afresh here, not meet a half-closed state). Returns whether
+    /// one was removed.
+    pub fn forget_conn(&mut self, now: Instant, zone: TenantId, key: &FlowKey) -> bool {
+        let Some((h, _)) = self.ct.lookup(now, zone, key) else {
+            return false;
+        };
+        match self.ct.remove(h) {
+            Some(c) => {
+                release_snat_of(&self.policy, &mut self.snat, &c);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The connection tracker.
     pub fn conntrack(&self) -> &Conntrack {
         &self.ct

@@ -64,6 +64,11 @@ fn adopted_connection_continues_mid_stream_in_another_pipeline() {
     b.adopt_conn(secs(3), &now).unwrap();
     assert_eq!(b.conntrack().len(), 1);
     b.check_invariants().unwrap();
+    // The other plane carried its close: forgetting the stale entry lets the tuple reopen.
+    assert!(b.forget_conn(secs(3), TenantId(1), &key.reversed()));
+    assert!(!b.forget_conn(secs(3), TenantId(1), &key));
+    assert_eq!(b.conntrack().len(), 0);
+    assert_eq!(run(&mut b, secs(3), WEB, &syn).0, Verdict::Forward(DB));
 }
 
 #[test]
