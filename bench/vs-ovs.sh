@@ -26,7 +26,7 @@ source "$ROOT/bench/lib/modes.sh"
 # shellcheck source=lib/report.sh
 source "$ROOT/bench/lib/report.sh"
 
-ALL_MODES=(veth ovs ovs-tso spillway)
+ALL_MODES=(veth ovs ovs-tso spillway dpu-only elastic)
 LOCK_FILE=/run/swvs-bench.lock
 TMP_PREFIX=/tmp/swvs-bench.
 
@@ -101,6 +101,7 @@ else
     SPILLWAY_BIN=$ROOT/target/release/spillway
 fi
 SPILLWAY_CONFIG=$(absolute "${SPILLWAY_CONFIG:-$ROOT/bench/testbed-vs-ovs.toml}")
+APPS_CONFIG=$(absolute "${APPS_CONFIG:-$ROOT/bench/testbed-apps-vs.toml}")
 
 TESTS=(tcp udp http_close)
 ((ALL_APPS)) && TESTS+=(http_keepalive redis)

@@ -144,11 +144,27 @@ mode_missing_spillway() {
     [[ -r $SPILLWAY_CONFIG ]] || echo "$SPILLWAY_CONFIG not found (set SPILLWAY_CONFIG=path)"
 }
 
-mode_up_spillway() {
-    local ready=$MODE_DIR/ready i
+mode_up_spillway() { spillway_up "$SPILLWAY_CONFIG"; }
+
+# ---- dpu-only / elastic: Spillway with the DPU's limits scaled down ---------------------------
+#
+# bench/testbed-apps-vs.toml gives the emulated DPU limits the applications saturate (a slow path
+# of about 2,000 connections/s, a 30 kpps fast path). `dpu-only` holds the spill plane released
+# (the DPU-only baseline); `elastic` lets URSched start and activate it under pressure.
+
+mode_missing_dpu-only() { SPILLWAY_CONFIG=$APPS_CONFIG mode_missing_spillway; }
+mode_missing_elastic() { SPILLWAY_CONFIG=$APPS_CONFIG mode_missing_spillway; }
+mode_up_dpu-only() { spillway_up "$APPS_CONFIG" --hold released; }
+mode_up_elastic() { spillway_up "$APPS_CONFIG" --hold auto; }
+mode_down_dpu-only() { mode_down_spillway; }
+mode_down_elastic() { mode_down_spillway; }
+
+spillway_up() {
+    local config=$1 ready=$MODE_DIR/ready i
+    shift
     # Run from the repository root so paths inside the config resolve as in `spillway run` there.
     start_bg_in "$ROOT" "$MODE_DIR/spillway.log" \
-        "$SPILLWAY_BIN" run --config "$SPILLWAY_CONFIG" --ready-file "$ready"
+        "$SPILLWAY_BIN" run --config "$config" --ready-file "$ready" "$@"
     SPILLWAY_PID=$LAST_PID
     # Spillway is the mode, not a server: mode_down_spillway stops it (with SIGINT), after the
     # servers have gone, so it leaves the list stop_bg empties.

@@ -47,7 +47,7 @@ for mode in modes:
             }
 
 pairs = [
-    ("spillway", "ovs"), ("spillway", "ovs-tso"), ("spillway", "veth"),
+    ("spillway", "ovs"), ("spillway", "ovs-tso"), ("spillway", "veth"), ("elastic", "dpu-only"),
     ("ovs", "veth"), ("ovs-tso", "veth"), ("ovs-tso", "ovs"),
 ]
 ratios = {}
