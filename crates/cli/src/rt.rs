@@ -67,6 +67,9 @@ pub enum CtlCommand {
     Release,
     /// Clear a forced activation or release: URSched decides again.
     Auto,
+    /// Pre-warm: start a plane and keep it synced in shadow, not active (a later `activate`
+    /// is then a warm activation).
+    Prepare,
     /// Change the spill plane's placement policy (first-come, ovs-rebalance, threshold,
     /// stability, none).
     SetPolicy {
@@ -155,6 +158,7 @@ pub fn ctl(args: &CtlArgs) -> Result<()> {
         CtlCommand::Activate => CtlRequest::Activate,
         CtlCommand::Release => CtlRequest::Release,
         CtlCommand::Auto => CtlRequest::Auto,
+        CtlCommand::Prepare => CtlRequest::Prepare,
         CtlCommand::SetPolicy { placement } => CtlRequest::SetPolicy {
             placement: placement.clone(),
         },

@@ -130,8 +130,9 @@ pub struct FabricEvent {
     pub what: EventKind,
     /// Why.
     pub reason: String,
-    /// For [`EventKind::Absorbing`]: when URSched's decision that led to it was taken (the
-    /// prepare decision of a cold start, the activate decision of a warm plane).
+    /// For [`EventKind::Active`] and [`EventKind::Absorbing`]: when the decision that led to
+    /// it was taken (URSched's or the operator's; the prepare decision of a cold start, the
+    /// activate decision of a warm plane).
     pub since: Option<Instant>,
 }
 
@@ -216,6 +217,9 @@ pub enum Hold {
     Active,
     /// Keep the plane released.
     Released,
+    /// Keep a plane prepared (started, bulk-synced, in shadow) but not active: a pre-warm, so
+    /// that a later activation only installs the redirect rules.
+    Shadow,
 }
 
 impl Hold {
@@ -225,6 +229,7 @@ impl Hold {
             Hold::Auto => "auto",
             Hold::Active => "active",
             Hold::Released => "released",
+            Hold::Shadow => "shadow",
         }
     }
 }
@@ -1381,14 +1386,15 @@ impl DpuNode {
         match self.phase {
             Phase::Activating { colour, live_at } if now >= live_at => {
                 self.phase = Phase::Active { colour };
-                self.event(
-                    now,
-                    EventKind::Active,
-                    format!(
+                self.events.push_back(FabricEvent {
+                    at: now,
+                    what: EventKind::Active,
+                    reason: format!(
                         "redirect rules live for {} of {} buckets",
                         self.quota, self.f.dpu.redirect_buckets
                     ),
-                );
+                    since: self.trigger,
+                });
                 self.send(now, Channel::Control, Msg::Activated { colour });
                 self.hand_over_buckets(now, 0, self.quota);
                 self.enforce_hold(now);
@@ -1549,13 +1555,16 @@ impl DpuNode {
         for d in decisions.drain(..) {
             let against_hold = matches!(
                 (self.hold, &d),
-                (Hold::Active, Decision::Release { .. })
-                    | (
-                        Hold::Released,
-                        Decision::Prepare { .. }
-                            | Decision::Activate { .. }
-                            | Decision::Quota { .. }
-                    )
+                (
+                    Hold::Active,
+                    Decision::Release { .. } | Decision::Quota { .. }
+                ) | (
+                    Hold::Released,
+                    Decision::Prepare { .. } | Decision::Activate { .. } | Decision::Quota { .. }
+                ) | (
+                    Hold::Shadow,
+                    Decision::Activate { .. } | Decision::Quota { .. } | Decision::Release { .. }
+                )
             );
             if !against_hold {
                 self.apply(now, d);
@@ -1593,7 +1602,18 @@ impl DpuNode {
                     reason: reason("activate"),
                 },
             ),
+            (Hold::Shadow, Phase::Idle) => self.apply(
+                now,
+                Decision::Prepare {
+                    workers: self.f.host.workers_initial,
+                    // A pre-warm is not a trigger: the activation that follows is.
+                    cause: crate::ursched::Cause::Memory,
+                    reason: reason("prepare (shadow)"),
+                },
+            ),
             (Hold::Active, Phase::Shadow { synced: true, .. }) => {
+                // The operator's command is the trigger of a warm activation.
+                self.trigger.get_or_insert(now);
                 self.quota = buckets;
                 self.apply(
                     now,
@@ -1616,7 +1636,7 @@ impl DpuNode {
                 },
             ),
             (
-                Hold::Auto | Hold::Active | Hold::Released,
+                Hold::Auto | Hold::Active | Hold::Released | Hold::Shadow,
                 Phase::Idle
                 | Phase::Preparing { .. }
                 | Phase::Shadow { .. }

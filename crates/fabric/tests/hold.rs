@@ -122,3 +122,39 @@ fn released_hold_releases_an_active_plane() {
         Some(Msg::Release { colour })
     );
 }
+
+#[test]
+fn shadow_hold_keeps_a_synced_plane_warm_and_a_later_activation_is_timed_from_its_command() {
+    let f = FabricParams::default();
+    let mut dpu = DpuNode::new(&f);
+    dpu.handle_hold(at(1), Hold::Shadow);
+    assert!(matches!(
+        dpu.poll_command(),
+        Some(Command::StartPlane { .. })
+    ));
+    dpu.handle_plane_up(at(2));
+    let Phase::Shadow { colour, .. } = dpu.phase() else {
+        panic!()
+    };
+    dpu.handle_msg(at(3), Msg::SyncDone { colour, count: 0 });
+    // Longer than the shadow idle-out: the hold keeps the plane warm and inactive.
+    let until = at(3) + f.sched.shadow_idle + Duration::from_secs(1);
+    run_until(&mut dpu, until, true);
+    assert!(
+        matches!(dpu.phase(), Phase::Shadow { synced: true, .. }),
+        "{:?}",
+        dpu.phase()
+    );
+    while dpu.poll_event().is_some() {}
+    dpu.handle_hold(until, Hold::Active);
+    let Phase::Activating { live_at, .. } = dpu.phase() else {
+        panic!("{:?}", dpu.phase())
+    };
+    dpu.handle_timeout(live_at);
+    let active = std::iter::from_fn(|| dpu.poll_event())
+        .find(|e| e.what == EventKind::Active)
+        .expect("active");
+    // Warm: timed from the operator's command, not from the pre-warm.
+    assert_eq!(active.since, Some(until));
+    assert_eq!(active.at - until, f.dpu.redirect_latency);
+}

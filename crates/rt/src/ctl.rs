@@ -83,6 +83,8 @@ pub enum CtlRequest {
     Release,
     /// Clear a forced activation or release: the scheduler decides again.
     Auto,
+    /// Pre-warm: bring a plane up and keep it synced in shadow, not active.
+    Prepare,
     /// Re-read the vSwitch policy from the testbed file and apply it (bumps the policy epoch).
     Reload,
     /// Change the placement policy.

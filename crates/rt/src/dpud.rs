@@ -488,7 +488,7 @@ pub struct DpuDaemon {
     publisher: SnapshotPublisher,
     events: VecDeque<FabricEvent>,
     activations: Vec<Activation>,
-    pending_trigger: Option<(Instant, bool)>,
+    last_prepare: Option<Instant>,
     last_publish: Instant,
     rates: Rates,
     rx: Vec<u8>,
@@ -616,7 +616,7 @@ impl DpuDaemon {
                 publisher,
                 events: VecDeque::new(),
                 activations: Vec::new(),
-                pending_trigger: None,
+                last_prepare: None,
                 last_publish: Instant::ZERO,
                 rates: Rates::default(),
                 rx: vec![0u8; FRAME_MAX],
@@ -830,26 +830,25 @@ impl DpuDaemon {
         tracing::info!(target: "spillway::fabric", event = ev.what.name(), at_ms = ev.at.0 as f64 / 1e6, reason = %ev.reason);
         let ms = |a: Instant, b: Instant| (a.0.saturating_sub(b.0)) as f64 / 1e6;
         match ev.what {
-            EventKind::Preparing => self.pending_trigger = Some((ev.at, true)),
-            EventKind::Activating => {
-                self.pending_trigger.get_or_insert((ev.at, false));
-            }
+            EventKind::Preparing => self.last_prepare = Some(ev.at),
             EventKind::Active => {
-                if let Some((t, cold)) = self.pending_trigger {
-                    self.activations.push(Activation {
-                        cold,
-                        rules_live_ms: Some(ms(ev.at, t)),
-                        first_packet_ms: None,
-                    });
-                }
+                // Cold when the trigger came no later than the plane's start (the prepare was
+                // part of this activation); warm when the plane was already up in shadow.
+                let cold = match (ev.since, self.last_prepare) {
+                    (Some(t), Some(p)) => t <= p,
+                    _ => false,
+                };
+                self.activations.push(Activation {
+                    cold,
+                    rules_live_ms: ev.since.map(|t| ms(ev.at, t)),
+                    first_packet_ms: None,
+                });
             }
             EventKind::Absorbing => {
                 if let (Some(since), Some(a)) = (ev.since, self.activations.last_mut()) {
                     a.first_packet_ms = Some(ms(ev.at, since));
                 }
-                self.pending_trigger = None;
             }
-            EventKind::Idle | EventKind::FailOpen => self.pending_trigger = None,
             _ => {}
         }
     }
@@ -1038,6 +1037,11 @@ impl DpuDaemon {
                 self.dp.dpu.handle_hold(now, Hold::Released);
                 self.after_input(now);
                 CtlResponse::ok(json!({"hold": "released", "phase": self.dp.dpu.phase().name()}))
+            }
+            CtlRequest::Prepare => {
+                self.dp.dpu.handle_hold(now, Hold::Shadow);
+                self.after_input(now);
+                CtlResponse::ok(json!({"hold": "shadow", "phase": self.dp.dpu.phase().name()}))
             }
             CtlRequest::Auto => {
                 self.dp.dpu.handle_hold(now, Hold::Auto);
