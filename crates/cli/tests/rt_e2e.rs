@@ -134,11 +134,25 @@ port = 2
             limited = LIMITED.replace("HW_ENTRIES", &hw_entries.to_string()),
         );
         std::fs::write(&config, text).expect("write testbed");
-        let ready = dir.path().join("ready");
-        let log = std::fs::File::create(dir.path().join("daemon.log")).expect("log file");
+        let mut bed = Bed {
+            name,
+            dir,
+            config,
+            daemon: None,
+            apps: Vec::new(),
+        };
+        bed.spawn(hold);
+        bed
+    }
+
+    /// Starts `spillway run` on this bed's testbed and waits until it is ready.
+    fn spawn(&mut self, hold: &str) {
+        let ready = self.dir.path().join("ready");
+        let _ = std::fs::remove_file(&ready);
+        let log = std::fs::File::create(self.dir.path().join("daemon.log")).expect("log file");
         let daemon = Command::new(BIN)
             .args(["run", "--config"])
-            .arg(&config)
+            .arg(&self.config)
             .arg("--ready-file")
             .arg(&ready)
             .args(["--hold", hold, "--log", "warn"])
@@ -146,26 +160,19 @@ port = 2
             .stderr(log)
             .spawn()
             .expect("spawn spillway run");
-        let mut bed = Bed {
-            name,
-            dir,
-            config,
-            daemon: Some(daemon),
-            apps: Vec::new(),
-        };
+        self.daemon = Some(daemon);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !ready.exists() {
-            if let Some(s) = bed.daemon.as_mut().unwrap().try_wait().unwrap() {
-                panic!("spillway run exited ({s}) before ready: {}", bed.log());
+            if let Some(s) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!("spillway run exited ({s}) before ready: {}", self.log());
             }
             assert!(
                 Instant::now() < deadline,
                 "not ready in 30 s: {}",
-                bed.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        bed
     }
 
     fn log(&self) -> String {
@@ -445,6 +452,43 @@ fn finish(mut c: Child, what: &str) -> String {
     out
 }
 
+/// Two long-lived connections for the length of a test: the redis pinger and a 20 Mbit/s
+/// iperf3 TCP transfer (one-second intervals).
+struct LongLived {
+    pinger: Child,
+    iperf: Child,
+}
+
+impl LongLived {
+    fn start(bed: &Bed, secs: u32) -> LongLived {
+        let pinger = redis_pinger(bed, secs);
+        let iperf = bed
+            .exec("a", "iperf3")
+            .args(["-c", "10.66.0.2", "-p", "5201", "-J", "-b", "20M", "-t"])
+            .arg(secs.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        LongLived { pinger, iperf }
+    }
+
+    /// Waits for both; returns the PONGs received and the starts of the iperf3 intervals that
+    /// carried no data. Panics if either connection broke.
+    fn finish(self) -> (u64, Vec<f64>) {
+        let pongs = finish(self.pinger, "redis pinger").trim().parse().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&finish(self.iperf, "iperf3")).unwrap();
+        let stalled = v["intervals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["sum"]["bytes"].as_f64().unwrap_or(0.0) == 0.0)
+            .map(|i| i["sum"]["start"].as_f64().unwrap_or(-1.0))
+            .collect();
+        (pongs, stalled)
+    }
+}
+
 fn iperf3_json(bed: &Bed, args: &[&str]) -> serde_json::Value {
     let o = bed
         .exec("a", "iperf3")
@@ -652,24 +696,7 @@ fn established_connections_survive_activation_and_release() {
     let mut bed = Bed::start("released", 2);
     bed.redis();
     bed.iperf3_server();
-    let pinger = redis_pinger(&bed, 9);
-    let iperf = bed
-        .exec("a", "iperf3")
-        .args([
-            "-c",
-            "10.66.0.2",
-            "-p",
-            "5201",
-            "-J",
-            "-t",
-            "9",
-            "-b",
-            "20M",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let long = LongLived::start(&bed, 9);
     std::thread::sleep(Duration::from_secs(2));
     bed.ctl(&["activate"]);
     bed.wait_phase("active", Duration::from_secs(10));
@@ -678,19 +705,10 @@ fn established_connections_survive_activation_and_release() {
     let on_plane = flows["flows"].as_array().unwrap().len();
     bed.ctl(&["release"]);
     bed.wait_phase("idle", Duration::from_secs(10));
-    let pongs: u64 = finish(pinger, "redis pinger").trim().parse().unwrap();
-    let out = finish(iperf, "iperf3");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let intervals = v["intervals"].as_array().unwrap();
-    let stalled: Vec<f64> = intervals
-        .iter()
-        .filter(|i| i["sum"]["bytes"].as_f64().unwrap_or(0.0) == 0.0)
-        .map(|i| i["sum"]["start"].as_f64().unwrap_or(-1.0))
-        .collect();
+    let (pongs, stalled) = long.finish();
     let s = bed.status();
     eprintln!(
-        "{pongs} PONGs, {} iperf3 intervals, {on_plane} connections on the plane while active, activations {}",
-        intervals.len(),
+        "{pongs} PONGs, {on_plane} connections on the plane while active, activations {}",
         s["activations"]
     );
     assert!(
@@ -719,24 +737,7 @@ fn killing_the_plane_fails_open_without_breaking_connections_and_the_fabric_reco
     bed.wait_phase("active", Duration::from_secs(10));
     bed.redis();
     bed.iperf3_server();
-    let pinger = redis_pinger(&bed, 8);
-    let iperf = bed
-        .exec("a", "iperf3")
-        .args([
-            "-c",
-            "10.66.0.2",
-            "-p",
-            "5201",
-            "-J",
-            "-t",
-            "8",
-            "-b",
-            "20M",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let long = LongLived::start(&bed, 8);
     std::thread::sleep(Duration::from_secs(2));
     let before = bed.status();
     let pid = before["plane"]["pid"].as_u64().expect("a plane runs");
@@ -753,15 +754,7 @@ fn killing_the_plane_fails_open_without_breaking_connections_and_the_fabric_reco
         assert!(Instant::now() < deadline, "no recovery: {s:#}");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let pongs: u64 = finish(pinger, "redis pinger").trim().parse().unwrap();
-    let out = finish(iperf, "iperf3");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let stalled = v["intervals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i["sum"]["bytes"].as_f64().unwrap_or(0.0) == 0.0)
-        .count();
+    let (pongs, stalled) = long.finish();
     let s = bed.status();
     let events: Vec<&str> = s["events"]
         .as_array()
@@ -773,6 +766,63 @@ fn killing_the_plane_fails_open_without_breaking_connections_and_the_fabric_reco
     assert!(events.contains(&"fail_open"), "{events:?}");
     assert!(s["counters"]["dpu.failopen"].as_u64().unwrap() >= 1);
     assert!(pongs > 100);
-    assert_eq!(stalled, 0, "iperf3 stalled for whole seconds");
+    assert!(
+        stalled.is_empty(),
+        "iperf3 intervals without data at {stalled:?}"
+    );
+    bed.stop_and_check_clean();
+}
+
+#[test]
+fn a_crashed_run_is_cleaned_up_by_the_next_start() {
+    if !prerequisites(&["ip", "ss"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start("active", 2000);
+    bed.wait_phase("active", Duration::from_secs(10));
+    let s = bed.status();
+    let plane_pid = s["plane"]["pid"].as_u64().expect("a plane runs");
+    // Crash the DPU process: nothing of its own cleanup runs.
+    let mut d = bed.daemon.take().unwrap();
+    d.kill().unwrap();
+    d.wait().unwrap();
+    let ns = String::from_utf8(
+        Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        ns.contains(&bed.ns("a")),
+        "the crash left its namespaces: {ns}"
+    );
+    let ledger = bed.dir.path().join(format!("{}.ledger", bed.name));
+    assert!(ledger.exists(), "and its ledger");
+    // The plane sees its control socket close and exits by itself.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // (Orphaned, it may linger as a zombie until init reaps it: that counts as exited.)
+    let running = |pid: u64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('Z'))
+            })
+            .is_some_and(|zombie| !zombie)
+    };
+    while running(plane_pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned plane {plane_pid} did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The next start of the same testbed removes the leftovers and comes up.
+    bed.spawn("auto");
+    assert!(bed.status()["phase"].is_string());
     bed.stop_and_check_clean();
 }

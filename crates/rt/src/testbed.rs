@@ -455,3 +455,27 @@ netns = "swvs-b"
         assert_eq!(e.field, "(document)");
     }
 }
+
+#[cfg(test)]
+mod shipped {
+    use super::*;
+
+    /// Every testbed the repository ships loads and validates.
+    #[test]
+    fn shipped_testbeds_load() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut n = 0;
+        for dir in ["examples", "bench"] {
+            for e in std::fs::read_dir(root.join(dir)).unwrap() {
+                let p = e.unwrap().path();
+                let name = p.file_name().unwrap().to_string_lossy().to_string();
+                if name.starts_with("testbed-") && name.ends_with(".toml") {
+                    let t = Testbed::load(&p).unwrap_or_else(|e| panic!("{e}"));
+                    assert!(!t.vms.is_empty());
+                    n += 1;
+                }
+            }
+        }
+        assert!(n >= 4, "found {n} testbeds");
+    }
+}
