@@ -478,19 +478,8 @@ fn accept_loop(
 ) {
     let mut connections: Vec<JoinHandle<()>> = Vec::new();
     loop {
-        match watch.wait_readable(&listener, None) {
-            Ok(Readiness::Stopped) => break,
-            Ok(Readiness::Ready | Readiness::TimedOut) => {}
-            Err(error) => {
-                tracing::warn!(%error, "control socket: poll failed");
-                if !matches!(
-                    watch.sleep_until(Instant::now() + Duration::from_millis(100)),
-                    Ok(false)
-                ) {
-                    break;
-                }
-                continue;
-            }
+        if !watch.wait_listener(&listener, "control socket") {
+            break;
         }
         let stream = match listener.accept() {
             Ok((stream, _addr)) => stream,

@@ -653,6 +653,27 @@ impl StopWatch {
         Ok(self.wait(None, Some(deadline))? == Readiness::Stopped)
     }
 
+    /// An accept loop's wait: true when `listener` is readable, false when the server is
+    /// stopping. A failed poll is logged (as `what`'s) and retried after 100 ms, so one bad
+    /// wake-up never ends the server.
+    pub(crate) fn wait_listener(&self, listener: impl AsFd, what: &str) -> bool {
+        loop {
+            match self.wait_readable(&listener, None) {
+                Ok(Readiness::Stopped) => return false,
+                Ok(Readiness::Ready | Readiness::TimedOut) => return true,
+                Err(error) => {
+                    tracing::warn!(%error, "{what}: poll failed");
+                    if !matches!(
+                        self.sleep_until(Instant::now() + Duration::from_millis(100)),
+                        Ok(false)
+                    ) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
     /// Whether the stop signal has fired.
     pub(crate) fn is_stopped(&self) -> bool {
         // A zero deadline makes this a non-blocking check; if poll itself fails, report stopped
@@ -842,19 +863,8 @@ fn accept_loop(
 ) {
     let mut connections: Vec<JoinHandle<()>> = Vec::new();
     loop {
-        match watch.wait_readable(&listener, None) {
-            Ok(Readiness::Stopped) => break,
-            Ok(Readiness::Ready | Readiness::TimedOut) => {}
-            Err(error) => {
-                tracing::warn!(%error, "metrics endpoint: poll failed");
-                if !matches!(
-                    watch.sleep_until(Instant::now() + Duration::from_millis(100)),
-                    Ok(false)
-                ) {
-                    break;
-                }
-                continue;
-            }
+        if !watch.wait_listener(&listener, "metrics endpoint") {
+            break;
         }
         let (stream, peer) = match listener.accept() {
             Ok(accepted) => accepted,

@@ -167,6 +167,27 @@ pub struct VnicSet {
     counters: VnicCounters,
 }
 
+/// A receive batch's outcome: the records popped, or the ring's error, or the first record that
+/// did not decode (the batch's other records were handed over; a bad record means a broken
+/// peer, which the caller treats as a failed plane).
+fn popped(
+    ring: &'static str,
+    n: Result<usize, crate::ring::RingError>,
+    bad: Option<CodecError>,
+) -> Result<usize, VnicError> {
+    let n = n.map_err(|e| VnicError::Ring {
+        ring,
+        detail: e.to_string(),
+    })?;
+    match bad {
+        Some(source) => Err(VnicError::Codec {
+            channel: ring,
+            source,
+        }),
+        None => Ok(n),
+    }
+}
+
 /// The sending half of the phy ring, lent to a receive callback.
 #[derive(Debug)]
 pub struct PhyTx<'a> {
@@ -459,49 +480,38 @@ impl VnicSet {
             counters: &mut self.counters,
             kick_pending: &mut self.kick_pending,
         };
-        let n = self
-            .phy_rx
-            .pop_batch(max, |rec| {
-                let mut r = Reader::new(rec);
-                let parsed = codec::decode_msg(&mut r).and_then(|msg| {
-                    let port = r.u32("phy.port")?;
-                    let rest = r.rest();
-                    if rest.len() < 12 {
-                        return Err(CodecError::Truncated {
-                            field: "phy.vnet",
-                            need: 12,
-                            have: rest.len(),
-                        });
-                    }
-                    Ok((msg, port, &rest[..12], &rest[12..]))
-                });
-                match parsed {
-                    Ok((msg, port, vnet, frame)) => f(
-                        PhyRecord {
-                            msg,
-                            port,
-                            vnet,
-                            frame,
-                        },
-                        &mut tx,
-                    ),
-                    Err(e) => {
-                        bad.get_or_insert(e);
-                    }
+        let n = self.phy_rx.pop_batch(max, |rec| {
+            let mut r = Reader::new(rec);
+            let parsed = codec::decode_msg(&mut r).and_then(|msg| {
+                let port = r.u32("phy.port")?;
+                let rest = r.rest();
+                if rest.len() < 12 {
+                    return Err(CodecError::Truncated {
+                        field: "phy.vnet",
+                        need: 12,
+                        have: rest.len(),
+                    });
                 }
-            })
-            .map_err(|e| VnicError::Ring {
-                ring: "phy",
-                detail: e.to_string(),
-            })?;
+                Ok((msg, port, &rest[..12], &rest[12..]))
+            });
+            match parsed {
+                Ok((msg, port, vnet, frame)) => f(
+                    PhyRecord {
+                        msg,
+                        port,
+                        vnet,
+                        frame,
+                    },
+                    &mut tx,
+                ),
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+        });
+        let n = popped("phy", n, bad)?;
         self.counters.phy_rx += n as u64;
-        match bad {
-            Some(source) => Err(VnicError::Codec {
-                channel: "phy",
-                source,
-            }),
-            None => Ok(n),
-        }
+        Ok(n)
     }
 
     /// Pops up to `max` flow records.
@@ -511,43 +521,32 @@ impl VnicSet {
         mut f: impl FnMut(FlowRecord),
     ) -> Result<usize, VnicError> {
         let mut bad = None;
-        let n = self
-            .flow_rx
-            .pop_batch(max, |rec| {
-                let parsed = match rec.split_first() {
-                    Some((&FLOW_CT, rest)) => codec::decode_snapshot(&mut Reader::new(rest))
-                        .and_then(|s| {
-                            s.map(FlowRecord::Ct).ok_or(CodecError::BadValue {
-                                field: "flow.ct",
-                                value: 0,
-                            })
-                        }),
-                    _ => {
-                        let mut r = Reader::new(rec);
-                        codec::decode_msg(&mut r).and_then(|m| {
-                            codec::decode_snapshot(&mut r).map(|s| FlowRecord::Msg(m, s))
+        let n = self.flow_rx.pop_batch(max, |rec| {
+            let parsed = match rec.split_first() {
+                Some((&FLOW_CT, rest)) => {
+                    codec::decode_snapshot(&mut Reader::new(rest)).and_then(|s| {
+                        s.map(FlowRecord::Ct).ok_or(CodecError::BadValue {
+                            field: "flow.ct",
+                            value: 0,
                         })
-                    }
-                };
-                match parsed {
-                    Ok(r) => f(r),
-                    Err(e) => {
-                        bad.get_or_insert(e);
-                    }
+                    })
                 }
-            })
-            .map_err(|e| VnicError::Ring {
-                ring: "flow",
-                detail: e.to_string(),
-            })?;
+                _ => {
+                    let mut r = Reader::new(rec);
+                    codec::decode_msg(&mut r)
+                        .and_then(|m| codec::decode_snapshot(&mut r).map(|s| FlowRecord::Msg(m, s)))
+                }
+            };
+            match parsed {
+                Ok(r) => f(r),
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+        });
+        let n = popped("flow", n, bad)?;
         self.counters.flow_rx += n as u64;
-        match bad {
-            Some(source) => Err(VnicError::Codec {
-                channel: "flow",
-                source,
-            }),
-            None => Ok(n),
-        }
+        Ok(n)
     }
 
     /// Sends the owner's current conntrack entry of a connection whose real TCP state changed
