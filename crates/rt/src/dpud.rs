@@ -502,8 +502,10 @@ pub struct DpuDaemon {
 #[derive(Debug, Default)]
 struct Rates {
     at: Instant,
-    base: BTreeMap<&'static str, u64>,
-    per_sec: BTreeMap<&'static str, f64>,
+    base: BTreeMap<String, u64>,
+    /// Per-second rates of the DPU process's counters and of the plane's (`plane.*`, `spill.*`),
+    /// so `ctl status` shows each plane's rates side by side.
+    per_sec: BTreeMap<String, f64>,
 }
 
 impl DpuDaemon {
@@ -1281,18 +1283,30 @@ impl DpuDaemon {
         // Rates once a second.
         if now.0.saturating_sub(self.rates.at.0) >= 1_000_000_000 {
             let secs = (now.0 - self.rates.at.0) as f64 / 1e9;
-            let cur: BTreeMap<&'static str, u64> = self
+            let mut cur: BTreeMap<String, u64> = self
                 .dp
                 .dpu
                 .counters()
                 .iter()
                 .chain(self.dp.counters.iter())
+                .map(|(k, v)| (k.to_string(), v))
                 .collect();
+            if let Some(obj) = self
+                .plane
+                .as_ref()
+                .and_then(|p| p.stats.get("counters"))
+                .and_then(|c| c.as_object())
+            {
+                cur.extend(
+                    obj.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?))),
+                );
+            }
             self.rates.per_sec = cur
                 .iter()
                 .filter_map(|(k, v)| {
                     let b = self.rates.base.get(k)?;
-                    Some((*k, (v - b) as f64 / secs))
+                    Some((k.clone(), v.saturating_sub(*b) as f64 / secs))
                 })
                 .filter(|(_, r)| *r > 0.0)
                 .collect();
