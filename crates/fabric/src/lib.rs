@@ -4,8 +4,9 @@
 //! [`hw::DpuHardware`] trait a real backend would implement), the host spill plane
 //! ([`spill::SpillPlane`]), the scheduler that decides when the plane runs
 //! ([`ursched::URSched`]), the placement policies that hand flows back to the DPU's hardware
-//! fast path ([`placement`]), and the messages between them ([`types`]). Two drivers run it: the
-//! deterministic simulator (`spillway-sim`) and, later, the real-time runtime.
+//! fast path ([`placement`]), the vATC translation cache the plane will use to write into VM
+//! memory ([`atc`]), and the messages between them ([`types`]). Two drivers run it: the
+//! deterministic simulator (`spillway-sim`) and the real-time runtime (`spillway-rt`).
 //!
 //! ## Shape
 //!
@@ -56,6 +57,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod atc;
 pub mod dpu;
 pub mod hw;
 pub mod metrics;
