@@ -335,6 +335,28 @@ impl Cgroup {
                 });
             }
         }
+        // The shared parent may vanish between our mkdir of it and of our own directory (its
+        // last other user removed it): then start over, a bounded number of times.
+        let mut attempt = 0;
+        loop {
+            match Cgroup::create_once(hierarchy, name, spec) {
+                Err(CgroupError::Io {
+                    op: "mkdir",
+                    source,
+                    ..
+                }) if source.kind() == io::ErrorKind::NotFound && attempt < 3 => {
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn create_once(
+        hierarchy: &Hierarchy,
+        name: &str,
+        spec: &CgroupSpec,
+    ) -> Result<Cgroup, CgroupError> {
         // Directories are pushed as they are made, so an early return drops a Cgroup that
         // removes exactly those.
         let mut cg = Cgroup {
@@ -484,6 +506,7 @@ impl Cgroup {
         // picks up where this one stopped.
         for dir in self.dirs.iter().rev() {
             rmdir_retry(dir)?;
+            remove_parent_if_unused(dir);
         }
         self.live = false;
         Ok(())
@@ -523,7 +546,19 @@ pub fn remove_dir(path: &Path) -> Result<bool, CgroupError> {
     }
     kill_members(path)?;
     rmdir_retry(path)?;
+    remove_parent_if_unused(path);
     Ok(true)
+}
+
+/// Removes the shared `spillway` parent of `dir` if no other cgroup lives in it any more, so a
+/// host is left as it was found. `rmdir` of a cgroup that still has children fails, which is
+/// the answer for a parent another instance uses; a creator that loses the race retries.
+fn remove_parent_if_unused(dir: &Path) {
+    if let Some(parent) = dir.parent()
+        && parent.file_name().is_some_and(|n| n == PARENT_DIR)
+    {
+        let _ = fs::remove_dir(parent);
+    }
 }
 
 /// Parses a cpuset list (`"0-2,4"`, as in `cpuset.cpus`; a trailing newline is fine) into

@@ -1333,15 +1333,6 @@ impl DpuDaemon {
             }
             None => 0,
         };
-        // The shared parent cgroup is created on demand; remove it when no other instance
-        // uses it (rmdir of a non-empty cgroup fails, which is the answer we want).
-        if let Ok(h) = crate::cgroup::Hierarchy::detect() {
-            for dir in h.dirs_for(&format!("{}-plane", self.tb.name)) {
-                if let Some(parent) = dir.parent() {
-                    let _ = std::fs::remove_dir(parent);
-                }
-            }
-        }
         tracing::info!(target: "spillway::run", cleaned, "testbed down");
         RunReport {
             counters,
