@@ -312,18 +312,19 @@ port = 2
                 .join(format!("{}-plane", self.name));
             assert!(!p.exists(), "cgroup left: {}", p.display());
         }
-        let ps = Command::new("pgrep")
-            .args([
-                "-f",
-                &format!("spill-plane --config {}", self.config.display()),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            ps.stdout.is_empty(),
-            "spill plane left: {}",
-            String::from_utf8_lossy(&ps.stdout)
-        );
+        // No process of this testbed's plane is left (read from /proc: procps may be absent).
+        let needle = format!("spill-plane\0--config\0{}", self.config.display());
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                String::from_utf8_lossy(&cmdline)
+                    .contains(&needle)
+                    .then(|| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect();
+        assert!(left.is_empty(), "spill plane processes left: {left:?}");
     }
 
     fn stop(&mut self) {
