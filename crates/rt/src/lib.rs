@@ -61,4 +61,5 @@ pub mod signals;
 pub mod tap;
 pub mod testbed;
 pub mod vnet;
+pub mod virtq;
 pub mod vnic;

@@ -357,7 +357,7 @@ pub enum PushError {
     },
 }
 
-fn os(op: &'static str) -> impl FnOnce(Errno) -> RingError {
+pub(crate) fn os(op: &'static str) -> impl FnOnce(Errno) -> RingError {
     move |errno| RingError::Os { op, errno }
 }
 
@@ -1047,11 +1047,12 @@ impl<M: RingMemory> Consumer<M> {
 // The memfd mapping
 // ---------------------------------------------------------------------------------------------
 
-/// A `MAP_SHARED` mapping of a whole ring memfd; unmapped on drop.
-struct Mapping {
-    base: NonNull<u8>,
-    len: usize,
-    fd: OwnedFd,
+/// A `MAP_SHARED` mapping of a whole memfd; unmapped on drop. Rings use it, and so does the
+/// VM memory of shared-memory ports ([`crate::virtq`]).
+pub(crate) struct Mapping {
+    pub(crate) base: NonNull<u8>,
+    pub(crate) len: usize,
+    pub(crate) fd: OwnedFd,
 }
 
 // SAFETY: the mapping is plain shared memory with no thread affinity; all concurrent access
@@ -1061,7 +1062,7 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    fn map(fd: OwnedFd, len: usize) -> Result<Self, RingError> {
+    pub(crate) fn map(fd: OwnedFd, len: usize) -> Result<Self, RingError> {
         // SAFETY: a fresh mapping at an address the kernel chooses touches no existing memory.
         // The memfd is sealed against shrinking (checked by both constructors before calling
         // this), so the pages stay backed for the mapping's life.
