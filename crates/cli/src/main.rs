@@ -51,6 +51,9 @@ enum Command {
     SpillPlane(rt::PlaneArgs),
     /// Talk to a running `spillway run`: status, flows, activate, release, policy.
     Ctl(rt::CtlArgs),
+    /// A tenant VM on a shared-memory port (virtio queues in a memfd): generator, sink, echo,
+    /// or a bridge to a TAP in the VM's namespace.
+    VmEndpoint(rt::EndpointArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -109,6 +112,7 @@ fn run_cli(cli: Cli) -> Result<()> {
         Command::Stability(cmd) => stability::run(&cmd),
         Command::Run(args) => rt::run(&args),
         Command::SpillPlane(args) => rt::spill_plane(&args),
+        Command::VmEndpoint(args) => rt::vm_endpoint(&args),
         Command::Ctl(args) => rt::ctl(&args),
     }
 }

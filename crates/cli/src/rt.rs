@@ -80,6 +80,107 @@ pub enum CtlCommand {
     Reload,
     /// Counters and gauges as JSON.
     Metrics,
+    /// Switch the spill plane's delivery into shared-memory VMs: `on` copies straight into VM
+    /// memory through the vATC, `off` sends every packet back through the DPU.
+    Vatc {
+        /// on or off.
+        state: String,
+    },
+}
+
+/// Arguments of `spillway vm-endpoint`.
+#[derive(clap::Args, Debug)]
+pub struct EndpointArgs {
+    /// The testbed file.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The VM (a [[vm]] with backend = "shm").
+    #[arg(long)]
+    pub vm: String,
+    /// sink (count, measure latency), gen (send UDP to --dst), echo (send UDP back), bridge
+    /// (to the TAP given by --tap-fd; started by `spillway run`).
+    #[arg(long)]
+    pub mode: String,
+    /// Generator: destination VM (name) or IPv4 address.
+    #[arg(long)]
+    pub dst: Option<String>,
+    /// Generator: packets per second (0: as fast as the queue takes them).
+    #[arg(long, default_value_t = 0)]
+    pub pps: u64,
+    /// Generator: flows (source ports), round-robin.
+    #[arg(long, default_value_t = 16)]
+    pub flows: u16,
+    /// Generator: frame size, bytes.
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// Stop after this many seconds (default: until SIGINT/SIGTERM or the DPU goes away).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Descriptors per queue.
+    #[arg(long, default_value_t = 256)]
+    pub queue_size: u16,
+    /// Bytes per buffer (the default holds a 64 KiB GSO frame).
+    #[arg(long, default_value_t = 65_600)]
+    pub buf_bytes: u32,
+    /// Bridge: the TAP's fd, inherited from `spillway run`.
+    #[arg(long, hide = true)]
+    pub tap_fd: Option<i32>,
+    /// Write the JSON report here too.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Log level.
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+/// `spillway vm-endpoint`.
+pub fn vm_endpoint(args: &EndpointArgs) -> Result<()> {
+    use spillway_rt::endpoint::{self, EndpointOptions, GenOptions, Mode};
+    spillway_rt::log::init(level(&args.log)?, spillway_rt::log::LogFormat::Text);
+    spillway_rt::signals::install().context("installing signal handlers")?;
+    let testbed = Testbed::load(&args.config)?;
+    let mode = match args.mode.as_str() {
+        "sink" => Mode::Sink,
+        "echo" => Mode::Echo,
+        "bridge" => Mode::Bridge(
+            args.tap_fd
+                .context("--mode bridge needs --tap-fd (it is started by `spillway run`)")?,
+        ),
+        "gen" => {
+            let dst = args.dst.as_deref().context("--mode gen needs --dst")?;
+            let dst = match testbed.vms.iter().find(|v| v.name == dst) {
+                Some(v) => v.ip,
+                None => dst.parse().with_context(|| {
+                    format!("--dst: expected a VM name or an IPv4 address, got {dst:?}")
+                })?,
+            };
+            if args.size < 64 {
+                bail!("--size: expected at least 64 bytes, got {}", args.size);
+            }
+            Mode::Gen(GenOptions {
+                dst,
+                pps: args.pps,
+                flows: args.flows,
+                size: args.size,
+            })
+        }
+        other => bail!("--mode: expected sink, gen, echo or bridge, got {other:?}"),
+    };
+    let report = endpoint::run(EndpointOptions {
+        testbed,
+        vm: args.vm.clone(),
+        mode,
+        queue_size: args.queue_size,
+        buf_bytes: args.buf_bytes,
+        duration: args.duration.map(Duration::from_secs_f64),
+    })
+    .map_err(|e| anyhow::anyhow!("vm-endpoint {}: {e}", args.vm))?;
+    let text = serde_json::to_string_pretty(&report)?;
+    if let Some(p) = &args.json {
+        std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    println!("{text}");
+    Ok(())
 }
 
 /// Arguments of `spillway ctl`.
@@ -164,6 +265,13 @@ pub fn ctl(args: &CtlArgs) -> Result<()> {
         },
         CtlCommand::Reload => CtlRequest::Reload,
         CtlCommand::Metrics => CtlRequest::Metrics,
+        CtlCommand::Vatc { state } => CtlRequest::Vatc {
+            on: match state.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => bail!("vatc: expected on or off, got {state:?}"),
+            },
+        },
     };
     let resp = ctl_call(&socket, &req, Duration::from_secs_f64(args.timeout))?;
     if !resp.ok {

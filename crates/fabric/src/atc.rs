@@ -384,7 +384,12 @@ impl RegionTable {
     }
 
     /// The VM's regions intersecting `[iova, end)`, in IOVA order.
-    fn intersecting(&self, vm: VmId, iova: Iova, end: u64) -> impl Iterator<Item = &Mapping> + '_ {
+    fn intersecting(
+        &self,
+        vm: VmId,
+        iova: Iova,
+        end: u64,
+    ) -> impl Iterator<Item = &Mapping> + Clone + '_ {
         // Only the region starting at or before `iova` can begin before the range.
         let first = self
             .regions
@@ -641,6 +646,20 @@ impl Atc {
         len: u64,
         need: Perm,
     ) -> Result<Translation, AtcError> {
+        self.translate_at(table.epoch(vm), vm, iova, len, need)
+    }
+
+    /// [`Atc::translate`] for a cache whose authority is elsewhere (another process): `epoch`
+    /// is the VM's current epoch as the authority last announced it. Entries of any other
+    /// epoch are never used.
+    pub fn translate_at(
+        &mut self,
+        epoch: AtcEpoch,
+        vm: VmId,
+        iova: Iova,
+        len: u64,
+        need: Perm,
+    ) -> Result<Translation, AtcError> {
         let end = match range_end(vm, iova, len) {
             Ok(end) => end,
             Err(e) => {
@@ -648,7 +667,6 @@ impl Atc {
                 return Err(e);
             }
         };
-        let epoch = table.epoch(vm);
         let first = self.first_key(vm, iova);
         let keys = (
             Bound::Included((vm, first)),
@@ -803,9 +821,41 @@ impl Atc {
         len: u64,
     ) -> Result<usize, AtcError> {
         let end = range_end(vm, iova, len)?;
-        let epoch = table.epoch(vm);
+        self.fill_from(
+            vm,
+            table.epoch(vm),
+            table.intersecting(vm, iova, end),
+            iova,
+            len,
+        )
+    }
+
+    /// Miss resolution with an authority elsewhere: `regions` are `vm`'s regions as the
+    /// authority reported them at `epoch` (its answer to a translation request, which may list
+    /// more than the asked range). Caches those that intersect `[iova, iova + len)`, as
+    /// [`Atc::fill`] does; a region that is empty or overflows is refused before anything is
+    /// cached.
+    pub fn fill_from<'a>(
+        &mut self,
+        vm: VmId,
+        epoch: AtcEpoch,
+        regions: impl Iterator<Item = &'a Mapping> + Clone,
+        iova: Iova,
+        len: u64,
+    ) -> Result<usize, AtcError> {
+        let end = range_end(vm, iova, len)?;
+        for m in regions.clone() {
+            range_end(vm, m.iova, m.len)?;
+            if m.host.0.checked_add(m.len).is_none() {
+                return Err(AtcError::HostOverflow {
+                    vm,
+                    host: m.host,
+                    len: m.len,
+                });
+            }
+        }
         let mut inserted = 0;
-        for m in table.intersecting(vm, iova, end) {
+        for m in regions.filter(|m| m.iova.0 < end && m.iova_end() > iova.0) {
             // Replace overlapping entries (an older copy of this region, or stale neighbours).
             self.drop_range(vm, m.iova, m.iova_end());
             while self.entries.len() >= self.config.entries_max {

@@ -80,6 +80,9 @@ pub struct SpillCounters {
     pub to_dpu: u64,
     /// `atc.direct`: packets delivered straight into VM memory (vATC).
     pub direct: u64,
+    /// `atc.direct_refused`: packets sent the vATC way that the driver could not deliver (no
+    /// translation yet, no receive buffer) and that went back through the DPU instead.
+    pub direct_refused: u64,
     /// `spill.recall.sent`: recalls sent.
     pub recalls_sent: u64,
     /// `spill.recall.ok`: recalls acknowledged live.
@@ -116,6 +119,7 @@ impl SpillCounters {
             ("spill.new_conn", self.new_conn),
             ("spill.tx.dpu", self.to_dpu),
             ("atc.direct", self.direct),
+            ("atc.direct_refused", self.direct_refused),
             ("spill.recall.sent", self.recalls_sent),
             ("spill.recall.ok", self.recalls_ok),
             ("spill.recall.refused", self.recalls_refused),
@@ -348,6 +352,33 @@ impl SpillPlane {
     pub fn set_placement(&mut self, kind: crate::params::PlacementKind) {
         self.f.placement.policy = kind;
         self.policy = placement::from_params(&self.f.placement);
+    }
+
+    /// Switches the delivery path of VM-bound packets at run time (`spillway ctl vatc on|off`):
+    /// straight into VM memory through the vATC, or back through the DPU.
+    pub fn set_vatc(&mut self, on: bool) {
+        self.f.host.vatc = on;
+    }
+
+    /// Whether VM-bound packets take the vATC path.
+    pub fn vatc(&self) -> bool {
+        self.f.host.vatc
+    }
+
+    /// The driver could not deliver packets the plane sent the vATC way (no fresh translation,
+    /// no receive buffer posted, a port without shared memory): they go back through the DPU
+    /// instead, as without vATC, charged to the phy vNIC (`atc.direct_refused`).
+    pub fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
+        self.counters.direct_refused += u64::from(t.packets);
+        let v = self.to_dpu.offer(ps(now), t);
+        self.drops
+            .add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
+        if v.count > 0 {
+            let mut back = *t;
+            back.packets = v.count;
+            self.counters.to_dpu += u64::from(v.count);
+            self.send(at_ps(v.finish_ps), Channel::PhyVnic, Msg::Packets(back));
+        }
     }
 
     fn send_heartbeat(&mut self, now: Instant) {

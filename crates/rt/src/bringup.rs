@@ -11,18 +11,23 @@ use std::net::IpAddr;
 
 use crate::netns::{self, Ledger};
 use crate::tap::{Tap, TapOptions};
-use crate::testbed::{Testbed, VmSpec};
+use crate::testbed::{Testbed, VmBackend, VmEndpoint, VmSpec};
 
 /// GSO super-frames from the VMs are capped below the 65,535-byte IP datagram limit so that
 /// the Ethernet frame parses (its length must fit 16 bits too).
 const GSO_MAX_SIZE: u32 = 62_000;
 
 /// Creates every VM of `tb`; returns each with its TAP, in testbed order.
-pub fn bring_up(tb: &Testbed, ledger: &mut Ledger) -> Result<Vec<(VmSpec, Tap)>, String> {
+pub fn bring_up(tb: &Testbed, ledger: &mut Ledger) -> Result<Vec<(VmSpec, Option<Tap>)>, String> {
     let mut out = Vec::with_capacity(tb.vms.len());
     for vm in &tb.vms {
+        if vm.backend == VmBackend::Shm(VmEndpoint::External) {
+            // Its endpoint brings its own memory and no namespace.
+            out.push((vm.clone(), None));
+            continue;
+        }
         let tap = bring_up_vm(tb, vm, ledger).map_err(|e| format!("vm {}: {e}", vm.name))?;
-        out.push((vm.clone(), tap));
+        out.push((vm.clone(), Some(tap)));
     }
     Ok(out)
 }
@@ -36,9 +41,11 @@ fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, St
         ));
     }
     ledger.netns_add(ns).map_err(|e| e.to_string())?;
+    // A bridged shared-memory port carries the virtio-net header end to end.
+    let vnet = tb.vnet_hdr || matches!(vm.backend, VmBackend::Shm(_));
     let opts = TapOptions {
-        vnet_hdr: tb.vnet_hdr,
-        offload: tb.vnet_hdr,
+        vnet_hdr: vnet,
+        offload: vnet,
         queues: 1,
     };
     let tap = Tap::create(&vm.tap, opts).map_err(|e| e.to_string())?;

@@ -94,6 +94,11 @@ pub enum CtlRequest {
     },
     /// The current metrics.
     Metrics,
+    /// Switch the spill plane's delivery into shared-memory VMs (vATC on or off).
+    Vatc {
+        /// Deliver straight into VM memory.
+        on: bool,
+    },
 }
 
 /// The answer to one request. `body` is the daemon's business (status JSON, flow rows, ...);

@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -48,9 +48,11 @@ use crate::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
 use crate::netns::{Ledger, LedgerEntry};
 use crate::signals;
 use crate::tap::Tap;
-use crate::testbed::{InitialHold, Testbed};
+use crate::testbed::{InitialHold, Testbed, VmBackend, VmEndpoint};
+use crate::vmport::{self, ShmPort};
 use crate::vnet::VnetHdr;
 use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
+use spillway_fabric::atc::{RegionTable, VmId};
 
 /// Frames read from one TAP per loop turn before the next port gets its turn.
 const TAP_BATCH: usize = 64;
@@ -99,6 +101,18 @@ pub struct RtCounters {
     pub plane_starts: u64,
     /// `rt.plane.failures`: plane processes that died or broke the protocol.
     pub plane_failures: u64,
+    /// `rt.vm.attached`: shared-memory VM ports attached (endpoint connected).
+    pub vm_attached: u64,
+    /// `rt.vm.detached`: shared-memory VM ports detached (endpoint gone or queue broken).
+    pub vm_detached: u64,
+    /// `rt.vm.rx.no_buffer`: frames for a shared-memory VM that had no receive buffer posted.
+    pub vm_rx_no_buffer: u64,
+    /// `rt.vm.desc.bad`: descriptors of a shared-memory VM refused (bad address, flags, size).
+    pub vm_desc_bad: u64,
+    /// `rt.atc.requests`: vATC translation requests from the plane answered.
+    pub atc_requests: u64,
+    /// `rt.atc.invalidations`: vATC invalidations sent to the plane (a VM's memory changed).
+    pub atc_invalidations: u64,
 }
 
 impl RtCounters {
@@ -120,6 +134,12 @@ impl RtCounters {
             ("rt.snapshot.refused", self.adopt_refused),
             ("rt.plane.starts", self.plane_starts),
             ("rt.plane.failures", self.plane_failures),
+            ("rt.vm.attached", self.vm_attached),
+            ("rt.vm.detached", self.vm_detached),
+            ("rt.vm.rx.no_buffer", self.vm_rx_no_buffer),
+            ("rt.vm.desc.bad", self.vm_desc_bad),
+            ("rt.atc.requests", self.atc_requests),
+            ("rt.atc.invalidations", self.atc_invalidations),
         ]
         .into_iter()
     }
@@ -136,12 +156,42 @@ pub struct Activation {
     pub first_packet_ms: Option<f64>,
 }
 
-/// A VM port: its TAP and its tenant.
+/// A VM port: its tenant and how its frames come and go.
 #[derive(Debug)]
 struct Port {
     id: PortId,
     tenant: TenantId,
-    tap: Tap,
+    io: PortIo,
+}
+
+#[derive(Debug)]
+enum PortIo {
+    /// A TAP this process holds.
+    Tap(Tap),
+    /// A shared-memory port, attached while its endpoint is connected.
+    Shm(Box<ShmSlot>),
+}
+
+/// A shared-memory VM port's place: its socket, the attached port, the bridge endpoint this
+/// process started (if it did).
+#[derive(Debug)]
+struct ShmSlot {
+    vm: String,
+    listener: UnixListener,
+    port: Option<ShmPort>,
+    bridge: Option<Child>,
+}
+
+/// A change of a shared-memory port that the spill plane must hear of.
+#[derive(Clone, Copy, Debug)]
+enum VmChange {
+    Attached(PortId),
+    Detached(PortId),
+}
+
+/// The vATC's name for a port's VM.
+fn vm_id(port: PortId) -> VmId {
+    VmId(port.0)
 }
 
 /// The plane's process as the DPU process sees it.
@@ -166,6 +216,10 @@ struct DataPath {
     parse_opts: ParseOptions,
     pkt: PacketBuf,
     counters: RtCounters,
+    /// The vATC authority: the registered memory of every attached shared-memory VM.
+    authority: RegionTable,
+    /// Port changes not yet told to the plane.
+    vm_changes: Vec<VmChange>,
 }
 
 /// Options of `spillway run`.
@@ -221,18 +275,77 @@ impl DataPath {
             self.counters.tx_errors += 1;
             return;
         };
-        let tap = &self.ports[i].tap;
-        let r = if self.vnet_hdr {
-            match VnetHdr::parse(vnet) {
-                Ok(h) => tap.write_vectored(&h, frame),
-                Err(_) => tap.write_vectored(&VnetHdr::NONE, frame),
+        let r = match &mut self.ports[i].io {
+            PortIo::Tap(tap) if self.vnet_hdr => match VnetHdr::parse(vnet) {
+                Ok(h) => tap.write_vectored(&h, frame).is_ok(),
+                Err(_) => tap.write_vectored(&VnetHdr::NONE, frame).is_ok(),
+            },
+            PortIo::Tap(tap) => tap.write(frame).is_ok(),
+            PortIo::Shm(slot) => {
+                let hdr: &[u8] = if vnet.len() == VnetHdr::LEN {
+                    vnet
+                } else {
+                    &[0u8; VnetHdr::LEN]
+                };
+                match slot.port.as_mut().map(|p| p.send(hdr, frame)) {
+                    Some(Ok(sent)) => sent,
+                    Some(Err(e)) => {
+                        tracing::warn!(target: "spillway::run", vm = %slot.vm, error = %e, "VM receive queue broken; detaching the port");
+                        self.detach(i);
+                        false
+                    }
+                    None => false,
+                }
             }
-        } else {
-            tap.write(frame)
         };
-        match r {
-            Ok(_) => self.counters.tx_frames += 1,
-            Err(_) => self.counters.tx_errors += 1,
+        if r {
+            self.counters.tx_frames += 1;
+        } else {
+            self.counters.tx_errors += 1;
+        }
+    }
+
+    /// Detaches shared-memory port slot `i`: its memory leaves the authority (which bumps the
+    /// VM's epoch) and the plane is told to invalidate.
+    fn detach(&mut self, i: usize) {
+        let id = self.ports[i].id;
+        if let PortIo::Shm(slot) = &mut self.ports[i].io
+            && let Some(p) = slot.port.take()
+        {
+            self.counters.vm_rx_no_buffer += p.rx_no_buffer;
+            self.counters.vm_desc_bad += p.bad_desc;
+            self.counters.vm_detached += 1;
+            self.authority.remove_vm(vm_id(id));
+            self.vm_changes.push(VmChange::Detached(id));
+            tracing::info!(target: "spillway::run", vm = %slot.vm, "shared-memory port detached");
+        }
+    }
+
+    /// Attaches `port` to shared-memory slot `i`: registers its buffer areas with the authority.
+    fn attach(&mut self, i: usize, port: ShmPort) -> Result<(), String> {
+        let id = self.ports[i].id;
+        let vm = vm_id(id);
+        self.authority.remove_vm(vm);
+        for m in vmport::regions(port.mem.layout()) {
+            self.authority.map(vm, m).map_err(|e| e.to_string())?;
+        }
+        if let PortIo::Shm(slot) = &mut self.ports[i].io {
+            slot.port = Some(port);
+            self.counters.vm_attached += 1;
+            self.vm_changes.push(VmChange::Attached(id));
+            tracing::info!(target: "spillway::run", vm = %slot.vm, epoch = self.authority.epoch(vm).0, "shared-memory port attached");
+        }
+        Ok(())
+    }
+
+    /// Interrupts every shared-memory VM that got frames (or buffers back) this turn.
+    fn flush_irqs(&mut self) {
+        for p in &mut self.ports {
+            if let PortIo::Shm(slot) = &mut p.io
+                && let Some(port) = slot.port.as_mut()
+            {
+                port.flush_irq();
+            }
         }
     }
 
@@ -358,6 +471,48 @@ fn route_outputs(
     Ok(())
 }
 
+/// Starts `spillway vm-endpoint --mode bridge` for VM `name`, handing it `tap` as an inherited
+/// fd (the only fd it inherits: every other one is close-on-exec).
+fn spawn_bridge(
+    exe: &Path,
+    tb: &Testbed,
+    name: &str,
+    tap: Tap,
+    ledger: &mut Ledger,
+) -> Result<Child, RunError> {
+    let fd = tap
+        .as_fd(0)
+        .ok_or_else(|| RunError::Setup(format!("vm {name}: TAP has no queue")))?;
+    // SAFETY: `dup` on an fd we own (borrowed from `tap`, alive here) returns a new fd, not
+    // close-on-exec, which only the child spawned next inherits; it is closed below.
+    let raw = unsafe { libc::dup(fd.as_raw_fd()) };
+    if raw < 0 {
+        return Err(io_err(format!("vm {name}: dup of the TAP"))(
+            io::Error::last_os_error(),
+        ));
+    }
+    let mut cmd = Command::new(exe);
+    cmd.arg("vm-endpoint")
+        .arg("--config")
+        .arg(&tb.file)
+        .arg("--vm")
+        .arg(name)
+        .arg("--mode")
+        .arg("bridge")
+        .arg("--tap-fd")
+        .arg(raw.to_string())
+        .stdin(Stdio::null());
+    let r = ledger
+        .spawn(&mut cmd)
+        .map_err(|e| RunError::Setup(format!("vm {name}: starting its endpoint: {e}")));
+    // SAFETY: `raw` is the fd `dup` returned above, owned by nobody else in this process.
+    unsafe {
+        libc::close(raw);
+    }
+    drop(tap);
+    r
+}
+
 fn gso_segments(hdr: &VnetHdr, frame_len: usize, payload_offset: usize) -> u32 {
     if !hdr.is_gso() || hdr.gso_size == 0 {
         return 1;
@@ -376,7 +531,11 @@ impl DataPath {
         buf: &[u8],
     ) -> Result<(), String> {
         self.counters.rx_frames += 1;
-        let (vnet, frame) = if self.vnet_hdr {
+        let vnet_hdr = match self.ports[i].io {
+            PortIo::Tap(_) => self.vnet_hdr,
+            PortIo::Shm(_) => true,
+        };
+        let (vnet, frame) = if vnet_hdr {
             if buf.len() < VnetHdr::LEN {
                 self.counters.drop_parse += 1;
                 return Ok(());
@@ -496,6 +655,8 @@ pub struct DpuDaemon {
     idle_turns: u32,
     rates: Rates,
     rx: Vec<u8>,
+    /// Whether the plane delivers into shared-memory VMs itself (vATC) or back via the DPU.
+    vatc: bool,
 }
 
 /// Per-second rates for `ctl status`, from counter deltas.
@@ -533,14 +694,51 @@ impl DpuDaemon {
             }
         };
         let build = |ledger: &mut Ledger| -> Result<DpuDaemon, RunError> {
-            let ports: Vec<Port> = ports
-                .into_iter()
-                .map(|(spec, tap)| Port {
+            let mut out: Vec<Port> = Vec::new();
+            let mut bridges = Vec::new();
+            for (spec, tap) in ports {
+                let tenant = tb.policy.port(spec.port).expect("validated").tenant;
+                let io = match (spec.backend, tap) {
+                    (VmBackend::Tap, Some(tap)) => PortIo::Tap(tap),
+                    (VmBackend::Shm(how), tap) => {
+                        let path = vmport::port_socket(&tb, &spec.name);
+                        let _ = std::fs::remove_file(&path);
+                        ledger
+                            .record(LedgerEntry::File(path.clone()))
+                            .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
+                        let listener = UnixListener::bind(&path)
+                            .map_err(io_err(format!("binding {}", path.display())))?;
+                        listener
+                            .set_nonblocking(true)
+                            .map_err(io_err("VM port listener"))?;
+                        if how == VmEndpoint::Bridge {
+                            let tap = tap.expect("bring_up makes a TAP for a bridged port");
+                            bridges.push((out.len(), spec.name.clone(), tap));
+                        }
+                        PortIo::Shm(Box::new(ShmSlot {
+                            vm: spec.name.clone(),
+                            listener,
+                            port: None,
+                            bridge: None,
+                        }))
+                    }
+                    (VmBackend::Tap, None) => unreachable!("bring_up makes a TAP for a TAP port"),
+                };
+                out.push(Port {
                     id: spec.port,
-                    tenant: tb.policy.port(spec.port).expect("validated").tenant,
-                    tap,
-                })
-                .collect();
+                    tenant,
+                    io,
+                });
+            }
+            let mut ports = out;
+            // The bridge endpoints: each gets its TAP (this process keeps no copy) and attaches
+            // over the socket bound above.
+            for (i, name, tap) in bridges {
+                let child = spawn_bridge(&opts.plane_exe, &tb, &name, tap, ledger)?;
+                if let PortIo::Shm(slot) = &mut ports[i].io {
+                    slot.bridge = Some(child);
+                }
+            }
             let port_index = ports.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
             let pipeline = Pipeline::new(tb.policy.clone(), PipelineConfig::default())
                 .map_err(|e| RunError::Setup(format!("pipeline: {e}")))?;
@@ -609,6 +807,8 @@ impl DpuDaemon {
                     parse_opts,
                     pkt: PacketBuf::with_capacity(HEADROOM + FRAME_MAX),
                     counters: RtCounters::default(),
+                    authority: RegionTable::new(),
+                    vm_changes: Vec::new(),
                 },
                 clock,
                 plane: None,
@@ -628,6 +828,7 @@ impl DpuDaemon {
                 idle_turns: 0,
                 rates: Rates::default(),
                 rx: vec![0u8; FRAME_MAX],
+                vatc: tb.fabric.host.vatc,
                 tb: tb.clone(),
             })
         };
@@ -665,6 +866,7 @@ impl DpuDaemon {
             let now = self.clock.now();
             let mut busy = self.poll_taps(now)?;
             busy |= self.poll_plane(now);
+            self.dp.flush_irqs();
             let due = self.dp.dpu.poll_timeout().is_some_and(|t| t <= now);
             if due {
                 self.dp.dpu.handle_timeout(now);
@@ -675,6 +877,7 @@ impl DpuDaemon {
             if now.0.saturating_sub(self.last_manage.0) >= 2_000_000 {
                 self.last_manage = now;
                 self.manage_plane(now);
+                self.manage_ports();
                 self.serve_ctl(now);
             }
             if now.0.saturating_sub(self.last_publish.0) >= 100_000_000 {
@@ -690,6 +893,7 @@ impl DpuDaemon {
                 if self.idle_turns > SPIN_TURNS {
                     self.idle_turns = 0;
                     self.manage_plane(now);
+                    self.manage_ports();
                     self.serve_ctl(now);
                     self.sleep();
                 }
@@ -702,11 +906,27 @@ impl DpuDaemon {
         let mut busy = false;
         for i in 0..self.dp.ports.len() {
             for _ in 0..TAP_BATCH {
-                let n = match self.dp.ports[i].tap.read(&mut self.rx) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(io_err("reading a TAP")(e)),
+                let n = match &mut self.dp.ports[i].io {
+                    PortIo::Tap(tap) => match tap.read(&mut self.rx) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(io_err("reading a TAP")(e)),
+                    },
+                    PortIo::Shm(slot) => {
+                        let Some(port) = slot.port.as_mut() else {
+                            break;
+                        };
+                        match port.recv(&mut self.rx) {
+                            Ok(Some(n)) => n,
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::warn!(target: "spillway::run", vm = %slot.vm, error = %e, "VM transmit queue broken; detaching the port");
+                                self.dp.detach(i);
+                                break;
+                            }
+                        }
+                    }
                 };
                 busy = true;
                 let buf = std::mem::take(&mut self.rx);
@@ -775,11 +995,32 @@ impl DpuDaemon {
             Err(e) => failure = Some(e.to_string()),
         }
         let mut stats = None;
+        let mut vm_docs = Vec::new();
         let r = vnic.recv_control(|c| match c {
             Control::Msg(m, s) => inbox.push((m, s)),
             Control::Json(CONTROL_STATS, doc) => stats = Some(doc),
             Control::Json(..) => {}
+            Control::Vm(doc, _) => vm_docs.push(doc),
         });
+        for doc in vm_docs {
+            // A translation request: the VM's regions and epoch, as the authority has them.
+            if doc["op"] == "translate"
+                && let Some(vm) = doc["vm"].as_u64().and_then(|v| u32::try_from(v).ok())
+            {
+                let vm = VmId(vm);
+                dp.counters.atc_requests += 1;
+                let regions: Vec<serde_json::Value> = dp
+                    .authority
+                    .regions(vm)
+                    .map(|m| json!([m.iova.0, m.len, m.host.0, m.perm.read, m.perm.write]))
+                    .collect();
+                let answer = json!({"op": "regions", "vm": vm.0, "epoch": dp.authority.epoch(vm).0,
+                                    "iova": doc["iova"], "len": doc["len"], "regions": regions});
+                if let Err(e) = vnic.send_vm(&answer, &[]) {
+                    failure = Some(e.to_string());
+                }
+            }
+        }
         match r {
             Ok(n) => busy |= n > 0,
             Err(e) => failure = Some(e.to_string()),
@@ -962,7 +1203,23 @@ impl DpuDaemon {
             && let Ok((stream, _)) = self.listener.accept()
         {
             match VnicSet::create(stream, &format!("workers={}", p.workers)) {
-                Ok(v) => p.vnic = Some(v),
+                Ok(mut v) => {
+                    // The plane's delivery path, then every attached VM's memory.
+                    if let Err(e) = v.send_json(CONTROL_COMMAND, &json!({"vatc": self.vatc})) {
+                        let e = e.to_string();
+                        self.plane_failed(now, &e);
+                        return;
+                    }
+                    p.vnic = Some(v);
+                    self.dp.vm_changes = self
+                        .dp
+                        .ports
+                        .iter()
+                        .filter(|p| matches!(&p.io, PortIo::Shm(s) if s.port.is_some()))
+                        .map(|p| VmChange::Attached(p.id))
+                        .collect();
+                    self.tell_plane_vm_changes();
+                }
                 Err(e) => {
                     let e = e.to_string();
                     self.plane_failed(now, &e);
@@ -987,18 +1244,29 @@ impl DpuDaemon {
             .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
         // Wake at least every 10 ms for the plane's process, ctl requests and metrics.
         let timeout_ms = (next / 1_000_000).clamp(0, 10) as i32;
-        let armed = match self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
+        let mut armed = match self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
             Some(v) => v.prepare_sleep(),
             None => true,
         };
+        for p in &mut self.dp.ports {
+            if let PortIo::Shm(slot) = &mut p.io
+                && let Some(port) = slot.port.as_mut()
+            {
+                armed &= port.prepare_sleep();
+            }
+        }
         if !armed {
+            self.woke_ports();
             return;
         }
         let mut fds: Vec<BorrowedFd<'_>> = self
             .dp
             .ports
             .iter()
-            .filter_map(|p| p.tap.as_fd(0))
+            .filter_map(|p| match &p.io {
+                PortIo::Tap(tap) => tap.as_fd(0),
+                PortIo::Shm(slot) => slot.port.as_ref().map(|p| p.kick_fd()),
+            })
             .collect();
         if let Some(v) = self.plane.as_ref().and_then(|p| p.vnic.as_ref()) {
             fds.extend(v.poll_fds());
@@ -1017,6 +1285,102 @@ impl DpuDaemon {
         drop(fds);
         if let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
             v.woke();
+        }
+        self.woke_ports();
+    }
+
+    fn woke_ports(&mut self) {
+        for p in &mut self.dp.ports {
+            if let PortIo::Shm(slot) = &mut p.io
+                && let Some(port) = slot.port.as_mut()
+            {
+                port.woke();
+            }
+        }
+    }
+
+    /// Shared-memory ports: attaches an endpoint that connected, detaches one that went away,
+    /// then tells the plane what changed.
+    fn manage_ports(&mut self) {
+        for i in 0..self.dp.ports.len() {
+            let PortIo::Shm(slot) = &mut self.dp.ports[i].io else {
+                continue;
+            };
+            if slot.port.as_mut().is_some_and(|p| p.endpoint_gone()) {
+                self.dp.detach(i);
+                continue;
+            }
+            let PortIo::Shm(slot) = &mut self.dp.ports[i].io else {
+                continue;
+            };
+            if slot.port.is_some() {
+                continue;
+            }
+            let Ok((stream, _)) = slot.listener.accept() else {
+                continue;
+            };
+            match vmport::accept(stream) {
+                Ok((port, name)) if name == slot.vm => {
+                    if let Err(e) = self.dp.attach(i, port) {
+                        tracing::warn!(target: "spillway::run", vm = %name, error = %e, "could not register the VM's memory");
+                    }
+                }
+                Ok((_, name)) => {
+                    tracing::warn!(target: "spillway::run", expected = %slot.vm, got = %name, "an endpoint attached to another VM's port; refused");
+                }
+                Err(e) => {
+                    tracing::warn!(target: "spillway::run", vm = %slot.vm, error = %e, "VM port attach failed");
+                }
+            }
+        }
+        self.tell_plane_vm_changes();
+    }
+
+    /// Sends the plane every shared-memory port change since the last call: an attach hands it
+    /// the VM's memory and interrupt eventfd; a detach is a vATC invalidation at the VM's new
+    /// epoch.
+    fn tell_plane_vm_changes(&mut self) {
+        let changes = std::mem::take(&mut self.dp.vm_changes);
+        let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) else {
+            return;
+        };
+        let mut failure = None;
+        for c in changes {
+            let r = match c {
+                VmChange::Attached(id) => {
+                    let Some(slot) = self.dp.port_slot(id) else {
+                        continue;
+                    };
+                    let PortIo::Shm(s) = &self.dp.ports[slot].io else {
+                        continue;
+                    };
+                    let Some(port) = s.port.as_ref() else {
+                        continue;
+                    };
+                    let vm = vm_id(id);
+                    v.send_vm(
+                        &json!({"op": "attach", "vm": vm.0, "port": id.0,
+                                "epoch": self.dp.authority.epoch(vm).0, "fds": 2}),
+                        &[port.mem.fd(), port.irq_fd()],
+                    )
+                }
+                VmChange::Detached(id) => {
+                    let vm = vm_id(id);
+                    self.dp.counters.atc_invalidations += 1;
+                    v.send_vm(
+                        &json!({"op": "detach", "vm": vm.0, "epoch": self.dp.authority.epoch(vm).0}),
+                        &[],
+                    )
+                }
+            };
+            if let Err(e) = r {
+                failure = Some(e.to_string());
+                break;
+            }
+        }
+        if let Some(e) = failure {
+            let now = self.clock.now();
+            self.plane_failed(now, &e);
         }
     }
 
@@ -1039,6 +1403,14 @@ impl DpuDaemon {
     fn answer(&mut self, now: Instant, req: &CtlRequest) -> CtlResponse {
         match req {
             CtlRequest::Status => CtlResponse::ok(self.status(now)),
+            CtlRequest::Vatc { on } => {
+                self.vatc = *on;
+                let plane = match self.send_plane_command(json!({ "vatc": on })) {
+                    Ok(()) => "switched".to_string(),
+                    Err(e) => e,
+                };
+                CtlResponse::ok(json!({ "vatc": on, "plane": plane }))
+            }
             CtlRequest::Metrics => {
                 let mut v = Vec::new();
                 self.fill_samples(&mut v);
@@ -1125,6 +1497,16 @@ impl DpuDaemon {
             "hw_capacity": dpu.hw_capacity(),
             "epoch": self.dp.pipeline.epoch().0,
             "placement": self.tb.fabric.placement.policy.name(),
+            "vatc": self.vatc,
+            "vm_ports": self.dp.ports.iter().filter_map(|p| match &p.io {
+                PortIo::Shm(s) => Some(json!({
+                    "vm": s.vm, "port": p.id.0, "attached": s.port.is_some(),
+                    "epoch": self.dp.authority.epoch(vm_id(p.id)).0,
+                    "rx_no_buffer": s.port.as_ref().map(|x| x.rx_no_buffer),
+                    "bad_desc": s.port.as_ref().map(|x| x.bad_desc),
+                })),
+                PortIo::Tap(_) => None,
+            }).collect::<Vec<_>>(),
             "metrics_addr": self.metrics.as_ref().map(|m| m.local_addr().to_string()),
             "plane": self.plane.as_ref().map(|p| json!({
                 "pid": p.child.id(),

@@ -29,7 +29,10 @@ use crate::clock::Clock;
 use crate::flows::Flows;
 use crate::signals;
 use crate::testbed::Testbed;
+use crate::vmport::{DirectRefused, PlaneVm};
 use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
+use spillway_fabric::atc::{Atc, AtcConfig, AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Options of `spillway spill-plane`.
 #[derive(Debug)]
@@ -55,6 +58,199 @@ struct PlaneCounters {
     drop_ring_full: u64,
     adopted: u64,
     adopt_refused: u64,
+    vatc_delivered: u64,
+    vatc_miss: u64,
+    vatc_no_buffer: u64,
+    vatc_bad_desc: u64,
+    vatc_no_port: u64,
+    vatc_broken: u64,
+    vatc_invalidations: u64,
+}
+
+/// The plane's side of the vATC: the VMs whose memory it holds (by the port they are), the
+/// translation cache, and the VMs with a translation request outstanding.
+struct Vatc {
+    vms: BTreeMap<PortId, PlaneVm>,
+    atc: Atc,
+    pending: BTreeSet<u32>,
+    requests: Vec<(VmId, Iova, u64)>,
+}
+
+impl Vatc {
+    /// Delivers a processed frame into VM `out`'s memory; false if the caller must send it the
+    /// DPU way (counted by reason; a miss queues a translation request).
+    fn deliver(
+        &mut self,
+        out: PortId,
+        vnet: &[u8; 12],
+        frame: &[u8],
+        c: &mut PlaneCounters,
+    ) -> bool {
+        let Some(vm) = self.vms.get_mut(&out) else {
+            c.vatc_no_port += 1;
+            return false;
+        };
+        match vm.deliver(&mut self.atc, vnet, frame) {
+            Ok(()) => {
+                c.vatc_delivered += 1;
+                true
+            }
+            Err(DirectRefused::Miss(m)) => {
+                c.vatc_miss += 1;
+                if self.pending.insert(vm.vm.0) {
+                    for r in m.missing() {
+                        self.requests.push((vm.vm, r.start, r.len));
+                    }
+                }
+                false
+            }
+            Err(DirectRefused::NoBuffer) => {
+                c.vatc_no_buffer += 1;
+                false
+            }
+            Err(DirectRefused::BadDesc) => {
+                c.vatc_bad_desc += 1;
+                false
+            }
+            Err(DirectRefused::Broken) => {
+                c.vatc_broken += 1;
+                let vm = vm.vm;
+                tracing::warn!(target: "spillway::plane", vm = vm.0, "VM receive queue broken; dropping its memory");
+                self.vms.remove(&out);
+                self.atc.invalidate_vm(vm);
+                false
+            }
+        }
+    }
+
+    /// A [`crate::vnic::CONTROL_VM`] record from the DPU process.
+    fn on_control(
+        &mut self,
+        doc: &serde_json::Value,
+        fds: Vec<std::os::fd::OwnedFd>,
+        c: &mut PlaneCounters,
+    ) {
+        let vm = doc["vm"]
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .map(VmId);
+        let epoch = doc["epoch"].as_u64().map(AtcEpoch);
+        let (Some(vm), Some(epoch)) = (vm, epoch) else {
+            tracing::warn!(target: "spillway::plane", %doc, "VM record without vm/epoch; ignored");
+            return;
+        };
+        let port = PortId(vm.0);
+        match doc["op"].as_str() {
+            Some("attach") => {
+                let mut fds = fds.into_iter();
+                let (Some(mem), Some(irq)) = (fds.next(), fds.next()) else {
+                    tracing::warn!(target: "spillway::plane", vm = vm.0, "attach without its fds; ignored");
+                    return;
+                };
+                let mem = match crate::virtq::VmMemory::from_fd(mem) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(target: "spillway::plane", vm = vm.0, error = %e, "VM memory refused");
+                        return;
+                    }
+                };
+                let Ok(irq) = crate::ring::Doorbell::from_fd(irq) else {
+                    return;
+                };
+                // New memory: whatever was cached for the VM is dead.
+                self.atc.invalidate_vm(vm);
+                self.pending.remove(&vm.0);
+                self.vms.insert(port, PlaneVm::new(vm, mem, irq, epoch));
+                tracing::info!(target: "spillway::plane", vm = vm.0, epoch = epoch.0, "VM memory mapped");
+            }
+            Some("detach") => {
+                c.vatc_invalidations += 1;
+                self.vms.remove(&port);
+                self.atc.invalidate_vm(vm);
+                self.pending.remove(&vm.0);
+                tracing::info!(target: "spillway::plane", vm = vm.0, epoch = epoch.0, "VM memory invalidated");
+            }
+            Some("regions") => {
+                self.pending.remove(&vm.0);
+                let Some(v) = self.vms.get_mut(&port) else {
+                    return;
+                };
+                if epoch < v.epoch {
+                    return; // an answer from before the VM's last change
+                }
+                v.epoch = epoch;
+                let regions: Vec<Mapping> = doc["regions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| {
+                        Some(Mapping {
+                            iova: Iova(r[0].as_u64()?),
+                            len: r[1].as_u64()?,
+                            host: HostAddr(r[2].as_u64()?),
+                            perm: Perm {
+                                read: r[3].as_bool()?,
+                                write: r[4].as_bool()?,
+                            },
+                        })
+                    })
+                    .collect();
+                let (Some(iova), Some(len)) = (doc["iova"].as_u64(), doc["len"].as_u64()) else {
+                    return;
+                };
+                if let Err(e) = self
+                    .atc
+                    .fill_from(vm, epoch, regions.iter(), Iova(iova), len)
+                {
+                    tracing::warn!(target: "spillway::plane", vm = vm.0, error = %e, "translation refused");
+                }
+            }
+            other => {
+                tracing::warn!(target: "spillway::plane", op = ?other, "unknown VM record; ignored");
+            }
+        }
+    }
+}
+
+/// Runs the vSwitch on a frame the model served: loads it, watches the TCP state of a
+/// connection the plane owns, and returns the egress port (None: dropped, counted).
+#[allow(clippy::too_many_arguments)]
+fn process_frame(
+    pipeline: &mut Pipeline,
+    pkt: &mut PacketBuf,
+    frame: &[u8],
+    ingress: PortId,
+    key: Option<spillway_wire::FlowKey>,
+    tenant: spillway_vswitch::TenantId,
+    watch: bool,
+    now: Instant,
+    ct_out: &mut Vec<spillway_vswitch::conntrack::CtSnapshot>,
+    c: &mut PlaneCounters,
+) -> Option<PortId> {
+    if pkt.load(frame).is_err() {
+        c.drop_vswitch += 1;
+        return None;
+    }
+    let watch = watch && key.is_some_and(|k| k.proto == spillway_wire::ip_proto::TCP);
+    let before = match (watch, key) {
+        (true, Some(k)) => pipeline.export_conn(now, tenant, &k).map(|s| s.state),
+        _ => None,
+    };
+    let verdict = pipeline.process(now, ingress, pkt);
+    if watch
+        && let Some(k) = key
+        && let Some(after) = pipeline.export_conn(now, tenant, &k)
+        && Some(after.state) != before
+    {
+        ct_out.push(after);
+    }
+    match verdict {
+        Verdict::Forward(out) => Some(out),
+        Verdict::Drop(_) => {
+            c.drop_vswitch += 1;
+            None
+        }
+    }
 }
 
 /// Runs the plane until SIGTERM or the DPU process goes away.
@@ -81,6 +277,12 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
     let parse_opts = spillway_wire::ParseOptions {
         vxlan_port: tb.policy.host().vxlan_port,
     };
+    let mut vatc = Vatc {
+        vms: BTreeMap::new(),
+        atc: Atc::new(AtcConfig::default()).expect("the default config is valid"),
+        pending: BTreeSet::new(),
+        requests: Vec::with_capacity(16),
+    };
     loop {
         if signals::stop_requested() {
             tracing::info!(target: "spillway::plane", "stopping on signal");
@@ -93,7 +295,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         // from the receive ring straight onto the send ring.
         deferred.clear();
         let r = {
-            let (plane, pipeline, flows, pkt, c, deferred, ct_out) = (
+            let (plane, pipeline, flows, pkt, c, deferred, ct_out, vatc) = (
                 &mut plane,
                 &mut pipeline,
                 &mut flows,
@@ -101,6 +303,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 &mut c,
                 &mut deferred,
                 &mut ct_out,
+                &mut vatc,
             );
             vnic.recv_frames_tx(256, |rec, tx| {
                 c.frames_in += 1;
@@ -115,46 +318,63 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 {
                     flows.learn(now, t.tenant, key);
                 }
+                let direct_before = plane.counters().direct;
                 plane.handle_msg(now, Msg::Packets(t));
                 let plane_owns = plane.conn(t.conn).is_some_and(|c| c.role == Role::Owner);
                 let vnet: [u8; 12] = rec.vnet.try_into().expect("12 bytes");
                 let mut served = false;
+                // The egress port of a frame the vATC path refused: the pipeline has run.
+                let mut refused_out = None;
+                let direct = plane.counters().direct - direct_before;
+                if direct > 0 {
+                    // The model sent it the vATC way: process, then copy into the VM's memory.
+                    served = true;
+                    let out = process_frame(
+                        pipeline,
+                        pkt,
+                        rec.frame,
+                        PortId(rec.port),
+                        key,
+                        t.tenant,
+                        plane_owns,
+                        now,
+                        ct_out,
+                        c,
+                    );
+                    if let Some(out) = out
+                        && !vatc.deliver(out, &vnet, pkt.data(), c)
+                    {
+                        let mut back = t;
+                        back.packets = direct as u32;
+                        plane.handle_direct_refused(now, &back);
+                        refused_out = Some(out);
+                    }
+                }
                 while let Some(Transmit { channel, msg, .. }) = plane.poll_transmit() {
                     match (channel, &msg) {
                         (Channel::PhyVnic, Msg::Packets(done)) if done.conn == t.conn => {
                             served = true;
-                            if pkt.load(rec.frame).is_err() {
-                                c.drop_vswitch += 1;
-                                continue;
-                            }
-                            // A TCP state change of a connection the plane owns goes to the
-                            // DPU's copy (its fail-open state).
-                            let watch = key
-                                .is_some_and(|k| k.proto == spillway_wire::ip_proto::TCP)
-                                && plane_owns;
-                            let before = match (watch, key) {
-                                (true, Some(k)) => {
-                                    pipeline.export_conn(now, t.tenant, &k).map(|s| s.state)
-                                }
-                                _ => None,
+                            let out = match refused_out.take() {
+                                Some(out) => Some(out),
+                                None => process_frame(
+                                    pipeline,
+                                    pkt,
+                                    rec.frame,
+                                    PortId(rec.port),
+                                    key,
+                                    t.tenant,
+                                    plane_owns,
+                                    now,
+                                    ct_out,
+                                    c,
+                                ),
                             };
-                            let verdict = pipeline.process(now, PortId(rec.port), pkt);
-                            if watch
-                                && let Some(k) = key
-                                && let Some(after) = pipeline.export_conn(now, t.tenant, &k)
-                                && Some(after.state) != before
-                            {
-                                ct_out.push(after);
-                            }
-                            match verdict {
-                                Verdict::Forward(out) => {
-                                    if tx.send_frame(&msg, out.0, &vnet, pkt.data()) {
-                                        c.frames_out += 1;
-                                    } else {
-                                        c.drop_ring_full += 1;
-                                    }
+                            if let Some(out) = out {
+                                if tx.send_frame(&msg, out.0, &vnet, pkt.data()) {
+                                    c.frames_out += 1;
+                                } else {
+                                    c.drop_ring_full += 1;
                                 }
-                                Verdict::Drop(_) => c.drop_vswitch += 1,
                             }
                         }
                         (Channel::PhyVnic, Msg::Punt(back)) if back.conn == t.conn => {
@@ -175,6 +395,16 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 }
             })
         };
+        for vm in vatc.vms.values_mut() {
+            vm.flush_irq();
+        }
+        for (vm, iova, len) in vatc.requests.drain(..) {
+            vnic.send_vm(
+                &json!({"op": "translate", "vm": vm.0, "iova": iova.0, "len": len}),
+                &[],
+            )
+            .map_err(|e| e.to_string())?;
+        }
         for msg in deferred.drain(..) {
             let snap = snapshot_for(&msg, &pipeline, &flows, now);
             vnic.send_msg(channel_is_control(&msg), &msg, snap.as_ref())
@@ -211,6 +441,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             Control::Msg(m, s) => inbox.push((m, s)),
             Control::Json(CONTROL_COMMAND, doc) => commands.push(doc),
             Control::Json(..) => {}
+            Control::Vm(doc, fds) => vatc.on_control(&doc, fds, &mut c),
         }) {
             Ok(n) => n,
             Err(crate::vnic::VnicError::Closed) => {
@@ -263,6 +494,9 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             for (k, v) in plane.drops().iter() {
                 counters.insert(format!("plane.{k}"), json!(v));
             }
+            for (k, v) in vatc.atc.counters().iter() {
+                counters.insert(k.to_string(), json!(v));
+            }
             for (k, v) in [
                 ("plane.frames.in", c.frames_in),
                 ("plane.frames.out", c.frames_out),
@@ -272,6 +506,13 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 ("plane.drop.ring_full", c.drop_ring_full),
                 ("plane.snapshot.adopted", c.adopted),
                 ("plane.snapshot.refused", c.adopt_refused),
+                ("plane.vatc.delivered", c.vatc_delivered),
+                ("plane.vatc.miss", c.vatc_miss),
+                ("plane.vatc.no_buffer", c.vatc_no_buffer),
+                ("plane.vatc.bad_desc", c.vatc_bad_desc),
+                ("plane.vatc.no_port", c.vatc_no_port),
+                ("plane.vatc.broken", c.vatc_broken),
+                ("plane.vatc.invalidations", c.vatc_invalidations),
             ] {
                 counters.insert(k.to_string(), json!(v));
             }
@@ -281,6 +522,9 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 "conns": plane.conns_len(),
                 "placement": plane.policy_name(),
                 "epoch": pipeline.epoch().0,
+                "vatc": plane.vatc(),
+                "vatc_vms": vatc.vms.len(),
+                "atc_entries": vatc.atc.len(),
                 "counters": counters,
                 "vswitch_drops": pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
             });
@@ -348,6 +592,10 @@ fn send_outputs(
 }
 
 fn apply_command(doc: &serde_json::Value, plane: &mut SpillPlane, pipeline: &mut Pipeline) {
+    if let Some(on) = doc.get("vatc").and_then(|v| v.as_bool()) {
+        plane.set_vatc(on);
+        tracing::info!(target: "spillway::plane", vatc = on, "delivery path of VM-bound packets switched");
+    }
     if let Some(name) = doc.get("set_placement").and_then(|v| v.as_str())
         && let Some((_, kind)) = PlacementKind::NAMES.iter().find(|(n, _)| *n == name)
     {

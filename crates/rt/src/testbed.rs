@@ -102,6 +102,10 @@ struct RawVm {
     prefix_len: Option<u8>,
     #[serde(default)]
     mtu: Option<u32>,
+    #[serde(default)]
+    backend: Option<String>,
+    #[serde(default)]
+    endpoint: Option<String>,
 }
 
 /// The operator's initial hold on the lifecycle.
@@ -115,9 +119,31 @@ pub enum InitialHold {
     Released,
 }
 
+/// How a VM's port reaches the DPU process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmBackend {
+    /// A TAP device the DPU process holds (the kernel's memory; no vATC).
+    Tap,
+    /// A shared-memory port ([`crate::virtq`]): the VM's memory holds virtio queues, which the
+    /// DPU process and, through the vATC, the spill plane serve.
+    Shm(VmEndpoint),
+}
+
+/// Who drives a shared-memory port's queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmEndpoint {
+    /// The DPU process starts `spillway vm-endpoint` bridging the queues to a TAP inside the
+    /// VM's namespace, so applications run there as with a TAP port.
+    Bridge,
+    /// The operator starts `spillway vm-endpoint --mode gen|sink|echo` (no namespace).
+    External,
+}
+
 /// A tenant VM: a network namespace with one interface (a TAP the driver holds).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmSpec {
+    /// How its port is attached.
+    pub backend: VmBackend,
     /// Short name.
     pub name: String,
     /// The policy port it is.
@@ -340,7 +366,31 @@ impl Testbed {
                         .filter_map(|ip| ip.v4_octets().map(Ipv4Addr::from))
                 })
                 .collect();
+            let endpoint = match v.endpoint.as_deref() {
+                None | Some("bridge") => VmEndpoint::Bridge,
+                Some("external") => VmEndpoint::External,
+                Some(other) => {
+                    return Err(err(
+                        &f("endpoint"),
+                        "\"bridge\" or \"external\"",
+                        other.into(),
+                    ));
+                }
+            };
+            let backend = match v.backend.as_deref() {
+                None | Some("tap") if v.endpoint.is_none() => VmBackend::Tap,
+                None | Some("tap") => {
+                    return Err(err(
+                        &f("endpoint"),
+                        "no endpoint for a TAP port (set backend = \"shm\")",
+                        format!("{:?}", v.endpoint.as_deref().unwrap_or_default()),
+                    ));
+                }
+                Some("shm") => VmBackend::Shm(endpoint),
+                Some(other) => return Err(err(&f("backend"), "\"tap\" or \"shm\"", other.into())),
+            };
             vms.push(VmSpec {
+                backend,
                 name: v.name.clone(),
                 port: PortId(v.port),
                 netns,

@@ -65,7 +65,9 @@ use rustix::io::Errno;
 use crate::ring::{Mapping, RingError};
 
 #[cfg(not(target_endian = "little"))]
-compile_error!("spillway-rt's virtqueues assume a little-endian host (virtio 1.x is little-endian)");
+compile_error!(
+    "spillway-rt's virtqueues assume a little-endian host (virtio 1.x is little-endian)"
+);
 
 /// "SPWYVMEM" as little-endian bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"SPWYVMEM");
@@ -133,7 +135,9 @@ pub enum VirtqError {
     #[error("VM memory memfd is not sealed against shrinking")]
     Unsealed,
     /// The driver published more available entries than the queue holds.
-    #[error("queue {queue}: available index {avail} is {ahead} ahead of {seen} (queue size {size})")]
+    #[error(
+        "queue {queue}: available index {avail} is {ahead} ahead of {seen} (queue size {size})"
+    )]
     AvailOverrun {
         /// The queue.
         queue: usize,
@@ -208,7 +212,10 @@ impl VmLayout {
             ));
         }
         if !self.iova_base.is_multiple_of(4096)
-            || self.iova_base.checked_add(self.total_bytes() as u64).is_none()
+            || self
+                .iova_base
+                .checked_add(self.total_bytes() as u64)
+                .is_none()
         {
             return Err(bad(
                 "iova_base",
@@ -370,7 +377,11 @@ impl VmMemory {
             }
         };
         check("magic", peek.read_u64(0), MAGIC)?;
-        check("version", u64::from(peek.read_u32(8)), u64::from(LAYOUT_VERSION))?;
+        check(
+            "version",
+            u64::from(peek.read_u32(8)),
+            u64::from(LAYOUT_VERSION),
+        )?;
         check("queues", u64::from(peek.read_u16(14)), QUEUES as u64)?;
         let layout = VmLayout {
             queue_size: peek.read_u16(12),
@@ -419,37 +430,79 @@ impl VmMemory {
         self.check(off, 2);
         // SAFETY: in bounds (checked) and 2-aligned (callers pass layout offsets, all even,
         // from a page-aligned base); any bits are a valid u16. Volatile: the peer may write it.
-        unsafe { self.map.base.as_ptr().add(off).cast::<u16>().read_volatile() }
+        unsafe {
+            self.map
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<u16>()
+                .read_volatile()
+        }
     }
 
     fn read_u32(&self, off: usize) -> u32 {
         self.check(off, 4);
         // SAFETY: as in `read_u16`, 4-aligned offsets.
-        unsafe { self.map.base.as_ptr().add(off).cast::<u32>().read_volatile() }
+        unsafe {
+            self.map
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<u32>()
+                .read_volatile()
+        }
     }
 
     fn read_u64(&self, off: usize) -> u64 {
         self.check(off, 8);
         // SAFETY: as in `read_u16`, 8-aligned offsets.
-        unsafe { self.map.base.as_ptr().add(off).cast::<u64>().read_volatile() }
+        unsafe {
+            self.map
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<u64>()
+                .read_volatile()
+        }
     }
 
     fn write_u16(&self, off: usize, v: u16) {
         self.check(off, 2);
         // SAFETY: as in `read_u16`; the shared mapping is writable.
-        unsafe { self.map.base.as_ptr().add(off).cast::<u16>().write_volatile(v) }
+        unsafe {
+            self.map
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<u16>()
+                .write_volatile(v)
+        }
     }
 
     fn write_u32(&self, off: usize, v: u32) {
         self.check(off, 4);
         // SAFETY: as in `write_u16`.
-        unsafe { self.map.base.as_ptr().add(off).cast::<u32>().write_volatile(v) }
+        unsafe {
+            self.map
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<u32>()
+                .write_volatile(v)
+        }
     }
 
     fn write_u64(&self, off: usize, v: u64) {
         self.check(off, 8);
         // SAFETY: as in `write_u16`.
-        unsafe { self.map.base.as_ptr().add(off).cast::<u64>().write_volatile(v) }
+        unsafe {
+            self.map
+                .base
+                .as_ptr()
+                .add(off)
+                .cast::<u64>()
+                .write_volatile(v)
+        }
     }
 
     fn atomic_u16(&self, off: usize) -> &AtomicU16 {
@@ -462,7 +515,10 @@ impl VmMemory {
 
     /// Copies `dst.len()` bytes from file offset `off` (bounds-checked: false if outside).
     pub fn read_bytes(&self, off: usize, dst: &mut [u8]) -> bool {
-        if off.checked_add(dst.len()).is_none_or(|end| end > self.map.len) {
+        if off
+            .checked_add(dst.len())
+            .is_none_or(|end| end > self.map.len)
+        {
             return false;
         }
         // SAFETY: the source range is inside the mapping (checked) and cannot overlap `dst`, a
@@ -480,17 +536,16 @@ impl VmMemory {
 
     /// Copies `src` to file offset `off` (bounds-checked: false if outside).
     pub fn write_bytes(&self, off: usize, src: &[u8]) -> bool {
-        if off.checked_add(src.len()).is_none_or(|end| end > self.map.len) {
+        if off
+            .checked_add(src.len())
+            .is_none_or(|end| end > self.map.len)
+        {
             return false;
         }
         // SAFETY: the destination range is inside the writable shared mapping (checked) and
         // cannot overlap `src`, which lives in this process's own memory.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.map.base.as_ptr().add(off),
-                src.len(),
-            );
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.base.as_ptr().add(off), src.len());
         }
         true
     }
@@ -527,7 +582,9 @@ impl DeviceQueue {
     pub fn peek(&mut self, mem: &VmMemory) -> Result<Option<Desc>, VirtqError> {
         let l = mem.layout;
         if self.avail_seen == self.last_avail {
-            self.avail_seen = mem.atomic_u16(l.avail_off(self.q) + 2).load(Ordering::Acquire);
+            self.avail_seen = mem
+                .atomic_u16(l.avail_off(self.q) + 2)
+                .load(Ordering::Acquire);
             let ahead = self.avail_seen.wrapping_sub(self.last_avail);
             if ahead > self.size {
                 return Err(VirtqError::AvailOverrun {
@@ -625,7 +682,9 @@ pub fn check_desc(l: &VmLayout, q: usize, d: &Desc, need: usize) -> Result<usize
     }
     let device_writes = q != QUEUE_TX;
     if (d.flags & DESC_F_WRITE != 0) != device_writes {
-        return Err(bad("VIRTQ_DESC_F_WRITE does not match the queue's direction"));
+        return Err(bad(
+            "VIRTQ_DESC_F_WRITE does not match the queue's direction",
+        ));
     }
     if (d.len as usize) < need {
         return Err(bad("buffer shorter than the packet"));
@@ -892,10 +951,7 @@ mod tests {
         // The driver claims 100 descriptors on a queue of 8.
         vm.atomic_u16(l.avail_off(QUEUE_RX_DPU) + 2)
             .store(100, Ordering::Release);
-        assert!(matches!(
-            dq.peek(&vm),
-            Err(VirtqError::AvailOverrun { .. })
-        ));
+        assert!(matches!(dq.peek(&vm), Err(VirtqError::AvailOverrun { .. })));
         // An id beyond the queue.
         vm.atomic_u16(l.avail_off(QUEUE_RX_DPU) + 2)
             .store(1, Ordering::Release);
@@ -919,8 +975,8 @@ mod tests {
         let fd = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
         assert!(matches!(VmMemory::from_fd(fd), Err(VirtqError::Unsealed)));
-        let fd = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .unwrap();
+        let fd =
+            rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
         rustix::fs::ftruncate(&fd, 1 << 20).unwrap();
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).unwrap();
         assert!(matches!(
@@ -946,7 +1002,10 @@ mod tests {
         drv.post(&vm, id, 16);
         assert!(drv.needs_kick(&vm), "a sleeping device wants a kick");
         drv.woke(&vm);
-        assert!(!dev.needs_interrupt(&vm), "a polling driver wants no interrupt");
+        assert!(
+            !dev.needs_interrupt(&vm),
+            "a polling driver wants no interrupt"
+        );
         assert!(!drv.prepare_sleep(&vm), "a used buffer is waiting");
     }
 }

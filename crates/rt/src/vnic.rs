@@ -24,7 +24,7 @@
 //! `len:u32 kind:u8 body` where the body is `msg snapshot` or a JSON document (see
 //! [`crate::codec`]).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
@@ -52,6 +52,10 @@ pub const CONTROL_STATS: u8 = 1;
 /// Control record kind: an operator's command for the plane (JSON), DPU to plane.
 pub const CONTROL_COMMAND: u8 = 2;
 
+/// Control record kind: a shared-memory VM port's life and its vATC traffic (attach with the
+/// VM's memory and interrupt fds, detach, translation requests and answers), as JSON.
+pub const CONTROL_VM: u8 = 3;
+
 /// Flow-ring record kind byte of a conntrack update (fabric messages start with their own tag,
 /// which is never this value).
 pub const FLOW_CT: u8 = 0xff;
@@ -72,6 +76,8 @@ pub enum Control {
     Msg(Msg, Option<CtSnapshot>),
     /// A JSON document of the given kind.
     Json(u8, serde_json::Value),
+    /// A [`CONTROL_VM`] document and the fds that came with it.
+    Vm(serde_json::Value, Vec<OwnedFd>),
 }
 
 /// Which end of the set.
@@ -161,6 +167,8 @@ pub struct VnicSet {
     my_bell: Doorbell,
     control: UnixStream,
     control_in: Vec<u8>,
+    /// Fds received on the control socket, in order, until their record takes them.
+    control_fds: std::collections::VecDeque<OwnedFd>,
     control_out: Vec<u8>,
     scratch: Vec<u8>,
     kick_pending: bool,
@@ -355,6 +363,7 @@ impl VnicSet {
             my_bell,
             control,
             control_in: Vec::with_capacity(64 << 10),
+            control_fds: std::collections::VecDeque::new(),
             control_out: Vec::with_capacity(64 << 10),
             scratch: Vec::with_capacity(256),
             kick_pending: false,
@@ -426,6 +435,41 @@ impl VnicSet {
         self.control_out.extend_from_slice(&body);
         self.counters.control_tx += 1;
         self.flush_control()
+    }
+
+    /// Sends a [`CONTROL_VM`] document with `fds` attached to its first byte. Rare (a port
+    /// attaches): the buffered control bytes are written out first, blocking, so that the fds
+    /// ride on this record's bytes and no other.
+    pub fn send_vm(
+        &mut self,
+        doc: &serde_json::Value,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), VnicError> {
+        if fds.is_empty() {
+            return self.send_json(CONTROL_VM, doc);
+        }
+        let body = serde_json::to_vec(doc).expect("a JSON value serialises");
+        let len = body.len() as u32 + 1;
+        let mut rec = Vec::with_capacity(5 + body.len());
+        rec.extend_from_slice(&len.to_le_bytes());
+        rec.push(CONTROL_VM);
+        rec.extend_from_slice(&body);
+        self.control
+            .set_nonblocking(false)
+            .map_err(io_err("control socket"))?;
+        let r = (|| {
+            let pending = std::mem::take(&mut self.control_out);
+            self.control
+                .write_all(&pending)
+                .map_err(io_err("writing the control socket"))?;
+            crate::fdpass::send_with_fds(&self.control, &rec, fds)
+                .map_err(io_err("handing a VM's memory to the peer"))
+        })();
+        self.control
+            .set_nonblocking(true)
+            .map_err(io_err("control socket"))?;
+        self.counters.control_tx += 1;
+        r
     }
 
     /// Writes buffered control bytes; an error if the peer is gone or stalled.
@@ -573,9 +617,13 @@ impl VnicSet {
     pub fn recv_control(&mut self, mut f: impl FnMut(Control)) -> Result<usize, VnicError> {
         let mut buf = [0u8; 16 << 10];
         loop {
-            match self.control.read(&mut buf) {
-                Ok(0) => return Err(VnicError::Closed),
-                Ok(n) => self.control_in.extend_from_slice(&buf[..n]),
+            // recvmsg, not read: a VM attach record carries fds, which a plain read would close.
+            match crate::fdpass::recv_with_fds(&self.control, &mut buf, 4) {
+                Ok((0, _)) => return Err(VnicError::Closed),
+                Ok((n, fds)) => {
+                    self.control_in.extend_from_slice(&buf[..n]);
+                    self.control_fds.extend(fds);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
@@ -614,6 +662,23 @@ impl VnicSet {
                         .and_then(|m| codec::decode_snapshot(&mut r).map(|s| (m, s)))
                         .map_err(codec_err)?;
                     f(Control::Msg(m, s));
+                }
+                Some((&CONTROL_VM, body)) => {
+                    let doc: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
+                        codec_err(CodecError::BadValue {
+                            field: "control.json",
+                            value: body.len() as u64,
+                        })
+                    })?;
+                    let want = doc["fds"].as_u64().unwrap_or(0) as usize;
+                    if want > self.control_fds.len() {
+                        return Err(codec_err(CodecError::BadValue {
+                            field: "control.fds",
+                            value: want as u64,
+                        }));
+                    }
+                    let fds = self.control_fds.drain(..want).collect();
+                    f(Control::Vm(doc, fds));
                 }
                 Some((&kind, body)) if kind == CONTROL_STATS || kind == CONTROL_COMMAND => {
                     let doc = serde_json::from_slice(body).map_err(|_| {
