@@ -77,6 +77,12 @@ impl Bed {
     }
 
     fn start(hold: &str, hw_entries: u32) -> Bed {
+        Bed::start_with(hold, hw_entries, "", "")
+    }
+
+    /// A bed whose `[[vm]]`s carry `vm_extra` (e.g. `backend = "shm"`) and whose
+    /// `[fabric.host]` carries `host_extra`.
+    fn start_with(hold: &str, hw_entries: u32, vm_extra: &str, host_extra: &str) -> Bed {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let name = format!("e{:x}", (std::process::id() % 0xffff) * 16 + n % 16);
         let dir = tempfile::tempdir().expect("temp dir");
@@ -126,12 +132,19 @@ remote = "10.66.0.0/24"
 [[vm]]
 name = "a"
 port = 1
+{vm_extra}
 [[vm]]
 name = "b"
 port = 2
+{vm_extra}
 "#,
             state = dir.path().display(),
-            limited = LIMITED.replace("HW_ENTRIES", &hw_entries.to_string()),
+            limited = LIMITED
+                .replace("HW_ENTRIES", &hw_entries.to_string())
+                .replace(
+                    "heartbeat = \"100ms\"",
+                    &format!("heartbeat = \"100ms\"\n{host_extra}")
+                ),
         );
         std::fs::write(&config, text).expect("write testbed");
         let mut bed = Bed {
@@ -325,6 +338,47 @@ port = 2
             })
             .collect();
         assert!(left.is_empty(), "spill plane processes left: {left:?}");
+        let needle = format!("vm-endpoint\0--config\0{}", self.config.display());
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                String::from_utf8_lossy(&cmdline)
+                    .contains(&needle)
+                    .then(|| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect();
+        assert!(left.is_empty(), "VM endpoint processes left: {left:?}");
+    }
+
+    /// Runs `spillway vm-endpoint` for VM `vm` with `args`, in the background.
+    fn endpoint(&self, vm: &str, args: &[&str]) -> Child {
+        Command::new(BIN)
+            .args(["vm-endpoint", "--config"])
+            .arg(&self.config)
+            .args(["--vm", vm, "--buf-bytes", "2048", "--log", "warn"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn vm-endpoint")
+    }
+
+    /// Waits until the plane's statistics (sent every 500 ms) show `key` at least `min`.
+    fn wait_plane_counter(&self, key: &str, min: u64, within: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let s = self.status();
+            if s["plane"]["stats"]["counters"][key].as_u64().unwrap_or(0) >= min {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "plane counter {key} < {min} after {within:?}: {s:#}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn stop(&mut self) {
@@ -825,5 +879,158 @@ fn a_crashed_run_is_cleaned_up_by_the_next_start() {
     // The next start of the same testbed removes the leftovers and comes up.
     bed.spawn("auto");
     assert!(bed.status()["phase"].is_string());
+    bed.stop_and_check_clean();
+}
+
+/// The JSON report a `vm-endpoint` prints when it stops.
+fn endpoint_report(c: Child, what: &str) -> serde_json::Value {
+    let o = c.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{what}: {e}: {}", stdout(&o)))
+}
+
+fn counter(s: &serde_json::Value, key: &str) -> u64 {
+    s["counters"][key].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn iperf3_and_wrk_run_over_shared_memory_ports_with_vatc_on_and_off() {
+    if !prerequisites(&["ip", "iperf3", "nginx", "wrk", "ss"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Both VMs on shared-memory ports bridged to TAPs in their namespaces; the plane is held
+    // active, so new connections are the plane's, and it delivers into VM memory (vATC).
+    let mut bed = Bed::start_with("active", 2000, "backend = \"shm\"", "vatc = true");
+    bed.wait_phase("active", Duration::from_secs(10));
+    let s = bed.status();
+    let ports = s["vm_ports"].as_array().unwrap();
+    assert!(
+        ports.len() == 2 && ports.iter().all(|p| p["attached"] == true),
+        "{s:#}"
+    );
+    bed.iperf3_server();
+    let v = iperf3_json(&bed, &["-t", "3"]);
+    let gbps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap()
+        / 1e9;
+    assert!(gbps > 0.05, "TCP over shared-memory ports: {gbps} Gbit/s");
+    let s = bed.wait_plane_counter("plane.vatc.delivered", 1000, Duration::from_secs(5));
+    let via_dpu_before = counter(&s, "rt.from_plane.frames");
+    // nginx + wrk with the vATC path switched off at run time: the plane's packets go back
+    // through the DPU now.
+    bed.nginx();
+    let off = bed.ctl(&["vatc", "off"]);
+    assert_eq!(off["vatc"], false, "{off:#}");
+    let (rps, errors) = wrk(&bed, true, 8, 3);
+    assert!(rps > 50.0, "wrk over shared-memory ports: {rps} req/s");
+    assert!(errors.is_empty(), "wrk errors: {errors}");
+    let s = bed.status();
+    assert!(
+        counter(&s, "rt.from_plane.frames") > via_dpu_before + 1000,
+        "without vATC the plane's packets come back through the DPU: {s:#}"
+    );
+    // And on again: new connections are delivered by the plane itself.
+    let delivered = s["plane"]["stats"]["counters"]["plane.vatc.delivered"]
+        .as_u64()
+        .unwrap();
+    bed.ctl(&["vatc", "on"]);
+    let (rps, errors) = wrk(&bed, false, 4, 2);
+    assert!(rps > 50.0 && errors.is_empty(), "{rps} req/s, {errors}");
+    bed.wait_plane_counter(
+        "plane.vatc.delivered",
+        delivered + 500,
+        Duration::from_secs(5),
+    );
+    eprintln!("shared-memory ports: TCP {gbps:.2} Gbit/s, wrk {rps:.0} req/s (debug build)");
+    bed.stop_and_check_clean();
+}
+
+#[test]
+fn vatc_delivers_into_the_plane_queue_saves_two_crossings_and_survives_a_new_vm_memory() {
+    if !prerequisites(&["ip"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bed = Bed::start_with(
+        "active",
+        2000,
+        "backend = \"shm\"\nendpoint = \"external\"",
+        "vatc = true",
+    );
+    bed.wait_phase("active", Duration::from_secs(10));
+    let gen_sink = |bed: &Bed| {
+        let sink = bed.endpoint("b", &["--mode", "sink", "--duration", "3.5"]);
+        std::thread::sleep(Duration::from_millis(300));
+        let before = bed.status();
+        let g = bed.endpoint(
+            "a",
+            &[
+                "--mode",
+                "gen",
+                "--dst",
+                "b",
+                "--pps",
+                "5000",
+                "--duration",
+                "2",
+            ],
+        );
+        let g = endpoint_report(g, "gen");
+        let s = endpoint_report(sink, "sink");
+        let after = bed.status();
+        let crossings = counter(&after, "pcie.crossings") - counter(&before, "pcie.crossings");
+        (g, s, crossings)
+    };
+    // With vATC: the plane copies into VM b's second receive queue; the DPU charges only the
+    // crossing that brought each packet to the host.
+    let (g, s, crossings) = gen_sink(&bed);
+    let sent = g["tx_frames"].as_u64().unwrap();
+    let plane = s["rx_plane"].as_u64().unwrap();
+    let got = plane + s["rx_dpu"].as_u64().unwrap();
+    assert!(sent > 5000 && got + 50 >= sent, "gen {g:#} sink {s:#}");
+    assert!(
+        plane * 10 >= got * 9,
+        "most packets by the plane's queue: {s:#}"
+    );
+    let per_packet = crossings as f64 / got as f64;
+    assert!(
+        per_packet < 1.3,
+        "with vATC {per_packet:.2} crossings per packet"
+    );
+    // A new memory for VM b (its endpoint restarted): the old one was invalidated, the plane
+    // maps the new one and translates again.
+    let st = bed.status();
+    assert!(counter(&st, "rt.atc.invalidations") >= 1, "{st:#}");
+    // Without vATC: back through the DPU, which delivers into the first receive queue.
+    bed.ctl(&["vatc", "off"]);
+    let (_, s, crossings) = gen_sink(&bed);
+    let got = s["rx_dpu"].as_u64().unwrap() + s["rx_plane"].as_u64().unwrap();
+    assert_eq!(s["rx_plane"].as_u64(), Some(0), "{s:#}");
+    let per_packet_off = crossings as f64 / got as f64;
+    assert!(
+        (2.7..3.3).contains(&per_packet_off),
+        "without vATC {per_packet_off:.2} crossings per packet"
+    );
+    // On again with a third VM b memory: delivered by the plane again.
+    bed.ctl(&["vatc", "on"]);
+    let (_, s, _) = gen_sink(&bed);
+    assert!(s["rx_plane"].as_u64().unwrap() > 1000, "{s:#}");
+    let st = bed.status();
+    assert!(
+        st["plane"]["stats"]["counters"]["atc.fill"]
+            .as_u64()
+            .unwrap()
+            >= 2,
+        "each new memory is translated afresh: {st:#}"
+    );
+    eprintln!(
+        "crossings per packet: {per_packet:.2} with vATC, {per_packet_off:.2} without (debug build)"
+    );
     bed.stop_and_check_clean();
 }
