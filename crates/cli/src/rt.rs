@@ -113,6 +113,9 @@ pub struct EndpointArgs {
     /// Generator: frame size, bytes.
     #[arg(long, default_value_t = 64)]
     pub size: usize,
+    /// Generator: source port of the first flow (a fresh base makes fresh connections).
+    #[arg(long, default_value_t = 10_000)]
+    pub sport_base: u16,
     /// Stop after this many seconds (default: until SIGINT/SIGTERM or the DPU goes away).
     #[arg(long)]
     pub duration: Option<f64>,
@@ -162,6 +165,7 @@ pub fn vm_endpoint(args: &EndpointArgs) -> Result<()> {
                 pps: args.pps,
                 flows: args.flows,
                 size: args.size,
+                sport_base: args.sport_base,
             })
         }
         other => bail!("--mode: expected sink, gen, echo or bridge, got {other:?}"),

@@ -53,6 +53,9 @@ pub struct GenOptions {
     pub flows: u16,
     /// Frame size in bytes (at least 64).
     pub size: usize,
+    /// Source port of the first flow (flow `i` uses `sport_base + i`): a fresh base makes the
+    /// flows new connections again.
+    pub sport_base: u16,
 }
 
 /// Options of `spillway vm-endpoint`.
@@ -379,7 +382,7 @@ fn generate(
             let mut t = FrameBuilder::new()
                 .eth(spec.mac, spec.router_mac)
                 .ipv4(spec.ip, g.dst)
-                .udp(10_000 + f, 9)
+                .udp(g.sport_base.wrapping_add(f), 9)
                 .payload(&vec![0u8; payload])
                 .build();
             // No UDP checksum (allowed for IPv4): the stamp changes per packet.
