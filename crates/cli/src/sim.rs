@@ -225,6 +225,71 @@ fn print_compare(
     Ok(())
 }
 
+/// The human summary of a vATC comparison.
+fn print_vatc(r: &spillway_sim::VatcReport, out: &mut impl Write) -> Result<()> {
+    writeln!(
+        out,
+        "MODEL RESULT (simulator) - scenario {} - seed {}: the spill plane with and without vATC, {}-byte packets, measure window {:.2}-{:.2} s",
+        r.scenario, r.seed, r.packet_bytes, r.measure_s[0], r.measure_s[1]
+    )?;
+    writeln!(
+        out,
+        "  offered {:.3} Mpps (saturating); latency and crossings from runs at {:.3} Mpps",
+        r.offered_mpps, r.latency_offered_mpps
+    )?;
+    writeln!(
+        out,
+        "  {:<20} {:>9} {:>8} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "path", "Mpps", "vs DPU", "p50 us", "p99 us", "mean us", "crossings", "lost"
+    )?;
+    for p in &r.paths {
+        writeln!(
+            out,
+            "  {:<20} {:>9.3} {:>7.0}% {:>9.2} {:>9.2} {:>9.2} {:>10.3} {:>10}",
+            p.path,
+            p.pps_mpps,
+            p.relative_to_dpu * 100.0,
+            p.latency_us.p50,
+            p.latency_us.p99,
+            p.latency_us.mean,
+            p.pcie_crossings_per_packet,
+            p.lost_packets
+        )?;
+        if p.latency_run_lost_packets > 0 {
+            writeln!(
+                out,
+                "    (the latency run lost {} packets: its latency is not an unloaded one)",
+                p.latency_run_lost_packets
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "  without/with vATC: {:.3} of the PPS; mean latency with vATC {:+.0}%",
+        r.ratio_without_over_with,
+        r.latency_change_with_vatc * 100.0
+    )?;
+    if !r.sensitivity.is_empty() {
+        writeln!(
+            out,
+            "  sensitivity of the without/with ratio (each parameter at 1/{f} and {f}x; effect: the ratio with the resource improved minus degraded):",
+            f = r.factor
+        )?;
+        for s in &r.sensitivity {
+            writeln!(
+                out,
+                "    {:<28} {:>7.3} .. {:<7.3} effect {:+.3}",
+                s.param, s.ratio_low, s.ratio_high, s.effect
+            )?;
+        }
+        match &r.gap_driver {
+            Some(d) => writeln!(out, "  the gap is driven by: {d}")?,
+            None => writeln!(out, "  no parameter varied drives the gap")?,
+        }
+    }
+    Ok(())
+}
+
 /// `spillway sim`.
 pub fn sim(args: &SimArgs) -> Result<()> {
     if args.list {
@@ -261,6 +326,18 @@ pub fn sim(args: &SimArgs) -> Result<()> {
             let runs: Vec<&RunReport> = points.iter().map(|p| &p.run).collect();
             std::fs::write(path, spillway_sim::html::render_html(&runs))
                 .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
+    if sc.vatc.is_some() && !dpu_only && args.placement.is_none() {
+        let r = spillway_sim::run_vatc_compare(&sc, seed, &mut |f| progress.set(f))
+            .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
+        progress.done();
+        if args.json {
+            serde_json::to_writer(&mut out, &r)?;
+            writeln!(out)?;
+        } else {
+            print_vatc(&r, &mut out)?;
         }
         return Ok(());
     }

@@ -33,7 +33,12 @@
 //! - A train whose connection has live hardware entries is served by the fast path: a FIFO
 //!   server at `hw_pps_limit` with a `hw_queue_packets` queue; the excess is `dpu.hw.overload`.
 //! - A miss in a redirected bucket is steered to the spill plane (line-rate steering, then the
-//!   phy vNIC toward the host at `phy_vnic_pps_limit` and the PCIe bandwidth).
+//!   phy vNIC toward the host at `phy_vnic_pps_limit`, then the PCIe link toward the host).
+//! - Every packet the DPU writes into a VM crosses the PCIe link toward the host: it pays
+//!   `pcie.latency` and occupies that direction's bandwidth (`(bytes + overhead_bytes) /
+//!   bandwidth_bytes`, one FIFO shared with the steered packets). A packet the plane sends back
+//!   (no vATC) also passes the steering engine again, and for a VM crosses the link a third
+//!   time: `pcie.crossings` counts 1 for the steer, 1 back, 1 into the VM.
 //! - Any other miss takes the SoC: `soc_new_conn_cost` for a new connection (then two insert
 //!   commands), `soc_miss_cost` for a packet of a known connection, `soc_sync_cost` per state
 //!   message ingested from the plane. All on `soc_cores` behind one bounded queue.
@@ -56,7 +61,7 @@ use crate::types::{
     Transmit,
 };
 use crate::ursched::{Decision, Load, PlaneView, URSched};
-use crate::vnic::{PhyVnic, at_ps, ps};
+use crate::vnic::{PcieLink, PhyVnic, at_ps, ps};
 
 /// The DPU's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -430,6 +435,8 @@ pub struct DpuNode {
     steer: Server,
     steer_ps: u64,
     to_host: PhyVnic,
+    /// The PCIe link toward the host: steered packets and every write into a VM.
+    link_down: PcieLink,
     conns: Records<DpuConn>,
     /// `pcie.latency` and `dpu.hw_latency` converted once, not per train.
     pcie_latency_ns: u64,
@@ -494,6 +501,7 @@ impl DpuNode {
             steer: Server::new(1, 1 << 16),
             steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
             to_host: PhyVnic::new(f),
+            link_down: PcieLink::new(f),
             conns: Records::new(7),
             pcie_latency_ns: ns(f.pcie.latency),
             hw_latency_ps: ns(d.hw_latency) * PS_PER_NS,
@@ -701,12 +709,25 @@ impl DpuNode {
         self.out.sync(now, self.colour, kind, state);
     }
 
-    fn deliver(&mut self, t: &Train, n: u32, latency_ps_sum: u64, hw: bool) {
-        let extra = if t.dest == Dest::Vm {
-            self.pcie_latency_ns
-        } else {
-            0
-        };
+    /// Delivers `n` packets of `t` that left the fast path or the SoC `latency_ps_sum` after
+    /// arriving at `now` (summed over the packets): into a VM across the PCIe link (its latency
+    /// and bandwidth), or out of the uplink.
+    fn deliver(&mut self, now: Instant, t: &Train, n: u32, latency_ps_sum: u64, hw: bool) {
+        let mut latency_ps_sum = latency_ps_sum;
+        let mut extra = 0;
+        let mut n = n;
+        if t.dest == Dest::Vm {
+            // The crossing into the VM starts when the batch's average packet is done.
+            let at = ps(now) + latency_ps_sum / u64::from(n.max(1));
+            let l = self.link_down.cross(at, n, t.packet_bytes);
+            self.drops.add_refused(FabricDrop::PcieLinkFull, n, l.count);
+            if l.count == 0 {
+                return;
+            }
+            latency_ps_sum = latency_ps_sum / u64::from(n) * u64::from(l.count) + l.wait_sum_ps;
+            n = l.count;
+            extra = self.pcie_latency_ns;
+        }
         let mean_ns = latency_ps_sum / u64::from(n.max(1)) / PS_PER_NS + extra;
         self.latency.record(mean_ns, u64::from(n));
         self.latency_window.record(mean_ns, u64::from(n));
@@ -799,7 +820,7 @@ impl DpuNode {
                 .add_refused(FabricDrop::HwOverload, t.packets, a.count);
             if a.count > 0 {
                 let sum = a.wait_sum_ps + u64::from(a.count) * self.hw_latency_ps;
-                self.deliver(t, a.count, sum, true);
+                self.deliver(now, t, a.count, sum, true);
                 // Payload on the hardware path changes no connection state: the entry's own
                 // counters count it, and the SoC's record is left alone (as hardware conntrack
                 // offload does). Control packets and the close still step the record.
@@ -829,8 +850,18 @@ impl DpuNode {
             }
             return;
         }
+        // A link backed up toward the host backs up into the phy vNIC's ring (PCIe is lossless).
+        let room = self.link_down.room(ps(now));
         let mut part = *t;
-        part.packets = s.count;
+        part.packets = s.count.min(room);
+        self.drops
+            .add_refused(FabricDrop::VnicRingFull, s.count, part.packets);
+        if part.packets == 0 {
+            if t.kind == Kind::Open {
+                self.counters.open_dropped += 1;
+            }
+            return;
+        }
         let a = self.to_host.offer(ps(now), &part);
         self.drops
             .add_refused(FabricDrop::VnicRingFull, part.packets, a.count);
@@ -840,13 +871,22 @@ impl DpuNode {
             }
             return;
         }
-        part.packets = a.count;
-        self.counters.steered += u64::from(a.count);
+        let l = self.link_down.cross(a.finish_ps, a.count, t.packet_bytes);
+        self.drops
+            .add_refused(FabricDrop::PcieLinkFull, a.count, l.count);
+        if l.count == 0 {
+            if t.kind == Kind::Open {
+                self.counters.open_dropped += 1;
+            }
+            return;
+        }
+        part.packets = l.count;
+        self.counters.steered += u64::from(l.count);
         if t.kind == Kind::Open {
             self.counters.steered_new_conn += 1;
         }
-        self.counters.pcie_crossings += u64::from(a.count);
-        self.send(at_ps(a.finish_ps), Channel::PhyVnic, Msg::Packets(part));
+        self.counters.pcie_crossings += u64::from(l.count);
+        self.send(at_ps(l.finish_ps), Channel::PhyVnic, Msg::Packets(part));
     }
 
     fn slow_path(&mut self, now: Instant, t: &Train, punted: bool) {
@@ -890,7 +930,7 @@ impl DpuNode {
                         history: RecallHistory::Never,
                     },
                 );
-                self.deliver(t, a.count, a.wait_sum_ps, false);
+                self.deliver(now, t, a.count, a.wait_sum_ps, false);
                 if self.phase.has_plane() {
                     self.send_sync(now, SyncKind::Mirror, state);
                 }
@@ -932,7 +972,7 @@ impl DpuNode {
                         r.inserts_pending = queued;
                     }
                 }
-                self.deliver(t, a.count, a.wait_sum_ps, false);
+                self.deliver(now, t, a.count, a.wait_sum_ps, false);
                 self.update_state(now, t);
             }
         }
@@ -971,31 +1011,11 @@ impl DpuNode {
     /// A message from the spill plane.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
         match msg {
-            Msg::Packets(t) => {
-                // Processed by the plane; the DPU sends it on (steering rate, no rewrite).
-                let s = self.steer.offer(ps(now), t.packets, self.steer_ps);
-                self.drops
-                    .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
-                if s.count > 0 {
-                    let extra = if t.dest == Dest::Vm {
-                        self.pcie_latency_ns
-                    } else {
-                        0
-                    };
-                    let lat = now.0.saturating_sub(t.born.0) + extra;
-                    self.latency.record(lat, u64::from(s.count));
-                    self.latency_window.record(lat, u64::from(s.count));
-                    self.counters.host_out += u64::from(s.count);
-                    if t.kind == Kind::Close {
-                        self.counters.closed += 1;
-                    }
-                    // The crossing back, and for a VM the crossing into it.
-                    let crossings = if t.dest == Dest::Vm { 2 } else { 1 };
-                    self.counters.pcie_crossings += u64::from(s.count) * crossings;
-                }
-            }
+            Msg::Packets(t) => self.handle_returned(now, &t),
             Msg::Punt(t) => {
-                // The plane had no state for it: the slow path serves it as the owner.
+                // The plane had no state for it: the slow path serves it as the owner. It
+                // crossed the link back.
+                self.counters.pcie_crossings += u64::from(t.packets);
                 self.counters.punted_in += u64::from(t.packets);
                 self.slow_path(now, &t, true);
             }
@@ -1111,6 +1131,41 @@ impl DpuNode {
             }
             Msg::Drain { .. } => {}
         }
+    }
+
+    /// Packets the plane processed and sent back (the path without vATC): they pass the
+    /// steering engine again (parse + match, no rewrite), then go out of the uplink or, for a
+    /// VM, cross the PCIe link a third time into it.
+    fn handle_returned(&mut self, now: Instant, t: &Train) {
+        let s = self.steer.offer(ps(now), t.packets, self.steer_ps);
+        self.drops
+            .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
+        if s.count == 0 {
+            return;
+        }
+        let (n, mean_done_ps, extra) = if t.dest == Dest::Vm {
+            let l = self.link_down.cross(s.finish_ps, s.count, t.packet_bytes);
+            self.drops
+                .add_refused(FabricDrop::PcieLinkFull, s.count, l.count);
+            if l.count == 0 {
+                return;
+            }
+            let mean = s.finish_ps + l.wait_sum_ps / u64::from(l.count);
+            (l.count, mean, self.pcie_latency_ns)
+        } else {
+            let mean = ps(now) + s.wait_sum_ps / u64::from(s.count);
+            (s.count, mean, 0)
+        };
+        let lat = (mean_done_ps / PS_PER_NS).saturating_sub(t.born.0) + extra;
+        self.latency.record(lat, u64::from(n));
+        self.latency_window.record(lat, u64::from(n));
+        self.counters.host_out += u64::from(n);
+        if t.kind == Kind::Close {
+            self.counters.closed += 1;
+        }
+        // The crossing back (counted here, where it lands), and for a VM the one into it.
+        let crossings = if t.dest == Dest::Vm { 2 } else { 1 };
+        self.counters.pcie_crossings += u64::from(n) * crossings;
     }
 
     fn ingest_sync(&mut self, kind: SyncKind, state: ConnState, orphan: bool) {
@@ -1416,7 +1471,12 @@ impl DpuNode {
                 // After the last redirected packet has left for the plane: the channels are
                 // separate, so the drain request must not overtake packets still queued on the
                 // phy vNIC.
-                let at = at_ps(self.to_host.busy_until_ps().max(ps(now)));
+                let at = at_ps(
+                    self.to_host
+                        .busy_until_ps()
+                        .max(self.link_down.busy_until_ps())
+                        .max(ps(now)),
+                );
                 self.send(at, Channel::Control, Msg::Drain { colour });
             }
             _ => {}

@@ -17,6 +17,8 @@ pub enum FabricDrop {
     SteerOverload,
     /// `vnic.phy.ring_full`: a phy vNIC ring was full (either direction).
     VnicRingFull,
+    /// `pcie.link_full`: a direction of the PCIe link had `pcie.link_queue_packets` queued.
+    PcieLinkFull,
     /// `spill.queue_full`: the spill plane's workers were saturated.
     SpillQueueFull,
     /// `spill.cache_full`: the spill plane's flow cache had no room for a new connection.
@@ -33,12 +35,13 @@ pub enum FabricDrop {
 
 impl FabricDrop {
     /// Every reason, in metric order.
-    pub const ALL: [FabricDrop; 10] = [
+    pub const ALL: [FabricDrop; 11] = [
         FabricDrop::HwOverload,
         FabricDrop::SocQueueFull,
         FabricDrop::MemFull,
         FabricDrop::SteerOverload,
         FabricDrop::VnicRingFull,
+        FabricDrop::PcieLinkFull,
         FabricDrop::SpillQueueFull,
         FabricDrop::SpillCacheFull,
         FabricDrop::SpillFailed,
@@ -54,6 +57,7 @@ impl FabricDrop {
             FabricDrop::MemFull => "dpu.mem_full",
             FabricDrop::SteerOverload => "dpu.steer.overload",
             FabricDrop::VnicRingFull => "vnic.phy.ring_full",
+            FabricDrop::PcieLinkFull => "pcie.link_full",
             FabricDrop::SpillQueueFull => "spill.queue_full",
             FabricDrop::SpillCacheFull => "spill.cache_full",
             FabricDrop::SpillFailed => "spill.failed",
@@ -71,7 +75,7 @@ impl fmt::Display for FabricDrop {
 
 /// Packets dropped, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Drops([u64; 10]);
+pub struct Drops([u64; 11]);
 
 impl Drops {
     /// Counts `n` drops of `reason`.
@@ -114,6 +118,8 @@ impl Drops {
 pub struct LatencyHist {
     counts: Box<[u64; 64 * 8]>,
     total: u64,
+    /// Sum of the recorded latencies, ns (for the mean; saturating).
+    sum_ns: u64,
 }
 
 impl Default for LatencyHist {
@@ -121,6 +127,7 @@ impl Default for LatencyHist {
         LatencyHist {
             counts: Box::new([0; 64 * 8]),
             total: 0,
+            sum_ns: 0,
         }
     }
 }
@@ -148,11 +155,21 @@ impl LatencyHist {
     pub fn record(&mut self, ns: u64, n: u64) {
         self.counts[Self::index(ns)] += n;
         self.total += n;
+        self.sum_ns = self.sum_ns.saturating_add(ns.saturating_mul(n));
     }
 
     /// Packets recorded.
     pub fn count(&self) -> u64 {
         self.total
+    }
+
+    /// Mean of the recorded latencies, ns (0 when empty).
+    pub fn mean(&self) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            self.sum_ns as f64 / self.total as f64
+        }
     }
 
     /// The latency at quantile `q` in [0, 1], ns (the bucket's lower bound); 0 if empty.
@@ -177,12 +194,14 @@ impl LatencyHist {
             *a += b;
         }
         self.total += other.total;
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
     }
 
     /// Empties it.
     pub fn clear(&mut self) {
         self.counts.fill(0);
         self.total = 0;
+        self.sum_ns = 0;
     }
 }
 

@@ -110,11 +110,20 @@ pub struct PcieParams {
     #[serde(with = "humantime_us")]
     pub latency: Duration,
     /// Usable bandwidth per direction, bytes/s. [assumed]: PCIe Gen4 x16, ~25 GB/s after
-    /// protocol overhead.
+    /// protocol overhead. Every packet crossing occupies its direction of the link for
+    /// `(packet bytes + overhead_bytes) / bandwidth_bytes`: the steered packet to the plane, the
+    /// plane's packet back to the DPU, and every packet the DPU writes into a VM (its own and
+    /// the plane's), in one shared FIFO per direction (`pcie.link_full` when its queue is full).
     pub bandwidth_bytes: f64,
     /// Bytes of descriptor and TLP overhead per packet crossing. [assumed]: 64.
     pub overhead_bytes: u32,
-    /// Packets per second the phy vNIC moves per direction (the DPU's host-queue DMA engine).
+    /// Packets a direction of the link holds queued. PCIe is lossless: a sender stops feeding a
+    /// link that is half full (its phy vNIC ring backs up and drops, `vnic.phy.ring_full`);
+    /// only writes into VMs beyond the whole queue are dropped (`pcie.link_full`).
+    /// [assumed]: 8,192 (about 0.5 ms of 1,500-byte packets at 25 GB/s).
+    pub link_queue_packets: u32,
+    /// Packets per second the phy vNIC moves per direction (the DPU's host-queue DMA engine
+    /// serving the plane's queue pair; the link bandwidth is charged separately).
     /// [assumed]: 10 Mpps; this is what caps spill-plane CPS (see docs/ARCHITECTURE.md).
     pub phy_vnic_pps_limit: f64,
     /// Packets a phy vNIC ring holds before it drops (`spill.vnic.ring_full`). [assumed]: 4,096.
@@ -132,6 +141,7 @@ impl Default for PcieParams {
             latency: Duration::from_micros(1),
             bandwidth_bytes: 25e9,
             overhead_bytes: 64,
+            link_queue_packets: 8192,
             phy_vnic_pps_limit: 10e6,
             phy_vnic_ring: 4096,
             flow_vnic_msgs_limit: 20e6,
@@ -179,8 +189,26 @@ pub struct HostParams {
     #[serde(with = "humantime_us")]
     pub heartbeat: Duration,
     /// Deliver VM-bound packets straight into VM memory (vATC, issue 6) instead of back through
-    /// the DPU. Off by default until vATC exists.
+    /// the DPU. Off by default: the built-in scenarios model the path without it, and the `vatc`
+    /// scenario compares the two.
     pub vatc: bool,
+    /// Host core time per packet the plane delivers with vATC, on top of `pkt_cost`: the
+    /// translation lookup on a hit, the VM's receive descriptor read and its used-ring write.
+    /// [assumed]: 50 ns (a few cache misses on the VM's ring).
+    #[serde(with = "humantime_us")]
+    pub vatc_copy_cost: Duration,
+    /// Bytes per second one host core copies into VM memory with vATC (the per-byte part of
+    /// the copy). [assumed]: 10 GB/s, a `memcpy` from cache into DRAM on one core.
+    pub copy_bandwidth_bytes: f64,
+    /// Share of vATC translations that hit the plane's cache. [assumed]: 0.99 (a VM's receive
+    /// buffers are few, long-lived regions, so a cache of `atc::AtcConfig::default` entries
+    /// holds them; misses follow remaps and new VMs). Charged as its expectation per packet:
+    /// deterministic, no random draw.
+    pub vatc_hit_ratio: f64,
+    /// Host core time of a translation miss: the request to the VM's device model and the fill.
+    /// [assumed]: 2 us (a round trip to the device-model thread on another core).
+    #[serde(with = "humantime_us")]
+    pub vatc_miss_cost: Duration,
 }
 
 impl Default for HostParams {
@@ -198,6 +226,10 @@ impl Default for HostParams {
             flow_cache_max: 4_000_000,
             heartbeat: Duration::from_millis(5),
             vatc: false,
+            vatc_copy_cost: Duration::from_nanos(50),
+            copy_bandwidth_bytes: 10e9,
+            vatc_hit_ratio: 0.99,
+            vatc_miss_cost: Duration::from_micros(2),
         }
     }
 }
@@ -509,12 +541,27 @@ impl FabricParams {
         pos("pcie.phy_vnic_pps_limit", p.phy_vnic_pps_limit)?;
         pos("pcie.flow_vnic_msgs_limit", p.flow_vnic_msgs_limit)?;
         nonzero("pcie.phy_vnic_ring", u64::from(p.phy_vnic_ring))?;
+        if p.link_queue_packets < 2 {
+            return Err(ParamError {
+                field: "pcie.link_queue_packets",
+                expected: "at least 2",
+                actual: p.link_queue_packets.to_string(),
+            });
+        }
         nonzero("pcie.control_rto", ns(p.control_rto))?;
         let h = &self.host;
         nonzero("host.pkt_cost", ns(h.pkt_cost))?;
         nonzero("host.new_conn_cost", ns(h.new_conn_cost))?;
         nonzero("host.heartbeat", ns(h.heartbeat))?;
         nonzero("host.flow_cache_max", h.flow_cache_max as u64)?;
+        pos("host.copy_bandwidth_bytes", h.copy_bandwidth_bytes)?;
+        if !(0.0..=1.0).contains(&h.vatc_hit_ratio) {
+            return Err(ParamError {
+                field: "host.vatc_hit_ratio",
+                expected: "a fraction in [0, 1]",
+                actual: h.vatc_hit_ratio.to_string(),
+            });
+        }
         if h.tenant_cores + h.reserve_cores > h.cores {
             return Err(ParamError {
                 field: "host.tenant_cores",

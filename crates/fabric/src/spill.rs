@@ -7,6 +7,18 @@
 //! [`SpillPlane::handle_timeout`] when [`SpillPlane::poll_timeout`] is due, [`SpillPlane::start`]
 //! when the driver has started the process); then drain [`SpillPlane::poll_transmit`].
 //!
+//! # What the model charges per packet
+//!
+//! Every packet costs the workers `pkt_cost` (`new_conn_cost` for an opening or denied one).
+//! Then, without vATC (or for the uplink), it goes back to the DPU: the phy vNIC toward the
+//! DPU (`phy_vnic_pps_limit`), the PCIe link toward the DPU (its bytes plus `overhead_bytes`
+//! at `bandwidth_bytes`) and `pcie.latency`; the DPU passes it through its steering engine
+//! again and, for a VM, writes it across the link once more. With vATC a VM-bound packet
+//! costs the workers the copy instead: `vatc_copy_cost` + bytes / `copy_bandwidth_bytes` +
+//! (1 - `vatc_hit_ratio`) x `vatc_miss_cost` (the expected translation-miss cost, so the run
+//! stays deterministic), and is delivered when the worker is done, with no crossing back
+//! (`atc.direct`; expected misses in `spill.atc.miss`).
+//!
 //! # Roles
 //!
 //! The plane holds each connection it knows as `Owner` (it serves and mirrors it to the DPU, so
@@ -38,7 +50,7 @@ use crate::server::{PS_PER_NS, Server};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
 };
-use crate::vnic::{PhyVnic, at_ps, ps};
+use crate::vnic::{PcieLink, PhyVnic, at_ps, ps};
 
 /// The plane's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,6 +95,9 @@ pub struct SpillCounters {
     /// `atc.direct_refused`: packets sent the vATC way that the driver could not deliver (no
     /// translation yet, no receive buffer) and that went back through the DPU instead.
     pub direct_refused: u64,
+    /// `spill.atc.miss`: vATC translation misses the cost model charged (the expectation at
+    /// `host.vatc_hit_ratio`, accumulated and counted whole).
+    pub atc_miss: u64,
     /// `spill.recall.sent`: recalls sent.
     pub recalls_sent: u64,
     /// `spill.recall.ok`: recalls acknowledged live.
@@ -120,6 +135,7 @@ impl SpillCounters {
             ("spill.tx.dpu", self.to_dpu),
             ("atc.direct", self.direct),
             ("atc.direct_refused", self.direct_refused),
+            ("spill.atc.miss", self.atc_miss),
             ("spill.recall.sent", self.recalls_sent),
             ("spill.recall.ok", self.recalls_ok),
             ("spill.recall.refused", self.recalls_refused),
@@ -154,7 +170,15 @@ pub struct SpillPlane {
     pending_workers: Option<(Instant, u32)>,
     pkt_ps: u64,
     new_ps: u64,
+    /// vATC: fixed cost per packet (copy setup plus the expected miss cost), ps.
+    vatc_ps: u64,
+    /// vATC: copy cost per byte, ps.
+    copy_ps_per_byte: f64,
+    /// Expected translation misses not yet counted whole.
+    atc_miss_acc: f64,
     to_dpu: PhyVnic,
+    /// The PCIe link toward the DPU.
+    link_up: PcieLink,
     conns: Records<SpillConn>,
     colour: Colour,
     active: bool,
@@ -187,7 +211,12 @@ impl SpillPlane {
             pending_workers: None,
             pkt_ps: per_ps(f.host.pkt_cost),
             new_ps: per_ps(f.host.new_conn_cost),
+            vatc_ps: per_ps(f.host.vatc_copy_cost)
+                + ((1.0 - f.host.vatc_hit_ratio) * per_ps(f.host.vatc_miss_cost) as f64) as u64,
+            copy_ps_per_byte: 1e12 / f.host.copy_bandwidth_bytes,
+            atc_miss_acc: 0.0,
             to_dpu: PhyVnic::new(f),
+            link_up: PcieLink::new(f),
             conns: Records::new(11),
             colour: Colour(0),
             active: false,
@@ -367,17 +396,15 @@ impl SpillPlane {
 
     /// The driver could not deliver packets the plane sent the vATC way (no fresh translation,
     /// no receive buffer posted, a port without shared memory): they go back through the DPU
-    /// instead, as without vATC, charged to the phy vNIC (`atc.direct_refused`).
+    /// instead, as without vATC, charged to the phy vNIC and the PCIe link toward the DPU
+    /// (`atc.direct_refused`).
     pub fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
         self.counters.direct_refused += u64::from(t.packets);
-        let v = self.to_dpu.offer(ps(now), t);
-        self.drops
-            .add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
-        if v.count > 0 {
+        if let Some((n, at)) = self.cross_back(ps(now), t) {
             let mut back = *t;
-            back.packets = v.count;
-            self.counters.to_dpu += u64::from(v.count);
-            self.send(at_ps(v.finish_ps), Channel::PhyVnic, Msg::Packets(back));
+            back.packets = n;
+            self.counters.to_dpu += u64::from(n);
+            self.send(at, Channel::PhyVnic, Msg::Packets(back));
         }
     }
 
@@ -577,11 +604,18 @@ impl SpillPlane {
     fn handle_packets(&mut self, now: Instant, t: &Train) {
         self.counters.rx += u64::from(t.packets);
         // The cost depends on the packet, not on what the plane knows of its connection.
-        let cost = if t.kind == Kind::Open || t.denied {
-            self.new_ps
+        let direct = self.f.host.vatc && t.dest == Dest::Vm && !t.denied;
+        let copy = if direct {
+            self.vatc_ps + (f64::from(t.packet_bytes) * self.copy_ps_per_byte) as u64
         } else {
-            self.pkt_ps
+            0
         };
+        let cost = copy
+            + if t.kind == Kind::Open || t.denied {
+                self.new_ps
+            } else {
+                self.pkt_ps
+            };
         let a = self.workers.offer(ps(now), t.packets, cost);
         self.counters.busy_ns += u64::from(a.count) * (cost / PS_PER_NS);
         self.drops
@@ -636,12 +670,9 @@ impl SpillPlane {
                 let mut back = *t;
                 back.packets = a.count;
                 self.counters.punted += u64::from(a.count);
-                let v = self.to_dpu.offer(a.finish_ps, &back);
-                self.drops
-                    .add_refused(FabricDrop::VnicRingFull, back.packets, v.count);
-                if v.count > 0 {
-                    back.packets = v.count;
-                    self.send(at_ps(v.finish_ps), Channel::PhyVnic, Msg::Punt(back));
+                if let Some((n, at)) = self.cross_back(a.finish_ps, &back) {
+                    back.packets = n;
+                    self.send(at, Channel::PhyVnic, Msg::Punt(back));
                 }
                 return;
             }
@@ -672,27 +703,50 @@ impl SpillPlane {
         }
         let mut done = *t;
         done.packets = a.count;
-        if self.f.host.vatc && t.dest == Dest::Vm {
-            // Straight into the VM's receive buffer: no crossing back.
-            let lat = (a.finish_ps / PS_PER_NS).saturating_sub(t.born.0);
+        if direct {
+            // Straight into the VM's receive buffer (the copy was part of the workers' cost):
+            // no crossing back. Latency to the batch's average packet, like the DPU's.
+            let mean_ps = ps(now) + a.wait_sum_ps / u64::from(a.count);
+            let lat = (mean_ps / PS_PER_NS).saturating_sub(t.born.0);
             self.latency.record(lat, u64::from(a.count));
             self.counters.direct += u64::from(a.count);
+            self.atc_miss_acc += f64::from(a.count) * (1.0 - self.f.host.vatc_hit_ratio);
+            let whole = self.atc_miss_acc.floor();
+            self.counters.atc_miss += whole as u64;
+            self.atc_miss_acc -= whole;
             if t.kind == Kind::Close {
                 self.counters.closed_direct += 1;
             }
             return;
         }
-        let v = self.to_dpu.offer(a.finish_ps, &done);
-        if v.count == 0 && t.kind == Kind::Open {
-            self.counters.open_dropped += 1;
+        match self.cross_back(a.finish_ps, &done) {
+            Some((n, at)) => {
+                done.packets = n;
+                self.counters.to_dpu += u64::from(n);
+                self.send(at, Channel::PhyVnic, Msg::Packets(done));
+            }
+            None if t.kind == Kind::Open => self.counters.open_dropped += 1,
+            None => {}
         }
+    }
+
+    /// Packets of `t` leave for the DPU at `at_ps`: the phy vNIC toward the DPU, then the PCIe
+    /// link toward it (the driver adds `pcie.latency`). Returns how many got through and when
+    /// the last left; the rest are dropped with their reason.
+    fn cross_back(&mut self, at_ps_: u64, t: &Train) -> Option<(u32, Instant)> {
+        // A link backed up toward the DPU backs up into the phy vNIC's ring (PCIe is lossless).
+        let mut part = *t;
+        part.packets = t.packets.min(self.link_up.room(at_ps_));
+        let v = self.to_dpu.offer(at_ps_, &part);
         self.drops
-            .add_refused(FabricDrop::VnicRingFull, done.packets, v.count);
-        if v.count > 0 {
-            done.packets = v.count;
-            self.counters.to_dpu += u64::from(v.count);
-            self.send(at_ps(v.finish_ps), Channel::PhyVnic, Msg::Packets(done));
+            .add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
+        if v.count == 0 {
+            return None;
         }
+        let l = self.link_up.cross(v.finish_ps, v.count, t.packet_bytes);
+        self.drops
+            .add_refused(FabricDrop::PcieLinkFull, v.count, l.count);
+        (l.count > 0).then(|| (l.count, at_ps(l.finish_ps)))
     }
 
     fn recall(&mut self, now: Instant, conn: ConnId, pps: f64, replaces_pps: f64) {

@@ -21,7 +21,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use spillway_fabric::dpu::{Command, DpuNode, EventKind, FabricEvent, Role};
+use spillway_fabric::dpu::{Command, DpuNode, EventKind, FabricEvent, Hold, Role};
 use spillway_fabric::metrics::{Drops, FabricDrop, LatencyHist};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::spill::SpillPlane;
@@ -30,7 +30,7 @@ use spillway_vswitch::workload::SplitMix64;
 use spillway_vswitch::{Instant, TenantId};
 
 use crate::report::{LatencyUs, PhaseEvent, RunReport, Sample, WindowFigures};
-use crate::scenario::{Arrivals, DestSpec, FaultKind, Lifetimes, Scenario};
+use crate::scenario::{Arrivals, DestSpec, FaultKind, HoldSpec, Lifetimes, Scenario};
 use crate::shape::{self, ShapeState};
 
 /// Events between full invariant sweeps.
@@ -319,6 +319,9 @@ impl<'a> Sim<'a> {
             opts,
         };
         sim.build_sources();
+        if sc.hold == HoldSpec::Active && !sim.f.dpu_only {
+            sim.dpu.handle_hold(Instant::ZERO, Hold::Active);
+        }
         sim
     }
 
@@ -1055,6 +1058,8 @@ impl Sim<'_> {
     pub fn run(mut self, progress: &mut dyn FnMut(f64)) -> Result<RunReport, SimFailure> {
         let stop = Instant(self.end.0 + DRAIN_NS);
         let mut next_progress = 0u64;
+        // A hold set at time zero has commands and events to route before the first event.
+        self.route_outputs()?;
         while let Some(Reverse(ev)) = self.heap.pop() {
             if ev.at > stop {
                 break;
@@ -1159,6 +1164,7 @@ impl Sim<'_> {
             latency_us: LatencyUs {
                 p50: latency.quantile(0.5) as f64 / 1e3,
                 p99: latency.quantile(0.99) as f64 / 1e3,
+                mean: latency.mean() / 1e3,
             },
             offload_ratio: if delivered > 0 {
                 d.hw_delivered as f64 / delivered as f64

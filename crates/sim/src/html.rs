@@ -1116,6 +1116,7 @@ mod tests {
             latency_us: LatencyUs {
                 p50: 4.0,
                 p99: 40.0,
+                mean: 6.0,
             },
             offload_ratio: 0.84,
             pcie_crossings_per_packet: 0.3,

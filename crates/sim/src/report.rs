@@ -57,6 +57,8 @@ pub struct LatencyUs {
     pub p50: f64,
     /// 99th percentile, microseconds.
     pub p99: f64,
+    /// Mean, microseconds.
+    pub mean: f64,
 }
 
 /// What placement did over the measure window: how much traffic the hardware fast path served,

@@ -274,6 +274,97 @@ pub struct Scenario {
     /// A comparison of placement policies on this workload (see [`Compare`]).
     #[serde(default)]
     pub compare: Option<Compare>,
+    /// An operator hold set at time zero (`auto`, the default: URSched decides; `active`: a
+    /// plane is started at once and activated with every bucket redirected as soon as it is
+    /// synced, as `spillway ctl activate` does). Ignored by the DPU-only baseline.
+    #[serde(default)]
+    pub hold: HoldSpec,
+    /// A with/without-vATC comparison on this workload (see [`VatcCompare`]).
+    #[serde(default)]
+    pub vatc: Option<VatcCompare>,
+}
+
+/// The operator hold a scenario starts with.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HoldSpec {
+    /// URSched decides.
+    #[default]
+    Auto,
+    /// Keep a plane active with every bucket redirected.
+    Active,
+}
+
+/// The vATC comparison (`crate::run_vatc_compare`): the workload runs three times with the same
+/// seed: on the DPU alone (the baseline), through the plane without vATC and with it; then, for
+/// each parameter of `sensitivity`, the two plane runs again with the parameter divided and
+/// multiplied by `factor`, to find the parameter the without/with ratio depends on most.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VatcCompare {
+    /// Parameters to vary, by dotted name (one of [`SENSITIVITY_PARAMS`]).
+    #[serde(default)]
+    pub sensitivity: Vec<String>,
+    /// The factor each is divided and multiplied by; default 2.
+    #[serde(default = "two")]
+    pub factor: f64,
+    /// Latency is measured in a second set of runs of the three paths with every flow group's
+    /// and connection generator's rate scaled by this (default 0.25), a load every path carries:
+    /// at saturation latency is only the length of the fullest queue.
+    #[serde(default = "quarter")]
+    pub latency_load: f64,
+}
+
+fn quarter() -> f64 {
+    0.25
+}
+
+fn two() -> f64 {
+    2.0
+}
+
+/// The parameters a [`VatcCompare`] may vary: the costs on the two paths.
+pub const SENSITIVITY_PARAMS: [&str; 8] = [
+    "pcie.bandwidth_bytes",
+    "pcie.overhead_bytes",
+    "pcie.phy_vnic_pps_limit",
+    "pcie.latency",
+    "dpu.steer_pps_limit",
+    "host.pkt_cost",
+    "host.vatc_copy_cost",
+    "host.copy_bandwidth_bytes",
+];
+
+/// Whether a larger value of the parameter `name` (one of [`SENSITIVITY_PARAMS`]) makes its
+/// resource more capable (a rate or a bandwidth) rather than dearer (a cost or a latency).
+pub fn larger_is_better(name: &str) -> bool {
+    matches!(
+        name,
+        "pcie.bandwidth_bytes"
+            | "pcie.phy_vnic_pps_limit"
+            | "dpu.steer_pps_limit"
+            | "host.copy_bandwidth_bytes"
+    )
+}
+
+/// `f` with the parameter `name` (one of [`SENSITIVITY_PARAMS`]) scaled by `factor`.
+pub fn scale_param(f: &FabricParams, name: &str, factor: f64) -> Option<FabricParams> {
+    let mut f = f.clone();
+    let dur = |d: Duration| Duration::from_secs_f64(d.as_secs_f64() * factor);
+    match name {
+        "pcie.bandwidth_bytes" => f.pcie.bandwidth_bytes *= factor,
+        "pcie.overhead_bytes" => {
+            f.pcie.overhead_bytes = (f64::from(f.pcie.overhead_bytes) * factor).round() as u32;
+        }
+        "pcie.phy_vnic_pps_limit" => f.pcie.phy_vnic_pps_limit *= factor,
+        "pcie.latency" => f.pcie.latency = dur(f.pcie.latency),
+        "dpu.steer_pps_limit" => f.dpu.steer_pps_limit *= factor,
+        "host.pkt_cost" => f.host.pkt_cost = dur(f.host.pkt_cost),
+        "host.vatc_copy_cost" => f.host.vatc_copy_cost = dur(f.host.vatc_copy_cost),
+        "host.copy_bandwidth_bytes" => f.host.copy_bandwidth_bytes *= factor,
+        _ => return None,
+    }
+    Some(f)
 }
 
 /// A comparison of placement policies: the scenario runs once per policy with the same seed,
@@ -434,6 +525,11 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         "placement-volatile",
         "scenarios/placement-volatile.toml",
         include_str!("../../../scenarios/placement-volatile.toml"),
+    ),
+    (
+        "vatc",
+        "scenarios/vatc.toml",
+        include_str!("../../../scenarios/vatc.toml"),
     ),
 ];
 
@@ -638,6 +734,45 @@ impl Scenario {
                     "either a sweep or a comparison, not both",
                     "both".into(),
                 ));
+            }
+        }
+        if let Some(v) = &self.vatc {
+            if self.sweep.is_some() || self.compare.is_some() {
+                return Err(bad(
+                    "vatc".into(),
+                    "a vATC comparison alone, without a sweep or a placement comparison",
+                    "both".into(),
+                ));
+            }
+            if !(v.latency_load.is_finite() && v.latency_load > 0.0 && v.latency_load <= 1.0) {
+                return Err(bad(
+                    "vatc.latency_load".into(),
+                    "a fraction in (0, 1]",
+                    v.latency_load.to_string(),
+                ));
+            }
+            if !(v.factor.is_finite() && v.factor > 1.0 && v.factor <= 100.0) {
+                return Err(bad(
+                    "vatc.factor".into(),
+                    "a factor in (1, 100]",
+                    v.factor.to_string(),
+                ));
+            }
+            for (i, name) in v.sensitivity.iter().enumerate() {
+                if !SENSITIVITY_PARAMS.contains(&name.as_str()) {
+                    return Err(bad(
+                        format!("vatc.sensitivity[{i}]"),
+                        &format!("one of {}", SENSITIVITY_PARAMS.join(", ")),
+                        format!("{name:?}"),
+                    ));
+                }
+                if v.sensitivity[..i].contains(name) {
+                    return Err(bad(
+                        format!("vatc.sensitivity[{i}]"),
+                        "each parameter once",
+                        format!("{name:?} twice"),
+                    ));
+                }
             }
         }
         if let Some(sw) = &self.sweep {

@@ -47,6 +47,9 @@ pub fn scenario(seed: u64) -> Scenario {
     f.host.workers_max = f.host.workers_initial + pick(&mut rng, 4) as u32;
     f.host.tenant_cores = [48, 60, 62][pick(&mut rng, 3)];
     f.pcie.phy_vnic_pps_limit = 1_000_000.0;
+    // Every third seed delivers VM-bound packets with vATC, from the seed itself rather than the
+    // stream, so the other picks are what they always were.
+    f.host.vatc = seed % 3 == 2;
     f.sched.release_windows = [10, 30][pick(&mut rng, 2)];
     f.placement.policy = [
         PlacementKind::FirstCome,
@@ -135,6 +138,8 @@ pub fn scenario(seed: u64) -> Scenario {
         faults,
         sweep: None,
         compare: None,
+        hold: Default::default(),
+        vatc: None,
     }
 }
 
