@@ -124,8 +124,10 @@ for ((r = 0; r < RUNS; r++)); do
     for ((k = 0; k < 3; k++)); do
         m=${modes[$(((r + k) % 3))]}
         set_mode "$m"
-        measure 0 "$TMP/rate-$m-$r.json"
+        # Latency first, on a fabric that has not just been flooded; then the packet rate.
         measure "$LAT_PPS" "$TMP/lat-$m-$r.json"
+        sleep 1
+        measure 0 "$TMP/rate-$m-$r.json"
         echo "run $((r + 1)) $m: $(python3 -c "import json; a=json.load(open('$TMP/rate-$m-$r.json')); b=json.load(open('$TMP/lat-$m-$r.json')); print(f\"{a['rx_pps']:.0f} pps, plane queue {a['rx_plane']}/{a['rx_plane']+a['rx_dpu']}, {a['crossings_per_packet']:.2f} crossings/pkt, DPU {a['dpu_cpu_us_per_packet']:.2f} us/pkt, plane {a['plane_cpu_us_per_packet']:.2f} us/pkt; at $LAT_PPS pps p50 {b['latency_us']['p50']:.0f} us p99 {b['latency_us']['p99']:.0f} us, lost {b['lost']}\")")" >&2
     done
 done
