@@ -325,31 +325,12 @@ port = 2
                 .join(format!("{}-plane", self.name));
             assert!(!p.exists(), "cgroup left: {}", p.display());
         }
-        // No process of this testbed's plane is left (read from /proc: procps may be absent).
-        let needle = format!("spill-plane\0--config\0{}", self.config.display());
-        let left: Vec<String> = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| {
-                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-                String::from_utf8_lossy(&cmdline)
-                    .contains(&needle)
-                    .then(|| e.file_name().to_string_lossy().into_owned())
-            })
-            .collect();
-        assert!(left.is_empty(), "spill plane processes left: {left:?}");
-        let needle = format!("vm-endpoint\0--config\0{}", self.config.display());
-        let left: Vec<String> = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| {
-                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-                String::from_utf8_lossy(&cmdline)
-                    .contains(&needle)
-                    .then(|| e.file_name().to_string_lossy().into_owned())
-            })
-            .collect();
-        assert!(left.is_empty(), "VM endpoint processes left: {left:?}");
+        // No process of this testbed's plane or VM endpoints is left (read from /proc: procps
+        // may be absent).
+        for what in ["spill-plane", "vm-endpoint"] {
+            let left = processes_with(&format!("{what}\0--config\0{}", self.config.display()));
+            assert!(left.is_empty(), "{what} processes left: {left:?}");
+        }
     }
 
     /// Runs `spillway vm-endpoint` for VM `vm` with `args`, in the background.
@@ -439,6 +420,20 @@ impl Drop for Bed {
             }
         }
     }
+}
+
+/// Pids whose command line contains `needle` (arguments separated by NUL).
+fn processes_with(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(needle)
+                .then(|| e.file_name().to_string_lossy().into_owned())
+        })
+        .collect()
 }
 
 fn stdout(o: &Output) -> String {

@@ -116,6 +116,8 @@ pub struct Percentiles {
 }
 
 const GEN_MAGIC: u32 = 0x5350_4c57;
+/// Idle loop turns before an endpoint sleeps.
+const SPIN_TURNS: u32 = 64;
 const PAYLOAD_AT: usize = 14 + 20 + 8;
 /// Latency samples kept (the first ones; later ones are sampled 1 in 8 once full).
 const SAMPLES_MAX: usize = 4 << 20;
@@ -223,6 +225,24 @@ impl Endpoint {
         for q in &mut self.rx {
             q.woke(&self.mem);
         }
+    }
+
+    /// After a loop turn: spins `SPIN_TURNS` idle turns, then sleeps (waking on an interrupt
+    /// or `extra`). False once the DPU process has closed the port.
+    fn idle(&mut self, busy: bool, turns: &mut u32, extra: Option<BorrowedFd<'_>>) -> bool {
+        if busy {
+            *turns = 0;
+            return true;
+        }
+        *turns += 1;
+        if *turns > SPIN_TURNS {
+            *turns = 0;
+            if self.dpu_gone() {
+                return false;
+            }
+            self.sleep(extra);
+        }
+        true
     }
 
     /// Whether the DPU process closed the port.
@@ -343,17 +363,8 @@ fn bridge(
             }
         }
         ep.kick_if_needed();
-        if busy {
-            turns = 0;
-            continue;
-        }
-        turns += 1;
-        if turns > 64 {
-            turns = 0;
-            if ep.dpu_gone() {
-                return Ok(());
-            }
-            ep.sleep(Some(tap.as_fd()));
+        if !ep.idle(busy, &mut turns, Some(tap.as_fd())) {
+            break;
         }
     }
     Ok(())
@@ -470,17 +481,8 @@ fn sink(
                 }
             }
         })?;
-        if n > 0 {
-            turns = 0;
-            continue;
-        }
-        turns += 1;
-        if turns > 64 {
-            turns = 0;
-            if ep.dpu_gone() {
-                break;
-            }
-            ep.sleep(None);
+        if !ep.idle(n > 0, &mut turns, None) {
+            break;
         }
     }
     let window = last.saturating_sub(first) as f64 / 1e9;
@@ -534,17 +536,8 @@ fn echo(
             ep.send(&[0u8; NET_HDR_BYTES], &out[..n]);
         })?;
         ep.kick_if_needed();
-        if n > 0 {
-            turns = 0;
-            continue;
-        }
-        turns += 1;
-        if turns > 64 {
-            turns = 0;
-            if ep.dpu_gone() {
-                break;
-            }
-            ep.sleep(None);
+        if !ep.idle(n > 0, &mut turns, None) {
+            break;
         }
     }
     Ok(())

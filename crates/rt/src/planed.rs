@@ -212,21 +212,33 @@ impl Vatc {
     }
 }
 
-/// Runs the vSwitch on a frame the model served: loads it, watches the TCP state of a
-/// connection the plane owns, and returns the egress port (None: dropped, counted).
-#[allow(clippy::too_many_arguments)]
-fn process_frame(
-    pipeline: &mut Pipeline,
-    pkt: &mut PacketBuf,
-    frame: &[u8],
+/// A frame the model served, as the vSwitch needs it.
+struct Served<'a> {
+    frame: &'a [u8],
     ingress: PortId,
     key: Option<spillway_wire::FlowKey>,
     tenant: spillway_vswitch::TenantId,
+    /// The plane owns the connection: a TCP state change goes to the DPU's copy.
     watch: bool,
+}
+
+/// Runs the vSwitch on a frame the model served: loads it, watches the TCP state of a
+/// connection the plane owns, and returns the egress port (None: dropped, counted).
+fn process_frame(
+    pipeline: &mut Pipeline,
+    pkt: &mut PacketBuf,
+    f: &Served<'_>,
     now: Instant,
     ct_out: &mut Vec<spillway_vswitch::conntrack::CtSnapshot>,
     c: &mut PlaneCounters,
 ) -> Option<PortId> {
+    let Served {
+        frame,
+        ingress,
+        key,
+        tenant,
+        watch,
+    } = *f;
     if pkt.load(frame).is_err() {
         c.drop_vswitch += 1;
         return None;
@@ -326,21 +338,17 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 // The egress port of a frame the vATC path refused: the pipeline has run.
                 let mut refused_out = None;
                 let direct = plane.counters().direct - direct_before;
+                let this = Served {
+                    frame: rec.frame,
+                    ingress: PortId(rec.port),
+                    key,
+                    tenant: t.tenant,
+                    watch: plane_owns,
+                };
                 if direct > 0 {
                     // The model sent it the vATC way: process, then copy into the VM's memory.
                     served = true;
-                    let out = process_frame(
-                        pipeline,
-                        pkt,
-                        rec.frame,
-                        PortId(rec.port),
-                        key,
-                        t.tenant,
-                        plane_owns,
-                        now,
-                        ct_out,
-                        c,
-                    );
+                    let out = process_frame(pipeline, pkt, &this, now, ct_out, c);
                     if let Some(out) = out
                         && !vatc.deliver(out, &vnet, pkt.data(), c)
                     {
@@ -356,18 +364,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                             served = true;
                             let out = match refused_out.take() {
                                 Some(out) => Some(out),
-                                None => process_frame(
-                                    pipeline,
-                                    pkt,
-                                    rec.frame,
-                                    PortId(rec.port),
-                                    key,
-                                    t.tenant,
-                                    plane_owns,
-                                    now,
-                                    ct_out,
-                                    c,
-                                ),
+                                None => process_frame(pipeline, pkt, &this, now, ct_out, c),
                             };
                             if let Some(out) = out {
                                 if tx.send_frame(&msg, out.0, &vnet, pkt.data()) {

@@ -633,26 +633,19 @@ impl DeviceQueue {
     /// After completing: whether the driver wants an interrupt (it cleared
     /// `VIRTQ_AVAIL_F_NO_INTERRUPT` before sleeping).
     pub fn needs_interrupt(&self, mem: &VmMemory) -> bool {
-        fence(Ordering::SeqCst);
-        mem.atomic_u16(mem.layout.avail_off(self.q))
-            .load(Ordering::Relaxed)
-            & AVAIL_F_NO_INTERRUPT
-            == 0
+        peer_wants_notice(mem, mem.layout.avail_off(self.q), AVAIL_F_NO_INTERRUPT)
     }
 
     /// Before sleeping: asks for kicks; false if descriptors arrived meanwhile (do not sleep).
     pub fn prepare_sleep(&mut self, mem: &VmMemory) -> bool {
-        let flags = mem.atomic_u16(mem.layout.used_off(self.q));
-        flags.store(0, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        let avail = mem
-            .atomic_u16(mem.layout.avail_off(self.q) + 2)
-            .load(Ordering::Acquire);
-        if avail != self.last_avail {
-            flags.store(USED_F_NO_NOTIFY, Ordering::Relaxed);
-            return false;
-        }
-        true
+        let l = mem.layout;
+        announce_sleep(
+            mem,
+            l.used_off(self.q),
+            USED_F_NO_NOTIFY,
+            l.avail_off(self.q) + 2,
+            self.last_avail,
+        )
     }
 
     /// After waking (or while busy): no kicks wanted.
@@ -665,6 +658,34 @@ impl DeviceQueue {
     pub fn queue(&self) -> usize {
         self.q
     }
+}
+
+/// The publishing side's half of the notification handshake (see the module docs): after its
+/// index store, a `SeqCst` fence, then the peer's "do not notify me" bit in the flags word at
+/// `flags_off`.
+fn peer_wants_notice(mem: &VmMemory, flags_off: usize, no_notice: u16) -> bool {
+    fence(Ordering::SeqCst);
+    mem.atomic_u16(flags_off).load(Ordering::Relaxed) & no_notice == 0
+}
+
+/// The sleeping side's half: clear its own "do not notify me" bit (the flags word at
+/// `flags_off`), a `SeqCst` fence, then look again at the peer's index at `idx_off`; if it moved
+/// past `seen` there is work, so set the bit again and do not sleep.
+fn announce_sleep(
+    mem: &VmMemory,
+    flags_off: usize,
+    no_notice: u16,
+    idx_off: usize,
+    seen: u16,
+) -> bool {
+    let flags = mem.atomic_u16(flags_off);
+    flags.store(0, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
+    if mem.atomic_u16(idx_off).load(Ordering::Acquire) != seen {
+        flags.store(no_notice, Ordering::Relaxed);
+        return false;
+    }
+    true
 }
 
 /// Checks a descriptor the device took from queue `q` against that queue's buffer area: the
@@ -791,26 +812,19 @@ impl DriverQueue {
 
     /// After posting: whether the device wants a kick.
     pub fn needs_kick(&self, mem: &VmMemory) -> bool {
-        fence(Ordering::SeqCst);
-        mem.atomic_u16(mem.layout.used_off(self.q))
-            .load(Ordering::Relaxed)
-            & USED_F_NO_NOTIFY
-            == 0
+        peer_wants_notice(mem, mem.layout.used_off(self.q), USED_F_NO_NOTIFY)
     }
 
     /// Before sleeping: asks for interrupts; false if used buffers arrived meanwhile.
     pub fn prepare_sleep(&mut self, mem: &VmMemory) -> bool {
-        let flags = mem.atomic_u16(mem.layout.avail_off(self.q));
-        flags.store(0, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        let idx = mem
-            .atomic_u16(mem.layout.used_off(self.q) + 2)
-            .load(Ordering::Acquire);
-        if idx != self.last_used {
-            flags.store(AVAIL_F_NO_INTERRUPT, Ordering::Relaxed);
-            return false;
-        }
-        true
+        let l = mem.layout;
+        announce_sleep(
+            mem,
+            l.avail_off(self.q),
+            AVAIL_F_NO_INTERRUPT,
+            l.used_off(self.q) + 2,
+            self.last_used,
+        )
     }
 
     /// After waking (or while busy): no interrupts wanted.

@@ -40,6 +40,20 @@ fn setup() -> (VmMemory, PlaneVm, RegionTable, Atc, VmId) {
     (mem, plane, authority, atc, vm)
 }
 
+/// Caches every region of `vm` the authority has, as the DPU's answer to a request does.
+fn fill_all(atc: &mut Atc, authority: &RegionTable, vm: VmId, l: &VmLayout) {
+    let all: Vec<_> = authority.regions(vm).copied().collect();
+    let whole = spillway_fabric::atc::Iova(l.iova_base);
+    atc.fill_from(
+        vm,
+        authority.epoch(vm),
+        all.iter(),
+        whole,
+        l.total_bytes() as u64,
+    )
+    .unwrap();
+}
+
 #[test]
 fn frames_land_in_the_posted_buffer_after_one_miss_and_fill() {
     let (mem, mut plane, authority, mut atc, vm) = setup();
@@ -79,16 +93,8 @@ fn frames_land_in_the_posted_buffer_after_one_miss_and_fill() {
 #[test]
 fn a_buffer_outside_the_receive_area_is_refused_and_never_written() {
     let (mem, mut plane, authority, mut atc, vm) = setup();
-    let all: Vec<_> = authority.regions(vm).copied().collect();
     let l = *mem.layout();
-    atc.fill_from(
-        vm,
-        authority.epoch(vm),
-        all.iter(),
-        spillway_fabric::atc::Iova(l.iova_base),
-        l.total_bytes() as u64,
-    )
-    .unwrap();
+    fill_all(&mut atc, &authority, vm, &l);
     // A VM (buggy or hostile) posts a receive descriptor pointing into its transmit buffers.
     let tx_buf = l.buf_off(QUEUE_TX, 0);
     assert!(mem.write_bytes(tx_buf, &[0xee; 64]));
@@ -113,16 +119,8 @@ fn a_buffer_outside_the_receive_area_is_refused_and_never_written() {
 #[test]
 fn after_an_invalidation_the_old_translation_is_never_used() {
     let (mem, mut plane, mut authority, mut atc, vm) = setup();
-    let all: Vec<_> = authority.regions(vm).copied().collect();
     let l = *mem.layout();
-    atc.fill_from(
-        vm,
-        authority.epoch(vm),
-        all.iter(),
-        spillway_fabric::atc::Iova(l.iova_base),
-        l.total_bytes() as u64,
-    )
-    .unwrap();
+    fill_all(&mut atc, &authority, vm, &l);
     let mut rx = DriverQueue::new(&mem, QUEUE_RX_PLANE);
     let id = rx.take_free().unwrap();
     rx.post(&mem, id, 2048);
@@ -146,16 +144,8 @@ fn after_an_invalidation_the_old_translation_is_never_used() {
 #[test]
 fn delivery_allocates_nothing_per_frame() {
     let (mem, mut plane, authority, mut atc, vm) = setup();
-    let all: Vec<_> = authority.regions(vm).copied().collect();
     let l = *mem.layout();
-    atc.fill_from(
-        vm,
-        authority.epoch(vm),
-        all.iter(),
-        spillway_fabric::atc::Iova(l.iova_base),
-        l.total_bytes() as u64,
-    )
-    .unwrap();
+    fill_all(&mut atc, &authority, vm, &l);
     let mut rx = DriverQueue::new(&mem, QUEUE_RX_PLANE);
     while let Some(id) = rx.take_free() {
         rx.post(&mem, id, 2048);
