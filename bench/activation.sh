@@ -36,17 +36,8 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
-ctl() { "$BIN" ctl --config "$CONFIG" "$@"; }
-phase() { ctl status | python3 -c 'import json,sys; print(json.load(sys.stdin)["phase"])'; }
-wait_phase() {
-    local want=$1 i
-    for ((i = 0; i < 200; i++)); do
-        [[ $(phase) == "$want" ]] && return 0
-        sleep 0.05
-    done
-    echo "phase $(phase), wanted $want" >&2
-    return 1
-}
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 absorbed_count() { ctl status | python3 -c 'import json,sys; print(sum(1 for a in json.load(sys.stdin)["activations"] if a.get("first_packet_ms") is not None))'; }
 
 "$BIN" run --config "$CONFIG" --hold released --ready-file "$TMP/ready" --log warn 2>"$TMP/daemon.log" &

@@ -47,17 +47,8 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
-ctl() { "$BIN" ctl --config "$CONFIG" "$@"; }
-phase() { ctl status | python3 -c 'import json,sys; print(json.load(sys.stdin)["phase"])'; }
-wait_phase() {
-    local want=$1 i
-    for ((i = 0; i < 200; i++)); do
-        [[ $(phase) == "$want" ]] && return 0
-        sleep 0.05
-    done
-    echo "phase $(phase), wanted $want" >&2
-    return 1
-}
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 # The DPU model's PCIe crossings and packets in, and the CPU time (ticks) of the DPU process
 # and of the plane's process so far.
 counters() {

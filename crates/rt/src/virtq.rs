@@ -327,13 +327,13 @@ impl VmMemory {
             map: Arc::new(map),
             layout,
         };
-        mem.write_u64(0, MAGIC);
-        mem.write_u32(8, LAYOUT_VERSION);
-        mem.write_u16(12, layout.queue_size);
-        mem.write_u16(14, QUEUES as u16);
-        mem.write_u32(16, layout.buf_bytes);
-        mem.write_u64(24, layout.iova_base);
-        mem.write_u64(32, len as u64);
+        mem.write::<u64>(0, MAGIC);
+        mem.write::<u32>(8, LAYOUT_VERSION);
+        mem.write::<u16>(12, layout.queue_size);
+        mem.write::<u16>(14, QUEUES as u16);
+        mem.write::<u32>(16, layout.buf_bytes);
+        mem.write::<u64>(24, layout.iova_base);
+        mem.write::<u64>(32, len as u64);
         Ok(mem)
     }
 
@@ -376,21 +376,21 @@ impl VmMemory {
                 })
             }
         };
-        check("magic", peek.read_u64(0), MAGIC)?;
+        check("magic", peek.read::<u64>(0), MAGIC)?;
         check(
             "version",
-            u64::from(peek.read_u32(8)),
+            u64::from(peek.read::<u32>(8)),
             u64::from(LAYOUT_VERSION),
         )?;
-        check("queues", u64::from(peek.read_u16(14)), QUEUES as u64)?;
+        check("queues", u64::from(peek.read::<u16>(14)), QUEUES as u64)?;
         let layout = VmLayout {
-            queue_size: peek.read_u16(12),
-            buf_bytes: peek.read_u32(16),
-            iova_base: peek.read_u64(24),
+            queue_size: peek.read::<u16>(12),
+            buf_bytes: peek.read::<u32>(16),
+            iova_base: peek.read::<u64>(24),
         };
         layout.validate()?;
         let total = layout.total_bytes() as u64;
-        check("total_bytes", peek.read_u64(32), total)?;
+        check("total_bytes", peek.read::<u64>(32), total)?;
         if size < total {
             return Err(VirtqError::BadHeader {
                 field: "file size",
@@ -426,81 +426,26 @@ impl VmMemory {
         );
     }
 
-    fn read_u16(&self, off: usize) -> u16 {
-        self.check(off, 2);
-        // SAFETY: in bounds (checked) and 2-aligned (callers pass layout offsets, all even,
-        // from a page-aligned base); any bits are a valid u16. Volatile: the peer may write it.
-        unsafe {
-            self.map
-                .base
-                .as_ptr()
-                .add(off)
-                .cast::<u16>()
-                .read_volatile()
-        }
+    /// Reads an integer field at `off` once (volatile: the peer may be writing it).
+    fn read<T: Copy>(&self, off: usize) -> T {
+        self.check(off, size_of::<T>());
+        assert!(off.is_multiple_of(align_of::<T>()));
+        // SAFETY: in bounds and aligned (checked above; the base is page-aligned); only used
+        // for integer types, for which any bits are a valid value.
+        unsafe { self.map.base.as_ptr().add(off).cast::<T>().read_volatile() }
     }
 
-    fn read_u32(&self, off: usize) -> u32 {
-        self.check(off, 4);
-        // SAFETY: as in `read_u16`, 4-aligned offsets.
+    /// Writes an integer field at `off` (volatile: the peer reads it).
+    fn write<T: Copy>(&self, off: usize, v: T) {
+        self.check(off, size_of::<T>());
+        assert!(off.is_multiple_of(align_of::<T>()));
+        // SAFETY: as in `read`; the shared mapping is writable.
         unsafe {
             self.map
                 .base
                 .as_ptr()
                 .add(off)
-                .cast::<u32>()
-                .read_volatile()
-        }
-    }
-
-    fn read_u64(&self, off: usize) -> u64 {
-        self.check(off, 8);
-        // SAFETY: as in `read_u16`, 8-aligned offsets.
-        unsafe {
-            self.map
-                .base
-                .as_ptr()
-                .add(off)
-                .cast::<u64>()
-                .read_volatile()
-        }
-    }
-
-    fn write_u16(&self, off: usize, v: u16) {
-        self.check(off, 2);
-        // SAFETY: as in `read_u16`; the shared mapping is writable.
-        unsafe {
-            self.map
-                .base
-                .as_ptr()
-                .add(off)
-                .cast::<u16>()
-                .write_volatile(v)
-        }
-    }
-
-    fn write_u32(&self, off: usize, v: u32) {
-        self.check(off, 4);
-        // SAFETY: as in `write_u16`.
-        unsafe {
-            self.map
-                .base
-                .as_ptr()
-                .add(off)
-                .cast::<u32>()
-                .write_volatile(v)
-        }
-    }
-
-    fn write_u64(&self, off: usize, v: u64) {
-        self.check(off, 8);
-        // SAFETY: as in `write_u16`.
-        unsafe {
-            self.map
-                .base
-                .as_ptr()
-                .add(off)
-                .cast::<u64>()
+                .cast::<T>()
                 .write_volatile(v)
         }
     }
@@ -600,7 +545,7 @@ impl DeviceQueue {
             }
         }
         let slot = usize::from(self.last_avail % self.size);
-        let id = mem.read_u16(l.avail_off(self.q) + 4 + 2 * slot);
+        let id = mem.read::<u16>(l.avail_off(self.q) + 4 + 2 * slot);
         if id >= self.size {
             return Err(VirtqError::BadDesc {
                 queue: self.q,
@@ -611,9 +556,9 @@ impl DeviceQueue {
         let d = l.desc_off(self.q) + 16 * usize::from(id);
         Ok(Some(Desc {
             id,
-            addr: mem.read_u64(d),
-            len: mem.read_u32(d + 8),
-            flags: mem.read_u16(d + 12),
+            addr: mem.read::<u64>(d),
+            len: mem.read::<u32>(d + 8),
+            flags: mem.read::<u16>(d + 12),
         }))
     }
 
@@ -623,8 +568,8 @@ impl DeviceQueue {
         let l = mem.layout;
         let used = l.used_off(self.q);
         let slot = usize::from(self.last_avail % self.size);
-        mem.write_u32(used + 4 + 8 * slot, u32::from(id));
-        mem.write_u32(used + 4 + 8 * slot + 4, len);
+        mem.write::<u32>(used + 4 + 8 * slot, u32::from(id));
+        mem.write::<u32>(used + 4 + 8 * slot + 4, len);
         self.last_avail = self.last_avail.wrapping_add(1);
         mem.atomic_u16(used + 2)
             .store(self.last_avail, Ordering::Release);
@@ -775,12 +720,12 @@ impl DriverQueue {
         let l = mem.layout;
         let d = l.desc_off(self.q) + 16 * usize::from(id);
         let flags = if self.q == QUEUE_TX { 0 } else { DESC_F_WRITE };
-        mem.write_u64(d, l.iova(l.buf_off(self.q, id)));
-        mem.write_u32(d + 8, len);
-        mem.write_u16(d + 12, flags);
-        mem.write_u16(d + 14, 0);
+        mem.write::<u64>(d, l.iova(l.buf_off(self.q, id)));
+        mem.write::<u32>(d + 8, len);
+        mem.write::<u16>(d + 12, flags);
+        mem.write::<u16>(d + 14, 0);
         let slot = usize::from(self.avail_idx % self.size);
-        mem.write_u16(l.avail_off(self.q) + 4 + 2 * slot, id);
+        mem.write::<u16>(l.avail_off(self.q) + 4 + 2 * slot, id);
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.in_flight[usize::from(id)] = true;
         mem.atomic_u16(l.avail_off(self.q) + 2)
@@ -796,8 +741,8 @@ impl DriverQueue {
             return Ok(None);
         }
         let slot = usize::from(self.last_used % self.size);
-        let id = mem.read_u32(used + 4 + 8 * slot);
-        let len = mem.read_u32(used + 4 + 8 * slot + 4);
+        let id = mem.read::<u32>(used + 4 + 8 * slot);
+        let len = mem.read::<u32>(used + 4 + 8 * slot + 4);
         let Some(flight) = usize::try_from(id)
             .ok()
             .and_then(|i| self.in_flight.get_mut(i))
@@ -969,7 +914,7 @@ mod tests {
         // An id beyond the queue.
         vm.atomic_u16(l.avail_off(QUEUE_RX_DPU) + 2)
             .store(1, Ordering::Release);
-        vm.write_u16(l.avail_off(QUEUE_RX_DPU) + 4, 9);
+        vm.write::<u16>(l.avail_off(QUEUE_RX_DPU) + 4, 9);
         let mut dq = DeviceQueue::attach(&vm, QUEUE_RX_DPU);
         assert!(matches!(dq.peek(&vm), Err(VirtqError::BadDesc { .. })));
     }
