@@ -569,6 +569,9 @@ pub struct Atc {
     entries: BTreeMap<(VmId, Iova), AtcEntry>,
     /// The last use stamp handed out.
     used_last: u64,
+    /// Key of the entry that served the last hit: a VM's receive buffers sit in one region, so
+    /// the next translation usually falls in it too and is served by one lookup.
+    last_hit: Option<(VmId, Iova)>,
     counters: AtcCounters,
 }
 
@@ -593,6 +596,7 @@ impl Atc {
             config,
             entries: BTreeMap::new(),
             used_last: 0,
+            last_hit: None,
             counters: AtcCounters::default(),
         })
     }
@@ -667,6 +671,31 @@ impl Atc {
                 return Err(e);
             }
         };
+        // Fast path: the range lies inside the last hit's entry, which is fresh and grants the
+        // access. The walk below would find that one entry alone and the same answer.
+        if let Some(key) = self.last_hit
+            && key.0 == vm
+            && let Some(e) = self.entries.get_mut(&key)
+        {
+            let m = e.mapping;
+            if e.epoch == epoch && iova >= m.iova && end <= m.iova_end() && m.perm.allows(need) {
+                self.used_last += 1;
+                e.used = self.used_last;
+                self.counters.hit += 1;
+                let unused = Segment {
+                    iova: Iova(0),
+                    host: HostAddr(0),
+                    len: 0,
+                };
+                let mut segments = [unused; SEGMENTS_MAX];
+                segments[0] = Segment {
+                    iova,
+                    host: HostAddr(m.host.0 + (iova.0 - m.iova.0)),
+                    len,
+                };
+                return Ok(Translation { segments, count: 1 });
+            }
+        }
         let first = self.first_key(vm, iova);
         let keys = (
             Bound::Included((vm, first)),
@@ -685,6 +714,10 @@ impl Atc {
             Walk::Hit(t) => {
                 self.counters.hit += 1;
                 let first = self.first_key(vm, iova);
+                if t.segments().len() == 1 {
+                    // One entry served it: the one the next translation will most likely use.
+                    self.last_hit = Some((vm, first));
+                }
                 let keys = (
                     Bound::Included((vm, first)),
                     Bound::Excluded((vm, Iova(end))),
