@@ -424,6 +424,8 @@ struct PendingInsert {
 #[derive(Debug)]
 pub struct DpuNode {
     f: FabricParams,
+    /// Packets the current input delivered (see [`DpuNode::delivered_last`]).
+    delivered_last: u32,
     hw: Box<dyn DpuHardware>,
     soc: Server,
     soc_new_ps: u64,
@@ -525,6 +527,7 @@ impl DpuNode {
             window_drops_base: 0,
             window_steered_base: 0,
             window_steered_new_base: 0,
+            delivered_last: 0,
             window_soc_new_base: 0,
             headroom_pps: 0.0,
             recalled_pps: 0.0,
@@ -728,6 +731,7 @@ impl DpuNode {
             n = l.count;
             extra = self.pcie_latency_ns;
         }
+        self.delivered_last += n;
         let mean_ns = latency_ps_sum / u64::from(n.max(1)) / PS_PER_NS + extra;
         self.latency.record(mean_ns, u64::from(n));
         self.latency_window.record(mean_ns, u64::from(n));
@@ -808,6 +812,7 @@ impl DpuNode {
 
     /// A train from a VM or the uplink.
     pub fn handle_train(&mut self, now: Instant, t: &Train) {
+        self.delivered_last = 0;
         self.counters.offered += u64::from(t.packets);
         self.sched.count_tenant(t.tenant, t.packets);
         let key = HwKey {
@@ -1008,8 +1013,16 @@ impl DpuNode {
         }
     }
 
+    /// Packets the last [`DpuNode::handle_train`] or [`DpuNode::handle_msg`] delivered into
+    /// their VM or onto the wire at once: how a driver forwarding real frames learns what became
+    /// of the one it offered (steered packets are the phy messages it polls; the rest dropped).
+    pub fn delivered_last(&self) -> u32 {
+        self.delivered_last
+    }
+
     /// A message from the spill plane.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        self.delivered_last = 0;
         match msg {
             Msg::Packets(t) => self.handle_returned(now, &t),
             Msg::Punt(t) => {

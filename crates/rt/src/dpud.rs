@@ -568,18 +568,15 @@ impl DataPath {
         let segs = gso_segments(&hdr, frame.len(), usize::from(parsed.outer.payload_offset));
         train.packets = segs;
         train.packet_bytes = (frame.len() as u32).div_ceil(segs);
-        let c = *self.dpu.counters();
         let drops = self.dpu.drops().total();
         self.dpu.handle_train(now, &train);
+        let delivered = u64::from(self.dpu.delivered_last());
         let ctx = FrameCtx {
             conn: train.conn,
             port: port.0,
             vnet: vnet.try_into().expect("12 bytes"),
             frame,
         };
-        let after = self.dpu.counters();
-        let delivered =
-            (after.hw_delivered - c.hw_delivered) + (after.soc_delivered - c.soc_delivered);
         // Forward before sending the core's messages: a state sync this frame caused then
         // carries the conntrack entry as this frame left it, not one packet behind.
         let mut plane = plane;
@@ -964,12 +961,8 @@ impl DpuDaemon {
                     }
                 }
                 Msg::Punt(t) => {
-                    let c = *dp.dpu.counters();
                     dp.dpu.handle_msg(now, Msg::Punt(t));
-                    let after = dp.dpu.counters();
-                    let delivered = (after.hw_delivered - c.hw_delivered)
-                        + (after.soc_delivered - c.soc_delivered);
-                    if delivered == u64::from(t.packets) {
+                    if dp.dpu.delivered_last() == t.packets {
                         dp.forward(now, port, rec.vnet, rec.frame);
                     } else {
                         dp.counters.drop_fabric += 1;
