@@ -605,29 +605,51 @@ impl DeviceQueue {
     }
 }
 
+/// The 16-bit ring words the notification handshake touches, so that the very same two
+/// functions run on VM memory in production and on `loom` atomics in `tests/loom_virtq.rs`.
+pub trait NoticeWords {
+    /// Loads the word at byte offset `off`.
+    fn load_u16(&self, off: usize, order: Ordering) -> u16;
+    /// Stores the word at byte offset `off`.
+    fn store_u16(&self, off: usize, value: u16, order: Ordering);
+    /// A `SeqCst` fence.
+    fn fence_seq_cst(&self);
+}
+
+impl NoticeWords for VmMemory {
+    fn load_u16(&self, off: usize, order: Ordering) -> u16 {
+        self.atomic_u16(off).load(order)
+    }
+    fn store_u16(&self, off: usize, value: u16, order: Ordering) {
+        self.atomic_u16(off).store(value, order);
+    }
+    fn fence_seq_cst(&self) {
+        fence(Ordering::SeqCst);
+    }
+}
+
 /// The publishing side's half of the notification handshake (see the module docs): after its
 /// index store, a `SeqCst` fence, then the peer's "do not notify me" bit in the flags word at
-/// `flags_off`.
-fn peer_wants_notice(mem: &VmMemory, flags_off: usize, no_notice: u16) -> bool {
-    fence(Ordering::SeqCst);
-    mem.atomic_u16(flags_off).load(Ordering::Relaxed) & no_notice == 0
+/// `flags_off`. True: notify the peer.
+pub fn peer_wants_notice(mem: &impl NoticeWords, flags_off: usize, no_notice: u16) -> bool {
+    mem.fence_seq_cst();
+    mem.load_u16(flags_off, Ordering::Relaxed) & no_notice == 0
 }
 
 /// The sleeping side's half: clear its own "do not notify me" bit (the flags word at
 /// `flags_off`), a `SeqCst` fence, then look again at the peer's index at `idx_off`; if it moved
-/// past `seen` there is work, so set the bit again and do not sleep.
-fn announce_sleep(
-    mem: &VmMemory,
+/// past `seen` there is work, so set the bit again and do not sleep. True: sleep.
+pub fn announce_sleep(
+    mem: &impl NoticeWords,
     flags_off: usize,
     no_notice: u16,
     idx_off: usize,
     seen: u16,
 ) -> bool {
-    let flags = mem.atomic_u16(flags_off);
-    flags.store(0, Ordering::Relaxed);
-    fence(Ordering::SeqCst);
-    if mem.atomic_u16(idx_off).load(Ordering::Acquire) != seen {
-        flags.store(no_notice, Ordering::Relaxed);
+    mem.store_u16(flags_off, 0, Ordering::Relaxed);
+    mem.fence_seq_cst();
+    if mem.load_u16(idx_off, Ordering::Acquire) != seen {
+        mem.store_u16(flags_off, no_notice, Ordering::Relaxed);
         return false;
     }
     true
