@@ -963,8 +963,8 @@ fn vatc_delivers_into_the_plane_queue_saves_two_crossings_and_survives_a_new_vm_
     );
     bed.wait_phase("active", Duration::from_secs(10));
     let gen_sink = |bed: &Bed| {
-        let sink = bed.endpoint("b", &["--mode", "sink", "--duration", "3.5"]);
-        std::thread::sleep(Duration::from_millis(300));
+        let sink = bed.endpoint("b", &["--mode", "sink", "--duration", "4.7"]);
+        std::thread::sleep(Duration::from_millis(1500));
         let before = bed.status();
         let g = bed.endpoint(
             "a",
@@ -991,10 +991,18 @@ fn vatc_delivers_into_the_plane_queue_saves_two_crossings_and_survives_a_new_vm_
     let sent = g["tx_frames"].as_u64().unwrap();
     let plane = s["rx_plane"].as_u64().unwrap();
     let got = plane + s["rx_dpu"].as_u64().unwrap();
-    assert!(sent > 5000 && got + 50 >= sent, "gen {g:#} sink {s:#}");
+    let why = || {
+        let st = bed.status();
+        format!(
+            "gen {g:#} sink {s:#} plane {:#} dpu {:#}",
+            st["plane"]["stats"]["counters"], st["counters"]
+        )
+    };
+    assert!(sent > 5000 && got + 50 >= sent, "{}", why());
     assert!(
         plane * 10 >= got * 9,
-        "most packets by the plane's queue: {s:#}"
+        "most packets by the plane's queue: {}",
+        why()
     );
     let per_packet = crossings as f64 / got as f64;
     assert!(

@@ -157,9 +157,15 @@ impl Vatc {
                 let Ok(irq) = crate::ring::Doorbell::from_fd(irq) else {
                     return;
                 };
-                // New memory: whatever was cached for the VM is dead.
+                // New memory: whatever was cached for the VM is dead. Ask for the translation
+                // of its receive queue 2 now, before the first packet needs it, so that packet
+                // does not have to go the DPU way for want of it.
                 self.atc.invalidate_vm(vm);
-                self.pending.remove(&vm.0);
+                let l = *mem.layout();
+                let queue2 = crate::virtq::QUEUE_RX_PLANE;
+                self.pending.insert(vm.0);
+                self.requests
+                    .push((vm, Iova(l.iova(l.bufs_off(queue2))), l.bufs_len() as u64));
                 self.vms.insert(port, PlaneVm::new(vm, mem, irq, epoch));
                 tracing::info!(target: "spillway::plane", vm = vm.0, epoch = epoch.0, "VM memory mapped");
             }
