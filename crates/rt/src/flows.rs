@@ -66,6 +66,8 @@ pub struct Flows {
     conns_max: usize,
     seed: FixedState,
     counters: FlowCounters,
+    /// Connections the expiry sweep has still to look at in this pass (see [`Flows::expire`]).
+    sweep: Vec<ConnId>,
 }
 
 /// The id of the connection `key` belongs to in `zone`, the same for both directions.
@@ -85,6 +87,7 @@ impl Flows {
             conns_max,
             seed,
             counters: FlowCounters::default(),
+            sweep: Vec::new(),
         }
     }
 
@@ -227,21 +230,31 @@ impl Flows {
         self.conns.remove(&conn)
     }
 
-    /// Forgets connections idle longer than `idle` (at most `budget` examined per call, so the
-    /// sweep never stalls the data path); returns how many were forgotten.
+    /// Forgets connections idle longer than `idle`; returns how many were forgotten. Each call
+    /// examines at most `budget` connections, so the sweep never stalls the data path, and
+    /// successive calls go round the whole table: a pass takes a snapshot of the ids (the only
+    /// allocation, once per pass, off the per-packet path) and each call works through the next
+    /// `budget` of them, skipping those gone meanwhile. A connection opened during a pass is
+    /// looked at in the next one.
     pub fn expire(&mut self, now: Instant, idle: core::time::Duration, budget: usize) -> usize {
         let idle_ns = idle.as_nanos() as u64;
+        if self.sweep.is_empty() {
+            self.sweep.extend(self.conns.keys().copied());
+        }
         let mut n = 0;
-        let mut examined = 0;
-        self.conns.retain(|_, c| {
-            examined += 1;
-            if examined > budget {
-                return true;
+        for _ in 0..budget {
+            let Some(id) = self.sweep.pop() else {
+                break;
+            };
+            if self
+                .conns
+                .get(&id)
+                .is_some_and(|c| now.0.saturating_sub(c.last_seen.0) >= idle_ns)
+            {
+                self.conns.remove(&id);
+                n += 1;
             }
-            let keep = now.0.saturating_sub(c.last_seen.0) < idle_ns;
-            n += usize::from(!keep);
-            keep
-        });
+        }
         self.counters.expired += n as u64;
         n
     }
@@ -326,5 +339,36 @@ mod tests {
         let s = core::time::Duration::from_secs(1);
         assert_eq!(f.expire(Instant(2_000_000_000), s, 100), 2);
         assert!(f.is_empty());
+    }
+
+    #[test]
+    fn expiry_examines_at_most_its_budget_and_goes_round_the_whole_table() {
+        let mut f = Flows::new(1 << 16);
+        let z = TenantId(1);
+        for p in 0..10_000u16 {
+            f.classify(Instant(0), z, &key(p, 53, ip_proto::UDP), 0, 60, Dest::Vm);
+        }
+        // Four in five stay busy: a sweep that looked at the same first entries every time
+        // would soon see only busy ones and never reach the idle fifth behind them.
+        for p in (0..10_000u16).filter(|p| p % 5 != 0) {
+            f.classify(
+                Instant(5_000_000_000),
+                z,
+                &key(p, 53, ip_proto::UDP),
+                0,
+                60,
+                Dest::Vm,
+            );
+        }
+        let s = core::time::Duration::from_secs(1);
+        let now = Instant(5_500_000_000);
+        // A budget of 1,000 looks at 1,000 per call; three calls are not a whole pass.
+        let first: usize = (0..3).map(|_| f.expire(now, s, 1_000)).sum();
+        assert!(first < 2_000 && first > 0, "{first}");
+        // Ten calls of 1,000 are one pass: every idle connection is gone, every busy one kept.
+        let rest: usize = (0..7).map(|_| f.expire(now, s, 1_000)).sum();
+        assert_eq!(first + rest, 2_000);
+        assert_eq!(f.len(), 8_000);
+        assert_eq!(f.counters().expired, 2_000);
     }
 }
