@@ -335,16 +335,16 @@ impl Cgroup {
                 });
             }
         }
-        // The shared parent may vanish between our mkdir of it and of our own directory (its
-        // last other user removed it): then start over, a bounded number of times.
+        // The shared parent may vanish anywhere between our mkdir of it and of our own
+        // directory (its last other user removed it): the mkdir below it, or a read or write of
+        // its cpuset files, then finds nothing. Start over (create_once removed what it made),
+        // a bounded number of times.
         let mut attempt = 0;
         loop {
             match Cgroup::create_once(hierarchy, name, spec) {
-                Err(CgroupError::Io {
-                    op: "mkdir",
-                    source,
-                    ..
-                }) if source.kind() == io::ErrorKind::NotFound && attempt < 3 => {
+                Err(CgroupError::Io { source, .. })
+                    if source.kind() == io::ErrorKind::NotFound && attempt < 3 =>
+                {
                     attempt += 1;
                 }
                 r => return r,
