@@ -197,6 +197,8 @@ pub struct SpillPlane {
     first_no_state: Option<ConnId>,
     out: Outbox,
     counters: SpillCounters,
+    /// Packets the current input sent the vATC way (see [`SpillPlane::direct_last`]).
+    direct_last: u32,
     drops: Drops,
     latency: LatencyHist,
 }
@@ -239,6 +241,7 @@ impl SpillPlane {
             first_no_state: None,
             out: Outbox::new(f),
             counters: SpillCounters::default(),
+            direct_last: 0,
             drops: Drops::default(),
             latency: LatencyHist::default(),
             f: f.clone(),
@@ -389,6 +392,13 @@ impl SpillPlane {
         self.f.host.vatc = on;
     }
 
+    /// Packets the last [`SpillPlane::handle_msg`] sent the vATC way: the driver copies them
+    /// into VM memory itself (no phy message comes for them), or hands them back with
+    /// [`SpillPlane::handle_direct_refused`].
+    pub fn direct_last(&self) -> u32 {
+        self.direct_last
+    }
+
     /// Whether VM-bound packets take the vATC path.
     pub fn vatc(&self) -> bool {
         self.f.host.vatc
@@ -417,6 +427,7 @@ impl SpillPlane {
 
     /// A message from the DPU.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        self.direct_last = 0;
         if !self.up {
             return;
         }
@@ -710,6 +721,7 @@ impl SpillPlane {
             let lat = (mean_ps / PS_PER_NS).saturating_sub(t.born.0);
             self.latency.record(lat, u64::from(a.count));
             self.counters.direct += u64::from(a.count);
+            self.direct_last += a.count;
             self.atc_miss_acc += f64::from(a.count) * (1.0 - self.f.host.vatc_hit_ratio);
             let whole = self.atc_miss_acc.floor();
             self.counters.atc_miss += whole as u64;

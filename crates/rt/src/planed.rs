@@ -336,14 +336,13 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 {
                     flows.learn(now, t.tenant, key);
                 }
-                let direct_before = plane.counters().direct;
                 plane.handle_msg(now, Msg::Packets(t));
                 let plane_owns = plane.conn(t.conn).is_some_and(|c| c.role == Role::Owner);
                 let vnet: [u8; 12] = rec.vnet.try_into().expect("12 bytes");
                 let mut served = false;
                 // The egress port of a frame the vATC path refused: the pipeline has run.
                 let mut refused_out = None;
-                let direct = plane.counters().direct - direct_before;
+                let direct = plane.direct_last();
                 let this = Served {
                     frame: rec.frame,
                     ingress: PortId(rec.port),
@@ -359,7 +358,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                         && !vatc.deliver(out, &vnet, pkt.data(), c)
                     {
                         let mut back = t;
-                        back.packets = direct as u32;
+                        back.packets = direct;
                         plane.handle_direct_refused(now, &back);
                         refused_out = Some(out);
                     }
