@@ -1014,8 +1014,9 @@ impl DpuNode {
     }
 
     /// Packets the last [`DpuNode::handle_train`] or [`DpuNode::handle_msg`] delivered into
-    /// their VM or onto the wire at once: how a driver forwarding real frames learns what became
-    /// of the one it offered (steered packets are the phy messages it polls; the rest dropped).
+    /// their VM or onto the wire at once (for a plane's `Packets`, those the DPU sent on): how a
+    /// driver forwarding real frames learns what became of the one it offered (steered packets
+    /// are the phy messages it polls; the rest dropped).
     pub fn delivered_last(&self) -> u32 {
         self.delivered_last
     }
@@ -1173,6 +1174,7 @@ impl DpuNode {
         self.latency.record(lat, u64::from(n));
         self.latency_window.record(lat, u64::from(n));
         self.counters.host_out += u64::from(n);
+        self.delivered_last += n;
         if t.kind == Kind::Close {
             self.counters.closed += 1;
         }

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -62,6 +62,8 @@ const RING_BATCH: usize = 256;
 const FRAME_MAX: usize = 12 + 18 + 65_535;
 /// Connections the driver remembers (the model has its own limits).
 const CONNS_MAX: usize = 1 << 20;
+/// How long an endpoint that connected may take to send its attach message, ns.
+const ATTACH_WAIT_NS: u64 = 2_000_000_000;
 /// Turns without work before the loop sleeps in `poll`.
 const SPIN_TURNS: u32 = 64;
 /// Lifecycle events kept for `ctl status`.
@@ -179,6 +181,8 @@ struct ShmSlot {
     vm: String,
     listener: UnixListener,
     port: Option<ShmPort>,
+    /// A connection whose attach message has not arrived yet, and when it was accepted.
+    pending: Option<(UnixStream, Instant)>,
     bridge: Option<Child>,
 }
 
@@ -716,6 +720,7 @@ impl DpuDaemon {
                             vm: spec.name.clone(),
                             listener,
                             port: None,
+                            pending: None,
                             bridge: None,
                         }))
                     }
@@ -874,7 +879,7 @@ impl DpuDaemon {
             if now.0.saturating_sub(self.last_manage.0) >= 2_000_000 {
                 self.last_manage = now;
                 self.manage_plane(now);
-                self.manage_ports();
+                self.manage_ports(now);
                 self.serve_ctl(now);
             }
             if now.0.saturating_sub(self.last_publish.0) >= 100_000_000 {
@@ -890,7 +895,7 @@ impl DpuDaemon {
                 if self.idle_turns > SPIN_TURNS {
                     self.idle_turns = 0;
                     self.manage_plane(now);
-                    self.manage_ports();
+                    self.manage_ports(now);
                     self.serve_ctl(now);
                     self.sleep();
                 }
@@ -952,9 +957,8 @@ impl DpuDaemon {
             let port = PortId(rec.port);
             match rec.msg {
                 Msg::Packets(t) => {
-                    let before = dp.dpu.counters().host_out;
                     dp.dpu.handle_msg(now, Msg::Packets(t));
-                    if dp.dpu.counters().host_out - before == u64::from(t.packets) {
+                    if dp.dpu.delivered_last() == t.packets {
                         dp.write_port(port, rec.vnet, rec.frame);
                     } else {
                         dp.counters.drop_fabric += 1;
@@ -1294,7 +1298,7 @@ impl DpuDaemon {
 
     /// Shared-memory ports: attaches an endpoint that connected, detaches one that went away,
     /// then tells the plane what changed.
-    fn manage_ports(&mut self) {
+    fn manage_ports(&mut self, now: Instant) {
         for i in 0..self.dp.ports.len() {
             let PortIo::Shm(slot) = &mut self.dp.ports[i].io else {
                 continue;
@@ -1309,16 +1313,25 @@ impl DpuDaemon {
             if slot.port.is_some() {
                 continue;
             }
-            let Ok((stream, _)) = slot.listener.accept() else {
-                continue;
+            let stream = match slot.pending.take() {
+                Some((s, since)) if now.0.saturating_sub(since.0) < ATTACH_WAIT_NS => (s, since),
+                Some(_) => {
+                    tracing::warn!(target: "spillway::run", vm = %slot.vm, "an endpoint connected but sent no attach message; dropped");
+                    continue;
+                }
+                None => match slot.listener.accept() {
+                    Ok((s, _)) => (s, now),
+                    Err(_) => continue,
+                },
             };
-            match vmport::accept(stream) {
-                Ok((port, name)) if name == slot.vm => {
-                    if let Err(e) = self.dp.attach(i, port) {
+            match vmport::accept(stream.0) {
+                Ok(vmport::Accepted::NotYet(s)) => slot.pending = Some((s, stream.1)),
+                Ok(vmport::Accepted::Attached(port, name)) if name == slot.vm => {
+                    if let Err(e) = self.dp.attach(i, *port) {
                         tracing::warn!(target: "spillway::run", vm = %name, error = %e, "could not register the VM's memory");
                     }
                 }
-                Ok((_, name)) => {
+                Ok(vmport::Accepted::Attached(_, name)) => {
                     tracing::warn!(target: "spillway::run", expected = %slot.vm, got = %name, "an endpoint attached to another VM's port; refused");
                 }
                 Err(e) => {

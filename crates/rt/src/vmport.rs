@@ -80,16 +80,27 @@ pub struct ShmPort {
     pub bad_desc: u64,
 }
 
-/// Receives one attach message on `stream` (blocking, with a timeout) and answers it.
-/// Returns the port and the VM name the endpoint gave.
-pub fn accept(stream: UnixStream) -> Result<(ShmPort, String), String> {
+/// What [`accept`] made of a connection.
+#[derive(Debug)]
+pub enum Accepted {
+    /// The endpoint attached: the port and the VM name it gave.
+    Attached(Box<ShmPort>, String),
+    /// Its attach message has not arrived yet: try again later (the DPU's loop must not wait
+    /// for an endpoint).
+    NotYet(UnixStream),
+}
+
+/// Takes the attach message on `stream` if it has arrived (never blocks) and answers it.
+pub fn accept(stream: UnixStream) -> Result<Accepted, String> {
     stream
-        .set_nonblocking(false)
-        .and_then(|()| stream.set_read_timeout(Some(Duration::from_secs(2))))
+        .set_nonblocking(true)
         .map_err(|e| format!("attach socket: {e}"))?;
     let mut buf = [0u8; 512];
-    let (n, mut fds) =
-        fdpass::recv_with_fds(&stream, &mut buf, 3).map_err(|e| format!("attach: {e}"))?;
+    let (n, mut fds) = match fdpass::recv_with_fds(&stream, &mut buf, 3) {
+        Ok(got) => got,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Accepted::NotYet(stream)),
+        Err(e) => return Err(format!("attach: {e}")),
+    };
     let text = String::from_utf8_lossy(&buf[..n]).to_string();
     let reply = |s: &UnixStream, msg: &str| {
         let mut w = s;
@@ -120,14 +131,11 @@ pub fn accept(stream: UnixStream) -> Result<(ShmPort, String), String> {
     let bell = |fd| Doorbell::from_fd(fd).map_err(|e| format!("attach of {vm}: {e}"));
     let (kick, irq) = (bell(kick)?, bell(irq)?);
     reply(&stream, "ok");
-    stream
-        .set_nonblocking(true)
-        .map_err(|e| format!("attach socket: {e}"))?;
     let mut tx = DeviceQueue::attach(&mem, QUEUE_TX);
     tx.woke(&mem);
     let rx = DeviceQueue::attach(&mem, QUEUE_RX_DPU);
-    Ok((
-        ShmPort {
+    Ok(Accepted::Attached(
+        Box::new(ShmPort {
             mem,
             tx,
             rx,
@@ -137,7 +145,7 @@ pub fn accept(stream: UnixStream) -> Result<(ShmPort, String), String> {
             irq_pending: false,
             rx_no_buffer: 0,
             bad_desc: 0,
-        },
+        }),
         vm,
     ))
 }
@@ -166,25 +174,16 @@ impl ShmPort {
     /// Writes a frame into the VM's next receive buffer of queue 1. False (counted) when the
     /// VM has none posted or posted a bad one.
     pub fn send(&mut self, hdr: &[u8], frame: &[u8]) -> Result<bool, VirtqError> {
-        let Some(d) = self.rx.peek(&self.mem)? else {
-            self.rx_no_buffer += 1;
-            return Ok(false);
-        };
-        let need = hdr.len() + frame.len();
-        let r = virtq::check_desc(self.mem.layout(), QUEUE_RX_DPU, &d, need);
-        let written = match r {
-            Ok(off) => {
-                self.mem.write_bytes(off, hdr) && self.mem.write_bytes(off + hdr.len(), frame)
-            }
-            Err(_) => false,
-        };
-        self.rx
-            .complete(&self.mem, d.id, if written { need as u32 } else { 0 });
-        self.irq_pending = true;
-        if !written {
-            self.bad_desc += 1;
+        let filled = fill_rx(&self.mem, &mut self.rx, hdr, frame)?;
+        match filled {
+            Filled::Written => {}
+            Filled::NoBuffer => self.rx_no_buffer += 1,
+            Filled::BadDesc => self.bad_desc += 1,
         }
-        Ok(written)
+        if filled != Filled::NoBuffer {
+            self.irq_pending = true;
+        }
+        Ok(filled == Filled::Written)
     }
 
     /// Interrupts the VM if anything was completed since the last call and it asked for it.
@@ -230,6 +229,42 @@ impl ShmPort {
             }
         }
     }
+}
+
+/// What [`fill_rx`] did with a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filled {
+    /// Written into the VM's next receive buffer and published.
+    Written,
+    /// The VM has no receive buffer posted.
+    NoBuffer,
+    /// The buffer's descriptor was unusable; returned to the VM empty.
+    BadDesc,
+}
+
+/// The DPU's write into a VM's receive queue 1 (`dev`): takes the next posted buffer, checks its
+/// descriptor against the VM's memory map ([`virtq::check_desc`]), writes `hdr` + `frame` and
+/// publishes it. Allocates nothing.
+pub fn fill_rx(
+    mem: &VmMemory,
+    dev: &mut DeviceQueue,
+    hdr: &[u8],
+    frame: &[u8],
+) -> Result<Filled, VirtqError> {
+    let Some(d) = dev.peek(mem)? else {
+        return Ok(Filled::NoBuffer);
+    };
+    let need = hdr.len() + frame.len();
+    let written = match virtq::check_desc(mem.layout(), dev.queue(), &d, need) {
+        Ok(off) => mem.write_bytes(off, hdr) && mem.write_bytes(off + hdr.len(), frame),
+        Err(_) => false,
+    };
+    dev.complete(mem, d.id, if written { need as u32 } else { 0 });
+    Ok(if written {
+        Filled::Written
+    } else {
+        Filled::BadDesc
+    })
 }
 
 /// Why the spill plane could not deliver a frame into VM memory itself.
