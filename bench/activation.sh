@@ -29,10 +29,7 @@ TMP=$(mktemp -d /tmp/spillway-activation.XXXXXX)
 DAEMON= WRK=
 cleanup() {
     [[ -n $WRK ]] && kill "$WRK" 2>/dev/null || true
-    if [[ -n $DAEMON ]]; then
-        kill -INT "$DAEMON" 2>/dev/null || true
-        wait "$DAEMON" 2>/dev/null || true
-    fi
+    stop_daemon
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
@@ -40,10 +37,7 @@ trap cleanup EXIT INT TERM
 source "$ROOT/bench/common.sh"
 absorbed_count() { ctl status | python3 -c 'import json,sys; print(sum(1 for a in json.load(sys.stdin)["activations"] if a.get("first_packet_ms") is not None))'; }
 
-"$BIN" run --config "$CONFIG" --hold released --ready-file "$TMP/ready" --log warn 2>"$TMP/daemon.log" &
-DAEMON=$!
-for _ in $(seq 100); do [[ -e $TMP/ready ]] && break; sleep 0.1; done
-[[ -e $TMP/ready ]] || { echo "spillway run did not come up: $(tail -5 "$TMP/daemon.log")" >&2; exit 1; }
+start_daemon --hold released
 ip netns exec swvs-a python3 -c '
 import socket, time
 while True:

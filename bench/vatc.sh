@@ -40,10 +40,7 @@ done
 TMP=$(mktemp -d /tmp/spillway-vatc.XXXXXX)
 DAEMON=
 cleanup() {
-    if [[ -n $DAEMON ]]; then
-        kill -INT "$DAEMON" 2>/dev/null || true
-        wait "$DAEMON" 2>/dev/null || true
-    fi
+    stop_daemon
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
@@ -65,10 +62,7 @@ plane = d["plane"]["pid"] if d.get("plane") else None
 print(c.get("pcie.crossings", 0), c.get("dpu.rx.packets", 0), ticks('"$DAEMON"'), ticks(plane))'
 }
 
-"$BIN" run --config "$CONFIG" --ready-file "$TMP/ready" --log warn 2>"$TMP/daemon.log" &
-DAEMON=$!
-for _ in $(seq 100); do [[ -e $TMP/ready ]] && break; sleep 0.1; done
-[[ -e $TMP/ready ]] || { echo "spillway run did not come up: $(tail -5 "$TMP/daemon.log")" >&2; exit 1; }
+start_daemon
 wait_phase active
 
 set_mode() {
