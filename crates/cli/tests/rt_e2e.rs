@@ -351,7 +351,7 @@ port = 2
         let deadline = Instant::now() + within;
         loop {
             let s = self.status();
-            if s["plane"]["stats"]["counters"][key].as_u64().unwrap_or(0) >= min {
+            if plane_counter(&s, key) >= min {
                 return s;
             }
             assert!(
@@ -728,9 +728,7 @@ fn iperf3_udp_small_packets_cross_the_spill_plane() {
     );
     assert!(lost < 50.0, "most small datagrams cross: {lost}% lost");
     let s = bed.status();
-    let plane_in = s["plane"]["stats"]["counters"]["plane.frames.in"]
-        .as_u64()
-        .unwrap_or(0);
+    let plane_in = plane_counter(&s, "plane.frames.in");
     assert!(
         plane_in > 1000,
         "the datagrams were steered to the plane: {s:#}"
@@ -895,6 +893,11 @@ fn counter(s: &serde_json::Value, key: &str) -> u64 {
     s["counters"][key].as_u64().unwrap_or(0)
 }
 
+/// A counter of the plane's process, as its last statistics (every 500 ms) in `ctl status` say.
+fn plane_counter(s: &serde_json::Value, key: &str) -> u64 {
+    s["plane"]["stats"]["counters"][key].as_u64().unwrap_or(0)
+}
+
 #[test]
 fn iperf3_and_wrk_run_over_shared_memory_ports_with_vatc_on_and_off() {
     if !prerequisites(&["ip", "iperf3", "nginx", "wrk", "ss"]) {
@@ -934,9 +937,7 @@ fn iperf3_and_wrk_run_over_shared_memory_ports_with_vatc_on_and_off() {
         "without vATC the plane's packets come back through the DPU: {s:#}"
     );
     // And on again: new connections are delivered by the plane itself.
-    let delivered = s["plane"]["stats"]["counters"]["plane.vatc.delivered"]
-        .as_u64()
-        .unwrap();
+    let delivered = plane_counter(&s, "plane.vatc.delivered");
     bed.ctl(&["vatc", "on"]);
     let (rps, errors) = wrk(&bed, false, 4, 2);
     assert!(rps > 50.0 && errors.is_empty(), "{rps} req/s, {errors}");
@@ -1029,10 +1030,7 @@ fn vatc_delivers_into_the_plane_queue_saves_two_crossings_and_survives_a_new_vm_
     assert!(s["rx_plane"].as_u64().unwrap() > 1000, "{s:#}");
     let st = bed.status();
     assert!(
-        st["plane"]["stats"]["counters"]["atc.fill"]
-            .as_u64()
-            .unwrap()
-            >= 2,
+        plane_counter(&st, "atc.fill") >= 2,
         "each new memory is translated afresh: {st:#}"
     );
     eprintln!(
