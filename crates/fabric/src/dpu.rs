@@ -499,7 +499,9 @@ impl DpuNode {
             soc_sync_ps: per_ps(d.soc_sync_cost),
             ins_srv: Server::new(1, d.insert_queue_max),
             ins_ps: (1e12 / d.insert_rate_limit) as u64,
-            pending: VecDeque::with_capacity(d.insert_queue_max as usize),
+            // Grows to `insert_queue_max` under load rather than reserving it up front: a
+            // large queue bound must not cost its whole memory at start.
+            pending: VecDeque::with_capacity(d.insert_queue_max.min(1 << 16) as usize),
             steer: Server::new(1, 1 << 16),
             steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
             to_host: PhyVnic::new(f),

@@ -85,7 +85,9 @@ pub struct EmulatedHardware {
 }
 
 impl EmulatedHardware {
-    /// Hardware with the limits in `f.dpu`.
+    /// Hardware with the limits in `f.dpu`, which [`FabricParams::validate`] has checked: the
+    /// table is allocated whole, and `dpu.hw_entries_max` is bounded (1..=2^24) so that the
+    /// allocation is sane and the flow table accepts the capacity.
     pub fn new(f: &FabricParams) -> EmulatedHardware {
         let d = &f.dpu;
         let table = FlowTable::new(FlowTableConfig {
@@ -97,7 +99,7 @@ impl EmulatedHardware {
             evict_sample: 8,
             hash_seed: 0x5eed_0d9b,
         })
-        .expect("validated: hw_entries_max >= 1");
+        .expect("FabricParams::validate bounds dpu.hw_entries_max to 1..=2^24");
         EmulatedHardware {
             table,
             srv: Server::new(1, d.hw_queue_packets),

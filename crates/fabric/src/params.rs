@@ -488,87 +488,167 @@ pub struct ParamError {
     pub actual: String,
 }
 
+/// Checks one integer field against an inclusive range written as literals, so the message
+/// carries the range the docs (`docs/CONFIG.md`) list.
+macro_rules! int_in {
+    ($field:literal, $v:expr, $min:literal ..= $max:literal) => {{
+        // Widened to u64 (usize fields fit on every supported target): no wrap in the check.
+        let v = u64::try_from($v).unwrap_or(u64::MAX);
+        if !($min..=$max).contains(&v) {
+            return Err(ParamError {
+                field: $field,
+                expected: concat!("an integer in ", $min, "..=", $max),
+                actual: v.to_string(),
+            });
+        }
+    }};
+}
+
+/// Checks a duration field against an inclusive range of nanoseconds; `$text` is the range as
+/// an operator writes it (`"1ms..=10s"`).
+macro_rules! duration_in {
+    ($field:literal, $v:expr, $min_ns:literal ..= $max_ns:literal, $text:literal) => {{
+        let v: Duration = $v;
+        if !($min_ns..=$max_ns).contains(&ns(v)) {
+            return Err(ParamError {
+                field: $field,
+                expected: concat!("a duration in ", $text),
+                actual: format!("{v:?}"),
+            });
+        }
+    }};
+}
+
+/// Checks a float field: finite and inside an inclusive range (`$lo_open` makes the lower
+/// bound exclusive, for rates and fractions that must be positive).
+macro_rules! float_in {
+    ($field:literal, $v:expr, > $min:literal ..= $max:literal) => {{
+        let v: f64 = $v;
+        if !(v.is_finite() && v > $min && v <= $max) {
+            return Err(ParamError {
+                field: $field,
+                expected: concat!("a number in (", $min, ", ", $max, "]"),
+                actual: v.to_string(),
+            });
+        }
+    }};
+    ($field:literal, $v:expr, $min:literal ..= $max:literal) => {{
+        let v: f64 = $v;
+        if !(v.is_finite() && v >= $min && v <= $max) {
+            return Err(ParamError {
+                field: $field,
+                expected: concat!("a number in [", $min, ", ", $max, "]"),
+                actual: v.to_string(),
+            });
+        }
+    }};
+}
+
 impl FabricParams {
-    /// Checks every range the model relies on.
+    /// Checks every field against its documented range (`docs/CONFIG.md` lists them all) and
+    /// the relations between fields. The bounds are what keeps the model's arithmetic and
+    /// allocations sane: every table and queue is allocated or bounded by one of these
+    /// capacities, every duration becomes picoseconds (`ns * 1000`) in `u64`, every rate
+    /// becomes a per-packet cost `1e12 / rate` picoseconds. The relations are checked with
+    /// overflow-safe arithmetic.
     pub fn validate(&self) -> Result<(), ParamError> {
-        fn pos(field: &'static str, v: f64) -> Result<(), ParamError> {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(ParamError {
-                    field,
-                    expected: "a positive number",
-                    actual: v.to_string(),
-                })
-            }
-        }
-        fn unit(field: &'static str, v: f64) -> Result<(), ParamError> {
-            if v.is_finite() && v > 0.0 && v <= 1.0 {
-                Ok(())
-            } else {
-                Err(ParamError {
-                    field,
-                    expected: "a fraction in (0, 1]",
-                    actual: v.to_string(),
-                })
-            }
-        }
-        fn nonzero(field: &'static str, v: u64) -> Result<(), ParamError> {
-            if v > 0 {
-                Ok(())
-            } else {
-                Err(ParamError {
-                    field,
-                    expected: "at least 1",
-                    actual: v.to_string(),
-                })
-            }
-        }
         let d = &self.dpu;
-        pos("dpu.hw_pps_limit", d.hw_pps_limit)?;
-        pos("dpu.insert_rate_limit", d.insert_rate_limit)?;
-        pos("dpu.steer_pps_limit", d.steer_pps_limit)?;
-        nonzero("dpu.hw_entries_max", d.hw_entries_max as u64)?;
-        nonzero("dpu.soc_cores", u64::from(d.soc_cores))?;
-        nonzero("dpu.redirect_buckets", u64::from(d.redirect_buckets))?;
-        nonzero("dpu.soc_new_conn_cost", ns(d.soc_new_conn_cost))?;
-        nonzero("dpu.soc_miss_cost", ns(d.soc_miss_cost))?;
-        nonzero("dpu.hw_queue_packets", u64::from(d.hw_queue_packets))?;
-        nonzero("dpu.soc_queue_packets", u64::from(d.soc_queue_packets))?;
-        nonzero("dpu.insert_queue_max", u64::from(d.insert_queue_max))?;
+        float_in!("dpu.hw_pps_limit", d.hw_pps_limit, 1.0..=1e10);
+        int_in!("dpu.hw_queue_packets", d.hw_queue_packets, 1..=1048576);
+        duration_in!("dpu.hw_latency", d.hw_latency, 0..=1_000_000_000, "0..=1s");
+        // The hardware table is allocated whole (`EmulatedHardware::new`): 2^24 entries is a
+        // few GB of model memory and several times the largest DPU tables shipped today.
+        int_in!("dpu.hw_entries_max", d.hw_entries_max, 1..=16777216);
+        float_in!("dpu.insert_rate_limit", d.insert_rate_limit, 1.0..=1e10);
+        duration_in!(
+            "dpu.insert_latency",
+            d.insert_latency,
+            0..=1_000_000_000,
+            "0..=1s"
+        );
+        int_in!("dpu.insert_queue_max", d.insert_queue_max, 1..=1048576);
+        duration_in!(
+            "dpu.redirect_latency",
+            d.redirect_latency,
+            0..=10_000_000_000,
+            "0..=10s"
+        );
+        int_in!("dpu.redirect_buckets", d.redirect_buckets, 1..=65535);
+        float_in!("dpu.steer_pps_limit", d.steer_pps_limit, 1.0..=1e10);
+        int_in!("dpu.soc_cores", d.soc_cores, 1..=1024);
+        duration_in!(
+            "dpu.soc_new_conn_cost",
+            d.soc_new_conn_cost,
+            1..=1_000_000_000,
+            "1ns..=1s"
+        );
+        duration_in!(
+            "dpu.soc_miss_cost",
+            d.soc_miss_cost,
+            1..=1_000_000_000,
+            "1ns..=1s"
+        );
+        duration_in!(
+            "dpu.soc_sync_cost",
+            d.soc_sync_cost,
+            0..=1_000_000_000,
+            "0..=1s"
+        );
+        int_in!("dpu.soc_queue_packets", d.soc_queue_packets, 1..=1048576);
+        int_in!("dpu.mem_bytes", d.mem_bytes, 1..=1099511627776);
+        // Per-object sizes are bounded so that `mem_used + mem_per_conn` and
+        // `mem_per_conn * connections` stay far from u64::MAX, and by the memory itself: a
+        // connection that cannot fit even once is a typo, not a model.
+        int_in!("dpu.mem_per_conn", d.mem_per_conn, 0..=1048576);
+        int_in!("dpu.mem_per_entry", d.mem_per_entry, 0..=1048576);
+        for (field, v) in [
+            ("dpu.mem_per_conn", d.mem_per_conn),
+            ("dpu.mem_per_entry", d.mem_per_entry),
+        ] {
+            if v > d.mem_bytes {
+                return Err(ParamError {
+                    field,
+                    expected: "at most dpu.mem_bytes",
+                    actual: format!("{v} > {}", d.mem_bytes),
+                });
+            }
+        }
+
         let p = &self.pcie;
-        pos("pcie.bandwidth_bytes", p.bandwidth_bytes)?;
-        pos("pcie.phy_vnic_pps_limit", p.phy_vnic_pps_limit)?;
-        pos("pcie.flow_vnic_msgs_limit", p.flow_vnic_msgs_limit)?;
-        nonzero("pcie.phy_vnic_ring", u64::from(p.phy_vnic_ring))?;
-        if p.link_queue_packets < 2 {
-            return Err(ParamError {
-                field: "pcie.link_queue_packets",
-                expected: "at least 2",
-                actual: p.link_queue_packets.to_string(),
-            });
-        }
-        nonzero("pcie.control_rto", ns(p.control_rto))?;
+        duration_in!("pcie.latency", p.latency, 0..=1_000_000_000, "0..=1s");
+        float_in!("pcie.bandwidth_bytes", p.bandwidth_bytes, 1e3..=1e13);
+        int_in!("pcie.overhead_bytes", p.overhead_bytes, 0..=65536);
+        int_in!("pcie.link_queue_packets", p.link_queue_packets, 2..=1048576);
+        float_in!("pcie.phy_vnic_pps_limit", p.phy_vnic_pps_limit, 1.0..=1e10);
+        int_in!("pcie.phy_vnic_ring", p.phy_vnic_ring, 1..=1048576);
+        float_in!(
+            "pcie.flow_vnic_msgs_limit",
+            p.flow_vnic_msgs_limit,
+            1.0..=1e10
+        );
+        duration_in!(
+            "pcie.control_rto",
+            p.control_rto,
+            10_000..=10_000_000_000,
+            "10us..=10s"
+        );
+
         let h = &self.host;
-        nonzero("host.pkt_cost", ns(h.pkt_cost))?;
-        nonzero("host.new_conn_cost", ns(h.new_conn_cost))?;
-        nonzero("host.heartbeat", ns(h.heartbeat))?;
-        nonzero("host.flow_cache_max", h.flow_cache_max as u64)?;
-        pos("host.copy_bandwidth_bytes", h.copy_bandwidth_bytes)?;
-        if !(0.0..=1.0).contains(&h.vatc_hit_ratio) {
-            return Err(ParamError {
-                field: "host.vatc_hit_ratio",
-                expected: "a fraction in [0, 1]",
-                actual: h.vatc_hit_ratio.to_string(),
-            });
-        }
-        if h.tenant_cores + h.reserve_cores > h.cores {
+        int_in!("host.cores", h.cores, 1..=4096);
+        int_in!("host.tenant_cores", h.tenant_cores, 0..=4096);
+        int_in!("host.reserve_cores", h.reserve_cores, 0..=4096);
+        // Checked: u32 addition of two configured values must not wrap past the comparison.
+        if h.tenant_cores
+            .checked_add(h.reserve_cores)
+            .is_none_or(|n| n > h.cores)
+        {
             return Err(ParamError {
                 field: "host.tenant_cores",
                 expected: "tenant_cores + reserve_cores <= cores",
                 actual: format!("{} + {} > {}", h.tenant_cores, h.reserve_cores, h.cores),
             });
         }
+        int_in!("host.workers_max", h.workers_max, 1..=4096);
         if h.workers_initial == 0 || h.workers_initial > h.workers_max {
             return Err(ParamError {
                 field: "host.workers_initial",
@@ -576,11 +656,63 @@ impl FabricParams {
                 actual: h.workers_initial.to_string(),
             });
         }
+        duration_in!("host.pkt_cost", h.pkt_cost, 1..=1_000_000_000, "1ns..=1s");
+        duration_in!(
+            "host.new_conn_cost",
+            h.new_conn_cost,
+            1..=1_000_000_000,
+            "1ns..=1s"
+        );
+        duration_in!(
+            "host.plane_start",
+            h.plane_start,
+            0..=60_000_000_000,
+            "0..=60s"
+        );
+        duration_in!(
+            "host.worker_start",
+            h.worker_start,
+            0..=60_000_000_000,
+            "0..=60s"
+        );
+        int_in!("host.flow_cache_max", h.flow_cache_max, 1..=67108864);
+        // Below a millisecond the plane's liveness depends on scheduler jitter, and each beat
+        // is a message on the flow vNIC: `1ns` restarted the plane hundreds of times a second.
+        duration_in!(
+            "host.heartbeat",
+            h.heartbeat,
+            1_000_000..=10_000_000_000,
+            "1ms..=10s"
+        );
+        duration_in!(
+            "host.vatc_copy_cost",
+            h.vatc_copy_cost,
+            0..=1_000_000_000,
+            "0..=1s"
+        );
+        float_in!(
+            "host.copy_bandwidth_bytes",
+            h.copy_bandwidth_bytes,
+            1e3..=1e13
+        );
+        float_in!("host.vatc_hit_ratio", h.vatc_hit_ratio, 0.0..=1.0);
+        duration_in!(
+            "host.vatc_miss_cost",
+            h.vatc_miss_cost,
+            0..=1_000_000_000,
+            "0..=1s"
+        );
+
         let s = &self.sched;
-        nonzero("sched.window", ns(s.window))?;
-        nonzero("sched.variance_window", ns(s.variance_window))?;
-        unit("sched.pressure_util", s.pressure_util)?;
-        unit("sched.prepare_util", s.prepare_util)?;
+        // URSched runs once per window: below 1 ms a decision costs more than it observes.
+        duration_in!(
+            "sched.window",
+            s.window,
+            1_000_000..=60_000_000_000,
+            "1ms..=60s"
+        );
+        float_in!("sched.pressure_util", s.pressure_util, > 0.0..=1.0);
+        float_in!("sched.prepare_util", s.prepare_util, > 0.0..=1.0);
         if s.prepare_util > s.pressure_util {
             return Err(ParamError {
                 field: "sched.prepare_util",
@@ -588,11 +720,7 @@ impl FabricParams {
                 actual: s.prepare_util.to_string(),
             });
         }
-        unit("sched.dpu_target_util", s.dpu_target_util)?;
-        unit("sched.release_util", s.release_util)?;
-        unit("sched.worker_add_util", s.worker_add_util)?;
-        unit("sched.mem_util", s.mem_util)?;
-        pos("sched.variance_factor", s.variance_factor)?;
+        int_in!("sched.history_windows", s.history_windows, 1..=64);
         if s.pressure_windows == 0 || s.pressure_windows > s.history_windows {
             return Err(ParamError {
                 field: "sched.pressure_windows",
@@ -600,6 +728,12 @@ impl FabricParams {
                 actual: s.pressure_windows.to_string(),
             });
         }
+        float_in!("sched.dpu_target_util", s.dpu_target_util, > 0.0..=1.0);
+        float_in!("sched.release_util", s.release_util, > 0.0..=1.0);
+        int_in!("sched.release_windows", s.release_windows, 1..=1000000);
+        float_in!("sched.worker_add_util", s.worker_add_util, > 0.0..=1.0);
+        float_in!("sched.variance_factor", s.variance_factor, > 0.0..=1000.0);
+        float_in!("sched.variance_floor", s.variance_floor, 0.0..=1000.0);
         if s.variance_windows == 0 || s.variance_windows > s.history_windows {
             return Err(ParamError {
                 field: "sched.variance_windows",
@@ -607,35 +741,77 @@ impl FabricParams {
                 actual: s.variance_windows.to_string(),
             });
         }
-        if s.history_windows > 64 {
+        duration_in!(
+            "sched.variance_window",
+            s.variance_window,
+            1_000_000..=60_000_000_000,
+            "1ms..=60s"
+        );
+        int_in!("sched.variance_samples", s.variance_samples, 2..=1000);
+        float_in!("sched.mem_util", s.mem_util, > 0.0..=1.0);
+        duration_in!(
+            "sched.shadow_idle",
+            s.shadow_idle,
+            0..=3_600_000_000_000,
+            "0..=1h"
+        );
+        if s.quota_step == 0 || s.quota_step > d.redirect_buckets {
             return Err(ParamError {
-                field: "sched.history_windows",
-                expected: "at most 64",
-                actual: s.history_windows.to_string(),
+                field: "sched.quota_step",
+                expected: "1..=dpu.redirect_buckets",
+                actual: s.quota_step.to_string(),
             });
         }
-        if s.variance_samples < 2 {
-            return Err(ParamError {
-                field: "sched.variance_samples",
-                expected: "at least 2",
-                actual: s.variance_samples.to_string(),
-            });
-        }
-        nonzero("sched.quota_step", u64::from(s.quota_step))?;
-        nonzero("sched.release_windows", u64::from(s.release_windows))?;
-        nonzero("placement.tick", ns(self.placement.tick))?;
-        nonzero(
+
+        let pl = &self.placement;
+        duration_in!(
+            "placement.tick",
+            pl.tick,
+            1_000_000..=60_000_000_000,
+            "1ms..=60s"
+        );
+        duration_in!(
             "placement.rebalance_period",
-            ns(self.placement.rebalance_period),
-        )?;
-        let st = &self.placement.stability;
-        if !(st.swap_margin.is_finite() && st.swap_margin >= 1.0) {
-            return Err(ParamError {
-                field: "placement.stability.swap_margin",
-                expected: "a factor >= 1",
-                actual: st.swap_margin.to_string(),
-            });
-        }
+            pl.rebalance_period,
+            1_000_000..=3_600_000_000_000,
+            "1ms..=1h"
+        );
+        int_in!(
+            "placement.recalls_per_tick_max",
+            pl.recalls_per_tick_max,
+            0..=16777216
+        );
+        float_in!("placement.threshold_pps", pl.threshold_pps, 0.0..=1e10);
+        let st = &pl.stability;
+        duration_in!(
+            "placement.stability.dwell_min",
+            st.dwell_min,
+            0..=3_600_000_000_000,
+            "0..=1h"
+        );
+        duration_in!(
+            "placement.stability.cooldown",
+            st.cooldown,
+            0..=3_600_000_000_000,
+            "0..=1h"
+        );
+        float_in!(
+            "placement.stability.swap_margin",
+            st.swap_margin,
+            1.0..=1000.0
+        );
+        int_in!(
+            "placement.stability.swaps_per_tick_max",
+            st.swaps_per_tick_max,
+            0..=1048576
+        );
+        // The classifier allocates a sketch per slot up front.
+        int_in!(
+            "placement.stability.sketched_max",
+            st.sketched_max,
+            1..=65536
+        );
+        int_in!("placement.stability.min_ticks", st.min_ticks, 1..=100000);
         if let Err(e) = st.classifier().validate() {
             return Err(ParamError {
                 field: match e.field {
@@ -644,14 +820,6 @@ impl FabricParams {
                 },
                 expected: e.expected,
                 actual: e.actual,
-            });
-        }
-        let t = self.placement.threshold_pps;
-        if !(t.is_finite() && t >= 0.0) {
-            return Err(ParamError {
-                field: "placement.threshold_pps",
-                expected: "a rate >= 0",
-                actual: t.to_string(),
             });
         }
         Ok(())
@@ -737,5 +905,122 @@ mod tests {
         p.sched.pressure_util = 1.5;
         let e = p.validate().unwrap_err();
         assert_eq!(e.field, "sched.pressure_util");
+    }
+}
+
+#[cfg(test)]
+mod range_tests {
+    //! Every bound `validate` enforces for the defects of issue 13: values that used to pass
+    //! and then panicked, aborted on an allocation, wrapped, or ran the model absurdly fast.
+    use super::*;
+
+    fn rejects(f: impl FnOnce(&mut FabricParams), field: &str) -> ParamError {
+        let mut p = FabricParams::default();
+        f(&mut p);
+        let e = p.validate().expect_err("must be rejected");
+        assert_eq!(e.field, field, "{e}");
+        e
+    }
+
+    #[test]
+    fn table_and_queue_capacities_have_a_maximum() {
+        let e = rejects(
+            |p| p.dpu.hw_entries_max = 4_294_967_295,
+            "dpu.hw_entries_max",
+        );
+        assert_eq!(e.expected, "an integer in 1..=16777216");
+        assert_eq!(e.actual, "4294967295");
+        rejects(
+            |p| p.dpu.hw_entries_max = 4_000_000_000,
+            "dpu.hw_entries_max",
+        );
+        rejects(
+            |p| p.dpu.insert_queue_max = u32::MAX,
+            "dpu.insert_queue_max",
+        );
+        rejects(
+            |p| p.host.flow_cache_max = usize::MAX,
+            "host.flow_cache_max",
+        );
+        rejects(
+            |p| p.placement.stability.sketched_max = 1 << 40,
+            "placement.stability.sketched_max",
+        );
+        let mut p = FabricParams::default();
+        p.dpu.hw_entries_max = 16_777_216;
+        p.dpu.insert_queue_max = 1_048_576;
+        p.validate().unwrap();
+    }
+
+    #[test]
+    fn core_counts_are_added_without_wrapping() {
+        let e = rejects(
+            |p| {
+                p.host.tenant_cores = u32::MAX;
+                p.host.reserve_cores = 5;
+            },
+            "host.tenant_cores",
+        );
+        assert!(e.actual.contains("4294967295"), "{e}");
+        let e = rejects(
+            |p| {
+                p.host.cores = 4096;
+                p.host.tenant_cores = 4000;
+                p.host.reserve_cores = 97;
+            },
+            "host.tenant_cores",
+        );
+        assert_eq!(e.actual, "4000 + 97 > 4096");
+    }
+
+    #[test]
+    fn durations_have_sane_minimums() {
+        let e = rejects(
+            |p| p.host.heartbeat = Duration::from_nanos(1),
+            "host.heartbeat",
+        );
+        assert_eq!(e.expected, "a duration in 1ms..=10s");
+        rejects(|p| p.sched.window = Duration::from_nanos(1), "sched.window");
+        rejects(
+            |p| p.placement.tick = Duration::from_micros(10),
+            "placement.tick",
+        );
+        rejects(
+            |p| p.host.heartbeat = Duration::from_secs(1_000_000),
+            "host.heartbeat",
+        );
+        rejects(
+            |p| p.pcie.latency = Duration::from_secs(1_000_000_000),
+            "pcie.latency",
+        );
+    }
+
+    #[test]
+    fn huge_memory_per_connection_is_named() {
+        let e = rejects(|p| p.dpu.mem_per_conn = u64::MAX, "dpu.mem_per_conn");
+        assert!(
+            e.to_string().starts_with("dpu.mem_per_conn: expected"),
+            "{e}"
+        );
+        let e = rejects(
+            |p| {
+                p.dpu.mem_bytes = 1000;
+                p.dpu.mem_per_conn = 4096;
+            },
+            "dpu.mem_per_conn",
+        );
+        assert_eq!(e.expected, "at most dpu.mem_bytes");
+        rejects(|p| p.dpu.mem_bytes = u64::MAX, "dpu.mem_bytes");
+    }
+
+    #[test]
+    fn rates_are_bounded_both_ways() {
+        rejects(|p| p.dpu.hw_pps_limit = 1e300, "dpu.hw_pps_limit");
+        rejects(|p| p.dpu.hw_pps_limit = 1e-300, "dpu.hw_pps_limit");
+        rejects(
+            |p| p.pcie.bandwidth_bytes = f64::INFINITY,
+            "pcie.bandwidth_bytes",
+        );
+        rejects(|p| p.sched.quota_step = 300, "sched.quota_step");
     }
 }
