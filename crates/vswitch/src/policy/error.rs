@@ -114,23 +114,16 @@ impl ConfigError {
         }
     }
 
-    /// Convert a `toml` error, computing line and column from its span.
+    /// Convert a `toml` error, computing line, column and field path from its span (see
+    /// [`super::diag`]); the parser's message is bounded, since serde's quote the value.
     pub(crate) fn from_toml(file: &str, text: &str, e: &toml::de::Error) -> ConfigError {
         let span = e.span();
-        let field = span
-            .as_ref()
-            .map(|r| field_path_at(text, r.start.min(text.len())));
-        let (line, column) = match &span {
+        let (field, line, column) = match &span {
             Some(r) => {
-                let before = &text[..r.start.min(text.len())];
-                let line = before.matches('\n').count() + 1;
-                let column = before
-                    .rfind('\n')
-                    .map_or(before.len(), |nl| before.len() - nl - 1)
-                    + 1;
-                (line, column)
+                let p = super::diag::toml_place_at(text, r.start);
+                (Some(p.field).filter(|f| !f.is_empty()), p.line, p.column)
             }
-            None => (0, 0),
+            None => (None, 0, 0),
         };
         ConfigError::Toml {
             file: file.to_string(),
@@ -138,68 +131,8 @@ impl ConfigError {
             line,
             column,
             span,
-            message: e.message().trim().to_string(),
+            message: super::diag::bounded(e.message().trim(), super::diag::MESSAGE_CHARS_MAX)
+                .into_owned(),
         }
-    }
-}
-
-/// The field path of the key on the line holding `offset`, from the `[table]` and
-/// `[[array]]` headers before it: `[[tenant]]` twice then `[[tenant.route]]` gives
-/// `tenant[1].route[0]`. Best effort for error messages: a line without a key (inside a
-/// multi-line array, a header) yields the table path alone.
-fn field_path_at(text: &str, offset: usize) -> String {
-    use std::collections::BTreeMap;
-    let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
-    let line_end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
-    // Arrays of tables seen so far, by indexed path ("tenant[0].route"), with their lengths.
-    let mut arrays: BTreeMap<String, usize> = BTreeMap::new();
-    let mut table = String::new();
-    let resolve = |name: &str, arrays: &BTreeMap<String, usize>| {
-        let mut path = String::new();
-        for seg in name.split('.').map(|s| s.trim().trim_matches('"')) {
-            if !path.is_empty() {
-                path.push('.');
-            }
-            path.push_str(seg);
-            if let Some(n) = arrays.get(&path) {
-                path = format!("{path}[{}]", n.saturating_sub(1));
-            }
-        }
-        path
-    };
-    for line in text[..line_start]
-        .lines()
-        .chain(core::iter::once(&text[line_start..line_end]))
-    {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("[[") {
-            let name = rest.split("]]").next().unwrap_or("").trim();
-            let (parent, last) = match name.rsplit_once('.') {
-                Some((p, l)) => (resolve(p, &arrays), l.trim().trim_matches('"')),
-                None => (String::new(), name.trim_matches('"')),
-            };
-            let key = if parent.is_empty() {
-                last.to_string()
-            } else {
-                format!("{parent}.{last}")
-            };
-            let n = arrays.entry(key.clone()).or_insert(0);
-            *n += 1;
-            table = format!("{key}[{}]", *n - 1);
-        } else if let Some(rest) = t.strip_prefix('[') {
-            table = resolve(rest.split(']').next().unwrap_or(""), &arrays);
-        }
-    }
-    let line = text[line_start..line_end].trim();
-    let key = if line.starts_with('[') || line.starts_with('#') {
-        None
-    } else {
-        line.split_once('=')
-            .map(|(k, _)| k.trim().trim_matches('"').to_string())
-    };
-    match (table.is_empty(), key) {
-        (true, Some(k)) => k,
-        (false, Some(k)) => format!("{table}.{k}"),
-        (_, None) => table,
     }
 }

@@ -27,7 +27,8 @@
 //! router_mac = "02:00:00:00:01:01"   # the VPC router's MAC (source MAC of routed frames)
 //! subnets = ["10.1.0.0/16", "fd00:1::/64"]   # implicitly routed "local"
 //! snat = { public_ip = "203.0.113.10", port_min = 1024, port_max = 65535 }
-//!                                    # optional; port_min/port_max default 1024/65535;
+//!                                    # optional; 1 <= port_min <= port_max, default
+//!                                    # 1024/65535 (port 0 is not a source port);
 //!                                    # public_ip unique across tenants
 //! [[tenant.route]]
 //! prefix = "10.2.0.0/16"             # unique within the tenant, subnets included
@@ -39,7 +40,8 @@
 //! [[port]]
 //! id = 10                            # unique, != host.uplink_port
 //! tenant = 1                         # a defined tenant
-//! mac = "02:00:00:01:00:0a"          # unicast
+//! mac = "02:00:00:01:00:0a"          # unicast, not all zeros, unique among ports, not
+//!                                    # host.uplink_mac, host.gateway_mac or a router_mac
 //! ips = ["10.1.0.10", "fd00:1::10"]  # inside the tenant's subnets, unique within the tenant
 //! security_groups = [1]              # groups of the same tenant, no repeats
 //!
@@ -86,6 +88,7 @@
 //! ```
 
 pub mod config;
+pub mod diag;
 mod error;
 pub mod lpm;
 pub mod prefix;
@@ -98,6 +101,7 @@ pub use config::{
     HostSection, PolicyConfig, PortSection, PortsSection, ProtocolSection, RouteSection,
     RouteTargetSection, RuleSection, SecurityGroupSection, SnatSection, TenantSection,
 };
+pub use diag::{TomlPlace, bounded, echo, toml_place_at, toml_place_of};
 pub use error::ConfigError;
 pub use lpm::LpmTable;
 pub use prefix::{Family, Prefix};
@@ -346,7 +350,8 @@ impl Compiler<'_> {
             file: self.file.to_string(),
             field,
             expected: expected.to_string(),
-            found: found.to_string(),
+            // Callers echo input with `diag::echo`; this bounds anything else they format.
+            found: diag::bounded(&found.to_string(), diag::MESSAGE_CHARS_MAX).into_owned(),
         }
     }
 
@@ -371,16 +376,22 @@ impl Compiler<'_> {
             Ok(m) if unicast && m.is_multicast() => Err(self.invalid(
                 field,
                 "a unicast MAC address (first octet even)",
-                format!("{s:?}"),
+                diag::echo(s),
+            )),
+            // 00:00:00:00:00:00 is no station's address: frames to it go nowhere.
+            Ok(m) if m == MacAddr::ZERO => Err(self.invalid(
+                field,
+                "a MAC address other than 00:00:00:00:00:00",
+                diag::echo(s),
             )),
             Ok(m) => Ok(m),
-            Err(()) => Err(self.invalid(field, MAC_EXPECTED, format!("{s:?}"))),
+            Err(()) => Err(self.invalid(field, MAC_EXPECTED, diag::echo(s))),
         }
     }
 
     fn ip(&self, field: String, s: &str) -> Result<IpAddr16, ConfigError> {
         s.parse::<IpAddr16>()
-            .map_err(|_| self.invalid(field, IP_EXPECTED, format!("{s:?}")))
+            .map_err(|_| self.invalid(field, IP_EXPECTED, diag::echo(s)))
     }
 
     fn prefix(&self, field: String, s: &str) -> Result<Prefix, ConfigError> {
@@ -391,7 +402,7 @@ impl Compiler<'_> {
                 E::Length => "a prefix length of at most 32 (IPv4) or 128 (IPv6)",
                 E::MappedV6 => "an IPv6 prefix outside ::ffff:0:0/96 (write IPv4 prefixes dotted)",
             };
-            self.invalid(field, expected, format!("{s:?}"))
+            self.invalid(field, expected, diag::echo(s))
         })
     }
 
@@ -544,10 +555,12 @@ impl Compiler<'_> {
                 None => None,
                 Some(s) => {
                     let public_ip = self.ip(format!("{at}.snat.public_ip"), &s.public_ip)?;
-                    if s.port_min > s.port_max {
+                    // Port 0 is not a valid source port (RFC 768/9293 reserve it), so a pool
+                    // that hands it out translates connections into unanswerable ones.
+                    if s.port_min == 0 || s.port_min > s.port_max {
                         return Err(self.invalid(
                             format!("{at}.snat.port_min"),
-                            &format!("port_min <= port_max ({})", s.port_max),
+                            &format!("a port in 1..=port_max ({})", s.port_max),
                             s.port_min,
                         ));
                     }
@@ -653,7 +666,7 @@ impl Compiler<'_> {
                 "icmp" => Ok(Some(ip_proto::ICMP)),
                 "icmpv6" => Ok(Some(ip_proto::ICMPV6)),
                 "any" => Ok(None),
-                _ => Err(self.invalid(field, EXPECTED, format!("{s:?}"))),
+                _ => Err(self.invalid(field, EXPECTED, diag::echo(s))),
             },
         }
     }
@@ -667,7 +680,7 @@ impl Compiler<'_> {
                 Ok((port, port))
             }
             PortsSection::Text(s) => {
-                let parse = |x: &str| x.trim().parse::<u16>().map_err(|_| bad(format!("{s:?}")));
+                let parse = |x: &str| x.trim().parse::<u16>().map_err(|_| bad(diag::echo(s)));
                 let (lo, hi) = match s.split_once('-') {
                     Some((a, b)) => (parse(a)?, parse(b)?),
                     None => {
@@ -676,7 +689,7 @@ impl Compiler<'_> {
                     }
                 };
                 if lo > hi {
-                    return Err(bad(format!("{s:?}")));
+                    return Err(bad(diag::echo(s)));
                 }
                 Ok((lo, hi))
             }
@@ -694,6 +707,16 @@ impl Compiler<'_> {
     ) -> Result<(Vec<VmPort>, FixedMap<(TenantId, IpAddr16), PortId>), ConfigError> {
         let mut ids: BTreeMap<u32, String> = BTreeMap::new();
         let mut ip_first: BTreeMap<(TenantId, IpAddr16), String> = BTreeMap::new();
+        // A port's MAC is how the switch tells its frames from everyone else's: it must not
+        // be another port's, the uplink's, the gateway's or a tenant router's.
+        let mut macs: BTreeMap<MacAddr, String> = BTreeMap::new();
+        macs.insert(host.uplink_mac, "host.uplink_mac".to_string());
+        macs.entry(host.gateway_mac)
+            .or_insert_with(|| "host.gateway_mac".to_string());
+        for t in tenants {
+            macs.entry(t.router_mac)
+                .or_insert_with(|| format!("the router_mac of tenant {}", t.id.0));
+        }
         let mut ip_index = FixedMap::default();
         let mut out = Vec::with_capacity(cfg.len());
         for (pi, p) in cfg.iter().enumerate() {
@@ -722,6 +745,9 @@ impl Compiler<'_> {
                 }
             };
             let mac = self.mac(format!("{at}.mac"), &p.mac, true)?;
+            if let Some(first) = macs.insert(mac, format!("{at}.mac")) {
+                return Err(self.duplicate(format!("{at}.mac"), "MAC address", mac, &first));
+            }
             let mut ips = Vec::with_capacity(p.ips.len());
             for (ii, s) in p.ips.iter().enumerate() {
                 let field = format!("{at}.ips[{ii}]");

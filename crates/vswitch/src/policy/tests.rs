@@ -210,6 +210,53 @@ fn multicast_port_mac_is_rejected() {
 }
 
 #[test]
+fn port_macs_are_unique_and_not_the_hosts_or_a_routers() {
+    let e = err_with("mac = \"02:00:00:01:00:0b\"", "mac = \"02:00:00:01:00:0a\"");
+    assert_msg(&e, "port[1].mac", "a unique MAC address");
+    assert!(
+        e.to_string().contains("which port[0].mac already has"),
+        "{e}"
+    );
+    let e = err_with("mac = \"02:00:00:02:00:0a\"", "mac = \"02:00:00:01:00:0a\"");
+    assert_msg(&e, "port[2].mac", "which port[0].mac already has");
+    let e = err_with("mac = \"02:00:00:01:00:0a\"", "mac = \"02:00:00:00:00:01\"");
+    assert_msg(&e, "port[0].mac", "which host.uplink_mac already has");
+    let e = err_with("mac = \"02:00:00:01:00:0a\"", "mac = \"02:00:00:00:00:fe\"");
+    assert_msg(&e, "port[0].mac", "which host.gateway_mac already has");
+    let e = err_with("mac = \"02:00:00:01:00:0a\"", "mac = \"02:00:00:00:02:01\"");
+    assert_msg(
+        &e,
+        "port[0].mac",
+        "which the router_mac of tenant 2 already has",
+    );
+}
+
+#[test]
+fn zero_and_broadcast_macs_are_rejected() {
+    let e = err_with("mac = \"02:00:00:01:00:0a\"", "mac = \"00:00:00:00:00:00\"");
+    assert_msg(&e, "port[0].mac", "other than 00:00:00:00:00:00");
+    let e = err_with("mac = \"02:00:00:01:00:0a\"", "mac = \"ff:ff:ff:ff:ff:ff\"");
+    assert_msg(&e, "port[0].mac", "unicast");
+    let e = err_with(
+        "uplink_mac = \"02:00:00:00:00:01\"",
+        "uplink_mac = \"00:00:00:00:00:00\"",
+    );
+    assert_msg(&e, "host.uplink_mac", "other than 00:00:00:00:00:00");
+}
+
+#[test]
+fn errors_echo_a_bounded_part_of_the_input() {
+    let huge = "x".repeat(200_000);
+    let e = err_with("mac = \"02:00:00:01:00:0a\"", &format!("mac = \"{huge}\""));
+    let msg = e.to_string();
+    assert!(msg.len() < 300, "{} bytes: {}", msg.len(), &msg[..300]);
+    assert!(msg.contains("… (200000 bytes in all)"), "{msg}");
+    // A type error quotes the value in serde's message: bounded too.
+    let e = err_with("vni = 1001", &format!("vni = \"{huge}\""));
+    assert!(e.to_string().len() < 400, "{}", &e.to_string()[..400]);
+}
+
+#[test]
 fn bad_addresses_and_prefixes_name_their_field() {
     assert_msg(
         &err_with("vtep_ip = \"192.0.2.1\"", "vtep_ip = \"192.0.2\""),
@@ -372,7 +419,13 @@ fn snat_range_and_address_are_checked() {
             "port_min = 2000, port_max = 1999",
         ),
         "tenant[0].snat.port_min",
-        "port_min <= port_max (1999)",
+        "a port in 1..=port_max (1999)",
+    );
+    // Port 0 is no source port: a pool starting there is a mistake, not a choice.
+    assert_msg(
+        &err_with("port_min = 1024", "port_min = 0"),
+        "tenant[0].snat.port_min",
+        "a port in 1..=port_max (65535)",
     );
     let text = BASE.replacen(
         "subnets = [\"10.1.0.0/16\"]\n",
