@@ -19,7 +19,10 @@
 //! port = 1                           # the policy port: its MAC and first IPv4 address
 //! ```
 //!
-//! Every error names the file and the field, and says what was expected.
+//! Every error names the file, the line and column, the field by its dotted path (also for a
+//! wrong type, and for the embedded policy: `policy.port[1].mac`), the range or form expected
+//! and a bounded echo of the value (`spillway_vswitch::policy::diag`). The numeric fields and
+//! their ranges are listed in `docs/CONFIG.md`.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -28,15 +31,21 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use spillway_fabric::params::FabricParams;
 use spillway_vswitch::PortId;
-use spillway_vswitch::policy::Policy;
+use spillway_vswitch::policy::{
+    ConfigError, Policy, PolicyConfig, bounded, echo, toml_place_at, toml_place_of,
+};
 use spillway_wire::MacAddr;
 
-/// A testbed file that cannot be used.
+/// A testbed file that cannot be used. `Display` reads
+/// `file:line:column: field: expected X, got Y` (without `:line:column` when the field does
+/// not appear in the file, e.g. a missing section).
 #[derive(Debug, thiserror::Error)]
-#[error("{file}: {field}: expected {expected}, got {actual}")]
+#[error("{file}{}: {field}: expected {expected}, got {actual}", .place.map(|(l, c)| format!(":{l}:{c}")).unwrap_or_default())]
 pub struct TestbedError {
     /// The file.
     pub file: String,
+    /// 1-based line and column of the field in the file, when it appears there.
+    pub place: Option<(usize, usize)>,
     /// Dotted field path.
     pub field: String,
     /// What was expected.
@@ -55,7 +64,9 @@ struct Raw {
     spill: RawSpill,
     #[serde(default)]
     fabric: FabricParams,
-    policy: toml::Table,
+    // Deserialised in place (not re-serialised and parsed again) so that a policy error's
+    // span is a position in this file.
+    policy: PolicyConfig,
     vm: Vec<RawVm>,
 }
 
@@ -199,6 +210,35 @@ pub struct Testbed {
     pub vnet_hdr: bool,
 }
 
+/// A policy compilation error reported as a testbed error: the field under `policy.`, at its
+/// line in the testbed file.
+fn policy_error(err: &dyn Fn(&str, &str, String) -> TestbedError, e: &ConfigError) -> TestbedError {
+    let field = match e.field() {
+        Some(f) => format!("policy.{f}"),
+        None => "policy".into(),
+    };
+    let (expected, actual) = match e {
+        // The first definition is a field path of the policy too (or a description).
+        ConfigError::Duplicate {
+            what, value, first, ..
+        } => {
+            let first = if first.contains(' ') {
+                first.clone()
+            } else {
+                format!("policy.{first}")
+            };
+            (
+                format!("a unique {what}"),
+                format!("{value} which {first} already has"),
+            )
+        }
+        _ => e
+            .expected_found()
+            .unwrap_or_else(|| ("a valid vSwitch policy".into(), e.to_string())),
+    };
+    err(&field, &expected, actual)
+}
+
 fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
@@ -221,6 +261,7 @@ impl Testbed {
     pub fn load(path: &Path) -> Result<Testbed, TestbedError> {
         let text = std::fs::read_to_string(path).map_err(|e| TestbedError {
             file: path.display().to_string(),
+            place: None,
             field: "(file)".into(),
             expected: "a readable TOML file".into(),
             actual: e.to_string(),
@@ -231,22 +272,42 @@ impl Testbed {
     /// Parses and validates testbed text that came from `path`.
     pub fn from_toml_str(text: &str, path: &Path) -> Result<Testbed, TestbedError> {
         let file = path.display().to_string();
+        // Every error goes through here: the field's line is looked up in the text, and the
+        // echoed value is bounded (callers quote input with `echo`).
         let err = |field: &str, expected: &str, actual: String| TestbedError {
             file: file.clone(),
-            field: field.to_string(),
+            place: toml_place_of(text, field).map(|p| (p.line, p.column)),
+            field: bounded(field, 240).into_owned(),
             expected: expected.to_string(),
-            actual,
+            actual: bounded(&actual, 240).into_owned(),
         };
         let raw: Raw = toml::from_str(text).map_err(|e| {
-            let span = e
-                .span()
-                .map(|s| format!(" (at byte {})", s.start))
-                .unwrap_or_default();
-            err(
-                "(document)",
-                "a testbed: [testbed], [policy] and [[vm]] sections",
-                format!("{}{span}", e.message()),
-            )
+            let message = bounded(e.message().trim(), 240).into_owned();
+            match e.span() {
+                // The parser's span gives the line, column and the key (path) at fault; a
+                // type error names its field like any other error.
+                Some(span) => {
+                    let p = toml_place_at(text, span.start);
+                    TestbedError {
+                        file: file.clone(),
+                        place: Some((p.line, p.column)),
+                        field: if p.field.is_empty() {
+                            "(document)".into()
+                        } else {
+                            p.field
+                        },
+                        expected: "a testbed: [testbed], [policy] and [[vm]] sections of \
+                                   the documented types"
+                            .into(),
+                        actual: message,
+                    }
+                }
+                None => err(
+                    "(document)",
+                    "a testbed: [testbed], [policy] and [[vm]] sections",
+                    message,
+                ),
+            }
         })?;
         let name = raw.testbed.name;
         if name.is_empty()
@@ -256,16 +317,17 @@ impl Testbed {
             return Err(err(
                 "testbed.name",
                 "1 to 8 characters of [A-Za-z0-9-] (it prefixes interface names of at most 15)",
-                format!("{name:?}"),
+                echo(&name),
             ));
         }
         raw.fabric
             .validate()
             .map_err(|e| err(&format!("fabric.{}", e.field), e.expected, e.actual))?;
+        // The processes get the policy as text; it was parsed from this file a moment ago, so
+        // writing it back cannot fail for a reason the operator could fix.
         let policy_text = toml::to_string(&raw.policy)
-            .map_err(|e| err("policy", "a TOML table", e.to_string()))?;
-        let policy = Policy::from_toml_str(&policy_text, &format!("{file} [policy]"))
-            .map_err(|e| err("policy", "a valid vSwitch policy", e.to_string()))?;
+            .map_err(|e| err("policy", "a policy TOML can represent", e.to_string()))?;
+        let policy = Policy::compile(raw.policy, &file).map_err(|e| policy_error(&err, &e))?;
         let state_dir = raw
             .testbed
             .state_dir
@@ -278,7 +340,7 @@ impl Testbed {
                 return Err(err(
                     "testbed.hold",
                     "one of auto, active, released",
-                    format!("{h:?}"),
+                    echo(h),
                 ));
             }
         };
@@ -289,14 +351,14 @@ impl Testbed {
                     err(
                         "ops.metrics_addr",
                         "an address:port such as 127.0.0.1:9464",
-                        format!("{a:?}"),
+                        echo(&a),
                     )
                 })?;
                 if !sa.ip().is_loopback() {
                     return Err(err(
                         "ops.metrics_addr",
                         "a loopback address (metrics are local)",
-                        a,
+                        echo(&a),
                     ));
                 }
                 Some(sa)
@@ -304,26 +366,58 @@ impl Testbed {
         };
         let spill_memory_max = match raw.spill.memory_max {
             None => None,
-            Some(s) => Some(parse_size(&s).ok_or_else(|| {
-                err(
-                    "spill.memory_max",
-                    "a size such as 512M or 1G",
-                    format!("{s:?}"),
-                )
-            })?),
+            Some(s) => {
+                const EXPECTED: &str = "a size in 16M..=1024G such as 512M or 1G";
+                let bytes =
+                    parse_size(&s).ok_or_else(|| err("spill.memory_max", EXPECTED, echo(&s)))?;
+                // Below 16 MiB the plane cannot map its rings; above 1 TiB is a typo.
+                if !(16 << 20..=1 << 40).contains(&bytes) {
+                    return Err(err("spill.memory_max", EXPECTED, echo(&s)));
+                }
+                Some(bytes)
+            }
         };
         if raw.vm.is_empty() {
             return Err(err("vm", "at least one [[vm]]", "none".into()));
         }
-        let mut vms = Vec::new();
+        let mut vms: Vec<VmSpec> = Vec::new();
         let mut seen = BTreeSet::new();
         for (i, v) in raw.vm.iter().enumerate() {
             let f = |field: &str| format!("vm[{i}].{field}");
+            // The name becomes part of a namespace name and of log lines.
+            if v.name.is_empty()
+                || v.name.len() > 15
+                || !v
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(err(
+                    &f("name"),
+                    "1 to 15 characters of [A-Za-z0-9_-]",
+                    echo(&v.name),
+                ));
+            }
             if !seen.insert(v.name.clone()) {
                 return Err(err(
                     &f("name"),
                     "a name unique among the VMs",
-                    v.name.clone(),
+                    echo(&v.name),
+                ));
+            }
+            // One port, one VM: a second VM on a port would take the first's traffic.
+            if let Some((j, other)) = vms
+                .iter()
+                .enumerate()
+                .find(|(_, o)| o.port == PortId(v.port))
+            {
+                return Err(err(
+                    &f("port"),
+                    "a port no other [[vm]] uses",
+                    format!(
+                        "port {} of VM {:?} (vm[{i}]), which VM {:?} (vm[{j}]) already uses",
+                        v.port, v.name, other.name
+                    ),
                 ));
             }
             let port = policy.port(PortId(v.port)).ok_or_else(|| {
@@ -351,6 +445,49 @@ impl Testbed {
                 .netns
                 .clone()
                 .unwrap_or_else(|| format!("{name}-{}", v.name));
+            // A namespace is a file under /run/netns: a plain file name, no path.
+            if netns.is_empty()
+                || netns.len() > 64
+                || netns.starts_with('.')
+                || !netns
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(err(
+                    &f("netns"),
+                    "1 to 64 characters of [A-Za-z0-9_.-], not starting with '.'",
+                    echo(&netns),
+                ));
+            }
+            if let Some((j, _)) = vms.iter().enumerate().find(|(_, o)| o.netns == netns) {
+                return Err(err(
+                    &f("netns"),
+                    "a namespace no other [[vm]] uses",
+                    format!("{} which vm[{j}] already uses", echo(&netns)),
+                ));
+            }
+            let ifname = v.ifname.clone().unwrap_or_else(|| "eth0".into());
+            // IFNAMSIZ is 16 with the terminating NUL; '/', ':' and whitespace are refused by
+            // the kernel or break `ip`'s syntax.
+            if ifname.is_empty()
+                || ifname.len() > 15
+                || ifname == "."
+                || ifname == ".."
+                || !ifname
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(err(
+                    &f("ifname"),
+                    "1 to 15 characters of [A-Za-z0-9_.-]",
+                    echo(&ifname),
+                ));
+            }
+            let mtu = v.mtu.unwrap_or(1500);
+            // Linux's ETH_MIN_MTU and ETH_MAX_MTU.
+            if !(68..=65535).contains(&mtu) {
+                return Err(err(&f("mtu"), "an MTU in 68..=65535", mtu.to_string()));
+            }
             let tap = format!("{name}t{i}");
             let prefix_len = v.prefix_len.unwrap_or(24);
             if prefix_len == 0 || prefix_len > 32 {
@@ -373,7 +510,7 @@ impl Testbed {
                     return Err(err(
                         &f("endpoint"),
                         "\"bridge\" or \"external\"",
-                        other.into(),
+                        echo(other),
                     ));
                 }
             };
@@ -387,19 +524,19 @@ impl Testbed {
                     ));
                 }
                 Some("shm") => VmBackend::Shm(endpoint),
-                Some(other) => return Err(err(&f("backend"), "\"tap\" or \"shm\"", other.into())),
+                Some(other) => return Err(err(&f("backend"), "\"tap\" or \"shm\"", echo(other))),
             };
             vms.push(VmSpec {
                 backend,
                 name: v.name.clone(),
                 port: PortId(v.port),
                 netns,
-                ifname: v.ifname.clone().unwrap_or_else(|| "eth0".into()),
+                ifname,
                 tap,
                 mac: port.mac,
                 ip,
                 prefix_len,
-                mtu: v.mtu.unwrap_or(1500),
+                mtu,
                 router_mac: tenant.router_mac,
                 peers,
             });
@@ -424,7 +561,7 @@ impl Testbed {
         })
     }
 
-    /// The VM on policy port `port`.
+    /// The VM on policy port `port` (at most one: ports are unique among the VMs).
     pub fn vm(&self, port: PortId) -> Option<&VmSpec> {
         self.vms.iter().find(|v| v.port == port)
     }
@@ -488,8 +625,10 @@ netns = "swvs-b"
         let bad_port = GOOD.replace("port = 2\nnetns", "port = 9\nnetns");
         let e = Testbed::from_toml_str(&bad_port, Path::new("x.toml")).unwrap_err();
         assert_eq!(e.field, "vm[1].port");
+        assert_eq!(e.place, Some((33, 1)), "{e}");
         assert!(
-            e.to_string().starts_with("x.toml: vm[1].port: expected"),
+            e.to_string()
+                .starts_with("x.toml:33:1: vm[1].port: expected"),
             "{e}"
         );
         let long = GOOD.replace("name = \"t1\"", "name = \"muchtoolong\"");
@@ -501,8 +640,137 @@ netns = "swvs-b"
         let metrics = GOOD.replace("[spill]", "[ops]\nmetrics_addr = \"0.0.0.0:1\"\n[spill]");
         let e = Testbed::from_toml_str(&metrics, Path::new("x.toml")).unwrap_err();
         assert_eq!(e.field, "ops.metrics_addr");
-        let e = Testbed::from_toml_str("[testbed]\nname=1", Path::new("x.toml")).unwrap_err();
-        assert_eq!(e.field, "(document)");
+        let e = Testbed::from_toml_str("[testbed]\n[[vm]]", Path::new("x.toml")).unwrap_err();
+        assert_eq!(e.field, "testbed", "{e}");
+        assert!(e.actual.contains("missing field `name`"), "{e}");
+        let e = Testbed::from_toml_str("", Path::new("x.toml")).unwrap_err();
+        assert_eq!(e.field, "(document)", "{e}");
+    }
+
+    fn load_err(text: &str) -> TestbedError {
+        Testbed::from_toml_str(text, Path::new("x.toml")).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn type_errors_name_the_field_with_line_and_column() {
+        let e = load_err(&GOOD.replace("hw_pps_limit = 20000.0", "hw_pps_limit = \"fast\""));
+        assert_eq!(e.field, "fabric.dpu.hw_pps_limit", "{e}");
+        assert_eq!(e.place, Some((7, 16)), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("x.toml:7:16: fabric.dpu.hw_pps_limit: "),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("byte"), "{e}");
+        let e = load_err("[testbed]\nname=1");
+        assert_eq!(e.field, "testbed.name", "{e}");
+        assert_eq!(e.place, Some((2, 6)), "{e}");
+        let e = load_err(&GOOD.replace("port = 2\nnetns", "port = \"2\"\nnetns"));
+        assert_eq!(e.field, "vm[1].port", "{e}");
+        let e = load_err(&GOOD.replace("[[vm]]\nname = \"a\"", "[[vm]]\nname = \"a\"\ncolour = 1"));
+        assert_eq!(e.field, "vm[0].colour", "{e}");
+    }
+
+    #[test]
+    fn policy_errors_cite_the_line_in_the_testbed_file() {
+        // Line 26 of GOOD is port 2's MAC; the policy used to be re-serialised and its errors
+        // cited lines of that copy (`[policy]:36:7` for line 52).
+        let dup = GOOD.replace("mac = \"02:00:00:00:00:0b\"", "mac = \"02:00:00:00:00:0a\"");
+        assert_eq!(dup.lines().nth(25), Some("mac = \"02:00:00:00:00:0a\""));
+        let e = load_err(&dup);
+        assert_eq!(e.field, "policy.port[1].mac", "{e}");
+        assert_eq!(e.place, Some((26, 1)), "{e}");
+        assert!(
+            e.actual.contains("which policy.port[0].mac already has"),
+            "{e}"
+        );
+        // A type error inside the policy: the parser's own span, in this file.
+        let e = load_err(&GOOD.replace("vni = 100", "vni = \"100\""));
+        assert_eq!(e.field, "policy.tenant[0].vni", "{e}");
+        assert_eq!(e.place, Some((15, 7)), "{e}");
+        let e = load_err(&GOOD.replace(
+            "subnets = [\"10.77.0.0/24\"]",
+            "subnets = [\"10.77.0.0/24\"]\nsnat = { public_ip = \"1.2.3.4\", port_min = 0 }",
+        ));
+        assert_eq!(e.field, "policy.tenant[0].snat.port_min", "{e}");
+        assert_eq!(e.place, Some((18, 1)), "{e}");
+    }
+
+    #[test]
+    fn two_vms_on_one_port_are_rejected_naming_both() {
+        let e = load_err(&GOOD.replace("port = 2\nnetns", "port = 1\nnetns"));
+        assert_eq!(e.field, "vm[1].port", "{e}");
+        assert!(e.actual.contains("\"b\" (vm[1])"), "{e}");
+        assert!(e.actual.contains("\"a\" (vm[0])"), "{e}");
+        let e = load_err(&GOOD.replace("netns = \"swvs-b\"", "netns = \"t1-a\""));
+        assert_eq!(e.field, "vm[1].netns", "{e}");
+        let e = load_err(&GOOD.replace("netns = \"swvs-b\"", "netns = \"../etc\""));
+        assert_eq!(e.field, "vm[1].netns", "{e}");
+        let e = load_err(&GOOD.replace("name = \"b\"", "name = \"a\""));
+        assert_eq!(e.field, "vm[1].name", "{e}");
+        let e = load_err(&GOOD.replace("name = \"b\"", "name = \"b/c\""));
+        assert_eq!(e.field, "vm[1].name", "{e}");
+        let e = load_err(&GOOD.replace("netns = \"swvs-b\"", "ifname = \"a-very-long-interface\""));
+        assert_eq!(e.field, "vm[1].ifname", "{e}");
+        let e = load_err(&GOOD.replace("netns = \"swvs-b\"", "mtu = 4294967295"));
+        assert_eq!(e.field, "vm[1].mtu", "{e}");
+    }
+
+    #[test]
+    fn fabric_ranges_are_checked_without_overflow() {
+        for (line, field) in [
+            ("hw_entries_max = 4294967295", "fabric.dpu.hw_entries_max"),
+            ("hw_entries_max = 4000000000", "fabric.dpu.hw_entries_max"),
+            (
+                "insert_queue_max = 4294967295",
+                "fabric.dpu.insert_queue_max",
+            ),
+            (
+                "mem_per_conn = 18446744073709551615",
+                "fabric.dpu.mem_per_conn",
+            ),
+        ] {
+            let e = load_err(&GOOD.replace("hw_pps_limit = 20000.0", line));
+            assert_eq!(e.field, field, "{e}");
+            assert_eq!(e.place, Some((7, 1)), "{e}");
+        }
+        let e = load_err(&GOOD.replace(
+            "[fabric.dpu]",
+            "[fabric.host]\ntenant_cores = 4294967295\nreserve_cores = 5\n[fabric.dpu]",
+        ));
+        assert_eq!(e.field, "fabric.host.tenant_cores", "{e}");
+        for d in ["heartbeat = \"1ns\"", "heartbeat = \"100000000s\""] {
+            let e = load_err(
+                &GOOD.replace("[fabric.dpu]", &format!("[fabric.host]\n{d}\n[fabric.dpu]")),
+            );
+            assert_eq!(e.field, "fabric.host.heartbeat", "{e}");
+            assert!(e.expected.contains("1ms..=10s"), "{e}");
+        }
+        let e = load_err(&GOOD.replace(
+            "[fabric.dpu]",
+            "[fabric.sched]\nwindow = \"1ns\"\n[fabric.dpu]",
+        ));
+        assert_eq!(e.field, "fabric.sched.window", "{e}");
+        let e = load_err(&GOOD.replace("memory_max = \"256M\"", "memory_max = \"1K\""));
+        assert_eq!(e.field, "spill.memory_max", "{e}");
+    }
+
+    #[test]
+    fn errors_echo_a_bounded_part_of_a_huge_line() {
+        let huge = "x".repeat(200_000);
+        for text in [
+            GOOD.replace("name = \"t1\"", &format!("name = \"{huge}\"")),
+            GOOD.replace(
+                "hw_pps_limit = 20000.0",
+                &format!("hw_pps_limit = \"{huge}\""),
+            ),
+            GOOD.replace("mac = \"02:00:00:00:00:0b\"", &format!("mac = \"{huge}\"")),
+            GOOD.replace("netns = \"swvs-b\"", &format!("netns = \"{huge}\"")),
+            GOOD.replace("netns = \"swvs-b\"", &format!("{huge} = 1")),
+        ] {
+            let e = load_err(&text).to_string();
+            assert!(e.len() < 700, "{} bytes: {}", e.len(), &e[..700]);
+        }
     }
 }
 

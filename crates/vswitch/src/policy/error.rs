@@ -114,6 +114,40 @@ impl ConfigError {
         }
     }
 
+    /// What was expected and what was found, for a variant that has them (not `Io`/`Toml`),
+    /// worded as the `Display` form words them; a configuration that embeds a policy (a
+    /// testbed file) uses it to report the error under its own field path and line.
+    pub fn expected_found(&self) -> Option<(String, String)> {
+        match self {
+            ConfigError::Io { .. } | ConfigError::Toml { .. } => None,
+            ConfigError::Invalid {
+                expected, found, ..
+            } => Some((expected.clone(), found.clone())),
+            ConfigError::Duplicate {
+                what, value, first, ..
+            } => Some((
+                format!("a unique {what}"),
+                format!("{value} which {first} already has"),
+            )),
+            ConfigError::UnknownReference { what, id, .. } => {
+                Some((format!("the id of a {what}"), id.to_string()))
+            }
+            ConfigError::AddressOutsideSubnets {
+                tenant,
+                subnets,
+                ip,
+                ..
+            } => Some((
+                format!("an address inside tenant {tenant}'s subnets [{subnets}]"),
+                ip.clone(),
+            )),
+            ConfigError::TooManyRules { max, found, .. } => Some((
+                format!("at most {max} rules across a port's groups"),
+                found.to_string(),
+            )),
+        }
+    }
+
     /// Convert a `toml` error, computing line, column and field path from its span (see
     /// [`super::diag`]); the parser's message is bounded, since serde's quote the value.
     pub(crate) fn from_toml(file: &str, text: &str, e: &toml::de::Error) -> ConfigError {
