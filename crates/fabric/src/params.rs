@@ -8,6 +8,8 @@
 //! overflow on ~2.3 physical cores; CPS doubled with seven physical cores). **[assumed]** marks a
 //! value chosen for this model where the seed gives none, with the reasoning beside it; change it
 //! in a scenario file to explore.
+//!
+//! [`FabricParams::validate`] checks every field against a range; `docs/CONFIG.md` lists them.
 
 use core::time::Duration;
 use serde::Deserialize;

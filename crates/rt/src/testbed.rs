@@ -296,9 +296,7 @@ impl Testbed {
                         } else {
                             p.field
                         },
-                        expected: "a testbed: [testbed], [policy] and [[vm]] sections of \
-                                   the documented types"
-                            .into(),
+                        expected: "a field of the documented type (docs/CONFIG.md)".into(),
                         actual: message,
                     }
                 }
