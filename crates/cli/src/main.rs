@@ -102,6 +102,20 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
 /// Longest line of an error message printed, in bytes.
 const ERROR_LINE_MAX: usize = 1024;
 
@@ -115,9 +129,18 @@ fn bounded_lines(text: &str) -> String {
                 Some(body) => (body, "\n"),
                 None => (line, ""),
             };
+            if body.len() <= ERROR_LINE_MAX {
+                return format!("{body}{end}");
+            }
+            // Keep the head and the tail: a quoted value often sits between the start of a
+            // message and the flag or field it names.
+            let head = floor_char_boundary(body, ERROR_LINE_MAX / 2);
+            let tail = ceil_char_boundary(body, body.len() - ERROR_LINE_MAX / 4);
             format!(
-                "{}{end}",
-                spillway_vswitch::toml_error::excerpt(body, ERROR_LINE_MAX)
+                "{} ... ({} bytes left out) ... {}{end}",
+                &body[..head],
+                tail - head,
+                &body[tail..]
             )
         })
         .collect()
