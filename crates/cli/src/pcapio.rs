@@ -190,6 +190,13 @@ fn read_pcapng(path: &Path, mut r: impl Read, magic: [u8; 4]) -> Result<Vec<Fram
                     idb.linktype
                 )
             }
+            Some(Block::EnhancedPacket(epb)) if epb.data.len() > RECORD_BYTES_MAX as usize => {
+                bail!(
+                    "{}: captured length {} bytes is larger than the limit of {RECORD_BYTES_MAX} bytes (libpcap's largest snapshot length)",
+                    what(),
+                    epb.data.len()
+                )
+            }
             Some(Block::EnhancedPacket(epb)) => frames.push(Frame {
                 ts: epb.timestamp,
                 data: epb.data.into_owned(),
@@ -225,4 +232,56 @@ pub fn write_frames<'a>(
             .with_context(|| format!("{}: cannot write a packet", path.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pcap_file::pcapng::PcapNgWriter;
+    use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+    use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
+    use std::borrow::Cow;
+
+    /// A pcapng file in `endianness` with an Ethernet interface and one packet per length.
+    fn pcapng(endianness: Endianness, lens: &[usize]) -> Vec<u8> {
+        let mut w = PcapNgWriter::with_endianness(Vec::new(), endianness).unwrap();
+        w.write_pcapng_block(InterfaceDescriptionBlock {
+            linktype: DataLink::ETHERNET,
+            snaplen: 0,
+            options: vec![],
+        })
+        .unwrap();
+        for (i, &len) in lens.iter().enumerate() {
+            w.write_pcapng_block(EnhancedPacketBlock {
+                interface_id: 0,
+                timestamp: Duration::from_micros(i as u64 + 1),
+                original_len: len as u32,
+                data: Cow::Owned(vec![i as u8; len]),
+                options: vec![],
+            })
+            .unwrap();
+        }
+        w.into_inner()
+    }
+
+    #[test]
+    fn pcapng_of_either_byte_order_reads_every_packet_and_names_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.pcapng");
+        for e in [Endianness::Little, Endianness::Big] {
+            std::fs::write(&path, pcapng(e, &[60, 1514, RECORD_BYTES_MAX as usize])).unwrap();
+            let frames = read_frames(&path).unwrap();
+            let lens: Vec<usize> = frames.iter().map(|f| f.data.len()).collect();
+            assert_eq!(lens, [60, 1514, RECORD_BYTES_MAX as usize], "{e:?}");
+            assert_eq!(frames[1].ts, Duration::from_micros(2));
+            assert!(frames[1].data.iter().all(|&b| b == 1));
+
+            std::fs::write(&path, pcapng(e, &[60, 16 << 20])).unwrap();
+            let err = format!("{:#}", read_frames(&path).unwrap_err());
+            assert!(
+                err.contains("is larger than the limit of 327680 bytes"),
+                "{e:?}: {err}"
+            );
+        }
+    }
 }
