@@ -33,6 +33,7 @@ use spillway_vswitch::{Instant, PacketBuf, PortId, Verdict};
 use spillway_wire::{ParseOptions, parse_frame};
 
 use crate::alloc;
+use crate::flags::ranged;
 
 /// Fast-path target: 20 Mpps per core (50 ns per packet).
 const TARGET_MPPS: f64 = 20.0;
@@ -41,6 +42,11 @@ const TARGET_CPS: f64 = 1_000_000.0;
 /// Packet buffers in the receive ring (rounded up to whole batches): a NIC-ring-sized set that
 /// is reused, so buffers stay cache resident as they would with a real driver's pool.
 const RING_BUFFERS: usize = 256;
+/// Most flows of a working set `--flows` and `--small-flows` accept (the frames of both
+/// directions are held in memory).
+const FLOWS_MAX: u64 = 1 << 24;
+/// Highest CPU number `--cpu` accepts: the affinity mask's size.
+const CPU_MAX: u64 = 1023;
 /// Slow-path flows per chunk for the per-chunk rates.
 const CHUNK_FLOWS: usize = 1 << 16;
 
@@ -50,26 +56,28 @@ pub struct DatapathArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Number of flows (connections) in the large working set.
-    #[arg(long, default_value_t = 1_000_000)]
+    /// Number of flows (connections) in the large working set, 1..=16777216 (memory grows
+    /// with it: about 1 GB at the default).
+    #[arg(long, default_value_t = 1_000_000, value_parser = ranged(1, FLOWS_MAX))]
     pub flows: usize,
-    /// Timed fast-path passes (each over all flows, both directions).
-    #[arg(long, default_value_t = 5)]
+    /// Timed fast-path passes (each over all flows, both directions), 1..=1000.
+    #[arg(long, default_value_t = 5, value_parser = ranged(1, 1000))]
     pub runs: usize,
-    /// Slow-path runs, each on a freshly built pipeline (the last one feeds the fast path).
-    #[arg(long, default_value_t = 3)]
+    /// Slow-path runs, each on a freshly built pipeline (the last one feeds the fast path),
+    /// 1..=100.
+    #[arg(long, default_value_t = 3, value_parser = ranged(1, 100))]
     pub slow_runs: usize,
-    /// Frames per `process_batch` call.
-    #[arg(long, default_value_t = 32)]
+    /// Frames per `process_batch` call, 1..=256 (the receive ring's size).
+    #[arg(long, default_value_t = 32, value_parser = ranged(1, RING_BUFFERS as u64))]
     pub batch: usize,
-    /// Workload seed (visit order).
+    /// Workload seed (visit order; any u64).
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
-    /// Flows of the small (cache-resident) working set.
-    #[arg(long, default_value_t = 10_000)]
+    /// Flows of the small (cache-resident) working set, 1..=16777216.
+    #[arg(long, default_value_t = 10_000, value_parser = ranged(1, FLOWS_MAX))]
     pub small_flows: usize,
-    /// CPU to pin the bench thread to.
-    #[arg(long, default_value_t = 1)]
+    /// CPU to pin the bench thread to, 0..=1023.
+    #[arg(long, default_value_t = 1, value_parser = ranged(0, CPU_MAX))]
     pub cpu: usize,
     /// The pipeline's clock (virtual: 50 ns per packet, the target rate).
     #[arg(long, value_enum, default_value_t = ClockKind::Virtual)]

@@ -3,6 +3,7 @@
 
 mod alloc;
 mod bench;
+mod flags;
 mod inspect;
 mod pcapio;
 mod rt;
@@ -62,8 +63,8 @@ enum PcapCommand {
     Inspect {
         /// A pcap or pcapng file with Ethernet frames.
         file: PathBuf,
-        /// UDP port that marks VXLAN.
-        #[arg(long, default_value_t = 4789)]
+        /// UDP port that marks VXLAN, 1..=65535.
+        #[arg(long, default_value_t = 4789, value_parser = clap::value_parser!(u16).range(1..))]
         vxlan_port: u16,
     },
     /// Run the vSwitch pipeline over a capture; print a verdict per frame as JSON lines and
@@ -80,15 +81,69 @@ enum BenchCommand {
 }
 
 /// Errors are printed as one line with their whole cause chain (`{:#}`), never as a debug dump
-/// with a backtrace: a bad config or a missing file is a user's mistake, not a crash.
+/// with a backtrace: a bad config or a missing file is a user's mistake, not a crash. Every
+/// line printed for an error is bounded (see [`bounded_lines`]), whatever it quotes.
 fn main() -> std::process::ExitCode {
-    match run_cli(Cli::parse()) {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprint!("{}", bounded_lines(&e.render().to_string()));
+            return std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+        // --help and --version.
+        Err(e) => e.exit(),
+    };
+    match run_cli(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("{}", bounded_lines(&format!("error: {e:#}")));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// Longest line of an error message printed, in bytes.
+const ERROR_LINE_MAX: usize = 1024;
+
+/// `text` with every line longer than [`ERROR_LINE_MAX`] shortened: the sources quote bounded
+/// excerpts already, this is the last guard against echoing a whole input line (a 200 KB
+/// argument or config line) back at the operator.
+fn bounded_lines(text: &str) -> String {
+    text.split_inclusive('\n')
+        .map(|line| {
+            let (body, end) = match line.strip_suffix('\n') {
+                Some(body) => (body, "\n"),
+                None => (line, ""),
+            };
+            if body.len() <= ERROR_LINE_MAX {
+                return format!("{body}{end}");
+            }
+            // Keep the head and the tail: a quoted value often sits between the start of a
+            // message and the flag or field it names.
+            let head = floor_char_boundary(body, ERROR_LINE_MAX / 2);
+            let tail = ceil_char_boundary(body, body.len() - ERROR_LINE_MAX / 4);
+            format!(
+                "{} ... ({} bytes left out) ... {}{end}",
+                &body[..head],
+                tail - head,
+                &body[tail..]
+            )
+        })
+        .collect()
 }
 
 fn run_cli(cli: Cli) -> Result<()> {

@@ -1,11 +1,14 @@
 //! `spillway run`, `spillway spill-plane` and `spillway ctl`: the real-time fabric's command
 //! line. The work is in `spillway-rt`; this module parses arguments and prints results.
 
+use crate::flags::{Seconds, ranged};
 use anyhow::{Context, Result, bail};
 use spillway_rt::ctl::{CtlRequest, ctl_call};
 use spillway_rt::dpud::{DpuDaemon, RunOptions};
 use spillway_rt::planed::{self, PlaneOptions};
 use spillway_rt::testbed::{InitialHold, Testbed};
+use spillway_rt::virtq::{BUF_BYTES_MAX, BUF_BYTES_MIN, QUEUE_SIZE_MAX, QUEUE_SIZE_MIN};
+use spillway_vswitch::toml_error;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -36,10 +39,10 @@ pub struct PlaneArgs {
     /// The DPU process's vNIC socket.
     #[arg(long)]
     pub vnic_socket: PathBuf,
-    /// Workers.
-    #[arg(long, default_value_t = 1)]
+    /// Workers, 1..=1024.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub workers: u32,
-    /// The DPU process's clock origin (CLOCK_MONOTONIC ns).
+    /// The DPU process's clock origin (CLOCK_MONOTONIC ns; any u64).
     #[arg(long)]
     pub clock_origin_ns: u64,
     /// Log level.
@@ -54,12 +57,12 @@ pub enum CtlCommand {
     Status,
     /// Flow dump with owner (dpu-hw / dpu-soc / spill) and why.
     Flows {
-        /// At most this many rows.
-        #[arg(long)]
+        /// At most this many rows, 1..=100000 (the daemon's own cap; default 1000).
+        #[arg(long, value_parser = ranged(1, FLOWS_LIMIT_MAX))]
         limit: Option<usize>,
-        /// Only this owner: dpu-hw, dpu-soc or spill.
-        #[arg(long)]
-        owner: Option<String>,
+        /// Only this owner.
+        #[arg(long, value_enum)]
+        owner: Option<FlowOwner>,
     },
     /// Force activation: start a plane if none runs and keep it active (overrides URSched).
     Activate,
@@ -88,6 +91,34 @@ pub enum CtlCommand {
     },
 }
 
+/// Most rows `ctl flows --limit` asks for: the daemon answers at most this many.
+const FLOWS_LIMIT_MAX: u64 = 100_000;
+
+/// The owners a flow dump names (the daemon's `flows` answer uses exactly these strings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlowOwner {
+    /// Entries in the DPU's hardware fast path.
+    DpuHw,
+    /// Handled by the DPU's SoC slow path (no hardware entry).
+    DpuSoc,
+    /// Owned by the spill plane.
+    Spill,
+}
+
+impl FlowOwner {
+    /// The name in the daemon's flow dump.
+    fn name(self) -> &'static str {
+        match self {
+            FlowOwner::DpuHw => "dpu-hw",
+            FlowOwner::DpuSoc => "dpu-soc",
+            FlowOwner::Spill => "spill",
+        }
+    }
+}
+
+/// Most packets per second `vm-endpoint --pps` accepts (far above what one queue carries).
+const ENDPOINT_PPS_MAX: u64 = 100_000_000;
+
 /// Arguments of `spillway vm-endpoint`.
 #[derive(clap::Args, Debug)]
 pub struct EndpointArgs {
@@ -104,29 +135,33 @@ pub struct EndpointArgs {
     /// Generator: destination VM (name) or IPv4 address.
     #[arg(long)]
     pub dst: Option<String>,
-    /// Generator: packets per second (0: as fast as the queue takes them).
-    #[arg(long, default_value_t = 0)]
+    /// Generator: packets per second, 0..=100000000 (0: as fast as the queue takes them).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=ENDPOINT_PPS_MAX))]
     pub pps: u64,
-    /// Generator: flows (source ports), round-robin.
-    #[arg(long, default_value_t = 16)]
+    /// Generator: flows (source ports), round-robin, 1..=65535.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub flows: u16,
-    /// Generator: frame size, bytes.
-    #[arg(long, default_value_t = 64)]
+    /// Generator: frame size, bytes, 64..=131072 (and it must fit --buf-bytes with the
+    /// virtio-net header).
+    #[arg(long, default_value_t = 64, value_parser = ranged(64, u64::from(BUF_BYTES_MAX)))]
     pub size: usize,
-    /// Generator: source port of the first flow (a fresh base makes fresh connections).
-    #[arg(long, default_value_t = 10_000)]
+    /// Generator: source port of the first flow, 1..=65535 (a fresh base makes fresh
+    /// connections).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u16).range(1..))]
     pub sport_base: u16,
-    /// Stop after this many seconds (default: until SIGINT/SIGTERM or the DPU goes away).
-    #[arg(long)]
-    pub duration: Option<f64>,
-    /// Descriptors per queue.
-    #[arg(long, default_value_t = 256)]
+    /// Stop after this many seconds, 0.001..=2592000 (30 days; default: until SIGINT/SIGTERM
+    /// or the DPU goes away).
+    #[arg(long, value_parser = Seconds::ENDPOINT_DURATION)]
+    pub duration: Option<Duration>,
+    /// Descriptors per queue: a power of two in 8..=4096.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(i64::from(QUEUE_SIZE_MIN)..=i64::from(QUEUE_SIZE_MAX)))]
     pub queue_size: u16,
-    /// Bytes per buffer (the default holds a 64 KiB GSO frame).
-    #[arg(long, default_value_t = 65_600)]
+    /// Bytes per buffer: a multiple of 64 in 256..=131072 (the default holds a 64 KiB GSO
+    /// frame).
+    #[arg(long, default_value_t = 65_600, value_parser = clap::value_parser!(u32).range(i64::from(BUF_BYTES_MIN)..=i64::from(BUF_BYTES_MAX)))]
     pub buf_bytes: u32,
-    /// Bridge: the TAP's fd, inherited from `spillway run`.
-    #[arg(long, hide = true)]
+    /// Bridge: the TAP's fd, inherited from `spillway run` (0..=2147483647).
+    #[arg(long, hide = true, value_parser = clap::value_parser!(i32).range(0..))]
     pub tap_fd: Option<i32>,
     /// Write the JSON report here too.
     #[arg(long)]
@@ -141,7 +176,7 @@ pub fn vm_endpoint(args: &EndpointArgs) -> Result<()> {
     use spillway_rt::endpoint::{self, EndpointOptions, GenOptions, Mode};
     spillway_rt::log::init(level(&args.log)?, spillway_rt::log::LogFormat::Text);
     spillway_rt::signals::install().context("installing signal handlers")?;
-    let testbed = Testbed::load(&args.config)?;
+    let testbed = load_testbed(&args.config)?;
     let mode = match args.mode.as_str() {
         "sink" => Mode::Sink,
         "echo" => Mode::Echo,
@@ -157,9 +192,6 @@ pub fn vm_endpoint(args: &EndpointArgs) -> Result<()> {
                     format!("--dst: expected a VM name or an IPv4 address, got {dst:?}")
                 })?,
             };
-            if args.size < 64 {
-                bail!("--size: expected at least 64 bytes, got {}", args.size);
-            }
             Mode::Gen(GenOptions {
                 dst,
                 pps: args.pps,
@@ -176,7 +208,7 @@ pub fn vm_endpoint(args: &EndpointArgs) -> Result<()> {
         mode,
         queue_size: args.queue_size,
         buf_bytes: args.buf_bytes,
-        duration: args.duration.map(Duration::from_secs_f64),
+        duration: args.duration,
     })
     .map_err(|e| anyhow::anyhow!("vm-endpoint {}: {e}", args.vm))?;
     let text = serde_json::to_string_pretty(&report)?;
@@ -196,12 +228,48 @@ pub struct CtlArgs {
     /// ... or the ctl socket itself.
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Seconds to wait for the answer.
-    #[arg(long, default_value_t = 5.0)]
-    pub timeout: f64,
+    /// Seconds to wait for the answer, 0.001..=3600.
+    #[arg(long, default_value = "5", value_parser = Seconds::CTL_TIMEOUT)]
+    pub timeout: Duration,
     /// The command.
     #[command(subcommand)]
     pub command: CtlCommand,
+}
+
+/// Reads the testbed file `path` like [`Testbed::load`], but a TOML syntax or type error names
+/// the line, the column and the field's dotted path (`vm[1].port`) instead of a byte offset, and
+/// quotes at most a bounded excerpt of the value.
+fn load_testbed(path: &std::path::Path) -> Result<Testbed> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read the testbed file", path.display()))?;
+    Testbed::from_toml_str(&text, path).map_err(|e| {
+        // The testbed loader reports a document-level (TOML) error as its message followed by
+        // " (at byte N)"; locate N in the text. Any other error is already about a named field.
+        let at = (e.field == "(document)")
+            .then(|| e.actual.rsplit_once(" (at byte "))
+            .flatten()
+            .and_then(|(message, rest)| {
+                let offset: usize = rest.strip_suffix(')')?.parse().ok()?;
+                Some((message, offset))
+            });
+        match at {
+            Some((message, offset)) => {
+                let pos = toml_error::locate(&text, offset);
+                let field = pos
+                    .field
+                    .map(|f| format!("field {f}: "))
+                    .unwrap_or_default();
+                anyhow::anyhow!(
+                    "{}:{}:{}: {field}{}",
+                    e.file,
+                    pos.line,
+                    pos.column,
+                    toml_error::bound_quotes(message, toml_error::EXCERPT_MAX)
+                )
+            }
+            None => anyhow::Error::new(e),
+        }
+    })
 }
 
 fn level(s: &str) -> Result<tracing::Level> {
@@ -213,7 +281,7 @@ fn level(s: &str) -> Result<tracing::Level> {
 /// `spillway run`.
 pub fn run(args: &RunArgs) -> Result<()> {
     spillway_rt::log::init(level(&args.log)?, spillway_rt::log::LogFormat::Text);
-    let mut testbed = Testbed::load(&args.config)?;
+    let mut testbed = load_testbed(&args.config)?;
     if let Some(h) = &args.hold {
         testbed.hold = match h.as_str() {
             "auto" => InitialHold::Auto,
@@ -251,14 +319,14 @@ pub fn spill_plane(args: &PlaneArgs) -> Result<()> {
 pub fn ctl(args: &CtlArgs) -> Result<()> {
     let socket = match (&args.socket, &args.config) {
         (Some(s), _) => s.clone(),
-        (None, Some(c)) => Testbed::load(c)?.ctl_socket,
+        (None, Some(c)) => load_testbed(c)?.ctl_socket,
         (None, None) => bail!("give --config <testbed.toml> or --socket <path>"),
     };
     let req = match &args.command {
         CtlCommand::Status => CtlRequest::Status,
         CtlCommand::Flows { limit, owner } => CtlRequest::Flows {
             limit: *limit,
-            owner: owner.clone(),
+            owner: owner.map(|o| o.name().to_string()),
         },
         CtlCommand::Activate => CtlRequest::Activate,
         CtlCommand::Release => CtlRequest::Release,
@@ -277,7 +345,7 @@ pub fn ctl(args: &CtlArgs) -> Result<()> {
             },
         },
     };
-    let resp = ctl_call(&socket, &req, Duration::from_secs_f64(args.timeout))?;
+    let resp = ctl_call(&socket, &req, args.timeout)?;
     if !resp.ok {
         bail!(
             "{}",

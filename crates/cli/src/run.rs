@@ -26,7 +26,8 @@ pub struct RunArgs {
     /// Output capture of forwarded frames (pcap).
     #[arg(long = "out")]
     pub output: PathBuf,
-    /// Treat every frame as arriving on this port instead of applying the MAC rule.
+    /// Treat every frame as arriving on this port instead of applying the MAC rule: one of the
+    /// policy's VM port ids or its uplink port id.
     #[arg(long)]
     pub ingress_port: Option<u32>,
 }
@@ -43,11 +44,41 @@ struct VerdictRecord {
     len_out: Option<usize>,
 }
 
+/// `--ingress-port p` names a port of `policy`: its uplink or one of its VM ports. A frame on a
+/// port the policy does not know would be dropped, frame after frame, for a reason that says
+/// nothing about the flag.
+fn check_ingress_port(p: u32, policy: &Policy, config: &std::path::Path) -> Result<()> {
+    let uplink = policy.host().uplink_port;
+    let ports: Vec<u32> = policy.ports().iter().map(|q| q.id.0).collect();
+    if p == uplink.0 || ports.contains(&p) {
+        return Ok(());
+    }
+    // The list is bounded: a policy can hold many ports, an error line should not.
+    const SHOWN: usize = 16;
+    let mut shown: Vec<String> = ports.iter().take(SHOWN).map(u32::to_string).collect();
+    if ports.len() > SHOWN {
+        shown.push(format!("... ({} VM ports in all)", ports.len()));
+    }
+    anyhow::bail!(
+        "--ingress-port: expected the uplink port {} or a VM port of {} ({}), got {p}",
+        uplink.0,
+        config.display(),
+        if shown.is_empty() {
+            "none".to_string()
+        } else {
+            shown.join(", ")
+        }
+    )
+}
+
 /// Run the pipeline over `args.input`.
 pub fn run(args: &RunArgs) -> Result<()> {
     let policy = Policy::load(&args.config)?;
     let uplink = policy.host().uplink_port;
     let by_mac: BTreeMap<MacAddr, PortId> = policy.ports().iter().map(|p| (p.mac, p.id)).collect();
+    if let Some(p) = args.ingress_port {
+        check_ingress_port(p, &policy, &args.config)?;
+    }
     let frames = crate::pcapio::read_frames(&args.input)?;
     let mut pipeline =
         Pipeline::new(policy, PipelineConfig::default()).context("building the pipeline")?;

@@ -27,7 +27,7 @@ pub struct SimArgs {
     /// A scenario file (TOML; see scenarios/ for the format).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// The seed (default: the scenario's).
+    /// The seed (default: the scenario's; any u64).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Print one JSON object instead of the summary table.
@@ -43,7 +43,8 @@ pub struct SimArgs {
     /// with a [compare] section, runs that one policy instead of the comparison.
     #[arg(long)]
     pub placement: Option<spillway_fabric::params::PlacementKind>,
-    /// Print every train and message of this connection id to stderr (debugging a run).
+    /// Print every train and message of this connection id to stderr (debugging a run; any
+    /// u64).
     #[arg(long)]
     pub trace_conn: Option<u64>,
     /// List the built-in scenarios and exit.
@@ -429,8 +430,8 @@ pub struct BenchSimArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Runs (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Runs (the median is reported), 1..=100.
+    #[arg(long, default_value_t = 3, value_parser = crate::flags::ranged(1, 100))]
     pub runs: usize,
     /// Scenario (default: the default scenario).
     #[arg(long)]
@@ -445,7 +446,7 @@ pub fn bench_sim(args: &BenchSimArgs) -> Result<()> {
     let mut eps = Vec::new();
     let mut secs = Vec::new();
     let mut packets = 0;
-    for _ in 0..args.runs.max(1) {
+    for _ in 0..args.runs {
         let t0 = StdInstant::now();
         let r = spillway_sim::run(&sc, sc.seed, false, &mut |_| {})
             .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::flags::ranged;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use spillway_sketch::stability::StabilityParams;
@@ -22,6 +23,8 @@ use spillway_sketch::trace::{
 
 /// Most rows `gen` and `eval` generate (flows × ticks): about 1.1 GB in memory.
 const ROWS_MAX: u64 = 20_000_000;
+/// Largest K of `rank --k` and `eval --k`.
+const K_MAX: u64 = 1_000_000;
 
 /// `spillway stability` subcommands.
 #[derive(clap::Subcommand, Debug)]
@@ -42,14 +45,14 @@ pub struct RankArgs {
     /// extra columns ignored), one row per flow per 100 ms tick, in tick order.
     #[arg(long)]
     pub trace: PathBuf,
-    /// How many flows to print.
-    #[arg(long)]
+    /// How many flows to print, 1..=1000000.
+    #[arg(long, value_parser = ranged(1, K_MAX))]
     pub k: usize,
     /// Print a JSON list of {rank, flow_id, score, gain_bps, instability, ...} instead of the
     /// table.
     #[arg(long)]
     pub json: bool,
-    /// Rank at this tick (its rows included) instead of the trace's last.
+    /// Rank at this tick (its rows included) instead of the trace's last (any u64).
     #[arg(long)]
     pub at_tick: Option<u64>,
 }
@@ -57,15 +60,15 @@ pub struct RankArgs {
 /// `spillway stability gen` arguments.
 #[derive(clap::Args, Debug)]
 pub struct GenArgs {
-    /// The seed.
+    /// The seed (any u64).
     #[arg(long)]
     pub seed: u64,
     /// Flows (the class mix is 30 % steady, 15 % periodic, 20 % bursty, 15 % random-walk,
-    /// 20 % mice).
-    #[arg(long, default_value_t = 2_000)]
+    /// 20 % mice), 1..=20000000, with flows x ticks at most 20000000.
+    #[arg(long, default_value_t = 2_000, value_parser = ranged(1, ROWS_MAX))]
     pub flows: usize,
-    /// Ticks of 100 ms.
-    #[arg(long, default_value_t = 600)]
+    /// Ticks of 100 ms, 1..=20000000, with flows x ticks at most 20000000.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=ROWS_MAX))]
     pub ticks: u64,
     /// Where to write the CSV (with a trailing `class` column).
     #[arg(long)]
@@ -75,20 +78,20 @@ pub struct GenArgs {
 /// `spillway stability eval` arguments.
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
-    /// The seed of the generated trace.
+    /// The seed of the generated trace (any u64).
     #[arg(long, default_value_t = 1, conflicts_with = "trace")]
     pub seed: u64,
-    /// Flows of the generated trace.
-    #[arg(long, default_value_t = 2_000, conflicts_with = "trace")]
+    /// Flows of the generated trace, 1..=20000000, with flows x ticks at most 20000000.
+    #[arg(long, default_value_t = 2_000, conflicts_with = "trace", value_parser = ranged(1, ROWS_MAX))]
     pub flows: usize,
-    /// Ticks of the generated trace.
-    #[arg(long, default_value_t = 600, conflicts_with = "trace")]
+    /// Ticks of the generated trace, 1..=20000000, with flows x ticks at most 20000000.
+    #[arg(long, default_value_t = 600, conflicts_with = "trace", value_parser = clap::value_parser!(u64).range(1..=ROWS_MAX))]
     pub ticks: u64,
     /// Evaluate this labelled trace (a CSV with a `class` column) instead of generating one.
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// The K values, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200")]
+    /// The K values, comma-separated, each 1..=1000000.
+    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200", value_parser = ranged(1, K_MAX))]
     pub k: Vec<usize>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
@@ -129,9 +132,6 @@ fn fmt_bps(bps: f64) -> String {
 }
 
 fn rank(args: &RankArgs, out: &mut impl Write) -> Result<()> {
-    if args.k == 0 {
-        bail!("--k: expected at least 1, got 0");
-    }
     let t = read_trace(&args.trace)?;
     let r = trace::rank_trace(&t.rows, args.at_tick, &StabilityParams::default()).with_context(
         || match args.at_tick {
@@ -206,9 +206,7 @@ fn print_rank_header(args: &RankArgs, r: &Ranking, out: &mut impl Write) -> Resu
 }
 
 fn check_size(flows: usize, ticks: u64) -> Result<()> {
-    if flows == 0 || ticks == 0 {
-        bail!("--flows and --ticks: expected at least 1 each, got {flows} and {ticks}");
-    }
+    // Each is in 1..=ROWS_MAX by its parser; their product is bounded here.
     let rows = (flows as u64).saturating_mul(ticks);
     if rows > ROWS_MAX {
         bail!(
@@ -246,11 +244,8 @@ fn gen_trace(args: &GenArgs, out: &mut impl Write) -> Result<()> {
 }
 
 fn eval(args: &EvalArgs, out: &mut impl Write) -> Result<()> {
-    if args.k.is_empty() || args.k.contains(&0) {
-        bail!(
-            "--k: expected a comma-separated list of K >= 1, got {:?}",
-            args.k
-        );
+    if args.k.is_empty() {
+        bail!("--k: expected a comma-separated list of K in 1..={K_MAX}, got none");
     }
     let (rows, source): (Vec<LabelledRow>, String) = match &args.trace {
         Some(path) => {

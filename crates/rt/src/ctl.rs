@@ -189,9 +189,10 @@ pub enum CtlError {
         /// The OS error.
         source: io::Error,
     },
-    /// The client could not connect.
+    /// The client could not connect. The OS error is the `source`, not part of the message:
+    /// a reporter that prints the cause chain (`{:#}`) would print it twice.
     #[error(
-        "cannot connect to control socket {}: {source} (is the spillway daemon running?)",
+        "cannot connect to control socket {} (is the spillway daemon running?)",
         path.display()
     )]
     Connect {
@@ -200,8 +201,8 @@ pub enum CtlError {
         /// The OS error.
         source: io::Error,
     },
-    /// Sending or receiving failed after connecting.
-    #[error("control socket {}: {source}", path.display())]
+    /// Sending or receiving failed after connecting (the OS error is the `source`).
+    #[error("control socket {}", path.display())]
     Io {
         /// The socket path.
         path: PathBuf,

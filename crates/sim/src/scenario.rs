@@ -282,6 +282,34 @@ pub struct Scenario {
     /// A with/without-vATC comparison on this workload (see [`VatcCompare`]).
     #[serde(default)]
     pub vatc: Option<VatcCompare>,
+    /// Most work one run may take, in estimated events (see [`Scenario::work`]); default
+    /// [`WORK_MAX_DEFAULT`], at most [`WORK_MAX_LIMIT`]. A scenario over the default is
+    /// rejected before it runs: raise this to run it anyway.
+    #[serde(default)]
+    pub work_max: Option<f64>,
+}
+
+/// Default bound on the estimated events of one run ([`Scenario::work`]): about a minute of a
+/// release build on one core (the built-in scenarios stay under a tenth of it).
+pub const WORK_MAX_DEFAULT: f64 = 5e8;
+/// Largest `work_max` a scenario may set: hours of run time, and the event queue and samples
+/// grow with it.
+pub const WORK_MAX_LIMIT: f64 = 2e10;
+/// Most flows all `[[flows]]` groups together may hold: each is simulated state (about 200
+/// bytes) for the whole run.
+pub const FLOWS_TOTAL_MAX: u64 = 10_000_000;
+/// Longest time any duration field of a scenario may name (a start, an end, a lifetime): the
+/// bound on `duration`.
+pub const HORIZON_MAX: Duration = Duration::from_secs(3600);
+
+/// The estimated work of one run, by source (see [`Scenario::work`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Work {
+    /// Estimated events in all.
+    pub total: f64,
+    /// The source contributing most, by field (`flows[2]`, `cps[0]`,
+    /// `fabric.host.heartbeat`, ...), and its events.
+    pub largest: (String, f64),
 }
 
 /// The operator hold a scenario starts with.
@@ -537,6 +565,50 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
 pub const DEFAULT: &str = "micro-burst";
 
 impl Scenario {
+    /// An upper estimate of one run's events, the simulator's unit of work: each long flow's
+    /// trains (one per `train` while it lives), the six packets of each connection a `[[cps]]`
+    /// group opens and of each long flow's handshake and teardown, and the periodic timers
+    /// (`sample`, the plane's `fabric.host.heartbeat`, URSched's `fabric.sched.window` and
+    /// `variance_window`) over `duration`. Each counts a small constant number of queue events
+    /// in the engine; the estimate is for bounding absurd inputs, not for prediction.
+    pub fn work(&self) -> Work {
+        let secs = |d: Dur| d.0.as_secs_f64();
+        let horizon = secs(self.duration);
+        let train = secs(self.train);
+        let mut parts: Vec<(String, f64)> = Vec::new();
+        for (i, g) in self.flows.iter().enumerate() {
+            let active = secs(g.lifetime).min((horizon - secs(g.start)).max(0.0));
+            let count = f64::from(g.count);
+            parts.push((format!("flows[{i}]"), count * (active / train + 6.0)));
+        }
+        for (i, c) in self.cps.iter().enumerate() {
+            let span = (secs(c.end).min(horizon) - secs(c.start)).max(0.0);
+            parts.push((
+                format!("cps[{i}]"),
+                6.0 * (c.rate_from + c.rate_to) / 2.0 * span,
+            ));
+        }
+        let timers = [
+            ("sample", self.sample.0),
+            ("fabric.host.heartbeat", self.fabric.host.heartbeat),
+            ("fabric.sched.window", self.fabric.sched.window),
+            (
+                "fabric.sched.variance_window",
+                self.fabric.sched.variance_window,
+            ),
+        ];
+        for (name, period) in timers {
+            // Validation rejects zero periods before this is used; guard the division anyway.
+            parts.push((name.to_string(), horizon / period.as_secs_f64().max(1e-9)));
+        }
+        let total = parts.iter().map(|(_, w)| w).sum();
+        let largest = parts
+            .into_iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("the timers are always there");
+        Work { total, largest }
+    }
+
     /// A built-in scenario by name.
     pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
         let (_, file, text) =
@@ -566,22 +638,11 @@ impl Scenario {
 
     /// A scenario from TOML text; `file` names it in errors.
     pub fn from_toml_str(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
-        let s: Scenario = toml::from_str(text).map_err(|e| {
-            // Name the line and quote it: it carries the field's key, which the message of a
-            // value error (a bad duration, say) does not.
-            let at = e.span().map(|r| {
-                let start = r.start.min(text.len());
-                let n = text[..start].matches('\n').count() + 1;
-                let src = text.lines().nth(n - 1).unwrap_or("").trim();
-                (n, src)
-            });
-            ScenarioError::Parse {
-                file: file.to_string(),
-                message: match at {
-                    Some((n, src)) => format!("line {n} `{src}`: {}", e.message()),
-                    None => e.message().to_string(),
-                },
-            }
+        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+            file: file.to_string(),
+            // Line, column and the field's dotted path, with quoted values bounded: the
+            // message of a value error (a bad duration, say) names neither.
+            message: spillway_vswitch::toml_error::describe(text, &e),
         })?;
         s.validate(file)?;
         Ok(s)
@@ -813,9 +874,186 @@ impl Scenario {
                     "none".into(),
                 ));
             }
+            if !(sw.warmup_rate.is_finite() && (0.0..=1e8).contains(&sw.warmup_rate)) {
+                return Err(bad(
+                    "sweep.warmup_rate".into(),
+                    "a rate in [0, 1e8]",
+                    sw.warmup_rate.to_string(),
+                ));
+            }
+            for (name, d) in [
+                ("sweep.warmup", sw.warmup),
+                ("sweep.ramp", sw.ramp),
+                ("sweep.trial", sw.trial),
+            ] {
+                within_horizon(name.to_string(), d, &bad)?;
+            }
+        }
+        self.validate_limits(&bad)?;
+        self.validate_work(&bad)
+    }
+
+    /// The ranges of the fields the checks above leave open: every duration within
+    /// [`HORIZON_MAX`], the fabric timers the scenario sets, tenant ranges that fit a `u32`,
+    /// the total of flows.
+    fn validate_limits(
+        &self,
+        bad: &dyn Fn(String, &str, String) -> ScenarioError,
+    ) -> Result<(), ScenarioError> {
+        // The periodic timers of the fabric: each tick is simulated work, so a nanosecond
+        // heartbeat turns a 30 ms run into tens of millions of events. The fabric's own
+        // validation checks only that they are positive; a scenario bounds them here.
+        let host = &self.fabric.host;
+        let sched = &self.fabric.sched;
+        for (name, d, min, max, expected) in [
+            (
+                "fabric.host.heartbeat",
+                host.heartbeat,
+                TIMER_MIN,
+                TIMER_MAX,
+                "between 100us and 10s",
+            ),
+            (
+                "fabric.sched.window",
+                sched.window,
+                TIMER_MIN,
+                TIMER_MAX,
+                "between 100us and 10s",
+            ),
+            (
+                "fabric.sched.variance_window",
+                sched.variance_window,
+                TIMER_MIN,
+                TIMER_MAX,
+                "between 100us and 10s",
+            ),
+            (
+                "sample",
+                self.sample.0,
+                TIMER_MIN,
+                TIMER_MAX,
+                "between 100us and 10s",
+            ),
+        ] {
+            if !(min..=max).contains(&d) {
+                return Err(bad(name.into(), expected, format!("{d:?}")));
+            }
+        }
+        let tenants_fit = |tenant: u32, tenants: u32| tenant.checked_add(tenants - 1).is_some();
+        let mut flows_total = 0u64;
+        for (i, g) in self.flows.iter().enumerate() {
+            flows_total += u64::from(g.count);
+            if !tenants_fit(g.tenant, g.tenants) {
+                return Err(bad(
+                    format!("flows[{i}].tenants"),
+                    "tenant + tenants - 1 <= 4294967295",
+                    format!("tenant {} + tenants {}", g.tenant, g.tenants),
+                ));
+            }
+            let durations = [
+                ("start", Some(g.start)),
+                ("spread", Some(g.spread)),
+                ("lifetime", Some(g.lifetime)),
+                ("on", Some(g.on)),
+                ("off", Some(g.off)),
+                ("gap", Some(g.gap)),
+                ("period", g.period),
+                ("step", g.step),
+            ];
+            for (name, d) in durations {
+                if let Some(d) = d {
+                    within_horizon(format!("flows[{i}].{name}"), d, bad)?;
+                }
+            }
+        }
+        if flows_total > FLOWS_TOTAL_MAX {
+            return Err(bad(
+                "flows[*].count".into(),
+                &format!(
+                    "at most {FLOWS_TOTAL_MAX} flows over all [[flows]] groups (each is state held for the whole run; split the scenario)"
+                ),
+                flows_total.to_string(),
+            ));
+        }
+        for (i, c) in self.cps.iter().enumerate() {
+            if !tenants_fit(c.tenant, c.tenants) {
+                return Err(bad(
+                    format!("cps[{i}].tenants"),
+                    "tenant + tenants - 1 <= 4294967295",
+                    format!("tenant {} + tenants {}", c.tenant, c.tenants),
+                ));
+            }
+            for (name, d) in [("start", c.start), ("end", c.end), ("gap", c.gap)] {
+                within_horizon(format!("cps[{i}].{name}"), d, bad)?;
+            }
+        }
+        for (i, h) in self.host_load.iter().enumerate() {
+            within_horizon(format!("host_load[{i}].at"), h.at, bad)?;
+            if h.tenant_cores > host.cores {
+                return Err(bad(
+                    format!("host_load[{i}].tenant_cores"),
+                    &format!("at most fabric.host.cores ({})", host.cores),
+                    h.tenant_cores.to_string(),
+                ));
+            }
+        }
+        for (i, f) in self.faults.iter().enumerate() {
+            within_horizon(format!("faults[{i}].at"), f.at, bad)?;
+            within_horizon(format!("faults[{i}].duration"), f.duration, bad)?;
         }
         Ok(())
     }
+
+    /// The whole run's estimated work ([`Scenario::work`]) within `work_max`; for a sweep, one
+    /// trial at the highest rate searched.
+    fn validate_work(
+        &self,
+        bad: &dyn Fn(String, &str, String) -> ScenarioError,
+    ) -> Result<(), ScenarioError> {
+        let max = self.work_max.unwrap_or(WORK_MAX_DEFAULT);
+        if !(max.is_finite() && (1.0..=WORK_MAX_LIMIT).contains(&max)) {
+            return Err(bad(
+                "work_max".into(),
+                &format!("a number of events in [1, {WORK_MAX_LIMIT:e}]"),
+                max.to_string(),
+            ));
+        }
+        let (what, work) = match &self.sweep {
+            Some(sw) => (
+                "one sweep trial at sweep.high",
+                crate::sweep_trial(self, 0, sw.high).work(),
+            ),
+            None => ("one run", self.work()),
+        };
+        if work.total > max {
+            let (field, part) = &work.largest;
+            return Err(bad(
+                "work_max".into(),
+                &format!(
+                    "{what} within {max:.3e} estimated events (most from {field}: {part:.3e}); shorten duration, lower counts or rates, lengthen train or the timer periods, split the scenario into several, or set work_max (up to {WORK_MAX_LIMIT:e}) to run it anyway"
+                ),
+                format!("{:.3e} estimated events", work.total),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Shortest period a scenario may give a periodic timer (heartbeat, decision window, sample).
+const TIMER_MIN: Duration = Duration::from_micros(100);
+/// Longest such period.
+const TIMER_MAX: Duration = Duration::from_secs(10);
+
+/// `d` (the value of `field`) is at most [`HORIZON_MAX`].
+fn within_horizon(
+    field: String,
+    d: Dur,
+    bad: &dyn Fn(String, &str, String) -> ScenarioError,
+) -> Result<(), ScenarioError> {
+    if d.0 > HORIZON_MAX {
+        return Err(bad(field, "at most 1h", format!("{:?}", d.0)));
+    }
+    Ok(())
 }
 
 /// The shape-specific fields of flow group `i`: each shape's own fields present and in range,
@@ -923,6 +1161,144 @@ mod tests {
     }
 
     const HEAD: &str = "name = \"x\"\nduration = \"1s\"\nmeasure = [\"0s\", \"1s\"]\n";
+
+    #[test]
+    fn builtins_stay_well_inside_the_default_work_bound() {
+        for (name, _, _) in BUILTIN {
+            let s = Scenario::builtin(name).unwrap();
+            let w = match &s.sweep {
+                Some(sw) => crate::sweep_trial(&s, 0, sw.high).work(),
+                None => s.work(),
+            };
+            assert!(w.total < WORK_MAX_DEFAULT / 10.0, "{name}: {w:?}");
+        }
+    }
+
+    #[test]
+    fn a_nanosecond_heartbeat_or_window_is_rejected_with_its_range() {
+        for (section, key, field) in [
+            ("fabric.host", "heartbeat", "fabric.host.heartbeat"),
+            ("fabric.sched", "window", "fabric.sched.window"),
+            (
+                "fabric.sched",
+                "variance_window",
+                "fabric.sched.variance_window",
+            ),
+        ] {
+            for v in ["1ns", "11s"] {
+                let e = Scenario::from_toml_str(
+                    &format!("{HEAD}[{section}]\n{key} = \"{v}\"\n"),
+                    "s.toml",
+                )
+                .unwrap_err()
+                .to_string();
+                assert!(
+                    e.starts_with(&format!(
+                        "s.toml: {field}: expected between 100us and 10s, got"
+                    )),
+                    "{key} = {v}: {e}"
+                );
+            }
+        }
+        let ok = Scenario::from_toml_str(
+            &format!("{HEAD}[fabric.host]\nheartbeat = \"100us\"\n"),
+            "s.toml",
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn absurd_total_work_is_rejected_naming_the_source_and_how_to_raise_it() {
+        // 10 M flows at 1e8 pps for an hour: accepted before, then grew without output.
+        let text = "name = \"x\"\nduration = \"3600s\"\nmeasure = [\"0s\", \"1s\"]\n\
+                    [[flows]]\ncount = 10000000\npps = 1e8\nlifetime = \"3600s\"\n";
+        let e = Scenario::from_toml_str(text, "big.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("big.toml: work_max: expected one run within 5.000e8 estimated events (most from flows[0]: 7.200e12)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("split the scenario") && e.contains("set work_max"),
+            "{e}"
+        );
+        // A connection rate over a long run, and a sweep whose trial is too big.
+        let e = Scenario::from_toml_str(
+            &format!("{HEAD}[[cps]]\nrate_from = 1e8\nrate_to = 1e8\nend = \"1s\"\n"),
+            "c.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("most from cps[0]: 6.000e8"), "{e}");
+        // work_max raises the bound, within its own limit.
+        let over = "name = \"x\"\nduration = \"10s\"\nmeasure = [\"0s\", \"1s\"]\n\
+                    [[flows]]\ncount = 300000\npps = 1.0\nlifetime = \"10s\"\n";
+        assert!(Scenario::from_toml_str(over, "o.toml").is_err());
+        let raised = format!("work_max = 1e9\n{over}");
+        assert!(Scenario::from_toml_str(&raised, "o.toml").is_ok());
+        let e = Scenario::from_toml_str(&format!("work_max = 1e12\n{over}"), "o.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("o.toml: work_max: expected a number of events in [1, 2e10]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn flow_totals_tenant_ranges_and_horizons_are_bounded() {
+        let e = Scenario::from_toml_str(
+            &format!(
+                "work_max = 1e10\n{HEAD}[[flows]]\ncount = 6000000\npps = 1.0\nlifetime = \"1ms\"\n\
+                 [[flows]]\ncount = 6000000\npps = 1.0\nlifetime = \"1ms\"\n"
+            ),
+            "f.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("f.toml: flows[*].count: expected at most 10000000"),
+            "{e}"
+        );
+        let e = flows("tenant = 4294967295\ntenants = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("s.toml: flows[0].tenants: expected tenant + tenants - 1"),
+            "{e}"
+        );
+        let e = flows("start = \"7200s\"\n").unwrap_err().to_string();
+        assert!(
+            e.starts_with("s.toml: flows[0].start: expected at most 1h"),
+            "{e}"
+        );
+        let e = Scenario::from_toml_str(
+            &format!("{HEAD}[[host_load]]\nat = \"0s\"\ntenant_cores = 4294967295\n"),
+            "s.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "s.toml: host_load[0].tenant_cores: expected at most fabric.host.cores (64)"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_parse_error_names_line_column_and_field_without_echoing_a_huge_line() {
+        let big = "9".repeat(200_000);
+        let e = Scenario::from_toml_str(&format!("{HEAD}seed = \"{big}\"\n"), "s.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400, "{} bytes", e.len());
+        assert!(
+            e.starts_with("s.toml: line 4, column 8, field seed: invalid type"),
+            "{e}"
+        );
+    }
 
     fn flows(extra: &str) -> Result<Scenario, ScenarioError> {
         Scenario::from_toml_str(

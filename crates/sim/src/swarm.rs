@@ -140,6 +140,7 @@ pub fn scenario(seed: u64) -> Scenario {
         compare: None,
         hold: Default::default(),
         vatc: None,
+        work_max: None,
     }
 }
 

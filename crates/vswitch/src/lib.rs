@@ -94,6 +94,7 @@ pub mod packet;
 pub mod pipeline;
 pub mod policy;
 pub mod time;
+pub mod toml_error;
 pub mod verdict;
 pub mod workload;
 
