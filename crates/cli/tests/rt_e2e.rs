@@ -1055,9 +1055,7 @@ fn the_spill_plane_runs_unprivileged_under_seccomp_and_still_carries_traffic() {
         "vatc = true",
     );
     bed.wait_phase("active", Duration::from_secs(10));
-    let pid = bed.status()["plane"]["pid"]
-        .as_u64()
-        .expect("a plane runs");
+    let pid = bed.status()["plane"]["pid"].as_u64().expect("a plane runs");
     // The plane drops its privileges right after its set-up, which "active" follows closely.
     let field = |status: &str, name: &str| {
         status
@@ -1095,7 +1093,14 @@ fn the_spill_plane_runs_unprivileged_under_seccomp_and_still_carries_traffic() {
     let g = bed.endpoint(
         "a",
         &[
-            "--mode", "gen", "--dst", "b", "--pps", "2000", "--duration", "1.5",
+            "--mode",
+            "gen",
+            "--dst",
+            "b",
+            "--pps",
+            "2000",
+            "--duration",
+            "1.5",
         ],
     );
     let g = endpoint_report(g, "gen");

@@ -116,7 +116,9 @@ pub enum PrivilegeError {
         value: u32,
     },
     /// After the drop, `/proc/self/status` does not show what it should.
-    #[error("after dropping privileges /proc/self/status has {field} {actual:?}, expected {expected}")]
+    #[error(
+        "after dropping privileges /proc/self/status has {field} {actual:?}, expected {expected}"
+    )]
     Check {
         /// The status field.
         field: &'static str,
@@ -158,9 +160,9 @@ pub fn drop_privileges(p: &PlanePrivileges) -> Result<(), PrivilegeError> {
     rustix::thread::clear_ambient_capability_set().map_err(os("prctl(PR_CAP_AMBIENT)"))?;
     // Every capability number the kernel knows: it answers EINVAL past the last one.
     for cap in 0..64u32 {
-        match rustix::thread::remove_capability_from_bounding_set(
-            CapabilitySet::from_bits_retain(1 << cap),
-        ) {
+        match rustix::thread::remove_capability_from_bounding_set(CapabilitySet::from_bits_retain(
+            1 << cap,
+        )) {
             Ok(()) => {}
             Err(rustix::io::Errno::INVAL) => break,
             Err(e) => return Err(os("prctl(PR_CAPBSET_DROP)")(e)),
@@ -315,9 +317,14 @@ fn seccomp_filter(mode: SeccompMode, pid: i32) -> Result<BpfProgram, PrivilegeEr
     rules.insert(libc::SYS_mprotect, no_exec()?);
     let own = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid as u64)
         .map_err(err)?;
-    rules.insert(libc::SYS_tgkill, vec![SeccompRule::new(vec![own]).map_err(err)?]);
+    rules.insert(
+        libc::SYS_tgkill,
+        vec![SeccompRule::new(vec![own]).map_err(err)?],
+    );
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
-        PrivilegeError::Seccomp(format!("{e} (the plane's allow-list is for x86_64 and aarch64)"))
+        PrivilegeError::Seccomp(format!(
+            "{e} (the plane's allow-list is for x86_64 and aarch64)"
+        ))
     })?;
     let mismatch = match mode {
         SeccompMode::Kill => SeccompAction::KillProcess,
@@ -348,11 +355,27 @@ mod tests {
     #[test]
     fn status_check_names_each_field_still_privileged() {
         let cases = [
-            ("Uid:\t65534\t65534\t65534\t65534", "Uid:\t65534\t0\t65534\t65534", "Uid"),
-            ("Gid:\t65534\t65534\t65534\t65534", "Gid:\t0\t0\t0\t0", "Gid"),
+            (
+                "Uid:\t65534\t65534\t65534\t65534",
+                "Uid:\t65534\t0\t65534\t65534",
+                "Uid",
+            ),
+            (
+                "Gid:\t65534\t65534\t65534\t65534",
+                "Gid:\t0\t0\t0\t0",
+                "Gid",
+            ),
             ("Groups:\t", "Groups:\t0", "Groups"),
-            ("CapBnd:\t0000000000000000", "CapBnd:\t000001ffffffffff", "CapBnd"),
-            ("CapInh:\t0000000000000000", "CapInh:\t0000000000000400", "CapInh"),
+            (
+                "CapBnd:\t0000000000000000",
+                "CapBnd:\t000001ffffffffff",
+                "CapBnd",
+            ),
+            (
+                "CapInh:\t0000000000000000",
+                "CapInh:\t0000000000000400",
+                "CapInh",
+            ),
             ("NoNewPrivs:\t1", "NoNewPrivs:\t0", "NoNewPrivs"),
             ("CapEff:\t0000000000000000\n", "", "CapEff"),
         ];

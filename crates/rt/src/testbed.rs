@@ -343,9 +343,8 @@ impl Testbed {
             gid: spill_id("spill.gid", raw.spill.gid)?,
             seccomp: match raw.spill.seccomp.as_deref() {
                 None => SeccompMode::Kill,
-                Some(m) => SeccompMode::from_name(m).ok_or_else(|| {
-                    err("spill.seccomp", "\"kill\" or \"log\"", format!("{m:?}"))
-                })?,
+                Some(m) => SeccompMode::from_name(m)
+                    .ok_or_else(|| err("spill.seccomp", "\"kill\" or \"log\"", format!("{m:?}")))?,
             },
         };
         if raw.vm.is_empty() {
@@ -546,7 +545,10 @@ netns = "swvs-b"
     fn spill_plane_identity_defaults_to_nobody_and_refuses_root() {
         let t = Testbed::from_toml_str(GOOD, Path::new("t.toml")).unwrap();
         assert_eq!(t.spill_privileges, PlanePrivileges::default());
-        let custom = GOOD.replace("[spill]", "[spill]\nuid = 4000\ngid = 4001\nseccomp = \"log\"");
+        let custom = GOOD.replace(
+            "[spill]",
+            "[spill]\nuid = 4000\ngid = 4001\nseccomp = \"log\"",
+        );
         let t = Testbed::from_toml_str(&custom, Path::new("t.toml")).unwrap();
         assert_eq!(
             t.spill_privileges,
