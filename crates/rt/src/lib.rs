@@ -57,6 +57,7 @@ pub mod log;
 pub mod metrics;
 pub mod netns;
 pub mod planed;
+pub mod privilege;
 pub mod ring;
 pub mod signals;
 pub mod tap;

@@ -301,6 +301,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         pending: BTreeSet::new(),
         requests: Vec::with_capacity(16),
     };
+    drop_privileges(&tb)?;
     loop {
         if signals::stop_requested() {
             tracing::info!(target: "spillway::plane", "stopping on signal");
@@ -537,6 +538,22 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             sleep(&mut vnic, &plane, now)?;
         }
     }
+}
+
+/// Set-up is done (rings mapped, pipeline and model built, clock read): from here on the plane
+/// works only on descriptors it holds, so it gives up root, every capability and every system
+/// call it does not use ([`crate::privilege`]). A plane that cannot do so does not run.
+fn drop_privileges(tb: &Testbed) -> Result<(), String> {
+    let p = tb.spill_privileges;
+    crate::privilege::drop_privileges(&p).map_err(|e| e.to_string())?;
+    tracing::info!(
+        target: "spillway::plane",
+        uid = p.uid,
+        gid = p.gid,
+        seccomp = p.seccomp.name(),
+        "privileges dropped"
+    );
+    Ok(())
 }
 
 fn channel_is_control(msg: &Msg) -> bool {

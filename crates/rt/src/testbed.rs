@@ -10,6 +10,9 @@
 //! [spill]
 //! cpus = "1"                         # the plane's cpuset
 //! memory_max = "512M"
+//! uid = 65534                        # whom the plane runs as after set-up (default nobody)
+//! gid = 65534
+//! seccomp = "kill"                   # "kill" (default) or "log" (development)
 //! [fabric.dpu]                       # the emulated DPU's limits (spillway_fabric::params)
 //! hw_pps_limit = 20000.0
 //! [policy.host]                      # the vSwitch policy (same schema as a policy file)
@@ -29,6 +32,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::privilege::{PlanePrivileges, SeccompMode};
 use spillway_fabric::params::FabricParams;
 use spillway_vswitch::PortId;
 use spillway_vswitch::policy::{
@@ -98,6 +103,12 @@ struct RawSpill {
     cpus: Option<String>,
     #[serde(default)]
     memory_max: Option<String>,
+    #[serde(default)]
+    uid: Option<i64>,
+    #[serde(default)]
+    gid: Option<i64>,
+    #[serde(default)]
+    seccomp: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -196,6 +207,8 @@ pub struct Testbed {
     pub spill_cpus: String,
     /// Spill plane memory limit, bytes.
     pub spill_memory_max: Option<u64>,
+    /// Whom the spill plane runs as after set-up (`[spill] uid`, `gid`, `seccomp`).
+    pub spill_privileges: PlanePrivileges,
     /// Fabric parameters (validated).
     pub fabric: FabricParams,
     /// The vSwitch policy as TOML text (both processes build their pipeline from it).
@@ -375,6 +388,28 @@ impl Testbed {
                 Some(bytes)
             }
         };
+        let spill_id = |field: &str, v: Option<i64>| match v {
+            None => Ok(crate::privilege::NOBODY),
+            Some(v) => u32::try_from(v)
+                .ok()
+                .filter(|v| (1..u32::MAX).contains(v))
+                .ok_or_else(|| {
+                    err(
+                        field,
+                        "an unprivileged id, 1 to 4294967294 (0 is root, 4294967295 is -1)",
+                        v.to_string(),
+                    )
+                }),
+        };
+        let spill_privileges = PlanePrivileges {
+            uid: spill_id("spill.uid", raw.spill.uid)?,
+            gid: spill_id("spill.gid", raw.spill.gid)?,
+            seccomp: match raw.spill.seccomp.as_deref() {
+                None => SeccompMode::Kill,
+                Some(m) => SeccompMode::from_name(m)
+                    .ok_or_else(|| err("spill.seccomp", "\"kill\" or \"log\"", format!("{m:?}")))?,
+            },
+        };
         if raw.vm.is_empty() {
             return Err(err("vm", "at least one [[vm]]", "none".into()));
         }
@@ -550,6 +585,7 @@ impl Testbed {
             metrics_addr,
             spill_cpus: raw.spill.cpus.unwrap_or_else(|| "1".into()),
             spill_memory_max,
+            spill_privileges,
             fabric: raw.fabric,
             policy_text,
             policy,
@@ -768,6 +804,36 @@ netns = "swvs-b"
         ] {
             let e = load_err(&text).to_string();
             assert!(e.len() < 700, "{} bytes: {}", e.len(), &e[..700]);
+        }
+    }
+
+    #[test]
+    fn spill_plane_identity_defaults_to_nobody_and_refuses_root() {
+        let t = Testbed::from_toml_str(GOOD, Path::new("t.toml")).unwrap();
+        assert_eq!(t.spill_privileges, PlanePrivileges::default());
+        let custom = GOOD.replace(
+            "[spill]",
+            "[spill]\nuid = 4000\ngid = 4001\nseccomp = \"log\"",
+        );
+        let t = Testbed::from_toml_str(&custom, Path::new("t.toml")).unwrap();
+        assert_eq!(
+            t.spill_privileges,
+            PlanePrivileges {
+                uid: 4000,
+                gid: 4001,
+                seccomp: SeccompMode::Log
+            }
+        );
+        for (field, line) in [
+            ("spill.uid", "uid = 0"),
+            ("spill.uid", "uid = -1"),
+            ("spill.gid", "gid = 4294967295"),
+            ("spill.gid", "gid = 4294967296"),
+            ("spill.seccomp", "seccomp = \"off\""),
+        ] {
+            let bad = GOOD.replace("[spill]", &format!("[spill]\n{line}"));
+            let e = Testbed::from_toml_str(&bad, Path::new("x.toml")).unwrap_err();
+            assert_eq!(e.field, field, "{line}: {e}");
         }
     }
 }

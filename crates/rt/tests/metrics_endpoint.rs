@@ -396,12 +396,96 @@ fn an_oversized_request_head_gets_431() {
 }
 
 #[test]
-fn a_slow_client_gets_408_after_the_io_timeout() {
+fn a_slow_client_gets_408_after_the_head_timeout() {
     let mut config = MetricsConfig::new("127.0.0.1:0".parse().unwrap());
-    config.io_timeout = Duration::from_millis(200);
+    config.head_timeout = Duration::from_millis(200);
     let server = MetricsServer::bind_with(config, Snapshot::new("x")).unwrap();
     let response = http_raw(server.local_addr(), b"GET /metrics HTTP/1.1\r\n");
     assert_eq!(response.status, 408);
+}
+
+#[test]
+fn the_head_timeout_is_for_the_whole_head_not_per_byte() {
+    let mut config = MetricsConfig::new("127.0.0.1:0".parse().unwrap());
+    config.head_timeout = Duration::from_millis(300);
+    let server = MetricsServer::bind_with(config, Snapshot::new("x")).unwrap();
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let start = Instant::now();
+    // One byte every 50 ms, never finishing: each byte comes well within 300 ms of the last.
+    for b in b"GET /metrics HTTP/1.1\r\nX: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+        if stream.write_all(&[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if start.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+    }
+    let mut bytes = Vec::new();
+    let _ = stream.read_to_end(&mut bytes);
+    assert_eq!(parse_http(&bytes).status, 408);
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "cut after {:?}",
+        start.elapsed()
+    );
+}
+
+/// Runs `f` on a thread whose file-system uid is `uid`: sockets it creates belong to that user,
+/// as if another local user opened them.
+fn as_user<T: Send + 'static>(uid: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: setfsuid(2) takes a plain integer and changes only this thread's
+        // credentials (the C library does not broadcast it), which end with the thread.
+        unsafe { libc::setfsuid(uid) };
+        // setfsuid returns the old value whether or not it succeeded; check the effect.
+        // SAFETY: as above; -1 is never a valid uid, so this only reads the current one.
+        let now = unsafe { libc::setfsuid(u32::MAX) };
+        assert_eq!(now as u32, uid, "setfsuid({uid}) needs root");
+        f()
+    })
+    .join()
+    .expect("thread")
+}
+
+#[test]
+fn idle_connections_of_one_local_user_do_not_deny_another_users_scrape() {
+    if !rustix::process::geteuid().is_root() {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "needs root to act as a second local user; under CI=true it must run"
+        );
+        eprintln!("skipping: needs root");
+        return;
+    }
+    let server = MetricsServer::bind("127.0.0.1:0".parse().unwrap(), Snapshot::new("x")).unwrap();
+    let addr = server.local_addr();
+    // User 65534 opens 32 connections and sends nothing (more than the endpoint's total).
+    let idle: Vec<TcpStream> = as_user(65534, move || {
+        (0..32).map(|_| TcpStream::connect(addr).unwrap()).collect()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // Root's scrape still gets its answer, within the idle connections' head timeout.
+    let start = Instant::now();
+    let response = http_get(addr, "/metrics");
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    // And the refusals of the idle user's surplus are counted.
+    let refused = response
+        .body
+        .lines()
+        .find(|l| l.starts_with("spillway_metrics_refused_total{reason=\"client_busy\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert_eq!(refused, Some(32 - 4), "{}", response.body);
+    drop(idle);
 }
 
 #[test]
@@ -411,6 +495,8 @@ fn concurrent_scrapes_all_succeed() {
     publish_dpu(&mut publisher, 5, "active");
     let mut config = MetricsConfig::new("127.0.0.1:0".parse().unwrap());
     config.connections_max = 64;
+    // The scrapers are all this user: one client.
+    config.connections_per_client_max = 64;
     let server = MetricsServer::bind_with(config, snapshot).unwrap();
     let addr = server.local_addr();
 
