@@ -521,8 +521,8 @@ macro_rules! duration_in {
     }};
 }
 
-/// Checks a float field: finite and inside an inclusive range (`$lo_open` makes the lower
-/// bound exclusive, for rates and fractions that must be positive).
+/// Checks a float field: finite and inside an inclusive range (`> min` makes the lower bound
+/// exclusive, for fractions that must be positive).
 macro_rules! float_in {
     ($field:literal, $v:expr, > $min:literal ..= $max:literal) => {{
         let v: f64 = $v;
@@ -536,7 +536,7 @@ macro_rules! float_in {
     }};
     ($field:literal, $v:expr, $min:literal ..= $max:literal) => {{
         let v: f64 = $v;
-        if !(v.is_finite() && v >= $min && v <= $max) {
+        if !(v.is_finite() && ($min..=$max).contains(&v)) {
             return Err(ParamError {
                 field: $field,
                 expected: concat!("a number in [", $min, ", ", $max, "]"),

@@ -39,9 +39,15 @@ fn fuzz_regressions_replay() {
 #[test]
 fn issue_inputs_are_rejected_naming_the_field() {
     for (name, field) in [
-        ("issue13-hw-entries-u32-max.toml", "fabric.dpu.hw_entries_max"),
+        (
+            "issue13-hw-entries-u32-max.toml",
+            "fabric.dpu.hw_entries_max",
+        ),
         ("issue13-hw-entries-4e9.toml", "fabric.dpu.hw_entries_max"),
-        ("issue13-insert-queue-u32-max.toml", "fabric.dpu.insert_queue_max"),
+        (
+            "issue13-insert-queue-u32-max.toml",
+            "fabric.dpu.insert_queue_max",
+        ),
         ("issue13-cores-wrap.toml", "fabric.host.tenant_cores"),
         ("issue13-heartbeat-1ns.toml", "fabric.host.heartbeat"),
         ("issue13-two-vms-one-port.toml", "vm[1].port"),
