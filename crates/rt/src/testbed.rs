@@ -17,6 +17,7 @@
 //! [[vm]]
 //! name = "a"                         # namespace "<name>-a" unless `netns` is given
 //! port = 1                           # the policy port: its MAC and first IPv4 address
+//! # uid = 1000                       # shm ports: who may attach the endpoint (default 0)
 //! ```
 //!
 //! Every error names the file and the field, and says what was expected.
@@ -106,6 +107,8 @@ struct RawVm {
     backend: Option<String>,
     #[serde(default)]
     endpoint: Option<String>,
+    #[serde(default)]
+    uid: Option<u32>,
 }
 
 /// The operator's initial hold on the lifecycle.
@@ -166,6 +169,10 @@ pub struct VmSpec {
     pub router_mac: MacAddr,
     /// Addresses of the other VMs of its tenant (permanent neighbours via the router MAC).
     pub peers: Vec<Ipv4Addr>,
+    /// The uid whose processes may attach this VM's shared-memory endpoint (`SO_PEERCRED`
+    /// of the connection to its port socket, which is owned by this uid, mode 0600).
+    /// Default 0.
+    pub uid: u32,
 }
 
 /// A validated testbed.
@@ -402,6 +409,7 @@ impl Testbed {
                 mtu: v.mtu.unwrap_or(1500),
                 router_mac: tenant.router_mac,
                 peers,
+                uid: v.uid.unwrap_or(0),
             });
         }
         Ok(Testbed {
