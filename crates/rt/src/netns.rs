@@ -602,9 +602,12 @@ impl CleanupReport {
 /// Protocol: [`Ledger::record`] an object *before* creating it (the helpers such as
 /// [`Ledger::netns_add`] do both); at the end [`Ledger::cleanup`] (or drop) removes everything
 /// in reverse order. If the process dies, the file stays; the next run calls
-/// [`Ledger::recover`] first. Processes are the one exception to record-first, as a pid exists
+/// [`Ledger::recover`] first. Processes are one exception to record-first, as a pid exists
 /// only after the spawn: [`Ledger::spawn`] records right after, and a process started inside a
-/// recorded cgroup or namespace is covered by that entry during the gap.
+/// recorded cgroup or namespace is covered by that entry during the gap. Files at paths that
+/// someone else may hold (sockets) are the other: they are recorded only once this process
+/// created them, so that a failed start never removes what it did not make; a crash in that gap
+/// leaves a stale socket, which the next start finds unanswered and replaces.
 #[derive(Debug)]
 pub struct Ledger {
     path: PathBuf,
