@@ -22,9 +22,11 @@
 //! Exclusivity: the server holds an exclusive `flock` on `PATH.lock` for its lifetime, and before
 //! binding it removes a leftover socket file only if nothing answers on it. Two daemons on one
 //! path therefore fail cleanly ("another instance is running"), even when they start at the same
-//! moment next to a stale socket file. The socket is made mode 0600 right after binding; the
-//! directory holding it should be private too, since the mode is applied a moment after the
-//! socket appears.
+//! moment next to a stale socket file. A file that is not a socket is never removed or replaced.
+//! The socket is created with mode 0600 whatever the umask ([`crate::unixsock::bind`]: it
+//! appears at its path only with that mode), and every connection's peer is checked with
+//! `SO_PEERCRED`: only root and the socket's owner (our effective uid) are served; anyone else
+//! is closed at once and logged.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -46,7 +48,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -312,13 +314,21 @@ impl CtlServer {
 
     /// Listens at `path` with explicit settings.
     pub fn bind_with(path: &Path, config: CtlConfig) -> Result<Self, CtlError> {
+        // A path that names something other than a socket is refused before the lock file is
+        // created next to it: a mistaken `ctl_socket` then leaves no trace at all.
+        if std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_socket()) {
+            return Err(CtlError::NotASocket {
+                path: path.to_owned(),
+            });
+        }
         let lock = acquire_lock(path)?;
         remove_stale_socket(path)?;
         let bind_error = |source| CtlError::Bind {
             path: path.to_owned(),
             source,
         };
-        let listener = UnixListener::bind(path).map_err(bind_error)?;
+        // Mode 0600 from the moment it has its name; never replaces a file that appeared since.
+        let listener = crate::unixsock::bind(path, 0o600, None).map_err(bind_error)?;
         // From here on the socket file exists; remove it again if the rest of the setup fails.
         match start(listener, path, config) {
             Ok((stop, thread, calls)) => {
@@ -394,7 +404,6 @@ fn start(
         path: path.to_owned(),
         source,
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
     // Nonblocking so that a client vanishing between poll and accept cannot block the accept
     // thread (and with it, shutdown).
     listener.set_nonblocking(true).map_err(bind_error)?;
@@ -502,6 +511,24 @@ fn accept_loop(
                 continue;
             }
         };
+        // Root and the socket's owner only: the mode already keeps others out, this holds
+        // even if the mode is changed or the socket is reached through an inherited fd.
+        let euid = rustix::process::geteuid().as_raw();
+        match crate::unixsock::peer_cred(&stream) {
+            Ok(c) if c.uid == 0 || c.uid == euid => {}
+            Ok(c) => {
+                tracing::warn!(
+                    pid = c.pid,
+                    uid = c.uid,
+                    "control socket: refused a peer that is neither root nor our uid"
+                );
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "control socket: cannot read the peer's credentials; refused");
+                continue;
+            }
+        }
         connections.retain(|c| !c.is_finished());
         if connections.len() >= config.connections_max {
             reject_busy(stream, &watch, config.connections_max);

@@ -115,6 +115,12 @@ pub struct RtCounters {
     pub atc_requests: u64,
     /// `rt.atc.invalidations`: vATC invalidations sent to the plane (a VM's memory changed).
     pub atc_invalidations: u64,
+    /// `rt.vnic.rejected`: connections to the vNIC socket refused (not the plane we started,
+    /// or a wrong handshake secret).
+    pub vnic_rejected: u64,
+    /// `rt.vm.rejected`: connections to a VM port socket refused (a uid the testbed does not
+    /// name for that VM).
+    pub vm_rejected: u64,
 }
 
 impl RtCounters {
@@ -142,6 +148,8 @@ impl RtCounters {
             ("rt.vm.desc.bad", self.vm_desc_bad),
             ("rt.atc.requests", self.atc_requests),
             ("rt.atc.invalidations", self.atc_invalidations),
+            ("rt.vnic.rejected", self.vnic_rejected),
+            ("rt.vm.rejected", self.vm_rejected),
         ]
         .into_iter()
     }
@@ -184,6 +192,8 @@ struct ShmSlot {
     /// A connection whose attach message has not arrived yet, and when it was accepted.
     pending: Option<(UnixStream, Instant)>,
     bridge: Option<Child>,
+    /// The uid allowed to attach (`[[vm]] uid`); the bridge this process started is allowed too.
+    uid: u32,
 }
 
 /// A change of a shared-memory port that the spill plane must hear of.
@@ -202,6 +212,8 @@ fn vm_id(port: PortId) -> VmId {
 #[derive(Debug)]
 struct PlaneProc {
     child: Child,
+    /// The handshake secret handed to `child` on its stdin.
+    secret: [u8; crate::vnic::SECRET_LEN],
     vnic: Option<VnicSet>,
     up: bool,
     workers: u32,
@@ -475,6 +487,26 @@ fn route_outputs(
     Ok(())
 }
 
+/// Creates listening socket `path` (mode 0600, owned by `owner` if given, whatever the umask)
+/// and then records it: a file only goes into the ledger once this process created it, so a
+/// failed start never removes somebody else's. A stale socket of a crashed run is replaced; any
+/// other file at `path` is an error and left alone.
+fn bind_and_record(
+    ledger: &mut Ledger,
+    path: &Path,
+    owner: Option<u32>,
+) -> Result<UnixListener, RunError> {
+    crate::unixsock::remove_stale(path).map_err(io_err(format!("socket {}", path.display())))?;
+    let listener = crate::unixsock::bind(path, 0o600, owner)
+        .map_err(io_err(format!("binding {}", path.display())))?;
+    if let Err(e) = ledger.record(LedgerEntry::File(path.to_owned())) {
+        drop(listener);
+        let _ = std::fs::remove_file(path);
+        return Err(RunError::Setup(format!("ledger: {e}")));
+    }
+    Ok(listener)
+}
+
 /// Starts `spillway vm-endpoint --mode bridge` for VM `name`, handing it `tap` as an inherited
 /// fd (the only fd it inherits: every other one is close-on-exec).
 fn spawn_bridge(
@@ -676,9 +708,15 @@ impl DpuDaemon {
     /// endpoint.
     pub fn start(opts: RunOptions) -> Result<DpuDaemon, RunError> {
         let tb = opts.testbed;
-        std::fs::create_dir_all(&tb.state_dir)
-            .map_err(io_err(format!("creating {}", tb.state_dir.display())))?;
-        match Ledger::recover(&tb.state_dir, &tb.name) {
+        crate::netns::secure_state_dir(&tb.state_dir)
+            .map_err(|e| RunError::Setup(format!("state directory: {e}")))?;
+        // What a crashed predecessor of this testbed could have created, and nothing else.
+        let mut scope =
+            crate::netns::LedgerScope::new(&tb.state_dir, &tb.name).allow_exe(&opts.plane_exe);
+        for vm in &tb.vms {
+            scope = scope.allow_netns(&vm.netns).allow_link(&vm.tap);
+        }
+        match Ledger::recover_in(&tb.state_dir, &tb.name, &scope) {
             Ok(Some(r)) => {
                 tracing::warn!(target: "spillway::run", removed = r.removed.len(), failed = r.failed.len(), "removed leftovers of a previous run that did not clean up");
             }
@@ -703,12 +741,9 @@ impl DpuDaemon {
                     (VmBackend::Tap, Some(tap)) => PortIo::Tap(tap),
                     (VmBackend::Shm(how), tap) => {
                         let path = vmport::port_socket(&tb, &spec.name);
-                        let _ = std::fs::remove_file(&path);
-                        ledger
-                            .record(LedgerEntry::File(path.clone()))
-                            .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
-                        let listener = UnixListener::bind(&path)
-                            .map_err(io_err(format!("binding {}", path.display())))?;
+                        // Owned by the VM's uid, mode 0600: only it (and root) can connect.
+                        let owner = (spec.uid != 0).then_some(spec.uid);
+                        let listener = bind_and_record(ledger, &path, owner)?;
                         listener
                             .set_nonblocking(true)
                             .map_err(io_err("VM port listener"))?;
@@ -722,6 +757,7 @@ impl DpuDaemon {
                             port: None,
                             pending: None,
                             bridge: None,
+                            uid: spec.uid,
                         }))
                     }
                     (VmBackend::Tap, None) => unreachable!("bring_up makes a TAP for a TAP port"),
@@ -758,26 +794,27 @@ impl DpuDaemon {
                 )
             };
             let vnic_path = tb.state_dir.join(format!("{}-vnic.sock", tb.name));
-            let _ = std::fs::remove_file(&vnic_path);
-            ledger
-                .record(LedgerEntry::File(vnic_path.clone()))
-                .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
-            let listener = UnixListener::bind(&vnic_path)
-                .map_err(io_err(format!("binding {}", vnic_path.display())))?;
+            let listener = bind_and_record(ledger, &vnic_path, None)?;
             listener
                 .set_nonblocking(true)
                 .map_err(io_err("vnic listener"))?;
-            for f in [tb.ctl_socket.clone(), {
-                let mut l = tb.ctl_socket.clone().into_os_string();
-                l.push(".lock");
-                PathBuf::from(l)
-            }] {
-                ledger
-                    .record(LedgerEntry::File(f))
-                    .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
-            }
+            // The ctl socket goes into the ledger only once it is ours (bound), and only if it
+            // lies in the state directory, the one place recovery may remove files; one
+            // elsewhere is removed by our own shutdown, or found stale and replaced by the next
+            // start. Its `.lock` is never removed (see `CtlServer`).
             let ctl = CtlServer::bind(&tb.ctl_socket)
                 .map_err(|e| RunError::Setup(format!("ctl socket: {e}")))?;
+            let in_state_dir = tb
+                .ctl_socket
+                .parent()
+                .and_then(|p| std::fs::canonicalize(p).ok())
+                .zip(std::fs::canonicalize(&tb.state_dir).ok())
+                .is_some_and(|(a, b)| a == b);
+            if in_state_dir {
+                ledger
+                    .record(LedgerEntry::File(tb.ctl_socket.clone()))
+                    .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
+            }
             let snapshot = Snapshot::new("dpu");
             let publisher = snapshot.publisher();
             let metrics = match tb.metrics_addr {
@@ -1128,12 +1165,36 @@ impl DpuDaemon {
             .arg("--workers")
             .arg(workers.to_string())
             .arg("--clock-origin-ns")
-            .arg(self.clock.origin_ns().to_string())
-            .stdin(Stdio::null());
+            .arg(self.clock.origin_ns().to_string());
+        // The handshake secret goes to the child on its stdin, a pipe only it inherits: argv
+        // and the environment are readable by other users.
+        let handed = crate::vnic::new_secret().and_then(|secret| {
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+            cmd.stdin(Stdio::from(r));
+            Ok((secret, w))
+        });
+        let (secret, secret_w) = match handed {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!(target: "spillway::run", error = %e, "could not make the plane's handshake secret");
+                self.dp
+                    .dpu
+                    .handle_plane_failed(now, &format!("handshake secret: {e}"));
+                return;
+            }
+        };
         let spawned = match self.ledger.as_mut() {
             Some(l) => l.spawn(&mut cmd).map_err(|e| e.to_string()),
             None => cmd.spawn().map_err(|e| e.to_string()),
         };
+        // Drop our copy of the read end (held by `cmd`), then write: 32 bytes fit in any pipe.
+        drop(cmd);
+        let spawned = spawned.and_then(|child| {
+            let mut w = std::fs::File::from(secret_w);
+            std::io::Write::write_all(&mut w, &secret)
+                .map(|()| child)
+                .map_err(|e| format!("handing the plane its secret: {e}"))
+        });
         match spawned {
             Ok(child) => {
                 let pid = child.id();
@@ -1146,6 +1207,7 @@ impl DpuDaemon {
                 tracing::info!(target: "spillway::run", pid, workers, at_ms = now.0 as f64 / 1e6, "spill plane started");
                 self.plane = Some(PlaneProc {
                     child,
+                    secret,
                     vnic: None,
                     up: false,
                     workers,
@@ -1187,18 +1249,36 @@ impl DpuDaemon {
         }
     }
 
-    /// Accepts the plane's connection; notices its death.
+    /// Accepts the plane's connection; notices its death. Every pending connection is taken:
+    /// one from another process (`SO_PEERCRED` pid other than the plane's) is closed at once
+    /// and counted, so a flood of them neither delays the plane nor gets anything; the plane's
+    /// own must then show the secret it was started with.
     fn manage_plane(&mut self, now: Instant) {
-        let Some(p) = self.plane.as_mut() else {
-            // A connection without a plane we started is refused (closed at once).
-            if let Ok((s, _)) = self.listener.accept() {
-                drop(s);
+        while let Ok((stream, _)) = self.listener.accept() {
+            let want = self
+                .plane
+                .as_ref()
+                .filter(|p| p.vnic.is_none())
+                .map(|p| p.child.id());
+            let peer = crate::unixsock::peer_cred(&stream);
+            match (want, &peer) {
+                (Some(pid), Ok(c)) if c.pid == pid => {}
+                _ => {
+                    self.dp.counters.vnic_rejected += 1;
+                    let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
+                    tracing::warn!(target: "spillway::run", pid, uid, expected = ?want, "refused a vNIC connection that is not from the plane we started");
+                    continue;
+                }
             }
-            return;
-        };
-        if p.vnic.is_none()
-            && let Ok((stream, _)) = self.listener.accept()
-        {
+            let p = self.plane.as_mut().expect("checked above");
+            let checked =
+                crate::vnic::check_auth(&stream, &p.secret, std::time::Duration::from_millis(1000));
+            if let Err(e) = checked {
+                self.dp.counters.vnic_rejected += 1;
+                let e = format!("vNIC handshake: {e}");
+                self.plane_failed(now, &e);
+                return;
+            }
             match VnicSet::create(stream, &format!("workers={}", p.workers)) {
                 Ok(mut v) => {
                     // The plane's delivery path, then every attached VM's memory.
@@ -1320,7 +1400,19 @@ impl DpuDaemon {
                     continue;
                 }
                 None => match slot.listener.accept() {
-                    Ok((s, _)) => (s, now),
+                    Ok((s, _)) => {
+                        // The uid the testbed names for this VM, or the bridge we started.
+                        let bridge = slot.bridge.as_ref().map(Child::id);
+                        match crate::unixsock::peer_cred(&s) {
+                            Ok(c) if c.uid == slot.uid || Some(c.pid) == bridge => (s, now),
+                            peer => {
+                                self.dp.counters.vm_rejected += 1;
+                                let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
+                                tracing::warn!(target: "spillway::run", vm = %slot.vm, pid, uid, allowed_uid = slot.uid, "refused a VM port connection from another uid");
+                                continue;
+                            }
+                        }
+                    }
                     Err(_) => continue,
                 },
             };

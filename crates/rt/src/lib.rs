@@ -62,6 +62,7 @@ pub mod ring;
 pub mod signals;
 pub mod tap;
 pub mod testbed;
+pub mod unixsock;
 pub mod virtq;
 pub mod vmport;
 pub mod vnet;

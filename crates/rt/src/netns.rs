@@ -13,13 +13,26 @@
 //! every object is recorded (appended and fsynced) *before* it is created, so after a crash the
 //! next run's [`Ledger::recover`] finds and removes whatever may exist. Removal tolerates
 //! objects that were never created or are already gone.
+//!
+//! Trust: the ledger file tells root what to delete and whom to kill, so it is only believed
+//! when nobody else could have written it, and then only within what this program could have
+//! created. [`secure_state_dir`] creates the state directory (mode 0755, ours) or refuses one
+//! that is not a real directory owned by us and closed to group and other writes (its
+//! ancestors too, unless sticky, as `/tmp` is). [`Ledger::recover`] opens the ledger with
+//! `O_NOFOLLOW` and refuses a file that is not ours, not regular or writable by group or
+//! others; then it checks every entry against a [`LedgerScope`] (namespace, link and cgroup
+//! names with the instance's prefix, files inside the state directory, processes whose start
+//! time *and* executable match and whose executable is one we start) before it removes
+//! anything. One foreign or corrupt entry fails the whole recovery, which then touches nothing.
 
 use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write as _};
+use std::io::{self, BufReader, Write as _};
 use std::net::IpAddr;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -454,6 +467,11 @@ pub enum LedgerEntry {
         pid: u32,
         /// Start time in clock ticks since boot, field 22 of `/proc/<pid>/stat`.
         start_time_ticks: u64,
+        /// Its executable as `/proc/<pid>/exe` named it when recorded. Recovery kills only a
+        /// process whose executable still is this one (and one the [`LedgerScope`] allows).
+        /// Absent in ledgers of older versions, which recovery therefore refuses.
+        #[serde(default)]
+        exe: Option<PathBuf>,
     },
     /// A file (socket, pid file, shared-memory backing file, ...).
     File(PathBuf),
@@ -465,6 +483,7 @@ impl LedgerEntry {
         Ok(LedgerEntry::Pid {
             pid,
             start_time_ticks: proc_start_time(pid)?.0,
+            exe: Some(proc_exe(pid)?),
         })
     }
 }
@@ -491,6 +510,42 @@ pub enum LedgerError {
     InUse {
         /// The ledger file.
         path: PathBuf,
+    },
+    /// The state directory, one of its parents, or the ledger file could have been written by
+    /// someone else: nothing in it is believed.
+    #[error("{path}: found {found}, expected {expected}; refusing to trust it")]
+    Unsafe {
+        /// The directory or file.
+        path: PathBuf,
+        /// What it is: type, owner and mode.
+        found: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// A ledger line that is not a ledger entry (a torn *last* line, from a crash mid-write,
+    /// is not this: it is skipped and counted).
+    #[error("ledger {path} line {line} is not a ledger entry: {text:?}; nothing was removed")]
+    Corrupt {
+        /// The ledger file.
+        path: PathBuf,
+        /// Line number, from 1.
+        line: usize,
+        /// The line (at most 200 bytes of it).
+        text: String,
+    },
+    /// A ledger entry names something this program could not have created.
+    #[error(
+        "ledger {path} line {line}: {entry} is outside this testbed ({reason}); nothing was removed"
+    )]
+    Foreign {
+        /// The ledger file.
+        path: PathBuf,
+        /// Line number, from 1.
+        line: usize,
+        /// The entry, as JSON.
+        entry: String,
+        /// Why it is out of scope.
+        reason: String,
     },
     /// Reading or writing the ledger file failed.
     #[error("{op} {path}: {source}")]
@@ -547,9 +602,12 @@ impl CleanupReport {
 /// Protocol: [`Ledger::record`] an object *before* creating it (the helpers such as
 /// [`Ledger::netns_add`] do both); at the end [`Ledger::cleanup`] (or drop) removes everything
 /// in reverse order. If the process dies, the file stays; the next run calls
-/// [`Ledger::recover`] first. Processes are the one exception to record-first, as a pid exists
+/// [`Ledger::recover`] first. Processes are one exception to record-first, as a pid exists
 /// only after the spawn: [`Ledger::spawn`] records right after, and a process started inside a
-/// recorded cgroup or namespace is covered by that entry during the gap.
+/// recorded cgroup or namespace is covered by that entry during the gap. Files at paths that
+/// someone else may hold (sockets) are the other: they are recorded only once this process
+/// created them, so that a failed start never removes what it did not make; a crash in that gap
+/// leaves a stale socket, which the next start finds unanswered and replaces.
 #[derive(Debug)]
 pub struct Ledger {
     path: PathBuf,
@@ -574,25 +632,29 @@ impl Ledger {
         dir.join(format!("{instance}.ledger"))
     }
 
-    /// Starts a new, empty ledger for `instance` in `dir` (created if missing). Fails with
-    /// [`LedgerError::Stale`] if one exists: recover it first.
+    /// Starts a new, empty ledger for `instance` in `dir` (created if missing, see
+    /// [`secure_state_dir`]; an unsafe one is refused). Fails with [`LedgerError::Stale`] if a
+    /// ledger exists: recover it first.
     pub fn open(dir: &Path, instance: &str) -> Result<Ledger, LedgerError> {
         check_instance(instance)?;
         let io_err = |op, path: &Path| {
             let path = path.to_owned();
             move |source| LedgerError::Io { op, path, source }
         };
-        fs::create_dir_all(dir).map_err(io_err("create_dir_all", dir))?;
+        secure_state_dir(dir)?;
         let path = Self::path_for(dir, instance);
         // Create and lock under a private name, then link it into place: the ledger never
         // appears unlocked, so a concurrent recover cannot mistake it for a dead run's.
         let tmp = dir.join(format!(".{instance}.ledger.{}.tmp", std::process::id()));
         // A leftover with our pid can only be from a dead process that had the same pid.
         let _ = fs::remove_file(&tmp);
+        // 0600 whatever the umask (a umask only takes bits away): only we read or write it.
         let file = OpenOptions::new()
             .read(true)
             .append(true)
             .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(io_err("create", &tmp))?;
         let locked = rustix::fs::flock(
@@ -624,13 +686,49 @@ impl Ledger {
 
     /// Cleans up after a previous run of `instance` that did not (it crashed or was killed):
     /// removes every recorded object and the ledger. `Ok(None)` when there is no ledger.
-    /// Fails with [`LedgerError::InUse`] if that run is still alive.
+    /// Fails with [`LedgerError::InUse`] if that run is still alive. What it may remove is
+    /// [`LedgerScope::new`]`(dir, instance)`; see [`Ledger::recover_in`].
     pub fn recover(dir: &Path, instance: &str) -> Result<Option<CleanupReport>, LedgerError> {
+        Self::recover_in(dir, instance, &LedgerScope::new(dir, instance))
+    }
+
+    /// [`Ledger::recover`] within `scope`. The state directory and the ledger file must be safe
+    /// (ours, not a symlink, not writable by group or others: [`LedgerError::Unsafe`]); every
+    /// entry must be inside `scope` ([`LedgerError::Foreign`]) and every line but a torn last
+    /// one must parse ([`LedgerError::Corrupt`]). All of it is checked before anything is
+    /// removed: a refused ledger is left as it is, for an operator to look at.
+    ///
+    /// A torn last line (no newline at its end: [`Ledger::record`] writes each line, newline
+    /// included, in one `write`, so only a crash mid-write leaves one) is skipped and counted in
+    /// [`CleanupReport::unparsed_lines`]: the object it was about to record was not created
+    /// yet, because recording comes first.
+    pub fn recover_in(
+        dir: &Path,
+        instance: &str,
+        scope: &LedgerScope,
+    ) -> Result<Option<CleanupReport>, LedgerError> {
         check_instance(instance)?;
         let path = Self::path_for(dir, instance);
-        let file = match OpenOptions::new().read(true).append(true).open(&path) {
+        if !dir.exists() {
+            return Ok(None);
+        }
+        secure_state_dir(dir)?;
+        let file = match OpenOptions::new()
+            .read(true)
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // O_NOFOLLOW on a symlink fails with ELOOP.
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(LedgerError::Unsafe {
+                    path,
+                    found: "a symbolic link".into(),
+                    expected: "a regular file owned by us",
+                });
+            }
             Err(source) => {
                 return Err(LedgerError::Io {
                     op: "open",
@@ -639,6 +737,12 @@ impl Ledger {
                 });
             }
         };
+        let meta = file.metadata().map_err(|source| LedgerError::Io {
+            op: "fstat",
+            path: path.clone(),
+            source,
+        })?;
+        check_owned(&path, &meta, false)?;
         match rustix::fs::flock(
             file.as_fd(),
             rustix::fs::FlockOperation::NonBlockingLockExclusive,
@@ -655,29 +759,22 @@ impl Ledger {
         }
         // The owner may have finished its cleanup (unlinking the file) between our open and
         // our lock; then the locked inode is no longer the ledger and there is nothing to do.
-        let same_file = match (file.metadata(), fs::metadata(&path)) {
-            (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+        let same_file = match fs::symlink_metadata(&path) {
+            Ok(b) => meta.ino() == b.ino() && meta.dev() == b.dev(),
             _ => false,
         };
         if !same_file {
             return Ok(None);
         }
-        let mut entries = Vec::new();
-        let mut unparsed = 0;
-        for line in BufReader::new(&file).lines() {
-            let line = line.map_err(|source| LedgerError::Io {
+        let mut text = String::new();
+        io::Read::read_to_string(&mut BufReader::new(&file), &mut text).map_err(|source| {
+            LedgerError::Io {
                 op: "read",
                 path: path.clone(),
                 source,
-            })?;
-            if line.trim().is_empty() {
-                continue;
             }
-            match serde_json::from_str(&line) {
-                Ok(entry) => entries.push(entry),
-                Err(_) => unparsed += 1,
-            }
-        }
+        })?;
+        let (entries, unparsed) = parse_ledger(&path, &text, scope)?;
         let mut ledger = Ledger {
             path,
             file,
@@ -828,6 +925,297 @@ impl Drop for Ledger {
     }
 }
 
+// ---- Trust: the state directory, the ledger file, the scope of an entry ----------------------
+
+/// Mode of a state directory this program creates: other users may look up a VM's port
+/// socket in it (each socket has its own mode and owner), nobody but us may add, rename or
+/// remove entries.
+pub const STATE_DIR_MODE: u32 = 0o755;
+
+fn describe(meta: &fs::Metadata) -> String {
+    let ft = meta.file_type();
+    let kind = if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_file() {
+        "a regular file"
+    } else {
+        "a special file"
+    };
+    format!(
+        "{kind} owned by uid {} with mode {:04o}",
+        meta.uid(),
+        meta.mode() & 0o7777
+    )
+}
+
+/// Checks that `meta` (of `path`, from `lstat` or `fstat`) is ours and closed to writes by
+/// group and others, and a directory (`dir`) or a regular file.
+fn check_owned(path: &Path, meta: &fs::Metadata, dir: bool) -> Result<(), LedgerError> {
+    let euid = rustix::process::geteuid().as_raw();
+    let kind_ok = if dir {
+        meta.file_type().is_dir()
+    } else {
+        meta.file_type().is_file()
+    };
+    if kind_ok && meta.uid() == euid && meta.mode() & 0o022 == 0 {
+        return Ok(());
+    }
+    Err(LedgerError::Unsafe {
+        path: path.to_owned(),
+        found: describe(meta),
+        expected: if dir {
+            "a directory (not a symbolic link) owned by us, not writable by group or others"
+        } else {
+            "a regular file (not a symbolic link) owned by us, not writable by group or others"
+        },
+    })
+}
+
+/// Creates the state directory `dir` (mode [`STATE_DIR_MODE`] whatever the umask, with any
+/// missing parents) or checks the existing one, like a daemon's run directory: it must be a
+/// directory, not a symbolic link, owned by our effective uid and not writable by group or
+/// others; each of its ancestors must be owned by root or us and, if writable by group or
+/// others, sticky (as `/tmp` is), so nobody can swap the directory for another. The error
+/// names the path, what was found and what is expected.
+pub fn secure_state_dir(dir: &Path) -> Result<(), LedgerError> {
+    let io_err = |op, path: &Path| {
+        let path = path.to_owned();
+        move |source| LedgerError::Io { op, path, source }
+    };
+    match fs::symlink_metadata(dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(STATE_DIR_MODE)
+                .create(dir)
+                .map_err(io_err("create_dir_all", dir))?;
+            // The umask may have taken bits away (0700 would lock non-root VM endpoints out).
+            fs::set_permissions(dir, fs::Permissions::from_mode(STATE_DIR_MODE))
+                .map_err(io_err("chmod", dir))?;
+        }
+        Err(e) => return Err(io_err("lstat", dir)(e)),
+    }
+    let meta = fs::symlink_metadata(dir).map_err(io_err("lstat", dir))?;
+    check_owned(dir, &meta, true)?;
+    let canonical = fs::canonicalize(dir).map_err(io_err("canonicalize", dir))?;
+    let euid = rustix::process::geteuid().as_raw();
+    for parent in canonical.ancestors().skip(1) {
+        let meta = fs::symlink_metadata(parent).map_err(io_err("lstat", parent))?;
+        let sticky = meta.mode() & 0o1000 != 0;
+        let owner_ok = meta.uid() == 0 || meta.uid() == euid;
+        if !owner_ok || (meta.mode() & 0o022 != 0 && !sticky) {
+            return Err(LedgerError::Unsafe {
+                path: parent.to_owned(),
+                found: describe(&meta),
+                expected: "a parent of the state directory owned by root or us, and not \
+                           writable by group or others unless sticky",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What a recovered ledger may undo: the objects this program could have created for one
+/// testbed instance. Built by [`LedgerScope::new`]; a caller that names objects explicitly
+/// (a testbed's own namespace names) adds them.
+#[derive(Clone, Debug)]
+pub struct LedgerScope {
+    /// The state directory, canonical: files must be directly inside it.
+    dir: PathBuf,
+    /// Namespace, link and cgroup names must start with this (the instance name).
+    prefix: String,
+    /// Namespace names allowed besides the prefixed ones.
+    netns: Vec<String>,
+    /// Link names allowed besides the prefixed ones.
+    links: Vec<String>,
+    /// Directories a recorded cgroup may be a child of (`<mount>/spillway` of each controller).
+    cgroup_parents: Vec<PathBuf>,
+    /// Executables a recorded process may run.
+    exes: Vec<PathBuf>,
+}
+
+impl LedgerScope {
+    /// The scope of `instance` in state directory `dir`: namespaces, links and cgroups whose
+    /// names start with `instance`, cgroups in our own parent of the detected hierarchy, files
+    /// directly in `dir`, processes running this executable.
+    pub fn new(dir: &Path, instance: &str) -> LedgerScope {
+        let cgroup_parents = Hierarchy::detect()
+            .map(|h| {
+                h.dirs_for("x")
+                    .iter()
+                    .filter_map(|d| d.parent().map(Path::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        LedgerScope {
+            dir: fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned()),
+            prefix: instance.to_owned(),
+            netns: Vec::new(),
+            links: Vec::new(),
+            cgroup_parents,
+            exes: std::env::current_exe().into_iter().collect(),
+        }
+    }
+
+    /// Also allows namespace `name` (one the configuration names explicitly).
+    pub fn allow_netns(mut self, name: &str) -> Self {
+        self.netns.push(name.to_owned());
+        self
+    }
+
+    /// Also allows link `name`.
+    pub fn allow_link(mut self, name: &str) -> Self {
+        self.links.push(name.to_owned());
+        self
+    }
+
+    /// Also allows processes running `exe` (canonicalised; e.g. the spill plane's binary).
+    pub fn allow_exe(mut self, exe: &Path) -> Self {
+        self.exes
+            .push(fs::canonicalize(exe).unwrap_or_else(|_| exe.to_owned()));
+        self
+    }
+
+    fn prefixed(&self, name: &str) -> bool {
+        name.strip_prefix(&self.prefix)
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '.']))
+    }
+
+    /// `Ok` if `entry` is something this testbed could have created; else why not.
+    pub fn check(&self, entry: &LedgerEntry) -> Result<(), String> {
+        let plain = |p: &Path| {
+            p.is_absolute()
+                && p.components().all(|c| {
+                    matches!(
+                        c,
+                        std::path::Component::RootDir | std::path::Component::Normal(_)
+                    )
+                })
+        };
+        match entry {
+            LedgerEntry::Netns(name) => {
+                check_netns_name(name).map_err(|e| e.to_string())?;
+                if self.prefixed(name) || self.netns.contains(name) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "namespace name without the prefix {:?}",
+                        self.prefix
+                    ))
+                }
+            }
+            LedgerEntry::Link { name, ns } => {
+                check_link_name(name).map_err(|e| e.to_string())?;
+                if let Some(ns) = ns {
+                    self.check(&LedgerEntry::Netns(ns.clone()))?;
+                }
+                if self.prefixed(name) || self.links.contains(name) {
+                    Ok(())
+                } else {
+                    Err(format!("link name without the prefix {:?}", self.prefix))
+                }
+            }
+            LedgerEntry::Cgroup(path) => {
+                if !plain(path) {
+                    return Err("not an absolute path without '.' or '..'".into());
+                }
+                let named = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| self.prefixed(n));
+                let placed = path
+                    .parent()
+                    .is_some_and(|p| self.cgroup_parents.iter().any(|c| c == p));
+                if !named || !placed {
+                    return Err(format!(
+                        "not a cgroup {:?}* directly under {:?}",
+                        self.prefix, self.cgroup_parents
+                    ));
+                }
+                // No symlink may lead the removal elsewhere.
+                match fs::canonicalize(path) {
+                    Ok(c) if &c != path => Err(format!("resolves to {}", c.display())),
+                    _ => Ok(()),
+                }
+            }
+            LedgerEntry::File(path) => {
+                if !plain(path) {
+                    return Err("not an absolute path without '.' or '..'".into());
+                }
+                let parent = path
+                    .parent()
+                    .map(|p| fs::canonicalize(p).unwrap_or_else(|_| p.to_owned()));
+                if parent.as_deref() != Some(self.dir.as_path()) {
+                    return Err(format!(
+                        "not directly in the state directory {}",
+                        self.dir.display()
+                    ));
+                }
+                Ok(())
+            }
+            LedgerEntry::Pid { exe, .. } => match exe {
+                None => Err("no executable recorded (a ledger of an older version?)".into()),
+                Some(exe) if self.exes.iter().any(|e| e == exe) => Ok(()),
+                Some(exe) => Err(format!(
+                    "executable {} is none this program starts ({:?})",
+                    exe.display(),
+                    self.exes
+                )),
+            },
+        }
+    }
+}
+
+/// The entries of a ledger's text and the number of torn lines skipped (0 or 1), or the first
+/// corrupt or foreign line.
+fn parse_ledger(
+    path: &Path,
+    text: &str,
+    scope: &LedgerScope,
+) -> Result<(Vec<LedgerEntry>, usize), LedgerError> {
+    let mut entries = Vec::new();
+    let mut torn = 0;
+    let complete = text.ends_with('\n');
+    let lines: Vec<&str> = text.split_terminator('\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let entry: LedgerEntry = match serde_json::from_str(line) {
+            Ok(e) => e,
+            Err(_) if i + 1 == lines.len() && !complete => {
+                torn += 1;
+                continue;
+            }
+            Err(_) => {
+                let mut end = line.len().min(200);
+                while !line.is_char_boundary(end) {
+                    end -= 1;
+                }
+                return Err(LedgerError::Corrupt {
+                    path: path.to_owned(),
+                    line: i + 1,
+                    text: line[..end].to_owned(),
+                });
+            }
+        };
+        if let Err(reason) = scope.check(&entry) {
+            return Err(LedgerError::Foreign {
+                path: path.to_owned(),
+                line: i + 1,
+                entry: serde_json::to_string(&entry).expect("ledger entries always serialize"),
+                reason,
+            });
+        }
+        entries.push(entry);
+    }
+    Ok((entries, torn))
+}
+
 fn check_instance(instance: &str) -> Result<(), LedgerError> {
     let reason = if instance.is_empty() || instance.starts_with('.') {
         Some("empty or starting with '.'")
@@ -880,7 +1268,8 @@ fn remove_entry(entry: &LedgerEntry) -> Result<bool, String> {
         LedgerEntry::Pid {
             pid,
             start_time_ticks,
-        } => kill_recorded(*pid, *start_time_ticks),
+            exe,
+        } => kill_recorded(*pid, *start_time_ticks, exe.as_deref()),
         LedgerEntry::File(path) => match fs::remove_file(path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -912,11 +1301,32 @@ fn parse_stat(stat: &str) -> Option<(u64, char)> {
     Some((start, state))
 }
 
-/// Kills a recorded process if it is still the same one (same start time); `Ok(false)` when it
-/// is gone, already a zombie, or the pid now belongs to another process.
-fn kill_recorded(pid: u32, start_time_ticks: u64) -> Result<bool, String> {
+/// The executable of process `pid` (`/proc/<pid>/exe`), without the " (deleted)" the kernel
+/// appends once the file was replaced (a rebuilt binary is still the same program here).
+fn proc_exe(pid: u32) -> io::Result<PathBuf> {
+    let exe = fs::read_link(format!("/proc/{pid}/exe"))?;
+    let s = exe.as_os_str().as_encoded_bytes();
+    match s.strip_suffix(b" (deleted)") {
+        Some(stem) => Ok(PathBuf::from(std::ffi::OsStr::from_bytes(stem))),
+        None => Ok(exe),
+    }
+}
+
+/// Kills a recorded process if it is still the same one (same start time and, when recorded,
+/// same executable); `Ok(false)` when it is gone, already a zombie, or the pid now belongs to
+/// another process.
+fn kill_recorded(pid: u32, start_time_ticks: u64, exe: Option<&Path>) -> Result<bool, String> {
     let alive = |pid| match proc_start_time(pid) {
-        Ok((start, state)) => Ok(start == start_time_ticks && state != 'Z' && state != 'X'),
+        Ok((start, state)) if start == start_time_ticks && state != 'Z' && state != 'X' => {
+            match (exe, proc_exe(pid)) {
+                (None, _) => Ok(true),
+                (Some(want), Ok(got)) => Ok(want == got),
+                // Exited between the two reads (or a kernel thread): not ours to kill.
+                (Some(_), Err(e)) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                (Some(_), Err(e)) => Err(format!("reading /proc/{pid}/exe: {e}")),
+            }
+        }
+        Ok(_) => Ok(false),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(format!("reading /proc/{pid}/stat: {e}")),
     };
@@ -965,8 +1375,9 @@ mod tests {
                 LedgerEntry::Pid {
                     pid: 42,
                     start_time_ticks: 7,
+                    exe: Some("/usr/bin/spillway".into()),
                 },
-                r#"{"pid":{"pid":42,"start_time_ticks":7}}"#,
+                r#"{"pid":{"pid":42,"start_time_ticks":7,"exe":"/usr/bin/spillway"}}"#,
             ),
             (LedgerEntry::File("/run/x".into()), r#"{"file":"/run/x"}"#),
         ];
@@ -1082,5 +1493,163 @@ mod tests {
         }
         assert!(!f.exists());
         assert!(!Ledger::path_for(dir.path(), "drop").exists());
+    }
+    /// A ledger planted by someone else, naming a file outside the state directory, a process
+    /// that is not ours and a cgroup outside our prefix: recover refuses, names the entry, and
+    /// neither deletes the file nor kills the process.
+    #[test]
+    fn recover_refuses_foreign_entries_and_touches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("precious");
+        fs::write(&victim, "keep me").unwrap();
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let LedgerEntry::Pid {
+            start_time_ticks, ..
+        } = LedgerEntry::pid(child.id()).unwrap()
+        else {
+            unreachable!()
+        };
+        let own = dir.path().join("own.sock");
+        fs::write(&own, "").unwrap();
+        let cases = [
+            format!(r#"{{"file":{:?}}}"#, victim.display().to_string()),
+            format!(
+                r#"{{"file":"{}/../{}/precious"}}"#,
+                dir.path().display(),
+                outside.path().display()
+            ),
+            // Start time and executable copied from the real process: still not one we start.
+            format!(
+                r#"{{"pid":{{"pid":{},"start_time_ticks":{start_time_ticks},"exe":"/usr/bin/sleep"}}}}"#,
+                child.id()
+            ),
+            format!(
+                r#"{{"pid":{{"pid":{},"start_time_ticks":{start_time_ticks}}}}}"#,
+                child.id()
+            ),
+            r#"{"cgroup":"/sys/fs/cgroup/memory/system.slice"}"#.to_string(),
+            r#"{"cgroup":"/sys/fs/cgroup/memory/spillway/fo/../../system.slice"}"#.to_string(),
+            r#"{"netns":"prod"}"#.to_string(),
+            r#"{"link":{"name":"eth0","ns":null}}"#.to_string(),
+        ];
+        for planted in cases {
+            let path = Ledger::path_for(dir.path(), "fo");
+            // Our own file first: it must survive too, since nothing may be removed.
+            fs::write(
+                &path,
+                format!("{{\"file\":{:?}}}\n{planted}\n", own.display().to_string()),
+            )
+            .unwrap();
+            let err = Ledger::recover(dir.path(), "fo").unwrap_err();
+            match &err {
+                LedgerError::Foreign { line, entry, .. } => {
+                    assert_eq!(*line, 2, "{err}");
+                    assert!(!entry.is_empty());
+                }
+                other => panic!("{planted}: expected Foreign, got {other}"),
+            }
+            assert!(victim.exists(), "{planted}: deleted a file outside");
+            assert!(own.exists(), "{planted}: removed something before refusing");
+            assert!(child.try_wait().unwrap().is_none(), "{planted}: killed");
+            assert!(path.exists(), "the refused ledger stays for the operator");
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_corrupt_line_is_refused_but_a_torn_last_line_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Ledger::path_for(dir.path(), "co");
+        let f = dir.path().join("f");
+        fs::write(&f, "").unwrap();
+        let entry = serde_json::to_string(&LedgerEntry::File(f.clone())).unwrap();
+        // A complete line that is not an entry: refused, nothing removed.
+        fs::write(&path, format!("{entry}\nrm -rf /\n")).unwrap();
+        let err = Ledger::recover(dir.path(), "co").unwrap_err();
+        assert!(matches!(err, LedgerError::Corrupt { line: 2, .. }), "{err}");
+        assert!(f.exists());
+        // The same text without its newline is a crash mid-write: skipped.
+        fs::write(&path, format!("{entry}\n{{\"file\":\"/x")).unwrap();
+        let report = Ledger::recover(dir.path(), "co").unwrap().unwrap();
+        assert_eq!(report.unparsed_lines, 1);
+        assert!(!f.exists());
+    }
+
+    #[test]
+    fn an_unsafe_state_dir_or_ledger_is_refused_with_what_was_found() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("state");
+        // Created with our explicit mode whatever the umask.
+        secure_state_dir(&dir).unwrap();
+        let mode = fs::metadata(&dir).unwrap().mode() & 0o7777;
+        assert_eq!(mode, STATE_DIR_MODE);
+        let f = dir.join("f");
+        fs::write(&f, "").unwrap();
+        let path = Ledger::path_for(&dir, "un");
+        fs::write(
+            &path,
+            format!("{{\"file\":{:?}}}\n", f.display().to_string()),
+        )
+        .unwrap();
+        // Group- or world-writable state directory.
+        for bad in [0o777, 0o775, 0o757] {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(bad)).unwrap();
+            let err = Ledger::recover(&dir, "un").unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, LedgerError::Unsafe { .. }), "{msg}");
+            assert!(msg.contains(&dir.display().to_string()), "{msg}");
+            assert!(msg.contains(&format!("{bad:04o}")), "{msg}");
+            assert!(matches!(
+                Ledger::open(&dir, "x"),
+                Err(LedgerError::Unsafe { .. })
+            ));
+            assert!(f.exists());
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        // Owned by someone else.
+        rustix::fs::chown(&dir, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+        let err = Ledger::recover(&dir, "un").unwrap_err();
+        assert!(err.to_string().contains("uid 65534"), "{err}");
+        rustix::fs::chown(&dir, Some(rustix::process::geteuid()), None).unwrap();
+        // A symlink in place of the directory.
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let err = Ledger::recover(&link, "un").unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        // A world-writable, non-sticky parent.
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o777)).unwrap();
+        let err = Ledger::recover(&dir, "un").unwrap_err();
+        assert!(
+            err.to_string().contains(&base.path().display().to_string()),
+            "{err}"
+        );
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        // A ledger file writable by others, or a symlink to one.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(
+            Ledger::recover(&dir, "un"),
+            Err(LedgerError::Unsafe { .. })
+        ));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let real = dir.join("real");
+        fs::rename(&path, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &path).unwrap();
+        let err = Ledger::recover(&dir, "un").unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(f.exists(), "nothing removed on any refusal");
+        fs::set_permissions(base.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    }
+
+    #[test]
+    fn a_new_ledger_is_0600_under_any_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = rustix::process::umask(rustix::fs::Mode::empty());
+        let l = Ledger::open(dir.path(), "um");
+        rustix::process::umask(old);
+        let l = l.unwrap();
+        assert_eq!(fs::metadata(l.path()).unwrap().mode() & 0o777, 0o600);
     }
 }

@@ -274,8 +274,29 @@ fn process_frame(
 /// Runs the plane until SIGTERM or the DPU process goes away.
 pub fn run(opts: PlaneOptions) -> Result<(), String> {
     let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
+    // The handshake secret comes on stdin, a pipe from the DPU process that started us.
+    let mut secret = [0u8; crate::vnic::SECRET_LEN];
+    std::io::Read::read_exact(&mut std::io::stdin().lock(), &mut secret).map_err(|e| {
+        format!(
+            "reading the vNIC handshake secret from stdin: {e} (the spill plane is started by \
+             `spillway run`, which hands it the secret)"
+        )
+    })?;
     let stream = UnixStream::connect(&opts.vnic_socket)
         .map_err(|e| format!("connecting to {}: {e}", opts.vnic_socket.display()))?;
+    // Hand the secret only to the DPU process that started us, not to whoever listens there.
+    let server = crate::unixsock::peer_cred(&stream)
+        .map_err(|e| format!("credentials of {}: {e}", opts.vnic_socket.display()))?;
+    let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+    if server.pid != parent {
+        return Err(format!(
+            "{} is served by pid {} (uid {}), not by our parent {parent}; not handing it the secret",
+            opts.vnic_socket.display(),
+            server.pid,
+            server.uid
+        ));
+    }
+    crate::vnic::send_auth(&stream, &secret).map_err(|e| e.to_string())?;
     let (mut vnic, hello) = VnicSet::accept(stream).map_err(|e| e.to_string())?;
     tracing::info!(target: "spillway::plane", pid = std::process::id(), hello = %hello, "vNIC set mapped");
     let clock = Clock::with_origin(opts.clock_origin_ns);

@@ -20,6 +20,7 @@
 //! [[vm]]
 //! name = "a"                         # namespace "<name>-a" unless `netns` is given
 //! port = 1                           # the policy port: its MAC and first IPv4 address
+//! # uid = 1000                       # shm ports: who may attach the endpoint (default 0)
 //! ```
 //!
 //! Every error names the file, the line and column, the field by its dotted path (also for a
@@ -128,6 +129,8 @@ struct RawVm {
     backend: Option<String>,
     #[serde(default)]
     endpoint: Option<String>,
+    #[serde(default)]
+    uid: Option<u32>,
 }
 
 /// The operator's initial hold on the lifecycle.
@@ -188,6 +191,10 @@ pub struct VmSpec {
     pub router_mac: MacAddr,
     /// Addresses of the other VMs of its tenant (permanent neighbours via the router MAC).
     pub peers: Vec<Ipv4Addr>,
+    /// The uid whose processes may attach this VM's shared-memory endpoint (`SO_PEERCRED`
+    /// of the connection to its port socket, which is owned by this uid, mode 0600).
+    /// Default 0.
+    pub uid: u32,
 }
 
 /// A validated testbed.
@@ -572,6 +579,7 @@ impl Testbed {
                 mtu,
                 router_mac: tenant.router_mac,
                 peers,
+                uid: v.uid.unwrap_or(0),
             });
         }
         Ok(Testbed {

@@ -20,6 +20,13 @@
 //! up, which is the phy vNIC's overflow); a control socket that stays blocked past its buffer
 //! means the peer is stalled, which the caller treats as a failed plane.
 //!
+//! Who may connect: the DPU process starts the plane with a fresh [`SECRET_LEN`]-byte secret
+//! on the plane's standard input (a pipe: never in argv or the environment, which other users
+//! can read). The DPU process accepts a connection on the vNIC socket only from the pid it
+//! started (`SO_PEERCRED`); the plane then sends [`AUTH`] and the secret ([`send_auth`]),
+//! which the DPU process compares in constant time ([`check_auth`]) before it hands over any
+//! ring. The plane in turn connects only to a listener run by its parent.
+//!
 //! Records: phy = `msg port:u32 vnet:12B frame`, flow = `msg snapshot`, control =
 //! `len:u32 kind:u8 body` where the body is `msg snapshot` or a JSON document (see
 //! [`crate::codec`]).
@@ -44,6 +51,60 @@ pub const FLOW_RING_BYTES: usize = 4 << 20;
 pub const CONTROL_BUF_MAX: usize = 4 << 20;
 /// The handshake's greeting.
 pub const HELLO: &[u8] = b"spillway-vnic-v1";
+
+/// The plane's first bytes on the vNIC socket, followed by the secret.
+pub const AUTH: &[u8] = b"spillway-vnic-auth-v1 ";
+/// Bytes of the handshake secret.
+pub const SECRET_LEN: usize = 32;
+
+/// A fresh handshake secret from the kernel's random source.
+pub fn new_secret() -> io::Result<[u8; SECRET_LEN]> {
+    let mut s = [0u8; SECRET_LEN];
+    io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut s)?;
+    Ok(s)
+}
+
+/// The plane's side of the handshake: [`AUTH`] and the secret.
+pub fn send_auth(control: &UnixStream, secret: &[u8; SECRET_LEN]) -> Result<(), VnicError> {
+    let mut msg = AUTH.to_vec();
+    msg.extend_from_slice(secret);
+    let mut w = control;
+    w.write_all(&msg)
+        .map_err(io_err("sending the handshake secret"))
+}
+
+/// The DPU's side: reads [`AUTH`] and the secret (waiting at most `timeout`) and compares the
+/// secret with `secret` in constant time. Any mismatch is a [`VnicError::Handshake`] that says
+/// what was wrong but not what was expected.
+pub fn check_auth(
+    control: &UnixStream,
+    secret: &[u8; SECRET_LEN],
+    timeout: std::time::Duration,
+) -> Result<(), VnicError> {
+    let mut got = [0u8; AUTH.len() + SECRET_LEN];
+    control
+        .set_read_timeout(Some(timeout))
+        .map_err(io_err("setting the handshake timeout"))?;
+    let r = io::Read::read_exact(&mut &*control, &mut got);
+    control
+        .set_read_timeout(None)
+        .map_err(io_err("clearing the handshake timeout"))?;
+    r.map_err(io_err("reading the handshake secret"))?;
+    let (greeting, theirs) = got.split_at(AUTH.len());
+    if greeting != AUTH {
+        return Err(VnicError::Handshake("not a spillway vNIC greeting".into()));
+    }
+    // Every byte is compared whatever the earlier ones were: the time taken says nothing
+    // about how much of the secret was right.
+    let diff = theirs
+        .iter()
+        .zip(secret)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    if std::hint::black_box(diff) != 0 {
+        return Err(VnicError::Handshake("wrong secret".into()));
+    }
+    Ok(())
+}
 
 /// Control record kind: a fabric message (+ snapshot).
 pub const CONTROL_MSG: u8 = 0;
@@ -722,5 +783,34 @@ impl VnicSet {
         self.phy_rx.woke();
         self.flow_rx.woke();
         let _ = self.my_bell.drain();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_handshake_accepts_the_secret_and_refuses_anything_else() {
+        let secret = new_secret().unwrap();
+        assert_ne!(
+            secret, [0u8; SECRET_LEN],
+            "32 random bytes are not all zero"
+        );
+        let (a, b) = UnixStream::pair().unwrap();
+        send_auth(&a, &secret).unwrap();
+        check_auth(&b, &secret, Duration::from_secs(1)).unwrap();
+        let mut wrong = secret;
+        wrong[SECRET_LEN - 1] ^= 1;
+        send_auth(&a, &wrong).unwrap();
+        assert!(matches!(
+            check_auth(&b, &secret, Duration::from_secs(1)),
+            Err(VnicError::Handshake(_))
+        ));
+        // A peer that says nothing is refused after the timeout.
+        let t = std::time::Instant::now();
+        assert!(check_auth(&b, &secret, Duration::from_millis(50)).is_err());
+        assert!(t.elapsed() < Duration::from_secs(1));
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use oslab::{Lab, in_netns, unique};
 use spillway_rt::cgroup::CgroupSpec;
-use spillway_rt::netns::{self, Ledger, LedgerEntry, NetnsError};
+use spillway_rt::netns::{self, Ledger, LedgerEntry, LedgerScope, NetnsError};
 use spillway_wire::MacAddr;
 
 /// Recovers a leaked ledger when dropped, so a failed assertion after the simulated crash does
@@ -28,7 +28,12 @@ struct RecoverOnDrop {
 
 impl Drop for RecoverOnDrop {
     fn drop(&mut self) {
-        let _ = Ledger::recover(&self.dir, &self.instance);
+        // The test's process runs `sleep`, which the default scope does not allow.
+        let mut scope = LedgerScope::new(&self.dir, &self.instance);
+        for sleep in ["/usr/bin/sleep", "/bin/sleep"] {
+            scope = scope.allow_exe(std::path::Path::new(sleep));
+        }
+        let _ = Ledger::recover_in(&self.dir, &self.instance, &scope);
     }
 }
 
@@ -179,9 +184,10 @@ fn recover_removes_everything_a_crashed_run_left() {
         dir: dir.path().to_owned(),
         instance: instance.clone(),
     };
-    let ns = unique("swn");
-    let (va, vb) = (unique("swv"), unique("swv"));
-    let cg_name = unique("cg");
+    // Names with the instance's prefix: recovery removes nothing else.
+    let ns = format!("{instance}-n");
+    let (va, vb) = (format!("{instance}-a"), format!("{instance}-b"));
+    let cg_name = format!("{instance}-cg");
     let file = dir.path().join("ring.shm");
 
     let mut ledger = Ledger::open(dir.path(), &instance).unwrap();
@@ -194,10 +200,10 @@ fn recover_removes_everything_a_crashed_run_left() {
         .create_cgroup(&cg_name, &CgroupSpec::new(cpu))
         .unwrap();
     let cg_dirs = cg.dirs().to_vec();
-    // A process inside the namespace and the cgroup, as the spill plane would be.
-    let mut child = ledger
-        .spawn(netns::run_in_netns(&ns, "sleep").arg("30"))
-        .unwrap();
+    // A process inside the cgroup, as the spill plane would be. Started directly (not through
+    // `ip netns exec`, which replaces itself), so the executable recorded stays its own.
+    let mut child = ledger.spawn(Command::new("sleep").arg("30")).unwrap();
+    let sleep_exe = std::fs::read_link(format!("/proc/{}/exe", child.id())).unwrap();
     cg.add_pid(child.id()).unwrap();
     ledger.record(LedgerEntry::File(file.clone())).unwrap();
     std::fs::write(&file, b"x").unwrap();
@@ -214,7 +220,8 @@ fn recover_removes_everything_a_crashed_run_left() {
         Ledger::open(dir.path(), &instance),
         Err(spillway_rt::netns::LedgerError::Stale { .. })
     ));
-    let report = Ledger::recover(dir.path(), &instance)
+    let scope = LedgerScope::new(dir.path(), &instance).allow_exe(&sleep_exe);
+    let report = Ledger::recover_in(dir.path(), &instance, &scope)
         .unwrap()
         .expect("a ledger to recover");
     assert!(report.is_clean(), "{report:#?}");
@@ -264,6 +271,7 @@ fn a_recycled_pid_is_never_killed() {
     let LedgerEntry::Pid {
         pid,
         start_time_ticks,
+        exe,
     } = LedgerEntry::pid(child.id()).unwrap()
     else {
         unreachable!()
@@ -272,6 +280,7 @@ fn a_recycled_pid_is_never_killed() {
         .record(LedgerEntry::Pid {
             pid,
             start_time_ticks: start_time_ticks + 1,
+            exe,
         })
         .unwrap();
     let report = ledger.cleanup();
