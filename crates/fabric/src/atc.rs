@@ -38,6 +38,20 @@
 //! node that owns the cache emits the request and the driver calls `fill` when the completion
 //! arrives.
 //!
+//! ## Known-unmapped ranges (the negative cache)
+//!
+//! A descriptor whose address lies outside every region misses forever: filling finds nothing to
+//! cache, so every later packet would miss and ask again. [`Atc::fill_map`] takes the VM's
+//! *complete* map as the authority reported it at an epoch and also remembers, for each part of
+//! the asked range that no region covers, the whole gap between the neighbouring regions as
+//! unmapped at that epoch. A translation that misses and touches such a gap returns
+//! [`AtcError::Unmapped`] (`atc.unmapped`): final at this epoch, like a permission denial, so
+//! the caller returns the buffer instead of asking again. A bad address thus costs one request
+//! per (VM, gap) per epoch, not one per packet. The negative entries follow the epoch rule and
+//! the invalidations below, like the positive ones; at most [`UNMAPPED_PER_VM_MAX`] per VM and
+//! [`AtcConfig::entries_max`] in all, the oldest replaced first. The hit path never looks at
+//! them: they are consulted only when a translation would otherwise miss.
+//!
 //! ## Invalidation and the epoch rule
 //!
 //! Two mechanisms keep a stale translation from ever being used:
@@ -263,6 +277,15 @@ pub enum AtcError {
         /// [`SEGMENTS_MAX`].
         segments_max: usize,
     },
+    /// Part of the range is mapped nowhere: the authority's map at this epoch has a gap there
+    /// ([`Atc::fill_map`]). Final until the VM's map changes; filling again would not help.
+    #[error("{vm:?}: {range:?} is mapped nowhere at this epoch")]
+    Unmapped {
+        /// The VM.
+        vm: VmId,
+        /// The known-unmapped gap the asked range touches.
+        range: IovaRange,
+    },
     /// A configuration value is out of range.
     #[error("invalid vATC config: {field} = {value}")]
     InvalidConfig {
@@ -272,6 +295,10 @@ pub enum AtcError {
         value: u64,
     },
 }
+
+/// Known-unmapped ranges ([`Atc::fill_map`]) kept per VM: a VM's map of `R` regions has at most
+/// `R + 1` gaps, and a VM port registers 3 regions.
+pub const UNMAPPED_PER_VM_MAX: usize = 8;
 
 /// How many segments a [`Translation`] holds.
 pub const SEGMENTS_MAX: usize = 4;
@@ -377,7 +404,7 @@ impl RegionTable {
     }
 
     /// The VM's regions, in IOVA order.
-    pub fn regions(&self, vm: VmId) -> impl Iterator<Item = &Mapping> + '_ {
+    pub fn regions(&self, vm: VmId) -> impl Iterator<Item = &Mapping> + Clone + '_ {
         self.regions
             .range((vm, Iova(0))..=(vm, Iova(u64::MAX)))
             .map(|(_, m)| m)
@@ -541,6 +568,10 @@ pub struct AtcCounters {
     pub fill: u64,
     /// `atc.invalidated`: entries dropped by explicit invalidation.
     pub invalidated: u64,
+    /// `atc.unmapped`: translations that returned [`AtcError::Unmapped`] (a known gap).
+    pub unmapped: u64,
+    /// `atc.unmapped_fill`: known-unmapped gaps learned by [`Atc::fill_map`].
+    pub unmapped_fill: u64,
 }
 
 impl AtcCounters {
@@ -556,6 +587,8 @@ impl AtcCounters {
             ("atc.invalid", self.invalid),
             ("atc.fill", self.fill),
             ("atc.invalidated", self.invalidated),
+            ("atc.unmapped", self.unmapped),
+            ("atc.unmapped_fill", self.unmapped_fill),
         ]
         .into_iter()
     }
@@ -572,7 +605,18 @@ pub struct Atc {
     /// Key of the entry that served the last hit: a VM's receive buffers sit in one region, so
     /// the next translation usually falls in it too and is served by one lookup.
     last_hit: Option<(VmId, Iova)>,
+    /// Known-unmapped gaps keyed by `(vm, start)`; a VM's gaps never overlap.
+    unmapped: BTreeMap<(VmId, Iova), Gap>,
     counters: AtcCounters,
+}
+
+/// A gap in a VM's map: `[start, end)` was mapped nowhere at `epoch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Gap {
+    end: u64,
+    epoch: AtcEpoch,
+    /// Use stamp (shared with the entries'): the oldest gap is replaced first.
+    used: u64,
 }
 
 /// What walking a range over the cache found (built without allocating).
@@ -597,6 +641,7 @@ impl Atc {
             entries: BTreeMap::new(),
             used_last: 0,
             last_hit: None,
+            unmapped: BTreeMap::new(),
             counters: AtcCounters::default(),
         })
     }
@@ -729,6 +774,11 @@ impl Atc {
                 Ok(t)
             }
             Walk::Miss(m) => {
+                // Only now, off the hit path: a miss that touches a known gap is final.
+                if let Some(gap) = self.unmapped_gap(vm, epoch, iova, end) {
+                    self.counters.unmapped += 1;
+                    return Err(AtcError::Unmapped { vm, range: gap });
+                }
                 self.counters.miss += 1;
                 Err(AtcError::Miss(m))
             }
@@ -910,6 +960,124 @@ impl Atc {
         Ok(inserted)
     }
 
+    /// [`Atc::fill_from`], where `regions` is `vm`'s *complete* map at `epoch` (the authority's
+    /// whole answer, as the DPU process sends it): besides caching the regions that intersect
+    /// `[iova, iova + len)`, remembers each part of that range no region covers as unmapped at
+    /// `epoch`, widened to the gap between the neighbouring regions (see the module docs).
+    /// Returns how many entries and how many gaps it inserted.
+    ///
+    /// A caller that passes only part of the map would make mapped addresses look unmapped:
+    /// translations there would fail (never succeed wrongly) until the VM's epoch moves.
+    pub fn fill_map<'a>(
+        &mut self,
+        vm: VmId,
+        epoch: AtcEpoch,
+        regions: impl Iterator<Item = &'a Mapping> + Clone,
+        iova: Iova,
+        len: u64,
+    ) -> Result<(usize, usize), AtcError> {
+        let inserted = self.fill_from(vm, epoch, regions.clone(), iova, len)?;
+        let end = range_end(vm, iova, len)?;
+        // Walk the asked range over the regions in IOVA order (a handful: sort a copy).
+        let mut sorted: Vec<&Mapping> = regions.collect();
+        sorted.sort_by_key(|m| m.iova);
+        let mut gaps = 0;
+        let mut cursor = iova.0;
+        let mut below = 0u64; // end of the last region at or below the cursor
+        for m in &sorted {
+            if m.iova_end() <= cursor {
+                below = below.max(m.iova_end());
+                continue;
+            }
+            if cursor >= end {
+                break;
+            }
+            if m.iova.0 > cursor {
+                // [cursor, min(m.iova, end)) is uncovered; the gap runs from `below` to m.iova.
+                self.learn_gap(vm, epoch, below, m.iova.0);
+                gaps += 1;
+            }
+            cursor = cursor.max(m.iova_end());
+            below = m.iova_end();
+        }
+        if cursor < end {
+            self.learn_gap(vm, epoch, below, u64::MAX);
+            gaps += 1;
+        }
+        Ok((inserted, gaps))
+    }
+
+    /// Remembers `[start, end)` of `vm` as unmapped at `epoch`, replacing the VM's gaps it
+    /// overlaps and the oldest when full.
+    fn learn_gap(&mut self, vm: VmId, epoch: AtcEpoch, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        self.drop_gaps(vm, start, end);
+        // Gaps of older epochs are dead: drop them rather than let them take room.
+        self.unmapped
+            .retain(|&(v, _), g| v != vm || g.epoch == epoch);
+        while self
+            .unmapped
+            .range((vm, Iova(0))..=(vm, Iova(u64::MAX)))
+            .count()
+            >= UNMAPPED_PER_VM_MAX
+        {
+            self.drop_oldest_gap(Some(vm));
+        }
+        while self.unmapped.len() >= self.config.entries_max {
+            self.drop_oldest_gap(None);
+        }
+        self.used_last += 1;
+        self.unmapped.insert(
+            (vm, Iova(start)),
+            Gap {
+                end,
+                epoch,
+                used: self.used_last,
+            },
+        );
+        self.counters.unmapped_fill += 1;
+    }
+
+    fn drop_oldest_gap(&mut self, vm: Option<VmId>) {
+        let key = self
+            .unmapped
+            .iter()
+            .filter(|((v, _), _)| vm.is_none_or(|w| w == *v))
+            .min_by_key(|(k, g)| (g.used, **k))
+            .map(|(k, _)| *k)
+            .expect("called only when there is a gap to drop");
+        self.unmapped.remove(&key);
+    }
+
+    /// Drops `vm`'s gaps intersecting `[start, end)`; returns how many.
+    fn drop_gaps(&mut self, vm: VmId, start: u64, end: u64) -> usize {
+        let doomed: Vec<(VmId, Iova)> = self
+            .unmapped
+            .range((vm, Iova(0))..(vm, Iova(end)))
+            .filter(|(_, g)| g.end > start)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &doomed {
+            self.unmapped.remove(k);
+        }
+        doomed.len()
+    }
+
+    /// The gap of `vm` at `epoch` that `[iova, end)` touches, if any. Gaps do not overlap, so
+    /// only the last one starting below `end` can.
+    fn unmapped_gap(&self, vm: VmId, epoch: AtcEpoch, iova: Iova, end: u64) -> Option<IovaRange> {
+        let ((_, start), g) = self
+            .unmapped
+            .range((vm, Iova(0))..(vm, Iova(end)))
+            .next_back()?;
+        (g.end > iova.0 && g.epoch == epoch).then_some(IovaRange {
+            start: *start,
+            len: g.end - start.0,
+        })
+    }
+
     /// Evicts the least recently used entry; ties by `(VmId, Iova)`.
     fn evict_one(&mut self) {
         let key = self
@@ -940,6 +1108,7 @@ impl Atc {
     pub fn invalidate(&mut self, vm: VmId, iova: Iova, len: u64) -> Result<usize, AtcError> {
         let end = range_end(vm, iova, len)?;
         let n = self.drop_range(vm, iova, end);
+        self.drop_gaps(vm, iova.0, end);
         self.counters.invalidated += n as u64;
         Ok(n)
     }
@@ -948,6 +1117,7 @@ impl Atc {
     pub fn invalidate_vm(&mut self, vm: VmId) -> usize {
         let before = self.entries.len();
         self.entries.retain(|&(v, _), _| v != vm);
+        self.unmapped.retain(|&(v, _), _| v != vm);
         let n = before - self.entries.len();
         self.counters.invalidated += n as u64;
         n
@@ -957,6 +1127,7 @@ impl Atc {
     pub fn invalidate_all(&mut self) -> usize {
         let n = self.entries.len();
         self.entries.clear();
+        self.unmapped.clear();
         self.counters.invalidated += n as u64;
         n
     }
@@ -994,6 +1165,28 @@ impl Atc {
                 return Err(format!("entry {e:?} has a bad use stamp"));
             }
             prev = Some(e);
+        }
+        if self.unmapped.len() > self.config.entries_max {
+            return Err(format!("{} gaps exceed entries_max", self.unmapped.len()));
+        }
+        let mut prev: Option<(VmId, u64)> = None;
+        let mut per_vm = 0usize;
+        for (&(vm, start), g) in &self.unmapped {
+            if g.end <= start.0 {
+                return Err(format!("gap ({vm:?}, {start:?}) is empty"));
+            }
+            per_vm = if prev.is_some_and(|(v, _)| v == vm) {
+                per_vm + 1
+            } else {
+                1
+            };
+            if per_vm > UNMAPPED_PER_VM_MAX {
+                return Err(format!("{vm:?} has more than {UNMAPPED_PER_VM_MAX} gaps"));
+            }
+            if prev.is_some_and(|(v, e)| v == vm && e > start.0) {
+                return Err(format!("gaps of {vm:?} overlap at {start:?}"));
+            }
+            prev = Some((vm, g.end));
         }
         Ok(())
     }
@@ -1267,6 +1460,101 @@ mod tests {
         assert_eq!(t.regions(VM).count(), 1);
         assert_eq!(t.remove_vm(VM).len(), 1);
         t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn an_address_outside_every_region_costs_one_fill_per_gap_and_epoch() {
+        let vm = VmId(3);
+        let mut t = RegionTable::new();
+        t.map(vm, region(0x1000, 0x1000, 0x10_000, Perm::WRITE))
+            .unwrap();
+        t.map(vm, region(0x4000, 0x1000, 0x20_000, Perm::WRITE))
+            .unwrap();
+        let mut atc = Atc::new(AtcConfig { entries_max: 16 }).unwrap();
+        let epoch = t.epoch(vm);
+        let mut requests = 0;
+        // 1,000 packets to a buffer between the regions, then 1,000 beyond the last one.
+        for addr in [0x2800u64, 0x9000] {
+            for _ in 0..1000 {
+                match atc.translate_at(epoch, vm, Iova(addr), 64, Perm::WRITE) {
+                    Err(AtcError::Miss(m)) => {
+                        requests += 1;
+                        for r in m.missing() {
+                            atc.fill_map(vm, epoch, t.regions(vm), r.start, r.len)
+                                .unwrap();
+                        }
+                    }
+                    Err(AtcError::Unmapped { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert_eq!(requests, 2, "one per gap");
+        assert_eq!(atc.counters().unmapped, 1998);
+        // The gap is the whole space between the neighbours: another address in it is known.
+        assert_eq!(
+            atc.translate_at(epoch, vm, Iova(0x3f00), 0x100, Perm::WRITE),
+            Err(AtcError::Unmapped {
+                vm,
+                range: rng(0x2000, 0x2000)
+            })
+        );
+        // Mapped addresses still translate; a range straddling a region and a gap is refused.
+        atc.fill_map(vm, epoch, t.regions(vm), Iova(0x1000), 0x1000)
+            .unwrap();
+        assert!(
+            atc.translate_at(epoch, vm, Iova(0x1000), 64, Perm::WRITE)
+                .is_ok()
+        );
+        assert!(matches!(
+            atc.translate_at(epoch, vm, Iova(0x1fc0), 0x80, Perm::WRITE),
+            Err(AtcError::Unmapped { .. })
+        ));
+        atc.check_invariants().unwrap();
+        // The VM's map changes: the gap is dead at the new epoch and asked about again.
+        t.map(vm, region(0x2000, 0x1000, 0x30_000, Perm::WRITE))
+            .unwrap();
+        let epoch = t.epoch(vm);
+        let m = miss(atc.translate_at(epoch, vm, Iova(0x2800), 64, Perm::WRITE));
+        atc.fill_map(vm, epoch, t.regions(vm), m.range.start, m.range.len)
+            .unwrap();
+        assert!(
+            atc.translate_at(epoch, vm, Iova(0x2800), 64, Perm::WRITE)
+                .is_ok()
+        );
+        // Invalidating the VM forgets its gaps too.
+        let m = miss(atc.translate_at(epoch, vm, Iova(0x9000), 64, Perm::WRITE));
+        atc.fill_map(vm, epoch, t.regions(vm), m.range.start, m.range.len)
+            .unwrap();
+        atc.invalidate_vm(vm);
+        assert!(matches!(
+            atc.translate_at(epoch, vm, Iova(0x9000), 64, Perm::WRITE),
+            Err(AtcError::Miss(_))
+        ));
+    }
+
+    #[test]
+    fn gaps_are_bounded_per_vm_and_in_all() {
+        let mut atc = Atc::new(AtcConfig { entries_max: 12 }).unwrap();
+        let mut t = RegionTable::new();
+        for v in 0..3u32 {
+            let vm = VmId(v);
+            // 20 regions with gaps between them: more gaps than a VM may keep.
+            for k in 0..20u64 {
+                t.map(
+                    vm,
+                    region(0x10_000 * (k + 1), 0x1000, 0x1000 * k, Perm::WRITE),
+                )
+                .unwrap();
+            }
+            for k in 0..20u64 {
+                let addr = 0x10_000 * (k + 1) + 0x8000;
+                atc.fill_map(vm, t.epoch(vm), t.regions(vm), Iova(addr), 64)
+                    .unwrap();
+                atc.check_invariants().unwrap();
+            }
+        }
+        assert_eq!(atc.counters().unmapped_fill, 60);
     }
 
     #[test]

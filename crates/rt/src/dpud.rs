@@ -54,8 +54,15 @@ use crate::vnet::VnetHdr;
 use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use spillway_fabric::atc::{RegionTable, VmId};
 
-/// Frames read from one TAP per loop turn before the next port gets its turn.
+/// Frames read from one port (TAP or shared-memory) per loop turn before the next port gets
+/// its turn.
 const TAP_BATCH: usize = 64;
+/// Bytes read from one port per loop turn: after the frame that crosses it the next port gets
+/// its turn, so a VM sending 64 KiB GSO frames holds the loop for 4 of them, not 64.
+const PORT_BYTES_PER_TURN: usize = 256 << 10;
+/// How long a port detached for what its VM did (a broken queue, [`vmport::Misbehaviour`])
+/// refuses a new attach, ns: a VM that reconnects at once to misbehave again costs the loop an attach a second.
+const QUARANTINE_NS: u64 = 1_000_000_000;
 /// Records taken from a ring per loop turn.
 const RING_BATCH: usize = 256;
 /// Frame buffer: a 64 KiB GSO frame plus its virtio-net header and tags.
@@ -111,6 +118,26 @@ pub struct RtCounters {
     pub vm_rx_no_buffer: u64,
     /// `rt.vm.desc.bad`: descriptors of a shared-memory VM refused (bad address, flags, size).
     pub vm_desc_bad: u64,
+    /// `rt.vm.desc.turn_budget`: loop turns in which a VM's transmit queue hit the bad
+    /// descriptor budget ([`vmport::BAD_DESC_PER_TURN`]) and was left for the next turn.
+    pub vm_desc_turn_budget: u64,
+    /// `rt.vm.socket.bytes`: bytes VMs wrote on their port sockets after attaching (the
+    /// protocol has them write none).
+    pub vm_socket_bytes: u64,
+    /// `rt.vm.detached.gone`: ports detached because the endpoint closed its socket.
+    pub vm_detached_gone: u64,
+    /// `rt.vm.detached.broken`: ports detached because the VM broke a queue (an index or id
+    /// out of range).
+    pub vm_detached_broken: u64,
+    /// `rt.vm.detached.bad_desc`: ports detached for too many bad descriptors
+    /// ([`vmport::BAD_DESC_WINDOW_MAX`] in [`vmport::BAD_DESC_WINDOW_NS`]).
+    pub vm_detached_bad_desc: u64,
+    /// `rt.vm.detached.socket_flood`: ports detached for writing more than
+    /// [`vmport::SOCKET_BYTES_MAX`] on their socket.
+    pub vm_detached_socket_flood: u64,
+    /// `rt.vm.attach.quarantined`: manage ticks in which a port detached for misbehaviour
+    /// left a waiting connection unaccepted ([`QUARANTINE_NS`]).
+    pub vm_attach_quarantined: u64,
     /// `rt.atc.requests`: vATC translation requests from the plane answered.
     pub atc_requests: u64,
     /// `rt.atc.invalidations`: vATC invalidations sent to the plane (a VM's memory changed).
@@ -146,6 +173,13 @@ impl RtCounters {
             ("rt.vm.detached", self.vm_detached),
             ("rt.vm.rx.no_buffer", self.vm_rx_no_buffer),
             ("rt.vm.desc.bad", self.vm_desc_bad),
+            ("rt.vm.desc.turn_budget", self.vm_desc_turn_budget),
+            ("rt.vm.socket.bytes", self.vm_socket_bytes),
+            ("rt.vm.detached.gone", self.vm_detached_gone),
+            ("rt.vm.detached.broken", self.vm_detached_broken),
+            ("rt.vm.detached.bad_desc", self.vm_detached_bad_desc),
+            ("rt.vm.detached.socket_flood", self.vm_detached_socket_flood),
+            ("rt.vm.attach.quarantined", self.vm_attach_quarantined),
             ("rt.atc.requests", self.atc_requests),
             ("rt.atc.invalidations", self.atc_invalidations),
             ("rt.vnic.rejected", self.vnic_rejected),
@@ -194,6 +228,29 @@ struct ShmSlot {
     bridge: Option<Child>,
     /// The uid allowed to attach (`[[vm]] uid`); the bridge this process started is allowed too.
     uid: u32,
+    /// Detached for misbehaviour: no new attach before this time.
+    quarantine_until: Option<Instant>,
+}
+
+/// Why a shared-memory port was detached (each counted as `rt.vm.detached.<name>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DetachReason {
+    /// The endpoint closed its socket (or the socket failed).
+    Gone,
+    /// The VM published an index or id out of range: the queue is unusable.
+    Broken,
+    /// The VM went over a budget ([`vmport::Misbehaviour`]).
+    Misbehaved(vmport::Misbehaviour),
+}
+
+impl DetachReason {
+    fn name(self) -> &'static str {
+        match self {
+            DetachReason::Gone => "gone",
+            DetachReason::Broken => "broken",
+            DetachReason::Misbehaved(m) => m.name(),
+        }
+    }
 }
 
 /// A change of a shared-memory port that the spill plane must hear of.
@@ -286,7 +343,7 @@ impl DataPath {
         self.port_index.get(&id).copied()
     }
 
-    fn write_port(&mut self, port: PortId, vnet: &[u8], frame: &[u8]) {
+    fn write_port(&mut self, now: Instant, port: PortId, vnet: &[u8], frame: &[u8]) {
         let Some(i) = self.port_slot(port) else {
             self.counters.tx_errors += 1;
             return;
@@ -307,7 +364,7 @@ impl DataPath {
                     Some(Ok(sent)) => sent,
                     Some(Err(e)) => {
                         tracing::warn!(target: "spillway::run", vm = %slot.vm, error = %e, "VM receive queue broken; detaching the port");
-                        self.detach(i);
+                        self.detach(i, now, DetachReason::Broken);
                         false
                     }
                     None => false,
@@ -321,19 +378,47 @@ impl DataPath {
         }
     }
 
-    /// Detaches shared-memory port slot `i`: its memory leaves the authority (which bumps the
-    /// VM's epoch) and the plane is told to invalidate.
-    fn detach(&mut self, i: usize) {
+    /// Detaches shared-memory port slot `i` for `why` at `now`: its memory leaves the authority
+    /// (which bumps the VM's epoch) and the plane is told to invalidate. A port detached for
+    /// what its VM did (a broken queue, a budget) takes no new attach for [`QUARANTINE_NS`].
+    fn detach(&mut self, i: usize, now: Instant, why: DetachReason) {
         let id = self.ports[i].id;
         if let PortIo::Shm(slot) = &mut self.ports[i].io
             && let Some(p) = slot.port.take()
         {
             self.counters.vm_rx_no_buffer += p.rx_no_buffer;
             self.counters.vm_desc_bad += p.bad_desc;
+            self.counters.vm_desc_turn_budget += p.turn_budget_hits;
+            self.counters.vm_socket_bytes += p.socket_bytes;
             self.counters.vm_detached += 1;
+            let c = &mut self.counters;
+            *match why {
+                DetachReason::Gone => &mut c.vm_detached_gone,
+                DetachReason::Broken => &mut c.vm_detached_broken,
+                DetachReason::Misbehaved(vmport::Misbehaviour::BadDescriptors) => {
+                    &mut c.vm_detached_bad_desc
+                }
+                DetachReason::Misbehaved(vmport::Misbehaviour::SocketFlood) => {
+                    &mut c.vm_detached_socket_flood
+                }
+            } += 1;
+            if why != DetachReason::Gone {
+                slot.quarantine_until = Some(Instant(now.0.saturating_add(QUARANTINE_NS)));
+                tracing::warn!(target: "spillway::run", vm = %slot.vm, reason = why.name(), bad_desc = p.bad_desc, socket_bytes = p.socket_bytes, "shared-memory port detached: the VM went over its budget");
+            } else {
+                tracing::info!(target: "spillway::run", vm = %slot.vm, reason = why.name(), "shared-memory port detached");
+            }
             self.authority.remove_vm(vm_id(id));
             self.vm_changes.push(VmChange::Detached(id));
-            tracing::info!(target: "spillway::run", vm = %slot.vm, "shared-memory port detached");
+        }
+    }
+
+    /// Detaches slot `i` if its VM went over a budget.
+    fn detach_if_misbehaving(&mut self, i: usize, now: Instant) {
+        if let PortIo::Shm(slot) = &self.ports[i].io
+            && let Some(m) = slot.port.as_ref().and_then(ShmPort::misbehaving)
+        {
+            self.detach(i, now, DetachReason::Misbehaved(m));
         }
     }
 
@@ -374,7 +459,7 @@ impl DataPath {
         match self.pipeline.process(now, ingress, &mut self.pkt) {
             Verdict::Forward(out) => {
                 let pkt = std::mem::take(&mut self.pkt);
-                self.write_port(out, vnet, pkt.data());
+                self.write_port(now, out, vnet, pkt.data());
                 self.pkt = pkt;
             }
             Verdict::Drop(r) => {
@@ -686,6 +771,8 @@ pub struct DpuDaemon {
     last_publish: Instant,
     last_manage: Instant,
     idle_turns: u32,
+    /// Loop turns so far: which port goes first this turn.
+    turn: u32,
     rates: Rates,
     rx: Vec<u8>,
     /// Whether the plane delivers into shared-memory VMs itself (vATC) or back via the DPU.
@@ -758,6 +845,7 @@ impl DpuDaemon {
                             pending: None,
                             bridge: None,
                             uid: spec.uid,
+                            quarantine_until: None,
                         }))
                     }
                     (VmBackend::Tap, None) => unreachable!("bring_up makes a TAP for a TAP port"),
@@ -865,6 +953,7 @@ impl DpuDaemon {
                 last_publish: Instant::ZERO,
                 last_manage: Instant::ZERO,
                 idle_turns: 0,
+                turn: 0,
                 rates: Rates::default(),
                 rx: vec![0u8; FRAME_MAX],
                 vatc: tb.fabric.host.vatc,
@@ -941,10 +1030,26 @@ impl DpuDaemon {
         Ok(())
     }
 
+    /// One batch from every port, round robin: each port gets at most [`TAP_BATCH`] frames and
+    /// [`PORT_BYTES_PER_TURN`] bytes (and a shared-memory port at most
+    /// [`vmport::BAD_DESC_PER_TURN`] bad descriptors) before the next one, and the port that
+    /// goes first moves on by one every turn, so no port always waits behind the others.
     fn poll_taps(&mut self, now: Instant) -> Result<bool, RunError> {
         let mut busy = false;
-        for i in 0..self.dp.ports.len() {
+        let n_ports = self.dp.ports.len();
+        self.turn = self.turn.wrapping_add(1);
+        for k in 0..n_ports {
+            let i = (self.turn as usize + k) % n_ports;
+            if let PortIo::Shm(slot) = &mut self.dp.ports[i].io
+                && let Some(port) = slot.port.as_mut()
+            {
+                port.begin_turn(now.0);
+            }
+            let mut bytes = 0usize;
             for _ in 0..TAP_BATCH {
+                if bytes >= PORT_BYTES_PER_TURN {
+                    break;
+                }
                 let n = match &mut self.dp.ports[i].io {
                     PortIo::Tap(tap) => match tap.read(&mut self.rx) {
                         Ok(n) => n,
@@ -961,13 +1066,14 @@ impl DpuDaemon {
                             Ok(None) => break,
                             Err(e) => {
                                 tracing::warn!(target: "spillway::run", vm = %slot.vm, error = %e, "VM transmit queue broken; detaching the port");
-                                self.dp.detach(i);
+                                self.dp.detach(i, now, DetachReason::Broken);
                                 break;
                             }
                         }
                     }
                 };
                 busy = true;
+                bytes += n;
                 let buf = std::mem::take(&mut self.rx);
                 let r = self.dp.on_tap_frame(self.plane.as_mut(), now, i, &buf[..n]);
                 self.rx = buf;
@@ -975,6 +1081,7 @@ impl DpuDaemon {
                     self.plane_failed(now, &e);
                 }
             }
+            self.dp.detach_if_misbehaving(i, now);
         }
         Ok(busy)
     }
@@ -996,7 +1103,7 @@ impl DpuDaemon {
                 Msg::Packets(t) => {
                     dp.dpu.handle_msg(now, Msg::Packets(t));
                     if dp.dpu.delivered_last() == t.packets {
-                        dp.write_port(port, rec.vnet, rec.frame);
+                        dp.write_port(now, port, rec.vnet, rec.frame);
                     } else {
                         dp.counters.drop_fabric += 1;
                     }
@@ -1384,14 +1491,25 @@ impl DpuDaemon {
                 continue;
             };
             if slot.port.as_mut().is_some_and(|p| p.endpoint_gone()) {
-                self.dp.detach(i);
+                self.dp.detach(i, now, DetachReason::Gone);
                 continue;
             }
+            // A flood on the socket (just read) or bad receive buffers (posted while frames
+            // were sent to the VM) since the last turn.
+            self.dp.detach_if_misbehaving(i, now);
             let PortIo::Shm(slot) = &mut self.dp.ports[i].io else {
                 continue;
             };
             if slot.port.is_some() {
                 continue;
+            }
+            if let Some(until) = slot.quarantine_until {
+                if now < until {
+                    // Waiting connections stay in the listener's backlog until then.
+                    self.dp.counters.vm_attach_quarantined += 1;
+                    continue;
+                }
+                slot.quarantine_until = None;
             }
             let stream = match slot.pending.take() {
                 Some((s, since)) if now.0.saturating_sub(since.0) < ATTACH_WAIT_NS => (s, since),

@@ -204,9 +204,12 @@ impl Vatc {
                 let (Some(iova), Some(len)) = (doc["iova"].as_u64(), doc["len"].as_u64()) else {
                     return;
                 };
+                // The answer lists all the VM's regions: what it leaves out of the asked range
+                // is known unmapped at this epoch (a negative entry), so a buffer posted there
+                // is refused from now on instead of asked about with every packet.
                 if let Err(e) = self
                     .atc
-                    .fill_from(vm, epoch, regions.iter(), Iova(iova), len)
+                    .fill_map(vm, epoch, regions.iter(), Iova(iova), len)
                 {
                     tracing::warn!(target: "spillway::plane", vm = vm.0, error = %e, "translation refused");
                 }
@@ -678,4 +681,83 @@ fn sleep(vnic: &mut VnicSet, plane: &SpillPlane, now: Instant) -> Result<(), Str
     }
     vnic.woke();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtq::{DESC_F_WRITE, DriverQueue, QUEUE_RX_PLANE, VmLayout, VmMemory};
+    use spillway_fabric::atc::{AtcConfig, RegionTable};
+
+    /// The DPU process's answer to a translation request (as `dpud` builds it).
+    fn answer(table: &RegionTable, vm: VmId, iova: Iova, len: u64) -> serde_json::Value {
+        let regions: Vec<serde_json::Value> = table
+            .regions(vm)
+            .map(|m| json!([m.iova.0, m.len, m.host.0, m.perm.read, m.perm.write]))
+            .collect();
+        json!({"op": "regions", "vm": vm.0, "epoch": table.epoch(vm).0,
+               "iova": iova.0, "len": len, "regions": regions})
+    }
+
+    #[test]
+    fn a_receive_buffer_outside_every_region_costs_one_translation_request_not_one_per_packet() {
+        let layout = VmLayout {
+            queue_size: 8,
+            buf_bytes: 2048,
+            iova_base: 1 << 36,
+        };
+        let mem = VmMemory::create("t", layout).unwrap();
+        let vm = VmId(4);
+        let mut table = RegionTable::new();
+        for m in crate::vmport::regions(&layout) {
+            table.map(vm, m).unwrap();
+        }
+        let mut v = Vatc {
+            vms: BTreeMap::new(),
+            atc: Atc::new(AtcConfig::default()).unwrap(),
+            pending: BTreeSet::new(),
+            requests: Vec::new(),
+        };
+        let mut c = PlaneCounters::default();
+        let irq = crate::ring::Doorbell::new().unwrap();
+        let fds = vec![
+            rustix::io::dup(mem.fd()).unwrap(),
+            rustix::io::dup(irq.as_fd()).unwrap(),
+        ];
+        v.on_control(
+            &json!({"op": "attach", "vm": vm.0, "epoch": table.epoch(vm).0, "fds": 2}),
+            fds,
+            &mut c,
+        );
+        let mut requests = 0;
+        let mut serve = |v: &mut Vatc, c: &mut PlaneCounters| {
+            for (vm, iova, len) in std::mem::take(&mut v.requests) {
+                requests += 1;
+                v.on_control(&answer(&table, vm, iova, len), Vec::new(), c);
+            }
+        };
+        serve(&mut v, &mut c);
+        // The VM keeps one receive buffer posted at an address outside every region.
+        let mut rx = DriverQueue::new(&mem, QUEUE_RX_PLANE);
+        let frame = [0u8; 100];
+        for _ in 0..1000 {
+            while let Ok(Some((id, _))) = rx.reclaim(&mem) {
+                rx.put_free(id);
+            }
+            if let Some(id) = rx.take_free() {
+                rx.post(&mem, id, 2048);
+                let d = layout.desc_off(QUEUE_RX_PLANE) + 16 * usize::from(id);
+                assert!(mem.write_bytes(d, &0x1000u64.to_le_bytes()));
+                assert!(mem.write_bytes(d + 12, &DESC_F_WRITE.to_le_bytes()));
+            }
+            assert!(!v.deliver(PortId(vm.0), &[0; 12], &frame, &mut c));
+            serve(&mut v, &mut c);
+        }
+        drop(serve);
+        assert!(
+            requests <= 2,
+            "{requests} translation requests for 1,000 packets (the attach's and one for the gap)"
+        );
+        assert!(c.vatc_bad_desc >= 998, "{c:?}");
+    }
 }

@@ -21,6 +21,23 @@
 //!   offsets, which are bounds-checked against that VM's own memfd as well. A miss is returned
 //!   to the caller (who sends the packet the DPU way and asks the DPU for the translation);
 //!   nothing waits.
+//!
+//! ## Budgets: what one VM may cost the DPU's loop
+//!
+//! A VM controls its queues and its socket, and the DPU's one loop serves every tenant, so each
+//! thing a VM can make the loop do is bounded per turn and a VM that keeps misbehaving is
+//! detached with a counted reason ([`Misbehaviour`]); the other ports keep forwarding.
+//!
+//! - **Bad descriptors.** [`ShmPort::recv`] refuses at most [`BAD_DESC_PER_TURN`] bad transmit
+//!   descriptors per loop turn ([`ShmPort::begin_turn`] opens a turn), then stops taking from the
+//!   queue until the next turn. Every bad descriptor (transmit, or a receive buffer
+//!   [`fill_rx`] could not use) counts in a window of [`BAD_DESC_WINDOW_NS`]; more than
+//!   [`BAD_DESC_WINDOW_MAX`] in one window is [`Misbehaviour::BadDescriptors`]. A driver that
+//!   follows the protocol posts none.
+//! - **The socket.** After the attach the VM has nothing to say on its socket: its end is the
+//!   port's end. [`ShmPort::endpoint_gone`] reads at most [`SOCKET_READ_PER_TURN`] bytes per
+//!   call, so a VM writing without pause cannot hold the loop; more than [`SOCKET_BYTES_MAX`]
+//!   bytes in all is [`Misbehaviour::SocketFlood`].
 
 use std::io::{self, Read, Write};
 use std::os::fd::BorrowedFd;
@@ -63,6 +80,40 @@ pub fn regions(layout: &VmLayout) -> [Mapping; 3] {
     ]
 }
 
+/// Bad transmit descriptors [`ShmPort::recv`] refuses per loop turn before it leaves the
+/// queue to the next turn: at about 50 ns each, 32 cost the other ports under 2 µs a turn.
+pub const BAD_DESC_PER_TURN: u32 = 32;
+/// The window bad descriptors are counted in, ns.
+pub const BAD_DESC_WINDOW_NS: u64 = 100_000_000;
+/// Bad descriptors (both queues) one VM may post within one [`BAD_DESC_WINDOW_NS`] window; one
+/// more detaches the port ([`Misbehaviour::BadDescriptors`]). At this rate (41,000 a second)
+/// a VM costs the loop about 2 ms a second.
+pub const BAD_DESC_WINDOW_MAX: u64 = 4096;
+/// Bytes [`ShmPort::endpoint_gone`] reads from a VM's socket per call.
+pub const SOCKET_READ_PER_TURN: usize = 4096;
+/// Bytes a VM may write on its socket after the attach, in all, before it is detached
+/// ([`Misbehaviour::SocketFlood`]); the protocol has it write none.
+pub const SOCKET_BYTES_MAX: u64 = 64 << 10;
+
+/// Why a VM's port is detached for what the VM did (counted as `rt.vm.detached.<name>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misbehaviour {
+    /// More than [`BAD_DESC_WINDOW_MAX`] bad descriptors within [`BAD_DESC_WINDOW_NS`].
+    BadDescriptors,
+    /// More than [`SOCKET_BYTES_MAX`] bytes written on the port socket after the attach.
+    SocketFlood,
+}
+
+impl Misbehaviour {
+    /// Short name (metrics and logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            Misbehaviour::BadDescriptors => "bad_desc",
+            Misbehaviour::SocketFlood => "socket_flood",
+        }
+    }
+}
+
 /// The DPU's end of a shared-memory port.
 #[derive(Debug)]
 pub struct ShmPort {
@@ -78,6 +129,16 @@ pub struct ShmPort {
     pub rx_no_buffer: u64,
     /// Descriptors refused (`vm.desc.bad`).
     pub bad_desc: u64,
+    /// Turns in which [`BAD_DESC_PER_TURN`] stopped [`ShmPort::recv`] (`vm.desc.turn_budget`).
+    pub turn_budget_hits: u64,
+    /// Bytes read from the socket after the attach (`vm.socket.bytes`).
+    pub socket_bytes: u64,
+    /// Bad transmit descriptors refused in this turn.
+    bad_turn: u32,
+    /// Bad descriptors in the window that started at `window_start` (ns).
+    bad_window: u64,
+    window_start: u64,
+    misbehaving: Option<Misbehaviour>,
 }
 
 /// What [`accept`] made of a connection.
@@ -145,17 +206,61 @@ pub fn accept(stream: UnixStream) -> Result<Accepted, String> {
             irq_pending: false,
             rx_no_buffer: 0,
             bad_desc: 0,
+            turn_budget_hits: 0,
+            socket_bytes: 0,
+            bad_turn: 0,
+            bad_window: 0,
+            window_start: 0,
+            misbehaving: None,
         }),
         vm,
     ))
 }
 
 impl ShmPort {
+    /// Opens a loop turn at `now_ns` (the DPU's clock): the per-turn budget starts again, and
+    /// the bad-descriptor window moves on once it is [`BAD_DESC_WINDOW_NS`] old.
+    pub fn begin_turn(&mut self, now_ns: u64) {
+        self.bad_turn = 0;
+        if now_ns.saturating_sub(self.window_start) >= BAD_DESC_WINDOW_NS {
+            self.window_start = now_ns;
+            self.bad_window = 0;
+        }
+    }
+
+    /// What the VM did that should detach its port, if anything (sticky: once misbehaving,
+    /// always).
+    pub fn misbehaving(&self) -> Option<Misbehaviour> {
+        self.misbehaving
+    }
+
+    fn note_bad(&mut self) {
+        self.bad_desc += 1;
+        self.bad_window += 1;
+        if self.bad_window > BAD_DESC_WINDOW_MAX && self.misbehaving.is_none() {
+            self.misbehaving = Some(Misbehaviour::BadDescriptors);
+        }
+    }
+
     /// Copies the next frame the VM transmitted (virtio-net header + frame) into `buf` and
     /// returns its length. A bad descriptor is returned to the VM unread and counted, and the
-    /// next one tried; an error is a broken queue (the port must be dropped).
+    /// next one tried, up to [`BAD_DESC_PER_TURN`] per turn: then `None`, as if the queue were
+    /// empty, until [`ShmPort::begin_turn`] (and always `None` once the VM is
+    /// [`ShmPort::misbehaving`]). An error is a broken queue (the port must be
+    /// dropped).
     pub fn recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, VirtqError> {
+        if self.misbehaving.is_some() {
+            return Ok(None); // about to be detached: take nothing more from it
+        }
         loop {
+            if self.bad_turn >= BAD_DESC_PER_TURN {
+                if self.bad_turn == BAD_DESC_PER_TURN {
+                    // Counted once per turn, however often the loop asks again.
+                    self.bad_turn += 1;
+                    self.turn_budget_hits += 1;
+                }
+                return Ok(None);
+            }
             let Some(d) = self.tx.peek(&self.mem)? else {
                 return Ok(None);
             };
@@ -166,7 +271,13 @@ impl ShmPort {
             self.irq_pending = true;
             match off {
                 Ok(off) if ok && self.mem.read_bytes(off, &mut buf[..len]) => return Ok(Some(len)),
-                _ => self.bad_desc += 1,
+                _ => {
+                    self.bad_turn += 1;
+                    self.note_bad();
+                    if self.misbehaving.is_some() {
+                        return Ok(None);
+                    }
+                }
             }
         }
     }
@@ -178,7 +289,7 @@ impl ShmPort {
         match filled {
             Filled::Written => {}
             Filled::NoBuffer => self.rx_no_buffer += 1,
-            Filled::BadDesc => self.bad_desc += 1,
+            Filled::BadDesc => self.note_bad(),
         }
         if filled != Filled::NoBuffer {
             self.irq_pending = true;
@@ -216,18 +327,29 @@ impl ShmPort {
         self.irq.as_fd()
     }
 
-    /// Whether the endpoint has gone (its socket reached end of file or failed).
+    /// Whether the endpoint has gone (its socket reached end of file or failed). Reads at most
+    /// [`SOCKET_READ_PER_TURN`] bytes: the VM has nothing to say after the attach, and a VM
+    /// that writes without pause must not hold the loop here; past [`SOCKET_BYTES_MAX`] bytes
+    /// it is [`Misbehaviour::SocketFlood`].
     pub fn endpoint_gone(&mut self) -> bool {
-        let mut b = [0u8; 64];
-        loop {
+        let mut b = [0u8; 1024];
+        let mut read = 0usize;
+        while read < SOCKET_READ_PER_TURN {
             match self.stream.read(&mut b) {
                 Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Ok(n) => {
+                    read += n;
+                    self.socket_bytes += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return true,
             }
         }
+        if self.socket_bytes > SOCKET_BYTES_MAX && self.misbehaving.is_none() {
+            self.misbehaving = Some(Misbehaviour::SocketFlood);
+        }
+        false
     }
 }
 
@@ -336,6 +458,8 @@ impl PlaneVm {
             Ok(t) => t,
             // Not taken: the buffer stays posted for the retry after the fill.
             Err(AtcError::Miss(m)) => return Err(DirectRefused::Miss(m)),
+            // Final at this epoch (a known-unmapped gap, no write permission, ...): the buffer
+            // goes back to the VM unused, so it cannot miss again with every packet.
             Err(_) => {
                 self.rx.complete(&self.mem, d.id, 0);
                 self.irq_pending = true;
@@ -388,20 +512,37 @@ pub fn attach(
 ) -> Result<UnixStream, String> {
     let stream =
         UnixStream::connect(path).map_err(|e| format!("connecting to {}: {e}", path.display()))?;
+    send_attach(&stream, vm, mem, kick, irq)?;
+    await_answer(&stream)?;
+    Ok(stream)
+}
+
+/// Sends the attach message for `mem` as VM `vm` on `stream` (the first half of [`attach`]).
+pub fn send_attach(
+    stream: &UnixStream,
+    vm: &str,
+    mem: &VmMemory,
+    kick: &Doorbell,
+    irq: &Doorbell,
+) -> Result<(), String> {
     let msg = format!("{HELLO} {}\n", serde_json::json!({ "vm": vm }));
     fdpass::send_with_fds(
-        &stream,
+        stream,
         msg.as_bytes(),
         &[mem.fd(), kick.as_fd(), irq.as_fd()],
     )
-    .map_err(|e| format!("attaching: {e}"))?;
+    .map_err(|e| format!("attaching: {e}"))
+}
+
+/// Waits (up to 5 s) for the DPU's answer to an attach message: `Ok` if it said `ok`.
+pub fn await_answer(stream: &UnixStream) -> Result<(), String> {
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
     let mut line = Vec::new();
     let mut b = [0u8; 1];
     while line.len() < 512 {
-        match (&stream).read(&mut b) {
+        match (&*stream).read(&mut b) {
             Ok(0) => break,
             Ok(_) if b[0] == b'\n' => break,
             Ok(_) => line.push(b[0]),
@@ -413,5 +554,138 @@ pub fn attach(
     if line != "ok" {
         return Err(format!("the DPU refused the port: {line}"));
     }
-    Ok(stream)
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtq::DriverQueue;
+    use std::time::Instant;
+
+    /// A VM's memory and doorbells, attached to a [`ShmPort`] over a socket pair.
+    fn attached(queue_size: u16) -> (VmMemory, UnixStream, ShmPort) {
+        let layout = VmLayout {
+            queue_size,
+            buf_bytes: 2048,
+            iova_base: 1 << 36,
+        };
+        let mem = VmMemory::create("t", layout).unwrap();
+        let (kick, irq) = (Doorbell::new().unwrap(), Doorbell::new().unwrap());
+        let (vm_end, dpu_end) = UnixStream::pair().unwrap();
+        send_attach(&vm_end, "t", &mem, &kick, &irq).unwrap();
+        let port = match accept(dpu_end).unwrap() {
+            Accepted::Attached(p, name) => {
+                assert_eq!(name, "t");
+                *p
+            }
+            Accepted::NotYet(_) => panic!("the attach message was sent first"),
+        };
+        await_answer(&vm_end).unwrap();
+        (mem, vm_end, port)
+    }
+
+    /// Posts every free transmit buffer as a chained descriptor (refused as bad).
+    fn post_bad(mem: &VmMemory, tx: &mut DriverQueue) -> usize {
+        while let Ok(Some((id, _))) = tx.reclaim(mem) {
+            tx.put_free(id);
+        }
+        let mut n = 0;
+        while let Some(id) = tx.take_free() {
+            // Flags are read when the device takes the descriptor, after this write.
+            tx.post(mem, id, 64);
+            let d = mem.layout().desc_off(QUEUE_TX) + 16 * usize::from(id);
+            assert!(mem.write_bytes(d + 12, &DESC_F_NEXT.to_le_bytes()));
+            n += 1;
+        }
+        n
+    }
+
+    #[test]
+    fn bad_transmit_descriptors_cost_one_budget_a_turn_and_a_persistent_vm_is_detached() {
+        let (mem, _vm, mut port) = attached(256);
+        let mut tx = DriverQueue::new(&mem, QUEUE_TX);
+        assert_eq!(post_bad(&mem, &mut tx), 256);
+        let mut buf = vec![0u8; 4096];
+        port.begin_turn(0);
+        assert_eq!(port.recv(&mut buf).unwrap(), None);
+        assert_eq!(
+            port.bad_desc,
+            u64::from(BAD_DESC_PER_TURN),
+            "one turn refuses at most the budget; the rest waits for the next turn"
+        );
+        assert_eq!(port.recv(&mut buf).unwrap(), None);
+        assert_eq!(port.bad_desc, u64::from(BAD_DESC_PER_TURN));
+        assert_eq!(port.turn_budget_hits, 1);
+        assert_eq!(port.misbehaving(), None);
+        // The VM keeps them posted, turn after turn, within one window: detached.
+        let mut turns = 1u64;
+        while port.misbehaving().is_none() {
+            post_bad(&mem, &mut tx);
+            port.begin_turn(turns * 1000);
+            port.recv(&mut buf).unwrap();
+            turns += 1;
+            assert!(turns < 1000, "never judged misbehaving");
+        }
+        assert_eq!(port.misbehaving(), Some(Misbehaviour::BadDescriptors));
+        assert_eq!(port.bad_desc, BAD_DESC_WINDOW_MAX + 1);
+    }
+
+    #[test]
+    fn a_few_bad_descriptors_per_window_are_refused_but_not_punished() {
+        let (mem, _vm, mut port) = attached(64);
+        let mut tx = DriverQueue::new(&mem, QUEUE_TX);
+        let mut buf = vec![0u8; 4096];
+        // 64 a window for 100 windows: 6,400 in all, more than one window allows.
+        for w in 0..100u64 {
+            post_bad(&mem, &mut tx);
+            for t in 0..4 {
+                port.begin_turn(w * BAD_DESC_WINDOW_NS + t);
+                port.recv(&mut buf).unwrap();
+            }
+        }
+        assert_eq!(port.bad_desc, 6400);
+        assert_eq!(port.misbehaving(), None);
+    }
+
+    #[test]
+    fn a_socket_flood_is_read_a_bounded_amount_per_call_and_detaches_the_vm() {
+        let (_mem, vm, mut port) = attached(8);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let stop = stop.clone();
+            let mut vm = vm.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let chunk = [0x55u8; 4096];
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline
+                {
+                    if vm.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // The old drain read 64 bytes at a time for as long as the VM wrote: seconds.
+        let t = Instant::now();
+        assert!(!port.endpoint_gone());
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_millis(100),
+            "one call took {took:?} under a flood"
+        );
+        assert!(port.socket_bytes <= SOCKET_READ_PER_TURN as u64);
+        let mut calls = 1;
+        while port.misbehaving().is_none() {
+            assert!(!port.endpoint_gone());
+            calls += 1;
+            assert!(calls < 1000, "a flood is never judged misbehaving");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(port.misbehaving(), Some(Misbehaviour::SocketFlood));
+        assert!(port.socket_bytes > SOCKET_BYTES_MAX);
+        drop(port);
+        writer.join().unwrap();
+    }
 }
