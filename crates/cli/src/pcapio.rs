@@ -161,7 +161,7 @@ fn read_pcapng(path: &Path, mut r: impl Read, magic: [u8; 4]) -> Result<Vec<Fram
                 what()
             );
         }
-        if total < 12 || total % 4 != 0 {
+        if total < 12 || !total.is_multiple_of(4) {
             bail!(
                 "{}: block length {total}, expected a multiple of 4 of at least 12",
                 what()

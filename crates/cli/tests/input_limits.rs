@@ -6,12 +6,13 @@
 //! files with a complete 16 MB record; and asserts the exit status, that the message names the
 //! flag or field and the range or limit, and that stderr stays short.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::repo_root;
+/// The repository root (examples/ lives there).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
 
 fn spillway(args: &[&str]) -> Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
