@@ -41,9 +41,8 @@ fn prerequisites() -> bool {
     false
 }
 
-/// A testbed file with VM `a` on a TAP and VM `b` a shared-memory port with an external
-/// endpoint of uid 4242; `ops` goes into `[ops]`.
-fn testbed(dir: &Path, ops: &str) -> (String, PathBuf) {
+/// A testbed file with VMs `a` and `b`; `ops` goes into `[ops]`, `vm_b` into VM `b`'s table.
+fn testbed(dir: &Path, ops: &str, vm_b: &str) -> (String, PathBuf) {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let name = format!("t{:x}", (std::process::id() % 0xffff) * 16 + n % 16);
     let config = dir.join(format!("{name}.toml"));
@@ -84,9 +83,7 @@ port = 1
 [[vm]]
 name = "b"
 port = 2
-backend = "shm"
-endpoint = "external"
-uid = 4242
+{vm_b}
 "#,
         state = dir.display(),
     );
@@ -203,6 +200,7 @@ fn a_ctl_socket_at_an_ordinary_file_fails_the_start_and_leaves_the_file() {
     let (name, config) = testbed(
         dir.path(),
         &format!("ctl_socket = \"{}\"", precious.display()),
+        "",
     );
     let out = run_once(&config);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -230,8 +228,8 @@ fn a_second_testbed_on_a_running_testbeds_ctl_socket_fails_and_leaves_it() {
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("shared.ctl");
     let ops = format!("ctl_socket = \"{}\"", shared.display());
-    let (_first, config1) = testbed(dir.path(), &ops);
-    let (second, config2) = testbed(dir.path(), &ops);
+    let (_first, config1) = testbed(dir.path(), &ops, "");
+    let (second, config2) = testbed(dir.path(), &ops, "");
     let mut d1 = Daemon::spawn(&config1, "022");
     let lock = dir.path().join("shared.ctl.lock");
     let (sock_ino, lock_ino) = (
@@ -312,7 +310,12 @@ fn under_umask_000_only_the_plane_we_started_gets_the_vnic_rings() {
     let dir = tempfile::tempdir().unwrap();
     // Let other users look inside (as a 0755 run directory does); the sockets must hold.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (name, config) = testbed(dir.path(), "");
+    // VM b: a shared-memory port whose endpoint must run as uid 4242.
+    let (name, config) = testbed(
+        dir.path(),
+        "",
+        "backend = \"shm\"\nendpoint = \"external\"\nuid = 4242",
+    );
     let mut d = Daemon::spawn(&config, "000");
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
     let vnic = dir.path().join(format!("{name}-vnic.sock"));
