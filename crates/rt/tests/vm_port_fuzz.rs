@@ -35,7 +35,10 @@ fn fuzz_regressions_replay() {
         total.add(&out);
     }
     assert!(paths.len() >= 4, "the seed inputs are kept");
-    assert!(total.bad_desc_detach >= 1 && total.flood_detach >= 1, "{total:?}");
+    assert!(
+        total.bad_desc_detach >= 1 && total.flood_detach >= 1,
+        "{total:?}"
+    );
 }
 
 /// SplitMix64 (Steele, Lea, Flood 2014): a fixed, stable generator.

@@ -213,7 +213,9 @@ pub fn run(data: &[u8]) -> Outcomes {
                     0 => own,
                     1 => d.u64(),
                     2 => l.iova(l.bufs_off(usize::from(d.u8()) % 3)),
-                    3 => l.iova(l.bufs_off(q) + l.bufs_len()).wrapping_sub(u64::from(d.u8())),
+                    3 => l
+                        .iova(l.bufs_off(q) + l.bufs_len())
+                        .wrapping_sub(u64::from(d.u8())),
                     _ => own.wrapping_add(u64::from(d.u16())),
                 };
                 let len = if kind & 0x80 != 0 {
@@ -316,7 +318,10 @@ pub fn run(data: &[u8]) -> Outcomes {
                 let frame: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
                 let before = (h.port.bad_desc, h.port.rx_no_buffer);
                 let r = h.port.send(&hdr, &frame);
-                let rx_bufs = (l.bufs_off(QUEUE_RX_DPU), l.bufs_off(QUEUE_RX_DPU) + l.bufs_len());
+                let rx_bufs = (
+                    l.bufs_off(QUEUE_RX_DPU),
+                    l.bufs_off(QUEUE_RX_DPU) + l.bufs_len(),
+                );
                 let mut allowed = vec![h.used_area(QUEUE_TX), h.used_area(QUEUE_RX_DPU)];
                 let written = matches!(r, Ok(true));
                 if written {
@@ -353,7 +358,10 @@ pub fn run(data: &[u8]) -> Outcomes {
                 let gone = h.port.endpoint_gone();
                 assert!(!gone, "the VM's end is open");
                 let read = h.port.socket_bytes - before;
-                assert!(read <= SOCKET_READ_PER_TURN as u64, "{read} bytes in one call");
+                assert!(
+                    read <= SOCKET_READ_PER_TURN as u64,
+                    "{read} bytes in one call"
+                );
                 if h.port.socket_bytes > SOCKET_BYTES_MAX && h.expect.is_none() {
                     h.expect = Some(Misbehaviour::SocketFlood);
                 }
@@ -379,7 +387,10 @@ pub fn run(data: &[u8]) -> Outcomes {
                 b[8..12].copy_from_slice(&len.min(l.buf_bytes).to_le_bytes());
                 h.vm_write(l.desc_off(QUEUE_TX) + 16 * id, &b);
                 let slot = usize::from(h.avail[0] % l.queue_size);
-                h.vm_write(l.avail_off(QUEUE_TX) + 4 + 2 * slot, &(id as u16).to_le_bytes());
+                h.vm_write(
+                    l.avail_off(QUEUE_TX) + 4 + 2 * slot,
+                    &(id as u16).to_le_bytes(),
+                );
                 h.avail[0] = h.avail[0].wrapping_add(1);
                 let idx = h.avail[0];
                 h.vm_write(l.avail_off(QUEUE_TX) + 2, &idx.to_le_bytes());
