@@ -45,21 +45,64 @@ pub struct TomlPlace {
     pub field: String,
 }
 
-/// One line of the scan: where it starts, and the path of the key or table it defines.
+/// One line of the scan: where it starts, and the key or table it defines. The table's path
+/// is an index into the scan's list of tables rather than a copy, so that a long header above
+/// many keys costs its length once, not once per key (the scan runs on hostile input).
 struct Entry {
     /// Byte offset of the line.
     start: usize,
     /// Byte offset of the key (or header) on it.
     key_at: usize,
-    /// The path; `None` for blank lines, comments and continuation lines.
-    path: Option<String>,
+    /// The table the line is in (or, for a header line, defines).
+    table: usize,
+    /// What the line defines; `None` for blank lines, comments and continuation lines.
+    what: Option<What>,
 }
 
-/// Scans `text` line by line, recording each line's key path.
-fn scan(text: &str) -> Vec<Entry> {
+enum What {
+    /// A `[table]` or `[[array]]` header: the path is the table's.
+    Header,
+    /// A `key = value` line: the path is the table's, a dot, and this key (dotted keys joined).
+    Key(String),
+}
+
+/// The lines of a text and the tables they are in.
+struct Scan {
+    tables: Vec<String>,
+    entries: Vec<Entry>,
+}
+
+impl Scan {
+    /// Whether entry `e` defines exactly `path`.
+    fn defines(&self, e: &Entry, path: &str) -> bool {
+        let table = &self.tables[e.table];
+        match &e.what {
+            None => false,
+            Some(What::Header) => table == path,
+            Some(What::Key(k)) if table.is_empty() => k == path,
+            Some(What::Key(k)) => path
+                .strip_prefix(table.as_str())
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|rest| rest == k),
+        }
+    }
+
+    /// The path entry `e` defines, if any.
+    fn path(&self, e: &Entry) -> Option<String> {
+        let table = &self.tables[e.table];
+        match e.what.as_ref()? {
+            What::Header => Some(table.clone()),
+            What::Key(k) if table.is_empty() => Some(k.clone()),
+            What::Key(k) => Some(format!("{table}.{k}")),
+        }
+    }
+}
+
+/// Scans `text` line by line, recording what each line defines.
+fn scan(text: &str) -> Scan {
     // Arrays of tables seen so far, by indexed path ("tenant[0].route"), with their lengths.
     let mut arrays: BTreeMap<String, usize> = BTreeMap::new();
-    let mut table = String::new();
+    let mut tables = vec![String::new()];
     // Open brackets of a value spanning lines, and whether a `"""`/`'''` string is open.
     let mut depth: i64 = 0;
     let mut in_multiline: Option<&str> = None;
@@ -74,7 +117,8 @@ fn scan(text: &str) -> Vec<Entry> {
         let mut entry = Entry {
             start: line_start,
             key_at: line_start + indent,
-            path: None,
+            table: tables.len() - 1,
+            what: None,
         };
         if let Some(delim) = in_multiline {
             if t.contains(delim) {
@@ -101,21 +145,18 @@ fn scan(text: &str) -> Vec<Entry> {
             };
             let n = arrays.entry(key.clone()).or_insert(0);
             *n += 1;
-            table = format!("{key}[{}]", *n - 1);
-            entry.path = Some(table.clone());
+            tables.push(format!("{key}[{}]", *n - 1));
+            entry.table = tables.len() - 1;
+            entry.what = Some(What::Header);
         } else if let Some(rest) = t.strip_prefix('[') {
-            table = resolve(rest.split(']').next().unwrap_or(""), &arrays);
-            entry.path = Some(table.clone());
+            tables.push(resolve(rest.split(']').next().unwrap_or(""), &arrays));
+            entry.table = tables.len() - 1;
+            entry.what = Some(What::Header);
         } else if !t.starts_with('#')
             && let Some((k, v)) = t.split_once('=')
         {
             let key: Vec<&str> = k.split('.').map(unquote).collect();
-            let key = key.join(".");
-            entry.path = Some(if table.is_empty() {
-                key
-            } else {
-                format!("{table}.{key}")
-            });
+            entry.what = Some(What::Key(key.join(".")));
             let v = v.trim_start();
             for delim in ["\"\"\"", "'''"] {
                 if let Some(after) = v.strip_prefix(delim)
@@ -130,7 +171,10 @@ fn scan(text: &str) -> Vec<Entry> {
         }
         out.push(entry);
     }
-    out
+    Scan {
+        tables,
+        entries: out,
+    }
 }
 
 /// Opening minus closing brackets and braces outside strings and comments (best effort).
@@ -169,6 +213,10 @@ fn unquote(s: &str) -> &str {
 /// A table name with the array indices in force: `tenant.route` after two `[[tenant]]` is
 /// `tenant[1].route`.
 fn resolve(name: &str, arrays: &BTreeMap<String, usize>) -> String {
+    // Each segment looks its prefix up: quadratic in the name, so a hostile one is left as is.
+    if name.len() > 1024 {
+        return bounded(name, MESSAGE_CHARS_MAX).into_owned();
+    }
     let mut path = String::new();
     for seg in name.split('.').map(unquote) {
         if !path.is_empty() {
@@ -199,12 +247,12 @@ pub fn toml_place_at(text: &str, offset: usize) -> TomlPlace {
     while !text.is_char_boundary(offset) {
         offset -= 1;
     }
-    let entries = scan(text);
-    let upto = entries.partition_point(|e| e.start <= offset);
-    let field = entries[..upto]
+    let scan = scan(text);
+    let upto = scan.entries.partition_point(|e| e.start <= offset);
+    let field = scan.entries[..upto]
         .iter()
         .rev()
-        .find_map(|e| e.path.clone())
+        .find_map(|e| scan.path(e))
         .unwrap_or_default();
     let line_start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
     let line = text[..line_start].matches('\n').count() + 1;
@@ -215,13 +263,14 @@ pub fn toml_place_at(text: &str, offset: usize) -> TomlPlace {
 /// its nearest ancestor that has a line of its own (an inline table's key, a table header).
 /// `None` when no prefix of the path appears (a field left to its default).
 pub fn toml_place_of(text: &str, path: &str) -> Option<TomlPlace> {
-    let entries = scan(text);
+    let scan = scan(text);
     let mut want = path;
     loop {
-        let found = entries
+        let found = scan
+            .entries
             .iter()
             .enumerate()
-            .find(|(_, e)| e.path.as_deref() == Some(want));
+            .find(|(_, e)| scan.defines(e, want));
         if let Some((i, e)) = found {
             return Some(place(text, i + 1, e.key_at, path));
         }
@@ -268,6 +317,11 @@ mod tests {
         // Offsets past the end or inside a character are clamped, not a panic.
         toml_place_at("é", 1);
         toml_place_at("", 10);
+        // A long header above many keys: each key's path is not a copy of the header.
+        let long = format!("[{}]\n{}", "a".repeat(10_000), "k = 1\n".repeat(10_000));
+        let p = toml_place_at(&long, long.len() - 3);
+        assert_eq!(p.line, 10_001);
+        assert!(p.field.len() < 400, "{}", p.field.len());
     }
 
     #[test]
