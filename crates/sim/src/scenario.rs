@@ -289,9 +289,10 @@ pub struct Scenario {
     pub work_max: Option<f64>,
 }
 
-/// Default bound on the estimated events of one run ([`Scenario::work`]): about a minute of a
-/// release build on one core (the built-in scenarios stay under a tenth of it).
-pub const WORK_MAX_DEFAULT: f64 = 5e8;
+/// Default bound on the estimated events of one run ([`Scenario::work`]): a few minutes of a
+/// release build (the built-in `release` scenario estimates 2.4e7 and took 75 s on a loaded
+/// 2-core machine); every built-in scenario stays under a quarter of it.
+pub const WORK_MAX_DEFAULT: f64 = 1e8;
 /// Largest `work_max` a scenario may set: hours of run time, and the event queue and samples
 /// grow with it.
 pub const WORK_MAX_LIMIT: f64 = 2e10;
@@ -1163,14 +1164,14 @@ mod tests {
     const HEAD: &str = "name = \"x\"\nduration = \"1s\"\nmeasure = [\"0s\", \"1s\"]\n";
 
     #[test]
-    fn builtins_stay_well_inside_the_default_work_bound() {
+    fn builtins_stay_inside_a_quarter_of_the_default_work_bound() {
         for (name, _, _) in BUILTIN {
             let s = Scenario::builtin(name).unwrap();
             let w = match &s.sweep {
                 Some(sw) => crate::sweep_trial(&s, 0, sw.high).work(),
                 None => s.work(),
             };
-            assert!(w.total < WORK_MAX_DEFAULT / 10.0, "{name}: {w:?}");
+            assert!(w.total < WORK_MAX_DEFAULT / 4.0, "{name}: {w:?}");
         }
     }
 
@@ -1227,7 +1228,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("big.toml: work_max: expected one run within 5.000e8 estimated events (most from flows[0]: 7.200e12)"),
+            e.starts_with("big.toml: work_max: expected one run within 1.000e8 estimated events (most from flows[0]: 7.200e12)"),
             "{e}"
         );
         assert!(
