@@ -25,6 +25,7 @@ use core::time::Duration;
 use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
+use spillway_wire::icmp::IcmpKind;
 use spillway_wire::{
     FlowKey, Fragment, Headers, IpAddr16, Layer, ParseOptions, ParsedFrame, Vni, WireError,
 };
@@ -523,6 +524,7 @@ impl Pipeline {
         if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
             return self.existing(now, tenant, handle, dir, flags, None);
         }
+        opens_connection(&key)?;
         // A new connection from a VM.
         if let Some(reason) = self
             .policy
@@ -599,6 +601,7 @@ impl Pipeline {
             if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
                 return self.existing(now, tenant, handle, dir, flags, Some(outer_key.src_ip));
             }
+            opens_connection(&key)?;
             let b = self.admit_local(tenant, &key)?;
             let shape = Shape::TunnelIn {
                 b,
@@ -625,7 +628,9 @@ impl Pipeline {
             .ok_or(DropReason::NotForUs)?;
         match self.ct.lookup(now, tenant, &outer_key) {
             Some((handle, dir)) => self.existing(now, tenant, handle, dir, tcp_flags(outer), None),
-            None => Err(DropReason::NoConnection),
+            None => Err(opens_connection(&outer_key)
+                .err()
+                .unwrap_or(DropReason::NoConnection)),
         }
     }
 
@@ -677,8 +682,7 @@ impl Pipeline {
                 }
                 Some(RouteTarget::Tunnel { vtep }) => Ok(Shape::TunnelOut { a, vtep }),
                 Some(RouteTarget::Internet) => {
-                    let nat =
-                        (reply.dst_ip != orig.src_ip).then_some((reply.dst_ip, reply.dst_port));
+                    let nat = (reply.dst_ip != orig.src_ip).then(|| nat_of_reply(reply));
                     Ok(Shape::Internet { a, nat })
                 }
             };
@@ -914,8 +918,9 @@ impl Pipeline {
             .tenant(tenant)
             .and_then(|t| t.snat.as_ref().map(|s| s.public_ip))
             .ok_or(DropReason::NoRoute)?;
-        if key.proto == ip_proto::ICMP && key.src_port != key.dst_port {
-            // Only ICMP echo carries an identifier that can be translated.
+        if key.icmp_kind().is_some_and(|k| k != IcmpKind::Request) {
+            // Only ICMP queries carry an identifier that can be translated (and only they open
+            // connections; `opens_connection` already refused the rest).
             return Err(DropReason::PolicyDrop);
         }
         let (_, pools) = self.snat.get_mut(&tenant).ok_or(DropReason::NoRoute)?;
@@ -980,7 +985,31 @@ fn is_steady(state: CtState) -> bool {
 fn snat_binding(policy: &Policy, conn: &Connection) -> Option<(TenantId, u8, u16)> {
     let (orig, reply) = (conn.orig(), conn.reply());
     (policy.is_snat_address(reply.dst_ip) == Some(conn.zone()) && reply.dst_ip != orig.src_ip)
-        .then_some((conn.zone(), orig.proto, reply.dst_port))
+        .then(|| (conn.zone(), orig.proto, nat_of_reply(&reply).1))
+}
+
+/// The translated address and port a SNATed connection's reply tuple is addressed to. For ICMP
+/// the "port" is the query identifier, which the key carries in its source port (the
+/// destination port holds the reply's type and code).
+fn nat_of_reply(reply: &FlowKey) -> (IpAddr16, u16) {
+    let port = match reply.icmp_type() {
+        Some(_) => reply.src_port,
+        None => reply.dst_port,
+    };
+    (reply.dst_ip, port)
+}
+
+/// Whether a packet that matched no connection may open one, and if not, why it is dropped:
+/// as in nf_conntrack, an ICMP reply that answers no tracked request, an ICMP error (here it
+/// could not be matched to a connection as related) and any other ICMP message that is not a
+/// query are invalid, and never reach the security groups.
+fn opens_connection(key: &FlowKey) -> Result<(), DropReason> {
+    match key.icmp_kind() {
+        None | Some(IcmpKind::Request) => Ok(()),
+        Some(IcmpKind::Reply) => Err(DropReason::IcmpUnsolicitedReply),
+        Some(IcmpKind::Error) => Err(DropReason::IcmpErrorUnrelated),
+        Some(IcmpKind::Other) => Err(DropReason::IcmpUntracked),
+    }
 }
 
 /// Return the SNAT port of a connection that is going away (expired, or reclaimed by
@@ -1068,10 +1097,11 @@ fn reply_key(orig: &FlowKey, shape: Shape) -> FlowKey {
         } => {
             let mut r = orig.reversed();
             r.dst_ip = ip;
-            r.dst_port = port;
-            if orig.proto == ip_proto::ICMP {
-                // Echo replies carry the (translated) identifier in both key ports.
+            if r.icmp_type().is_some() {
+                // The reply carries the translated identifier; its type stays in `dst_port`.
                 r.src_port = port;
+            } else {
+                r.dst_port = port;
             }
             r
         }

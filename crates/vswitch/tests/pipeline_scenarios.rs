@@ -200,8 +200,8 @@ fn snat_udp_and_icmp_echo_translate_ports_and_identifiers() {
     let key = parse(&out).outer.key.unwrap();
     assert_eq!(
         (key.src_port, key.dst_port),
-        (1024, 1024),
-        "echo id translated"
+        (1024, 0x0800),
+        "echo id translated, type 8 code 0 kept"
     );
     assert!(
         checksum::checksum(&out[34..]) == 0,
@@ -218,7 +218,11 @@ fn snat_udp_and_icmp_echo_translate_ports_and_identifiers() {
     let (v, out, fast) = run(&mut p, secs(1), UPLINK, &reply);
     assert_eq!((v, fast), (Verdict::Forward(WEB), true));
     let key = parse(&out).outer.key.unwrap();
-    assert_eq!((key.dst_ip, key.dst_port), (IpAddr16::from(WEB_IP), 77));
+    assert_eq!(
+        (key.dst_ip, key.src_port, key.dst_port),
+        (IpAddr16::from(WEB_IP), 77, 0x0000),
+        "echo reply (type 0) with the VM's identifier"
+    );
     assert!(checksum::checksum(&out[34..]) == 0);
 }
 
