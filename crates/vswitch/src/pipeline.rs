@@ -103,6 +103,8 @@ pub struct PipelineCounters {
     /// `vswitch.flow.install_rejected`: entries not installed because the table was full
     /// (the packet is still forwarded; later packets take the slow path).
     pub flows_rejected: u64,
+    /// `vswitch.slow_path.icmp_related`: ICMP errors admitted as related to a connection.
+    pub icmp_related: u64,
     /// `vswitch.tx.forwarded`: frames forwarded.
     pub forwarded: u64,
     /// `vswitch.tx.dropped`: frames dropped (by reason in [`Pipeline::drops`]).
@@ -121,6 +123,7 @@ impl PipelineCounters {
             ("vswitch.flow.installed", self.flows_installed),
             ("vswitch.flow.evicted", self.flows_evicted),
             ("vswitch.flow.install_rejected", self.flows_rejected),
+            ("vswitch.slow_path.icmp_related", self.icmp_related),
             ("vswitch.tx.forwarded", self.forwarded),
             ("vswitch.tx.dropped", self.dropped),
         ]
@@ -489,7 +492,7 @@ impl Pipeline {
         parsed: &ParsedFrame,
     ) -> Verdict {
         self.counters.slow_path_packets += 1;
-        match self.decide(now, ingress, parsed) {
+        match self.decide(now, ingress, pkt.data(), parsed) {
             Err(reason) => Verdict::Drop(reason),
             Ok(entry) => apply(&entry.actions, pkt, parsed),
         }
@@ -501,11 +504,12 @@ impl Pipeline {
         &mut self,
         now: Instant,
         ingress: PortId,
+        frame: &[u8],
         parsed: &ParsedFrame,
     ) -> Result<FlowEntry, DropReason> {
         let host = *self.policy.host();
         if ingress == host.uplink_port {
-            return self.decide_uplink(now, parsed);
+            return self.decide_uplink(now, frame, parsed);
         }
         let port = self
             .policy
@@ -523,6 +527,9 @@ impl Pipeline {
         let flags = tcp_flags(h);
         if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
             return self.existing(now, tenant, handle, dir, flags, None);
+        }
+        if key.icmp_kind() == Some(IcmpKind::Error) {
+            return self.related(now, tenant, &key, h, frame, None);
         }
         opens_connection(&key)?;
         // A new connection from a VM.
@@ -583,6 +590,7 @@ impl Pipeline {
     fn decide_uplink(
         &mut self,
         now: Instant,
+        frame: &[u8],
         parsed: &ParsedFrame,
     ) -> Result<FlowEntry, DropReason> {
         let host = *self.policy.host();
@@ -600,6 +608,9 @@ impl Pipeline {
             let flags = tcp_flags(inner);
             if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
                 return self.existing(now, tenant, handle, dir, flags, Some(outer_key.src_ip));
+            }
+            if key.icmp_kind() == Some(IcmpKind::Error) {
+                return self.related(now, tenant, &key, inner, frame, Some(outer_key.src_ip));
             }
             opens_connection(&key)?;
             let b = self.admit_local(tenant, &key)?;
@@ -628,10 +639,51 @@ impl Pipeline {
             .ok_or(DropReason::NotForUs)?;
         match self.ct.lookup(now, tenant, &outer_key) {
             Some((handle, dir)) => self.existing(now, tenant, handle, dir, tcp_flags(outer), None),
+            None if outer_key.icmp_kind() == Some(IcmpKind::Error) => {
+                self.related(now, tenant, &outer_key, outer, frame, None)
+            }
             None => Err(opens_connection(&outer_key)
                 .err()
                 .unwrap_or(DropReason::NoConnection)),
         }
+    }
+
+    /// An ICMP error (`key`, headers `h` within `frame`) that matched no connection itself: as
+    /// nf_conntrack's `nf_conntrack_inet_error`, it is *related* to the connection a reply to
+    /// the packet it carries would belong to, if that connection is live and the error is
+    /// addressed to the embedded packet's sender; it then takes that direction's entry (routes,
+    /// MACs, encapsulation, and SNAT, which `Action::Nat` applies to the embedded header too)
+    /// without stepping the connection or passing the security groups. Anything else is dropped
+    /// as `IcmpErrorUnrelated`. Nothing is installed: errors always take the slow path.
+    fn related(
+        &mut self,
+        now: Instant,
+        tenant: TenantId,
+        key: &FlowKey,
+        h: &Headers,
+        frame: &[u8],
+        learned_vtep: Option<IpAddr16>,
+    ) -> Result<FlowEntry, DropReason> {
+        let unrelated = DropReason::IcmpErrorUnrelated;
+        let end = usize::from(h.l3_offset) + usize::from(h.l3_len);
+        let msg = frame.get(usize::from(h.l4_offset)..end).ok_or(unrelated)?;
+        let e = spillway_wire::icmp::embedded(!key.src_ip.is_v4(), msg).ok_or(unrelated)?;
+        let (handle, dir) = self
+            .ct
+            .lookup(now, tenant, &e.key.reversed())
+            .ok_or(unrelated)?;
+        let conn = self.ct.get(handle).ok_or(unrelated)?;
+        if conn.tuple(dir).dst_ip != key.dst_ip {
+            return Err(unrelated);
+        }
+        let (orig, reply, tag) = (conn.orig(), conn.reply(), conn.tag());
+        let shape = self.shape_of(tenant, &orig, &reply, tag, learned_vtep, dir)?;
+        let (fwd, rev) = self.build_entries(tenant, handle, &orig, shape)?;
+        self.counters.icmp_related += 1;
+        Ok(match dir {
+            CtDir::Original => fwd.1,
+            CtDir::Reply => rev.1,
+        })
     }
 
     /// A packet of an existing connection whose flow entry was missing or stale: step conntrack,

@@ -610,3 +610,96 @@ proptest! {
         }
     }
 }
+
+// ---- ICMP errors: related to a tracked connection, or dropped ----
+
+/// An ICMP (or ICMPv6) error of `msg_type`/`code` from VM `from` to VM `to` carrying the IP packet
+/// of `offending` (an Ethernet frame).
+fn error(from: usize, to: usize, v6: bool, msg_type: u8, code: u8, offending: &[u8]) -> Vec<u8> {
+    let b = FrameBuilder::new().eth(mac(from), ROUTER);
+    let b = if v6 {
+        b.ipv6(ip6(from), ip6(to))
+    } else {
+        b.ipv4(ip4(from), ip4(to))
+    };
+    b.icmp(msg_type, code).payload(&offending[14..]).build()
+}
+
+#[test]
+fn an_error_about_a_tracked_packet_is_related_and_passes_closed_ingress() {
+    // VM 0 admits no ICMP; it pings VM 1, and VM 1 answers with an error about that ping.
+    each_mode(|v6, fast| {
+        let mut p = pipeline(&[CLOSED, OPEN], fast);
+        let ping = echo(0, 1, v6, false, 7);
+        let (v, _, _) = run(&mut p, secs(1), port(0), &ping);
+        assert_eq!(v, Verdict::Forward(port(1)));
+        let unreachable = if v6 { 1 } else { 3 };
+        let err = error(1, 0, v6, unreachable, 3, &ping);
+        for t in [1, 2] {
+            let (v, out, hit) = run(&mut p, secs(t), port(1), &err);
+            assert_eq!(
+                (v, hit),
+                (Verdict::Forward(port(0)), false),
+                "v6 {v6} fast {fast}"
+            );
+            assert_eq!(
+                &out[14..],
+                &err[14..],
+                "forwarded unchanged but for the MACs"
+            );
+        }
+        assert_eq!(p.counters().icmp_related, 2);
+        // The error neither steps nor opens anything.
+        assert_eq!(p.conntrack().len(), 1);
+        // A TCP connection's error is related in the same way.
+        let syn = FrameBuilder::new()
+            .eth(mac(0), ROUTER)
+            .ipv4(ip4(0), ip4(1))
+            .tcp(40000, 22)
+            .tcp_flags(0x02)
+            .build();
+        let (v, _, _) = run(&mut p, secs(3), port(0), &syn);
+        assert_eq!(v, Verdict::Forward(port(1)));
+        let (v, _, _) = run(&mut p, secs(3), port(1), &error(1, 0, false, 3, 3, &syn));
+        assert_eq!(v, Verdict::Forward(port(0)));
+    });
+}
+
+#[test]
+fn errors_that_match_no_connection_or_the_wrong_host_are_dropped() {
+    each_mode(|v6, fast| {
+        let mut p = pipeline(&[OPEN, OPEN, OPEN], fast);
+        let unreachable = if v6 { 1 } else { 3 };
+        let ping = echo(0, 1, v6, false, 7);
+        // No connection yet: unrelated, although VM 0 admits ICMP.
+        let (v, _, _) = run(
+            &mut p,
+            secs(1),
+            port(1),
+            &error(1, 0, v6, unreachable, 3, &ping),
+        );
+        assert_eq!(v, Verdict::Drop(DropReason::IcmpErrorUnrelated));
+        run(&mut p, secs(1), port(0), &ping);
+        // Addressed to VM 2, not to the embedded packet's sender: unrelated.
+        let (v, _, _) = run(
+            &mut p,
+            secs(1),
+            port(1),
+            &error(1, 2, v6, unreachable, 3, &ping),
+        );
+        assert_eq!(v, Verdict::Drop(DropReason::IcmpErrorUnrelated));
+        // An error without the offending header is never related.
+        let (v, _, _) = run(&mut p, secs(1), port(1), &icmp(1, 0, v6, unreachable, 3, 0));
+        assert_eq!(v, Verdict::Drop(DropReason::IcmpErrorUnrelated));
+        // After the connection expired, its errors are unrelated too.
+        let (v, _, _) = run(
+            &mut p,
+            secs(40),
+            port(1),
+            &error(1, 0, v6, unreachable, 3, &ping),
+        );
+        assert_eq!(v, Verdict::Drop(DropReason::IcmpErrorUnrelated));
+        assert_eq!(p.drops().get(DropKind::IcmpErrorUnrelated), 4);
+        assert_eq!(p.counters().icmp_related, 0);
+    });
+}
