@@ -416,6 +416,9 @@ enum Msg {
     OtherReply,
     /// Destination unreachable with no embedded header.
     Error,
+    /// Destination unreachable carrying an echo request (`true`) or reply the receiver of the
+    /// error could have sent to its sender with the same identifier.
+    ErrorAbout(bool),
     /// Router advertisement (ICMP 9) or neighbour solicitation (ICMPv6 135).
     Other,
 }
@@ -427,13 +430,13 @@ impl Msg {
             (Msg::EchoReply, false) => 0,
             (Msg::OtherRequest, false) => 13,
             (Msg::OtherReply, false) => 14,
-            (Msg::Error, false) => 3,
+            (Msg::Error | Msg::ErrorAbout(_), false) => 3,
             (Msg::Other, false) => 9,
             (Msg::EchoRequest, true) => 128,
             (Msg::EchoReply, true) => 129,
             (Msg::OtherRequest, true) => 139,
             (Msg::OtherReply, true) => 140,
-            (Msg::Error, true) => 1,
+            (Msg::Error | Msg::ErrorAbout(_), true) => 1,
             (Msg::Other, true) => 135,
         }
     }
@@ -505,6 +508,10 @@ impl Model {
     fn packet(&mut self, now: u64, v6: bool, from: usize, to: usize, t: u8, id: u16) -> Fate {
         self.conns
             .retain(|_, (_, seen)| now - *seen < Self::ICMP_TIMEOUT);
+        if t == if v6 { 1 } else { 3 } {
+            // An error without an embedded header is never related.
+            return Fate::Invalid;
+        }
         let tuple = (v6, from, to, id, t);
         let hit = self
             .conns
@@ -529,6 +536,28 @@ impl Model {
         let inv = nf_invert(v6, t).expect("valid_new types invert");
         self.conns.insert(tuple, ((v6, to, from, id, inv), now));
         Fate::Forward(port(to))
+    }
+
+    /// An error from `from` to `to` about a packet `to` sent to `from` with type `t`:
+    /// `nf_conntrack_inet_error` inverts the embedded tuple and looks it up; a hit (whose
+    /// destination is then `to` by construction) makes it related. It neither steps nor
+    /// refreshes the connection.
+    fn error_about(&mut self, now: u64, v6: bool, from: usize, to: usize, t: u8, id: u16) -> Fate {
+        self.conns
+            .retain(|_, (_, seen)| now - *seen < Self::ICMP_TIMEOUT);
+        let Some(inv) = nf_invert(v6, t) else {
+            return Fate::Invalid;
+        };
+        let want = (v6, from, to, id, inv);
+        if self
+            .conns
+            .iter()
+            .any(|(o, (r, _))| *o == want || *r == want)
+        {
+            Fate::Forward(port(to))
+        } else {
+            Fate::Invalid
+        }
     }
 }
 
@@ -568,6 +597,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Msg::OtherRequest),
         1 => Just(Msg::OtherReply),
         1 => Just(Msg::Error),
+        3 => any::<bool>().prop_map(Msg::ErrorAbout),
         1 => Just(Msg::Other),
     ];
     prop_oneof![
@@ -595,8 +625,14 @@ proptest! {
                 Op::Advance(dt) => now += dt,
                 Op::Packet { v6, from, to, msg, id } => {
                     let t = msg.wire_type(v6);
-                    let frame = icmp(from, to, v6, t, 0, id);
-                    let want = model.packet(now, v6, from, to, t, id);
+                    let (frame, want) = match msg {
+                        Msg::ErrorAbout(request) => {
+                            let about = echo(to, from, v6, !request, id);
+                            let et = if v6 { if request { 128 } else { 129 } } else if request { 8 } else { 0 };
+                            (error(from, to, v6, t, 3, &about), model.error_about(now, v6, from, to, et, id))
+                        }
+                        _ => (icmp(from, to, v6, t, 0, id), model.packet(now, v6, from, to, t, id)),
+                    };
                     for (name, p) in [("fast", &mut fast), ("slow", &mut slow)] {
                         let (v, _, _) = run(p, secs(now), port(from), &frame);
                         prop_assert_eq!(
