@@ -273,6 +273,7 @@ fn delta(after: &PipelineCounters, before: &PipelineCounters) -> PipelineCounter
         flows_installed: after.flows_installed - before.flows_installed,
         flows_evicted: after.flows_evicted - before.flows_evicted,
         flows_rejected: after.flows_rejected - before.flows_rejected,
+        icmp_related: after.icmp_related - before.icmp_related,
         forwarded: after.forwarded - before.forwarded,
         dropped: after.dropped - before.dropped,
     }

@@ -72,6 +72,12 @@ pub struct Flows {
 
 /// The id of the connection `key` belongs to in `zone`, the same for both directions.
 pub fn conn_id(hasher: &FixedState, zone: TenantId, key: &FlowKey) -> ConnId {
+    // An ICMP reply's key names its type, not the request's: name the connection by the
+    // request, so both directions still map to one id.
+    let key = match key.icmp_kind() {
+        Some(spillway_wire::icmp::IcmpKind::Reply) => key.reversed(),
+        _ => *key,
+    };
     let a = (key.src_ip, key.src_port);
     let b = (key.dst_ip, key.dst_port);
     let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
@@ -307,6 +313,17 @@ mod tests {
         // Both directions map to one id.
         let id = conn_id(&f.seed, z, &k);
         assert_eq!(id, conn_id(&f.seed, z, &r));
+        // Also for ICMP, whose reply key carries the reply type: an echo request (type 8) and
+        // its reply share an id; a request from the other side with the same identifier does not.
+        let ping = key(7, 0x0800, ip_proto::ICMP);
+        let ping_id = conn_id(&f.seed, z, &ping);
+        assert_eq!(ping_id, conn_id(&f.seed, z, &ping.reversed()));
+        let back = FlowKey {
+            src_ip: ping.dst_ip,
+            dst_ip: ping.src_ip,
+            ..ping
+        };
+        assert_ne!(ping_id, conn_id(&f.seed, z, &back));
         assert_ne!(id, conn_id(&f.seed, TenantId(2), &k));
     }
 

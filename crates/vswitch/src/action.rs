@@ -15,6 +15,7 @@ use crate::verdict::{DropKind, DropReason, Verdict};
 use core::net::IpAddr;
 use spillway_wire::build::VxlanOuter;
 use spillway_wire::checksum;
+use spillway_wire::icmp::{self, IcmpKind};
 use spillway_wire::{Headers, IpAddr16, MacAddr, ParsedFrame, Vni, ip_proto};
 
 /// Which end of the 5-tuple a NAT action rewrites.
@@ -425,6 +426,68 @@ pub fn apply(actions: &ActionList, pkt: &mut PacketBuf, parsed: &ParsedFrame) ->
     Verdict::Drop(DropReason::PolicyDrop)
 }
 
+/// The SNAT of an ICMP error related to a translated connection (the outer address is already
+/// rewritten): the packet it carries travelled the other way, so its *other* end gets the new
+/// address and port (or query identifier), as nf_nat's `nf_nat_icmp_reply_translation` does.
+/// The embedded IP checksum and the embedded UDP/TCP/ICMP checksum (when its bytes are there) are
+/// updated incrementally; the error's own checksum is recomputed, since it covers all of them.
+/// `l4` is the error's ICMP header and `end` the end of its datagram, both in `frame`.
+fn rewrite_nat_embedded(
+    frame: &mut [u8],
+    l4: usize,
+    end: usize,
+    side: NatSide,
+    new_ip: &[u8; 4],
+    port: u16,
+) -> bool {
+    let Some(e) = icmp::embedded(false, &frame[l4..end]) else {
+        return false;
+    };
+    let (eip, el4) = (l4 + e.ip_offset, l4 + e.l4_offset);
+    let be = |f: &[u8], at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+    let (addr_at, port_at) = match side {
+        NatSide::Source => (eip + 16, el4 + 2),
+        NatSide::Destination => (eip + 12, el4),
+    };
+    let mut old_ip = [0u8; 4];
+    old_ip.copy_from_slice(&frame[addr_at..addr_at + 4]);
+    frame[addr_at..addr_at + 4].copy_from_slice(new_ip);
+    let c = checksum::update_bytes(be(frame, eip + 10), &old_ip, new_ip);
+    frame[eip + 10..eip + 12].copy_from_slice(&c.to_be_bytes());
+    match (e.key.proto, e.key.icmp_kind()) {
+        (ip_proto::TCP | ip_proto::UDP, _) => {
+            let old_port = be(frame, port_at);
+            frame[port_at..port_at + 2].copy_from_slice(&port.to_be_bytes());
+            let tcp = e.key.proto == ip_proto::TCP;
+            let csum_at = el4 + if tcp { 16 } else { 6 };
+            if csum_at + 2 <= end {
+                let c = be(frame, csum_at);
+                let c = if tcp {
+                    checksum::update16(checksum::update_bytes(c, &old_ip, new_ip), old_port, port)
+                } else {
+                    checksum::update_udp_v4_16(
+                        checksum::update_udp_v4_bytes(c, &old_ip, new_ip),
+                        old_port,
+                        port,
+                    )
+                };
+                frame[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+            }
+        }
+        (_, Some(IcmpKind::Request | IcmpKind::Reply)) => {
+            let old_id = be(frame, el4 + 4);
+            frame[el4 + 4..el4 + 6].copy_from_slice(&port.to_be_bytes());
+            let c = checksum::update16(be(frame, el4 + 2), old_id, port);
+            frame[el4 + 2..el4 + 4].copy_from_slice(&c.to_be_bytes());
+        }
+        _ => {}
+    }
+    frame[l4 + 2..l4 + 4].copy_from_slice(&[0, 0]);
+    let c = checksum::checksum(&frame[l4..end]);
+    frame[l4 + 2..l4 + 4].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
 /// Rewrite one end of an IPv4 TCP/UDP/ICMP-echo packet. Returns false when the packet is not one
 /// (the slow path only builds NAT actions for those, so false means a mismatched entry).
 #[inline]
@@ -469,6 +532,10 @@ fn rewrite_nat(
             };
             frame[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
             true
+        }
+        ip_proto::ICMP if key.icmp_kind() == Some(IcmpKind::Error) => {
+            let end = usize::from(h.l3_offset) + usize::from(h.l3_len) - base;
+            rewrite_nat_embedded(frame, l4, end, side, &new_ip, port)
         }
         ip_proto::ICMP => {
             // Echo request/reply only; the identifier plays the port. ICMPv4 has no pseudo-header,

@@ -6,6 +6,11 @@
 //! `orig.reversed()`; with NAT it differs (the pipeline computes it). Zones isolate: the same
 //! tuple in two zones names two connections.
 //!
+//! ICMP and ICMPv6 are tracked as Linux `nf_conntrack` does: the tuple holds the message type and
+//! code besides the identifier (see `spillway_wire::FlowKey`), only a query opens a connection,
+//! and its reply tuple expects the matching reply type. Errors never open or step a connection;
+//! the pipeline matches them to one as *related* by the header they carry.
+//!
 //! # Layout
 //!
 //! Connections live in a slab preallocated to `capacity`. A [`CtHandle`] names a slot plus the
@@ -37,6 +42,7 @@ use core::time::Duration;
 
 use foldhash::fast::FixedState;
 use hashbrown::HashTable;
+use spillway_wire::icmp::IcmpKind;
 use spillway_wire::{FlowKey, ip_proto};
 
 use crate::ids::TenantId;
@@ -629,7 +635,11 @@ impl Conntrack {
 
     /// Tracks a new connection whose first packet (original direction) carries `tcp_flags`.
     ///
-    /// A TCP connection must open with a SYN ([`TcpState::open`]), else [`CtError::Invalid`]. A
+    /// A TCP connection must open with a SYN ([`TcpState::open`]), and an ICMP/ICMPv6 one with a
+    /// query (echo request and the other types of [`IcmpKind::Request`]), else
+    /// [`CtError::Invalid`]. `reply` is then the query's answer (`orig.reversed()` without NAT):
+    /// same identifier, the reply type, so a request from the other side with the same
+    /// identifier is a connection of its own and never this one's reply direction. A
     /// live connection owning `orig` or `reply` in `zone` gives [`CtError::Exists`]; an expired one
     /// is reclaimed. At capacity an expired connection is reclaimed if one is found within
     /// `reclaim_scan` slots, else [`CtError::Full`]. Every reclaimed connection is handed to
@@ -646,16 +656,22 @@ impl Conntrack {
         tag: u64,
         mut on_reclaimed: impl FnMut(&Connection),
     ) -> Result<CtHandle, CtError> {
-        let state = if orig.proto == ip_proto::TCP {
-            match TcpState::open(tcp_flags) {
+        let state = match orig.icmp_kind() {
+            _ if orig.proto == ip_proto::TCP => match TcpState::open(tcp_flags) {
                 Ok(s) => CtState::Tcp(s),
                 Err(e) => {
                     self.counters.invalid += 1;
                     return Err(e);
                 }
+            },
+            // As nf_conntrack's `valid_new`: only a query opens ICMP state. A reply, an error
+            // or any other message would otherwise become an "original direction" that a
+            // later request from the other side could ride.
+            Some(IcmpKind::Reply | IcmpKind::Error | IcmpKind::Other) => {
+                self.counters.invalid += 1;
+                return Err(CtError::Invalid);
             }
-        } else {
-            CtState::Unreplied
+            Some(IcmpKind::Request) | None => CtState::Unreplied,
         };
         // Each tuple is hashed once, for both the conflict check and the index insert.
         let hashes = [

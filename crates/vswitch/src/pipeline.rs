@@ -25,6 +25,7 @@ use core::time::Duration;
 use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
+use spillway_wire::icmp::IcmpKind;
 use spillway_wire::{
     FlowKey, Fragment, Headers, IpAddr16, Layer, ParseOptions, ParsedFrame, Vni, WireError,
 };
@@ -102,6 +103,8 @@ pub struct PipelineCounters {
     /// `vswitch.flow.install_rejected`: entries not installed because the table was full
     /// (the packet is still forwarded; later packets take the slow path).
     pub flows_rejected: u64,
+    /// `vswitch.slow_path.icmp_related`: ICMP errors admitted as related to a connection.
+    pub icmp_related: u64,
     /// `vswitch.tx.forwarded`: frames forwarded.
     pub forwarded: u64,
     /// `vswitch.tx.dropped`: frames dropped (by reason in [`Pipeline::drops`]).
@@ -120,6 +123,7 @@ impl PipelineCounters {
             ("vswitch.flow.installed", self.flows_installed),
             ("vswitch.flow.evicted", self.flows_evicted),
             ("vswitch.flow.install_rejected", self.flows_rejected),
+            ("vswitch.slow_path.icmp_related", self.icmp_related),
             ("vswitch.tx.forwarded", self.forwarded),
             ("vswitch.tx.dropped", self.dropped),
         ]
@@ -488,7 +492,7 @@ impl Pipeline {
         parsed: &ParsedFrame,
     ) -> Verdict {
         self.counters.slow_path_packets += 1;
-        match self.decide(now, ingress, parsed) {
+        match self.decide(now, ingress, pkt.data(), parsed) {
             Err(reason) => Verdict::Drop(reason),
             Ok(entry) => apply(&entry.actions, pkt, parsed),
         }
@@ -500,11 +504,12 @@ impl Pipeline {
         &mut self,
         now: Instant,
         ingress: PortId,
+        frame: &[u8],
         parsed: &ParsedFrame,
     ) -> Result<FlowEntry, DropReason> {
         let host = *self.policy.host();
         if ingress == host.uplink_port {
-            return self.decide_uplink(now, parsed);
+            return self.decide_uplink(now, frame, parsed);
         }
         let port = self
             .policy
@@ -523,6 +528,10 @@ impl Pipeline {
         if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
             return self.existing(now, tenant, handle, dir, flags, None);
         }
+        if key.icmp_kind() == Some(IcmpKind::Error) {
+            return self.related(now, tenant, &key, h, frame, None);
+        }
+        opens_connection(&key)?;
         // A new connection from a VM.
         if let Some(reason) = self
             .policy
@@ -581,6 +590,7 @@ impl Pipeline {
     fn decide_uplink(
         &mut self,
         now: Instant,
+        frame: &[u8],
         parsed: &ParsedFrame,
     ) -> Result<FlowEntry, DropReason> {
         let host = *self.policy.host();
@@ -599,6 +609,10 @@ impl Pipeline {
             if let Some((handle, dir)) = self.ct.lookup(now, tenant, &key) {
                 return self.existing(now, tenant, handle, dir, flags, Some(outer_key.src_ip));
             }
+            if key.icmp_kind() == Some(IcmpKind::Error) {
+                return self.related(now, tenant, &key, inner, frame, Some(outer_key.src_ip));
+            }
+            opens_connection(&key)?;
             let b = self.admit_local(tenant, &key)?;
             let shape = Shape::TunnelIn {
                 b,
@@ -625,8 +639,51 @@ impl Pipeline {
             .ok_or(DropReason::NotForUs)?;
         match self.ct.lookup(now, tenant, &outer_key) {
             Some((handle, dir)) => self.existing(now, tenant, handle, dir, tcp_flags(outer), None),
-            None => Err(DropReason::NoConnection),
+            None if outer_key.icmp_kind() == Some(IcmpKind::Error) => {
+                self.related(now, tenant, &outer_key, outer, frame, None)
+            }
+            None => Err(opens_connection(&outer_key)
+                .err()
+                .unwrap_or(DropReason::NoConnection)),
         }
+    }
+
+    /// An ICMP error (`key`, headers `h` within `frame`) that matched no connection itself: as
+    /// nf_conntrack's `nf_conntrack_inet_error`, it is *related* to the connection a reply to
+    /// the packet it carries would belong to, if that connection is live and the error is
+    /// addressed to the embedded packet's sender; it then takes that direction's entry (routes,
+    /// MACs, encapsulation, and SNAT, which `Action::Nat` applies to the embedded header too)
+    /// without stepping the connection or passing the security groups. Anything else is dropped
+    /// as `IcmpErrorUnrelated`. Nothing is installed: errors always take the slow path.
+    fn related(
+        &mut self,
+        now: Instant,
+        tenant: TenantId,
+        key: &FlowKey,
+        h: &Headers,
+        frame: &[u8],
+        learned_vtep: Option<IpAddr16>,
+    ) -> Result<FlowEntry, DropReason> {
+        let unrelated = DropReason::IcmpErrorUnrelated;
+        let end = usize::from(h.l3_offset) + usize::from(h.l3_len);
+        let msg = frame.get(usize::from(h.l4_offset)..end).ok_or(unrelated)?;
+        let e = spillway_wire::icmp::embedded(!key.src_ip.is_v4(), msg).ok_or(unrelated)?;
+        let (handle, dir) = self
+            .ct
+            .lookup(now, tenant, &e.key.reversed())
+            .ok_or(unrelated)?;
+        let conn = self.ct.get(handle).ok_or(unrelated)?;
+        if conn.tuple(dir).dst_ip != key.dst_ip {
+            return Err(unrelated);
+        }
+        let (orig, reply, tag) = (conn.orig(), conn.reply(), conn.tag());
+        let shape = self.shape_of(tenant, &orig, &reply, tag, learned_vtep, dir)?;
+        let (fwd, rev) = self.build_entries(tenant, handle, &orig, shape)?;
+        self.counters.icmp_related += 1;
+        Ok(match dir {
+            CtDir::Original => fwd.1,
+            CtDir::Reply => rev.1,
+        })
     }
 
     /// A packet of an existing connection whose flow entry was missing or stale: step conntrack,
@@ -677,8 +734,7 @@ impl Pipeline {
                 }
                 Some(RouteTarget::Tunnel { vtep }) => Ok(Shape::TunnelOut { a, vtep }),
                 Some(RouteTarget::Internet) => {
-                    let nat =
-                        (reply.dst_ip != orig.src_ip).then_some((reply.dst_ip, reply.dst_port));
+                    let nat = (reply.dst_ip != orig.src_ip).then(|| nat_of_reply(reply));
                     Ok(Shape::Internet { a, nat })
                 }
             };
@@ -914,8 +970,9 @@ impl Pipeline {
             .tenant(tenant)
             .and_then(|t| t.snat.as_ref().map(|s| s.public_ip))
             .ok_or(DropReason::NoRoute)?;
-        if key.proto == ip_proto::ICMP && key.src_port != key.dst_port {
-            // Only ICMP echo carries an identifier that can be translated.
+        if key.icmp_kind().is_some_and(|k| k != IcmpKind::Request) {
+            // Only ICMP queries carry an identifier that can be translated (and only they open
+            // connections; `opens_connection` already refused the rest).
             return Err(DropReason::PolicyDrop);
         }
         let (_, pools) = self.snat.get_mut(&tenant).ok_or(DropReason::NoRoute)?;
@@ -980,7 +1037,31 @@ fn is_steady(state: CtState) -> bool {
 fn snat_binding(policy: &Policy, conn: &Connection) -> Option<(TenantId, u8, u16)> {
     let (orig, reply) = (conn.orig(), conn.reply());
     (policy.is_snat_address(reply.dst_ip) == Some(conn.zone()) && reply.dst_ip != orig.src_ip)
-        .then_some((conn.zone(), orig.proto, reply.dst_port))
+        .then(|| (conn.zone(), orig.proto, nat_of_reply(&reply).1))
+}
+
+/// The translated address and port a SNATed connection's reply tuple is addressed to. For ICMP
+/// the "port" is the query identifier, which the key carries in its source port (the
+/// destination port holds the reply's type and code).
+fn nat_of_reply(reply: &FlowKey) -> (IpAddr16, u16) {
+    let port = match reply.icmp_type() {
+        Some(_) => reply.src_port,
+        None => reply.dst_port,
+    };
+    (reply.dst_ip, port)
+}
+
+/// Whether a packet that matched no connection may open one, and if not, why it is dropped:
+/// as in nf_conntrack, an ICMP reply that answers no tracked request, an ICMP error (here it
+/// could not be matched to a connection as related) and any other ICMP message that is not a
+/// query are invalid, and never reach the security groups.
+fn opens_connection(key: &FlowKey) -> Result<(), DropReason> {
+    match key.icmp_kind() {
+        None | Some(IcmpKind::Request) => Ok(()),
+        Some(IcmpKind::Reply) => Err(DropReason::IcmpUnsolicitedReply),
+        Some(IcmpKind::Error) => Err(DropReason::IcmpErrorUnrelated),
+        Some(IcmpKind::Other) => Err(DropReason::IcmpUntracked),
+    }
 }
 
 /// Return the SNAT port of a connection that is going away (expired, or reclaimed by
@@ -1068,10 +1149,11 @@ fn reply_key(orig: &FlowKey, shape: Shape) -> FlowKey {
         } => {
             let mut r = orig.reversed();
             r.dst_ip = ip;
-            r.dst_port = port;
-            if orig.proto == ip_proto::ICMP {
-                // Echo replies carry the (translated) identifier in both key ports.
+            if r.icmp_type().is_some() {
+                // The reply carries the translated identifier; its type stays in `dst_port`.
                 r.src_port = port;
+            } else {
+                r.dst_port = port;
             }
             r
         }

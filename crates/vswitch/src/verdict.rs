@@ -57,6 +57,14 @@ pub enum DropReason {
     NoConnection,
     /// A TCP packet invalid for the connection's state.
     ConntrackInvalid,
+    /// An ICMP/ICMPv6 reply (echo reply and the like) that answers no tracked request.
+    IcmpUnsolicitedReply,
+    /// An ICMP/ICMPv6 error whose embedded header matches no tracked connection (or whose
+    /// destination is not the embedded packet's sender).
+    IcmpErrorUnrelated,
+    /// An ICMP/ICMPv6 message that is neither a query, a reply nor an error (router or neighbour
+    /// discovery, MLD, unassigned types): it can neither open nor join a connection.
+    IcmpUntracked,
     /// The conntrack table is full; new connections are dropped, established ones keep working.
     ConntrackFull,
     /// No free SNAT port for this tenant.
@@ -101,6 +109,12 @@ pub enum DropKind {
     NoConnection,
     /// [`DropReason::ConntrackInvalid`]
     ConntrackInvalid,
+    /// [`DropReason::IcmpUnsolicitedReply`]
+    IcmpUnsolicitedReply,
+    /// [`DropReason::IcmpErrorUnrelated`]
+    IcmpErrorUnrelated,
+    /// [`DropReason::IcmpUntracked`]
+    IcmpUntracked,
     /// [`DropReason::ConntrackFull`]
     ConntrackFull,
     /// [`DropReason::SnatExhausted`]
@@ -111,7 +125,7 @@ pub enum DropKind {
 
 impl DropKind {
     /// Number of kinds; the length of a counter array.
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 22;
 
     /// Every kind, in counter order.
     pub const ALL: [DropKind; DropKind::COUNT] = [
@@ -131,6 +145,9 @@ impl DropKind {
         DropKind::NoSuchVm,
         DropKind::NoConnection,
         DropKind::ConntrackInvalid,
+        DropKind::IcmpUnsolicitedReply,
+        DropKind::IcmpErrorUnrelated,
+        DropKind::IcmpUntracked,
         DropKind::ConntrackFull,
         DropKind::SnatExhausted,
         DropKind::PolicyDrop,
@@ -156,6 +173,9 @@ impl DropKind {
             DropKind::NoSuchVm => DropReason::NoSuchVm,
             DropKind::NoConnection => DropReason::NoConnection,
             DropKind::ConntrackInvalid => DropReason::ConntrackInvalid,
+            DropKind::IcmpUnsolicitedReply => DropReason::IcmpUnsolicitedReply,
+            DropKind::IcmpErrorUnrelated => DropReason::IcmpErrorUnrelated,
+            DropKind::IcmpUntracked => DropReason::IcmpUntracked,
             DropKind::ConntrackFull => DropReason::ConntrackFull,
             DropKind::SnatExhausted => DropReason::SnatExhausted,
             DropKind::PolicyDrop => DropReason::PolicyDrop,
@@ -181,6 +201,9 @@ impl DropKind {
             DropKind::NoSuchVm => "vswitch.drop.no_such_vm",
             DropKind::NoConnection => "vswitch.drop.no_connection",
             DropKind::ConntrackInvalid => "vswitch.drop.ct_invalid",
+            DropKind::IcmpUnsolicitedReply => "vswitch.drop.icmp_unsolicited_reply",
+            DropKind::IcmpErrorUnrelated => "vswitch.drop.icmp_error_unrelated",
+            DropKind::IcmpUntracked => "vswitch.drop.icmp_untracked",
             DropKind::ConntrackFull => "vswitch.drop.ct_full",
             DropKind::SnatExhausted => "vswitch.drop.snat_exhausted",
             DropKind::PolicyDrop => "vswitch.drop.policy",
@@ -208,6 +231,9 @@ impl DropReason {
             DropReason::NoSuchVm => DropKind::NoSuchVm,
             DropReason::NoConnection => DropKind::NoConnection,
             DropReason::ConntrackInvalid => DropKind::ConntrackInvalid,
+            DropReason::IcmpUnsolicitedReply => DropKind::IcmpUnsolicitedReply,
+            DropReason::IcmpErrorUnrelated => DropKind::IcmpErrorUnrelated,
+            DropReason::IcmpUntracked => DropKind::IcmpUntracked,
             DropReason::ConntrackFull => DropKind::ConntrackFull,
             DropReason::SnatExhausted => DropKind::SnatExhausted,
             DropReason::PolicyDrop => DropKind::PolicyDrop,

@@ -270,7 +270,11 @@ fn timeouts_follow_the_state_and_are_driven_by_now() {
     );
     assert!(t.lookup(secs(10) + to.udp_replied, Z, &u).is_none());
 
-    let i = tuple(ip_proto::ICMP, 7);
+    // An echo request (type 8, code 0) with identifier 7.
+    let i = FlowKey {
+        dst_port: 0x0800,
+        ..tuple(ip_proto::ICMP, 7)
+    };
     let hi = t
         .create(secs(0), Z, i, i.reversed(), 0, 0, no_reclaim)
         .expect("icmp");

@@ -203,7 +203,7 @@ fn packet(f: &Flow, reply: bool, flags: u8, nat_guess: u16, spoof: bool) -> (Por
         Src::Internet(public) => {
             let base = if public == GLOBEX_PUBLIC { 20000 } else { 1024 };
             let port = base + nat_guess;
-            // ICMP echo replies carry the translated identifier in both key ports.
+            // An ICMP echo reply carries the translated identifier.
             let sport = if f.kind == 3 { port } else { f.dport };
             frame(from, public, f.kind, flags, sport, port, spoof)
         }

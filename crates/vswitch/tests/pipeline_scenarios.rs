@@ -200,8 +200,8 @@ fn snat_udp_and_icmp_echo_translate_ports_and_identifiers() {
     let key = parse(&out).outer.key.unwrap();
     assert_eq!(
         (key.src_port, key.dst_port),
-        (1024, 1024),
-        "echo id translated"
+        (1024, 0x0800),
+        "echo id translated, type 8 code 0 kept"
     );
     assert!(
         checksum::checksum(&out[34..]) == 0,
@@ -218,7 +218,11 @@ fn snat_udp_and_icmp_echo_translate_ports_and_identifiers() {
     let (v, out, fast) = run(&mut p, secs(1), UPLINK, &reply);
     assert_eq!((v, fast), (Verdict::Forward(WEB), true));
     let key = parse(&out).outer.key.unwrap();
-    assert_eq!((key.dst_ip, key.dst_port), (IpAddr16::from(WEB_IP), 77));
+    assert_eq!(
+        (key.dst_ip, key.src_port, key.dst_port),
+        (IpAddr16::from(WEB_IP), 77, 0x0000),
+        "echo reply (type 0) with the VM's identifier"
+    );
     assert!(checksum::checksum(&out[34..]) == 0);
 }
 
@@ -615,4 +619,70 @@ fn a_connection_reclaimed_to_make_room_returns_its_snat_port() {
         1025,
         "the cursor moved on"
     );
+}
+
+#[test]
+fn icmp_error_about_a_snatted_packet_is_translated_back_to_the_vm() {
+    let mut p = pipeline(PipelineConfig::default());
+    let q = udp(
+        WEB_MAC,
+        ACME_ROUTER,
+        (WEB_IP, 5353),
+        (INTERNET_HOST, 53),
+        b"query",
+    );
+    let (v, out, _) = run(&mut p, secs(1), WEB, &q);
+    assert_eq!(v, Verdict::Forward(UPLINK));
+    // A router on the way answers the translated datagram with "fragmentation needed".
+    let router = std::net::Ipv4Addr::new(192, 0, 2, 77);
+    let frag_needed = spillway_wire::build::FrameBuilder::new()
+        .eth(GATEWAY_MAC, UPLINK_MAC)
+        .ipv4(router, ACME_PUBLIC)
+        .icmp(3, 4)
+        .payload(&out[14..])
+        .build();
+    let (v, back, fast) = run(&mut p, secs(2), UPLINK, &frag_needed);
+    assert_eq!((v, fast), (Verdict::Forward(WEB), false));
+    assert_eq!(p.counters().icmp_related, 1);
+    let h = parse(&back).outer;
+    let key = h.key.unwrap();
+    assert_eq!(
+        (key.src_ip, key.dst_ip, key.dst_port),
+        (IpAddr16::from(router), IpAddr16::from(WEB_IP), 0x0304)
+    );
+    assert_eq!((h.src_mac, h.dst_mac), (ACME_ROUTER, WEB_MAC));
+    assert!(
+        checksum::ipv4_header_valid(&back[14..34]),
+        "outer IPv4 checksum"
+    );
+    assert_eq!(checksum::checksum(&back[34..]), 0, "ICMP checksum");
+    // The embedded packet is again exactly what the VM sent: address, port and both checksums.
+    assert_eq!(&back[42..], &q[14..]);
+    // An error about a port no connection holds is not related.
+    let mut stray = out.clone();
+    stray[34..36].copy_from_slice(&4242u16.to_be_bytes());
+    let stray_err = spillway_wire::build::FrameBuilder::new()
+        .eth(GATEWAY_MAC, UPLINK_MAC)
+        .ipv4(router, ACME_PUBLIC)
+        .icmp(3, 4)
+        .payload(&stray[14..])
+        .build();
+    let (v, _, _) = run(&mut p, secs(2), UPLINK, &stray_err);
+    assert_eq!(v, Verdict::Drop(DropReason::IcmpErrorUnrelated));
+}
+
+#[test]
+fn unsolicited_echo_reply_from_the_internet_is_dropped_with_its_reason() {
+    let mut p = pipeline(PipelineConfig::default());
+    let reply = ping(
+        GATEWAY_MAC,
+        UPLINK_MAC,
+        INTERNET_HOST,
+        ACME_PUBLIC,
+        1024,
+        true,
+    );
+    let (v, _, _) = run(&mut p, secs(1), UPLINK, &reply);
+    assert_eq!(v, Verdict::Drop(DropReason::IcmpUnsolicitedReply));
+    assert!(p.conntrack().is_empty());
 }

@@ -1,6 +1,14 @@
 //! ICMP (RFC 792) and ICMPv6 (RFC 4443 section 2.1) share the first 8 bytes: type, code,
 //! checksum, then 4 type-specific bytes, which for echo request/reply (ICMP 8/0, ICMPv6 128/129;
 //! RFC 792 "Echo or Echo Reply", RFC 4443 section 4) are identifier and sequence number.
+//!
+//! For connection tracking a message is a query (a request that may open state), the reply to a
+//! query, an error (carrying the header of the packet that caused it), or something else; see
+//! [`kind`]. The query/reply pairs are those Linux `nf_conntrack` tracks (`invmap` in
+//! `nf_conntrack_proto_icmp.c` and `nf_conntrack_proto_icmpv6.c`): for ICMP echo (8/0),
+//! timestamp (13/14, RFC 792), information (15/16, RFC 792) and address mask (17/18, RFC 950);
+//! for ICMPv6 echo (128/129) and node information (139/140, RFC 4620). Each carries a 16-bit
+//! identifier in bytes 4..6.
 
 use crate::error::{Layer, WireError};
 use crate::field::{be16, set16};
@@ -15,6 +23,76 @@ pub const V4_ECHO_REPLY: u8 = 0;
 pub const V6_ECHO_REQUEST: u8 = 128;
 /// ICMPv6 echo reply type.
 pub const V6_ECHO_REPLY: u8 = 129;
+/// ICMP destination unreachable (RFC 792).
+pub const V4_DEST_UNREACHABLE: u8 = 3;
+/// ICMP time exceeded (RFC 792).
+pub const V4_TIME_EXCEEDED: u8 = 11;
+/// ICMPv6 destination unreachable (RFC 4443 section 3.1).
+pub const V6_DEST_UNREACHABLE: u8 = 1;
+/// ICMPv6 packet too big (RFC 4443 section 3.2).
+pub const V6_PACKET_TOO_BIG: u8 = 2;
+
+/// What an ICMP or ICMPv6 message type is to connection tracking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IcmpKind {
+    /// A query that may open a connection (echo request and the other request types).
+    Request,
+    /// The answer to a query; only ever valid on a tracked connection.
+    Reply,
+    /// An error message, which carries the IP header and first 8 bytes of the offending packet
+    /// (ICMP 3, 4, 5, 11, 12 as `icmp_is_err` in Linux; ICMPv6 types below 128, RFC 4443
+    /// section 2.1).
+    Error,
+    /// Anything else (router and neighbour discovery, MLD, unassigned types).
+    Other,
+}
+
+/// The kind of message type `msg_type` of ICMP (`v6 == false`) or ICMPv6.
+#[inline(always)]
+pub const fn kind(v6: bool, msg_type: u8) -> IcmpKind {
+    if v6 {
+        match msg_type {
+            128 | 139 => IcmpKind::Request,
+            129 | 140 => IcmpKind::Reply,
+            0..=127 => IcmpKind::Error,
+            _ => IcmpKind::Other,
+        }
+    } else {
+        match msg_type {
+            8 | 13 | 15 | 17 => IcmpKind::Request,
+            0 | 14 | 16 | 18 => IcmpKind::Reply,
+            3 | 4 | 5 | 11 | 12 => IcmpKind::Error,
+            _ => IcmpKind::Other,
+        }
+    }
+}
+
+/// The type answering a request, or requested by a reply (`nf_conntrack`'s `invmap`); `None`
+/// for errors and other types.
+#[inline(always)]
+pub const fn counterpart(v6: bool, msg_type: u8) -> Option<u8> {
+    if v6 {
+        match msg_type {
+            128 => Some(129),
+            129 => Some(128),
+            139 => Some(140),
+            140 => Some(139),
+            _ => None,
+        }
+    } else {
+        match msg_type {
+            8 => Some(0),
+            0 => Some(8),
+            13 => Some(14),
+            14 => Some(13),
+            15 => Some(16),
+            16 => Some(15),
+            17 => Some(18),
+            18 => Some(17),
+            _ => None,
+        }
+    }
+}
 
 /// A view of an ICMP or ICMPv6 message.
 #[derive(Debug, Clone, Copy)]
@@ -70,13 +148,140 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> IcmpPacket<T> {
     }
 }
 
-/// True for echo request/reply of the given family, whose identifier goes in both ports of a
-/// [`crate::FlowKey`].
+/// True for queries and their replies ([`IcmpKind::Request`], [`IcmpKind::Reply`]), whose
+/// identifier goes in the source port of a [`crate::FlowKey`].
 #[inline(always)]
-pub const fn is_echo(v6: bool, msg_type: u8) -> bool {
-    if v6 {
-        matches!(msg_type, V6_ECHO_REQUEST | V6_ECHO_REPLY)
+pub const fn is_query(v6: bool, msg_type: u8) -> bool {
+    counterpart(v6, msg_type).is_some()
+}
+
+/// The packet an ICMP error carries: its flow key as its sender sent it, and where its IP and
+/// transport headers start, relative to the first byte of the ICMP message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Embedded {
+    /// The embedded packet's key, with the same port convention as any [`crate::FlowKey`].
+    pub key: crate::FlowKey,
+    /// Offset of the embedded IP header (always [`HEADER_LEN`]).
+    pub ip_offset: usize,
+    /// Offset of the embedded transport header.
+    pub l4_offset: usize,
+}
+
+/// The header an ICMP (`v6 == false`) or ICMPv6 error message `msg` carries (RFC 792: the IP
+/// header and the first 64 bits of the datagram; RFC 4443 section 2.4: as much of the packet as
+/// fits). `None` when it is not there in full: an IP header of the other family or cut short,
+/// fewer than 8 transport bytes, a non-first IPv4 fragment (no ports), or IPv6 extension headers
+/// (the embedded packet is then not matched to a connection). Does not check the embedded
+/// lengths or checksums, which describe the whole original datagram.
+pub fn embedded(v6: bool, msg: &[u8]) -> Option<Embedded> {
+    use crate::key::{FlowKey, IpAddr16, ip_proto};
+    let ip = msg.get(HEADER_LEN..)?;
+    let (key, ihl) = if v6 {
+        let h: &[u8; 40] = ip.first_chunk()?;
+        if h[0] >> 4 != 6 {
+            return None;
+        }
+        let mut src = [0u8; 16];
+        src.copy_from_slice(&h[8..24]);
+        let mut dst = [0u8; 16];
+        dst.copy_from_slice(&h[24..40]);
+        let proto = h[6];
+        if !matches!(proto, ip_proto::TCP | ip_proto::UDP | ip_proto::ICMPV6) {
+            return None;
+        }
+        let key = FlowKey {
+            src_ip: IpAddr16(src),
+            dst_ip: IpAddr16(dst),
+            src_port: 0,
+            dst_port: 0,
+            proto,
+        };
+        (key, 40)
     } else {
-        matches!(msg_type, V4_ECHO_REQUEST | V4_ECHO_REPLY)
+        let h: &[u8; 20] = ip.first_chunk()?;
+        let ihl = usize::from(h[0] & 0x0f) * 4;
+        if h[0] >> 4 != 4 || ihl < 20 || u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
+            return None;
+        }
+        let key = FlowKey {
+            src_ip: IpAddr16::from_v4([h[12], h[13], h[14], h[15]]),
+            dst_ip: IpAddr16::from_v4([h[16], h[17], h[18], h[19]]),
+            src_port: 0,
+            dst_port: 0,
+            proto: h[9],
+        };
+        (key, ihl)
+    };
+    let l4: &[u8; 8] = ip.get(ihl..)?.first_chunk()?;
+    let mut key = key;
+    let own_icmp = if v6 { ip_proto::ICMPV6 } else { ip_proto::ICMP };
+    match key.proto {
+        ip_proto::TCP | ip_proto::UDP => {
+            key.src_port = u16::from_be_bytes([l4[0], l4[1]]);
+            key.dst_port = u16::from_be_bytes([l4[2], l4[3]]);
+        }
+        p if p == own_icmp => {
+            key.dst_port = u16::from_be_bytes([l4[0], l4[1]]);
+            if is_query(v6, l4[0]) {
+                key.src_port = u16::from_be_bytes([l4[4], l4[5]]);
+            }
+        }
+        _ => {}
+    }
+    Some(Embedded {
+        key,
+        ip_offset: HEADER_LEN,
+        l4_offset: HEADER_LEN + ihl,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counterpart_is_an_involution_between_requests_and_replies() {
+        for v6 in [false, true] {
+            for t in 0..=255u8 {
+                match (kind(v6, t), counterpart(v6, t)) {
+                    (IcmpKind::Request, Some(r)) => {
+                        assert_eq!(kind(v6, r), IcmpKind::Reply);
+                        assert_eq!(counterpart(v6, r), Some(t));
+                    }
+                    (IcmpKind::Reply, Some(q)) => assert_eq!(kind(v6, q), IcmpKind::Request),
+                    (IcmpKind::Error | IcmpKind::Other, None) => {}
+                    other => panic!("v6 {v6} type {t}: {other:?}"),
+                }
+            }
+        }
+        assert_eq!(kind(false, V4_ECHO_REQUEST), IcmpKind::Request);
+        assert_eq!(kind(true, V6_PACKET_TOO_BIG), IcmpKind::Error);
+        assert_eq!(kind(true, 135), IcmpKind::Other);
+        assert_eq!(kind(false, 9), IcmpKind::Other);
+    }
+
+    #[test]
+    fn embedded_reads_the_offending_packets_key() {
+        // Port unreachable carrying 10.0.0.1:5353 -> 10.0.0.2:53 UDP (IP header + 8 bytes).
+        let mut m = [0u8; 8 + 20 + 8];
+        m[0] = 3;
+        m[1] = 3;
+        m[8] = 0x45;
+        m[8 + 9] = 17;
+        m[8 + 12..8 + 16].copy_from_slice(&[10, 0, 0, 1]);
+        m[8 + 16..8 + 20].copy_from_slice(&[10, 0, 0, 2]);
+        m[28..32].copy_from_slice(&[0x14, 0xe9, 0x00, 0x35]);
+        let e = embedded(false, &m).expect("embedded header");
+        assert_eq!((e.ip_offset, e.l4_offset), (8, 28));
+        assert_eq!(
+            (e.key.proto, e.key.src_port, e.key.dst_port),
+            (17, 5353, 53)
+        );
+        assert_eq!(e.key.src_ip, crate::IpAddr16::from_v4([10, 0, 0, 1]));
+        // Cut short, or a later fragment: nothing to match.
+        assert_eq!(embedded(false, &m[..35]), None);
+        m[8 + 7] = 1;
+        assert_eq!(embedded(false, &m), None);
+        assert_eq!(embedded(true, &m), None);
     }
 }

@@ -4,6 +4,8 @@
 use core::fmt;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use crate::icmp;
+
 /// A 48-bit IEEE 802 MAC address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct MacAddr(pub [u8; 6]);
@@ -189,9 +191,13 @@ pub mod ip_proto {
 
 /// The transport 5-tuple of one direction of a flow, as seen on the wire.
 ///
-/// For TCP and UDP the ports are the transport ports. For ICMP/ICMPv6 echo request/reply the
-/// identifier goes in `src_port` and `dst_port` both (so the reversed key of a request is the key
-/// of its reply) and other ICMP types use `(type << 8 | code, 0)`. Non-first fragments and other
+/// For TCP and UDP the ports are the transport ports. ICMP (over IPv4) and ICMPv6 (over IPv6)
+/// follow Linux `nf_conntrack`'s tuple: `dst_port` is `type << 8 | code` for every message, and
+/// `src_port` is the identifier for queries and their replies ([`crate::icmp::is_query`]) and 0
+/// otherwise. So an echo request and an echo reply with the same identifier have different keys
+/// (a reply cannot match a request's state, nor a request a reply's), and
+/// [`FlowKey::reversed`] of a request is the key of its reply. Query types and other types never
+/// share a `dst_port`, since the type is in its high byte. Non-first fragments and other
 /// protocols carry zero ports. Equality, hashing and ordering are over all fields.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Debug)]
 pub struct FlowKey {
@@ -208,15 +214,44 @@ pub struct FlowKey {
 }
 
 impl FlowKey {
-    /// The key of the other direction of the same flow.
+    /// The key of the other direction of the same flow. For an ICMP query or reply that is the
+    /// key of its counterpart (same identifier and code, the answering or requesting type, as
+    /// `nf_conntrack`'s `invert_tuple`); other ICMP messages have no other direction, so only the
+    /// addresses swap. Either way `k.reversed().reversed() == k`.
+    #[inline]
     pub fn reversed(&self) -> FlowKey {
+        let (src_port, dst_port) = match self.icmp_type() {
+            None => (self.dst_port, self.src_port),
+            Some((v6, t)) => match icmp::counterpart(v6, t) {
+                Some(c) => (self.src_port, u16::from(c) << 8 | (self.dst_port & 0xff)),
+                None => (self.src_port, self.dst_port),
+            },
+        };
         FlowKey {
             src_ip: self.dst_ip,
             dst_ip: self.src_ip,
-            src_port: self.dst_port,
-            dst_port: self.src_port,
+            src_port,
+            dst_port,
             proto: self.proto,
         }
+    }
+
+    /// For ICMP over IPv4 and ICMPv6 over IPv6: `(is IPv6, message type)`. `None` for other
+    /// protocols, and for protocol 1 over IPv6 or 58 over IPv4, which the parser treats as opaque.
+    #[inline]
+    pub fn icmp_type(&self) -> Option<(bool, u8)> {
+        let v6 = match self.proto {
+            ip_proto::ICMP => false,
+            ip_proto::ICMPV6 => true,
+            _ => return None,
+        };
+        (self.src_ip.is_v4() != v6).then_some((v6, (self.dst_port >> 8) as u8))
+    }
+
+    /// What the message is to connection tracking, for ICMP and ICMPv6 keys ([`FlowKey::icmp_type`]).
+    #[inline]
+    pub fn icmp_kind(&self) -> Option<icmp::IcmpKind> {
+        self.icmp_type().map(|(v6, t)| icmp::kind(v6, t))
     }
 }
 
@@ -243,5 +278,61 @@ mod tests {
         assert!(!v6.is_v4());
         assert_eq!(v6.to_string(), "fd00::1");
         assert!("10.1.2".parse::<IpAddr16>().is_err());
+    }
+
+    fn icmp_key(v6: bool, msg_type: u8, code: u8, id: u16) -> FlowKey {
+        let (src_ip, dst_ip, proto) = if v6 {
+            (
+                "fd00::1".parse().unwrap(),
+                "fd00::2".parse().unwrap(),
+                ip_proto::ICMPV6,
+            )
+        } else {
+            (
+                "10.0.0.1".parse().unwrap(),
+                "10.0.0.2".parse().unwrap(),
+                ip_proto::ICMP,
+            )
+        };
+        FlowKey {
+            src_ip,
+            dst_ip,
+            src_port: id,
+            dst_port: u16::from(msg_type) << 8 | u16::from(code),
+            proto,
+        }
+    }
+
+    #[test]
+    fn reversed_icmp_request_is_its_reply_and_back() {
+        let req = icmp_key(false, icmp::V4_ECHO_REQUEST, 0, 77);
+        let rep = req.reversed();
+        assert_eq!((rep.src_ip, rep.dst_ip), (req.dst_ip, req.src_ip));
+        assert_eq!((rep.src_port, rep.dst_port), (77, 0x0000));
+        assert_eq!(rep.reversed(), req);
+        let ts = icmp_key(false, 13, 0, 5).reversed();
+        assert_eq!((ts.src_port, ts.dst_port), (5, 14 << 8));
+        let req6 = icmp_key(true, icmp::V6_ECHO_REQUEST, 0, 9);
+        assert_eq!(
+            req6.reversed().dst_port,
+            u16::from(icmp::V6_ECHO_REPLY) << 8
+        );
+        assert_eq!(req6.icmp_kind(), Some(icmp::IcmpKind::Request));
+        assert_eq!(req6.reversed().icmp_kind(), Some(icmp::IcmpKind::Reply));
+        // An error has no other direction: only the addresses swap.
+        let err = icmp_key(true, icmp::V6_PACKET_TOO_BIG, 0, 0);
+        assert_eq!(
+            (err.reversed().src_port, err.reversed().dst_port),
+            (0, 0x0200)
+        );
+        assert_eq!(err.reversed().reversed(), err);
+        // A request from the other side with the same identifier is not the reply.
+        let mut back = req;
+        core::mem::swap(&mut back.src_ip, &mut back.dst_ip);
+        assert_ne!(back, rep);
+        // Protocol 1 over IPv6 is not ICMP.
+        let mut odd = req6;
+        odd.proto = ip_proto::ICMP;
+        assert_eq!(odd.icmp_kind(), None);
     }
 }

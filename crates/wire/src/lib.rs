@@ -25,8 +25,9 @@
 //!   for IP packets (the fuzz target checks this).
 //! - Each layer is bounded by its container's length field, never by the buffer alone, so
 //!   Ethernet padding is never mistaken for data.
-//! - A [`FlowKey`] is present exactly for IPv4 and IPv6; its port convention (ICMP echo
-//!   identifier in both ports, zero ports for non-first fragments) is documented on the type.
+//! - A [`FlowKey`] is present exactly for IPv4 and IPv6; its port convention (ICMP type and
+//!   code in the destination port, a query's identifier in the source port, zero ports for
+//!   non-first fragments) is documented on the type.
 //! - Frames made by [`build::FrameBuilder`] parse back to exactly the fields that built them.
 //!
 //! ## Example

@@ -488,12 +488,11 @@ fn parse_l4(
                 let m: &[u8; 8] = seg
                     .first_chunk()
                     .ok_or_else(|| truncated(layer, 8, seg.len()))?;
-                if icmp::is_echo(v6, m[0]) {
-                    let id = u16::from_be_bytes([m[4], m[5]]);
-                    key.src_port = id;
-                    key.dst_port = id;
-                } else {
-                    key.src_port = u16::from_be_bytes([m[0], m[1]]);
+                // nf_conntrack's tuple (see `FlowKey`): type and code always, the identifier
+                // only where the message has one.
+                key.dst_port = u16::from_be_bytes([m[0], m[1]]);
+                if icmp::is_query(v6, m[0]) {
+                    key.src_port = u16::from_be_bytes([m[4], m[5]]);
                 }
                 payload_off = 8;
                 payload_len = seg.len() - 8;

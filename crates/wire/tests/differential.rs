@@ -69,33 +69,32 @@ fn theirs(p: &SlicedPacket<'_>) -> Option<Common> {
         ),
         NetSlice::Arp(_) => return None,
     };
-    let echo = |t: u8, b: [u8; 4]| {
-        let id = u16::from_be_bytes([b[0], b[1]]);
-        if matches!(t, 0 | 8 | 128 | 129) {
-            (id, id)
+    // nf_conntrack's ICMP tuple, written out from its `invmap` tables independently of the
+    // parser: type and code in the destination port, the identifier (bytes 4..6) in the source
+    // port for query and reply types only.
+    let icmp = |q: &[u8], t: u8, c: u8, b: [u8; 4]| {
+        let id = if q.contains(&t) {
+            u16::from_be_bytes([b[0], b[1]])
         } else {
-            ((t as u16) << 8, 0)
-        }
+            0
+        };
+        Some((id, (t as u16) << 8 | c as u16))
     };
     let ports = match &p.transport {
         Some(TransportSlice::Tcp(t)) => Some((t.source_port(), t.destination_port())),
         Some(TransportSlice::Udp(u)) => Some((u.source_port(), u.destination_port())),
-        Some(TransportSlice::Icmpv4(i)) => {
-            let (s, d) = echo(i.type_u8(), i.bytes5to8());
-            Some(if matches!(i.type_u8(), 0 | 8) {
-                (s, d)
-            } else {
-                ((s & 0xff00) | i.code_u8() as u16, d)
-            })
-        }
-        Some(TransportSlice::Icmpv6(i)) => {
-            let (s, d) = echo(i.type_u8(), i.bytes5to8());
-            Some(if matches!(i.type_u8(), 128 | 129) {
-                (s, d)
-            } else {
-                ((s & 0xff00) | i.code_u8() as u16, d)
-            })
-        }
+        Some(TransportSlice::Icmpv4(i)) => icmp(
+            &[0, 8, 13, 14, 15, 16, 17, 18],
+            i.type_u8(),
+            i.code_u8(),
+            i.bytes5to8(),
+        ),
+        Some(TransportSlice::Icmpv6(i)) => icmp(
+            &[128, 129, 139, 140],
+            i.type_u8(),
+            i.code_u8(),
+            i.bytes5to8(),
+        ),
         _ => None,
     };
     Some(Common {

@@ -158,8 +158,11 @@ fn golden_vxlan_parses_outer_and_inner() {
     assert_eq!((h.payload_offset, h.payload_len), (92, 4));
     let k = h.key.expect("inner key");
     assert_eq!(k.src_ip, IpAddr16::from_v4([192, 168, 0, 1]));
-    // Echo: the identifier goes in both ports.
-    assert_eq!((k.proto, k.src_port, k.dst_port), (ip_proto::ICMP, 7, 7));
+    // Echo request: the identifier in the source port, type 8 code 0 in the destination port.
+    assert_eq!(
+        (k.proto, k.src_port, k.dst_port),
+        (ip_proto::ICMP, 7, 0x0800)
+    );
     assert_eq!(p.innermost(), &h);
 }
 
@@ -422,13 +425,13 @@ fn icmpv6_echo_and_other_types_follow_the_flow_key_convention() {
         .outer
         .key
         .expect("key");
-    assert_eq!((k.proto, k.src_port, k.dst_port), (58, 99, 99));
+    assert_eq!((k.proto, k.src_port, k.dst_port), (58, 99, 0x8100));
     let f = FrameBuilder::new().ipv6(v6(1), v6(2)).icmp(1, 4).build();
     let k = parse_frame(&f, &ParseOptions::default())
         .expect("unreach")
         .outer
         .key
         .expect("key");
-    assert_eq!((k.src_port, k.dst_port), (0x0104, 0));
+    assert_eq!((k.src_port, k.dst_port), (0, 0x0104));
     assert!(checksum::verify_l4_v6(&v6(1), &v6(2), 58, &f[54..]));
 }

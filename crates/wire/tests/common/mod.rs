@@ -380,7 +380,16 @@ impl FrameSpec {
         let (src_port, dst_port) = match self.l4 {
             _ if nonfirst => (0, 0),
             L4::Tcp { src, dst, .. } | L4::Udp { src, dst } => (src, dst),
-            L4::Echo { ident, .. } => (ident, ident),
+            // The identifier, and the echo type (code 0) in the high byte.
+            L4::Echo { ident, reply, .. } => (
+                ident,
+                match (self.v6(), reply) {
+                    (false, false) => 8 << 8,
+                    (false, true) => 0,
+                    (true, false) => 128 << 8,
+                    (true, true) => 129 << 8,
+                },
+            ),
             L4::Raw(_) => (0, 0),
         };
         let hdr = if nonfirst { 0 } else { self.l4_header_len() };
