@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use clap::builder::{RangedU64ValueParser, TypedValueParser};
-use spillway_vswitch::toml_error::{EXCERPT_MAX, excerpt};
+use spillway_vswitch::policy::echo;
 
 /// A flag in seconds (`--timeout 2.5`): a finite decimal number in `min..=max`, parsed into a
 /// [`Duration`].
@@ -40,10 +40,10 @@ impl Seconds {
         let v: f64 = s
             .trim()
             .parse()
-            .map_err(|_| format!("expected {range}, got {:?}", excerpt(s, EXCERPT_MAX)))?;
+            .map_err(|_| format!("expected {range}, got {}", echo(s)))?;
         // `contains` is false for NaN, and the bounds are finite, so this also rejects inf.
         if !(min..=max).contains(&v) {
-            return Err(format!("expected {range}, got {}", excerpt(s, EXCERPT_MAX)));
+            return Err(format!("expected {range}, got {}", echo(s)));
         }
         Ok(Duration::from_secs_f64(v))
     }

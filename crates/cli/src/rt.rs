@@ -8,7 +8,6 @@ use spillway_rt::dpud::{DpuDaemon, RunOptions};
 use spillway_rt::planed::{self, PlaneOptions};
 use spillway_rt::testbed::{InitialHold, Testbed};
 use spillway_rt::virtq::{BUF_BYTES_MAX, BUF_BYTES_MIN, QUEUE_SIZE_MAX, QUEUE_SIZE_MIN};
-use spillway_vswitch::toml_error;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -236,40 +235,10 @@ pub struct CtlArgs {
     pub command: CtlCommand,
 }
 
-/// Reads the testbed file `path` like [`Testbed::load`], but a TOML syntax or type error names
-/// the line, the column and the field's dotted path (`vm[1].port`) instead of a byte offset, and
-/// quotes at most a bounded excerpt of the value.
+/// Reads the testbed file `path`. Its errors already give `file:line:column: field:` and bound
+/// what they quote (see `spillway_rt::testbed`).
 fn load_testbed(path: &std::path::Path) -> Result<Testbed> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read the testbed file", path.display()))?;
-    Testbed::from_toml_str(&text, path).map_err(|e| {
-        // The testbed loader reports a document-level (TOML) error as its message followed by
-        // " (at byte N)"; locate N in the text. Any other error is already about a named field.
-        let at = (e.field == "(document)")
-            .then(|| e.actual.rsplit_once(" (at byte "))
-            .flatten()
-            .and_then(|(message, rest)| {
-                let offset: usize = rest.strip_suffix(')')?.parse().ok()?;
-                Some((message, offset))
-            });
-        match at {
-            Some((message, offset)) => {
-                let pos = toml_error::locate(&text, offset);
-                let field = pos
-                    .field
-                    .map(|f| format!("field {f}: "))
-                    .unwrap_or_default();
-                anyhow::anyhow!(
-                    "{}:{}:{}: {field}{}",
-                    e.file,
-                    pos.line,
-                    pos.column,
-                    toml_error::bound_quotes(message, toml_error::EXCERPT_MAX)
-                )
-            }
-            None => anyhow::Error::new(e),
-        }
-    })
+    Ok(Testbed::load(path)?)
 }
 
 fn level(s: &str) -> Result<tracing::Level> {

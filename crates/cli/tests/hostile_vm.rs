@@ -100,12 +100,12 @@ gateway_mac = "02:00:00:00:00:fe"
 [[policy.tenant]]
 id = 1
 vni = 100
-router_mac = "02:00:00:00:01:01"
+router_mac = "02:00:00:00:01:fe"
 subnets = ["10.68.0.0/24"]
 [[policy.tenant]]
 id = 2
 vni = 200
-router_mac = "02:00:00:00:02:01"
+router_mac = "02:00:00:00:02:fe"
 subnets = ["10.69.0.0/24"]
 {ports}{sgs}{vms}"#,
         state = state.display(),

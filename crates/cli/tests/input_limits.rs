@@ -222,7 +222,7 @@ fn ctl_config_type_error_names_the_field_line_and_column() {
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
     let want = format!(
-        "{}:{line}:8: field vm[1].port: invalid type",
+        "{}:{line}:8: vm[1].port: expected a field of the documented type (docs/CONFIG.md), got invalid type",
         path.display()
     );
     assert!(e.contains(&want), "expected {want:?} in: {e}");
@@ -239,7 +239,7 @@ fn errors_do_not_echo_a_200_kb_value() {
     assert_eq!(o.status.code(), Some(1), "{}", &e[..e.len().min(500)]);
     assert!(e.len() < 2_000, "{} bytes of stderr", e.len());
     assert!(
-        e.contains("vm[1].port") && e.contains("200000 bytes"),
+        e.contains("vm[1].port") && e.contains("bytes in all)"),
         "{e}"
     );
     // The same for a value on the command line that clap quotes (the kernel takes at most

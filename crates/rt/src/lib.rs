@@ -67,3 +67,31 @@ pub mod virtq;
 pub mod vmport;
 pub mod vnet;
 pub mod vnic;
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// Whether to run the body of the test `name` here: false in the test process, which
+    /// runs `name` again in a child process of its own and checks that it passed; true in
+    /// that child. For tests that change per-process state such as the umask, which would
+    /// race with every other test of this binary creating files meanwhile.
+    pub(crate) fn in_own_process(name: &str) -> bool {
+        const CHILD: &str = "SPILLWAY_TEST_OWN_PROCESS";
+        if std::env::var_os(CHILD).is_some() {
+            return true;
+        }
+        let exe = std::env::current_exe().expect("the test binary has a path");
+        let out = std::process::Command::new(exe)
+            .args([name, "--exact", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .expect("running the test binary again");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{name} in a process of its own: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        false
+    }
+}

@@ -113,6 +113,11 @@ mod tests {
 
     #[test]
     fn bind_sets_the_mode_whatever_the_umask_and_never_replaces_a_file() {
+        if !crate::test_support::in_own_process(
+            "unixsock::tests::bind_sets_the_mode_whatever_the_umask_and_never_replaces_a_file",
+        ) {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let old = rustix::process::umask(rustix::fs::Mode::empty());

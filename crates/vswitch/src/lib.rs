@@ -94,7 +94,6 @@ pub mod packet;
 pub mod pipeline;
 pub mod policy;
 pub mod time;
-pub mod toml_error;
 pub mod verdict;
 pub mod workload;
 

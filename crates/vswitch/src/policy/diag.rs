@@ -287,6 +287,29 @@ pub fn toml_place_of(text: &str, path: &str) -> Option<TomlPlace> {
     }
 }
 
+/// One line for a TOML parse error in `text`: `line L, column C, field F: message`, the
+/// parser's message bounded to [`MESSAGE_CHARS_MAX`] characters (serde quotes the value it
+/// rejects, which may be a 200 KB string). For loaders that report the position in words (the
+/// simulator's scenarios); the policy and testbed loaders keep line and column in their own
+/// error types.
+pub fn describe(text: &str, err: &toml::de::Error) -> String {
+    let message = bounded(err.message().trim(), MESSAGE_CHARS_MAX);
+    match err.span() {
+        Some(span) => {
+            let p = toml_place_at(text, span.start);
+            if p.field.is_empty() {
+                format!("line {}, column {}: {message}", p.line, p.column)
+            } else {
+                format!(
+                    "line {}, column {}, field {}: {message}",
+                    p.line, p.column, p.field
+                )
+            }
+        }
+        None => message.into_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +356,31 @@ mod tests {
         assert!(e.ends_with("… (200000 bytes in all)"), "{e}");
         assert_eq!(bounded("abc", 3), "abc");
         assert_eq!(bounded("abcd", 3), "abc… (4 bytes in all)");
+    }
+
+    #[test]
+    fn describe_names_line_column_and_field_and_bounds_the_value() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)] // only parsed, to provoke errors
+        struct Doc {
+            top: u32,
+            vm: Vec<Vm>,
+        }
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Vm {
+            port: u32,
+        }
+        let err = |text: &str| describe(text, &toml::from_str::<Doc>(text).unwrap_err());
+        let e = err("top = 1\n[[vm]]\nport = 1\n[[vm]]\nport = \"x\"\n");
+        assert!(
+            e.starts_with("line 5, column 8, field vm[1].port: invalid type"),
+            "{e}"
+        );
+        let big = "A".repeat(200_000);
+        let e = err(&format!("top = \"{big}\"\nvm = []\n"));
+        assert!(e.len() < 600, "{} bytes", e.len());
+        assert!(e.contains("field top") && e.contains("bytes in all"), "{e}");
+        assert!(err("top = 1\nvm = [\n").starts_with("line "));
     }
 }

@@ -101,7 +101,7 @@ pub use config::{
     HostSection, PolicyConfig, PortSection, PortsSection, ProtocolSection, RouteSection,
     RouteTargetSection, RuleSection, SecurityGroupSection, SnatSection, TenantSection,
 };
-pub use diag::{TomlPlace, bounded, echo, toml_place_at, toml_place_of};
+pub use diag::{TomlPlace, bounded, describe, echo, toml_place_at, toml_place_of};
 pub use error::ConfigError;
 pub use lpm::LpmTable;
 pub use prefix::{Family, Prefix};
