@@ -39,30 +39,6 @@ use spillway_rt::vmport;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
-fn prerequisites(programs: &[&str]) -> bool {
-    let root = rustix::process::geteuid().is_root();
-    let missing: Vec<&str> = programs
-        .iter()
-        .copied()
-        .filter(|p| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {p}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .collect();
-    if root && missing.is_empty() {
-        return true;
-    }
-    let why = format!("needs root ({root}) and programs {missing:?}");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}: under CI=true this test must not skip");
-    }
-    eprintln!("skipping: {why}");
-    false
-}
-
 /// The testbed: tenant 1 (`a`, `b`, bridged) and tenant 2 (`c`, `d`, `e`, external).
 fn testbed_text(name: &str, state: &Path) -> String {
     let port = |id: u32, tenant: u32, ip: &str| {
@@ -416,7 +392,7 @@ fn flood_and_loop(tb: Testbed, attack: Arc<Attack>) {
 
 #[test]
 fn a_hostile_vm_keeps_another_tenants_ping_lossless_and_its_p99_within_twice_quiet() {
-    if !prerequisites(&["ip", "ping"]) {
+    if !spillway_testkit::prerequisites(&["ip", "ping"]) {
         return;
     }
     let mut bed = Bed::start();

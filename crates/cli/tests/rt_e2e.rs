@@ -21,31 +21,6 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
-/// Whether the environment can run these tests; under CI=true it must.
-fn prerequisites(programs: &[&str]) -> bool {
-    let root = rustix::process::geteuid().is_root();
-    let missing: Vec<&str> = programs
-        .iter()
-        .copied()
-        .filter(|p| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {p}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .collect();
-    if root && missing.is_empty() {
-        return true;
-    }
-    let why = format!("needs root ({root}) and programs {missing:?}");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}: .ci/run installs them; under CI=true this test must not skip");
-    }
-    eprintln!("skipping: {why}");
-    false
-}
-
 /// DPU limits scaled so that the applications saturate it: a slow path of about 2,000
 /// connections/s, a 30 kpps fast path.
 const LIMITED: &str = r#"
@@ -553,7 +528,7 @@ fn iperf3_json(bed: &Bed, args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn testbed_carries_traffic_serves_ctl_and_metrics_and_leaves_nothing_behind() {
-    if !prerequisites(&["ip", "iperf3", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "iperf3", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -605,7 +580,7 @@ fn testbed_carries_traffic_serves_ctl_and_metrics_and_leaves_nothing_behind() {
 
 #[test]
 fn nginx_short_connections_gain_from_the_spill_plane_and_keepalive_still_works() {
-    if !prerequisites(&["ip", "nginx", "wrk", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "nginx", "wrk", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -667,7 +642,7 @@ fn nginx_short_connections_gain_from_the_spill_plane_and_keepalive_still_works()
 
 #[test]
 fn redis_benchmark_runs_through_both_modes() {
-    if !prerequisites(&["ip", "redis-server", "redis-benchmark", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "redis-server", "redis-benchmark", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -712,7 +687,7 @@ fn redis_benchmark_runs_through_both_modes() {
 
 #[test]
 fn iperf3_udp_small_packets_cross_the_spill_plane() {
-    if !prerequisites(&["ip", "iperf3", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "iperf3", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -738,7 +713,7 @@ fn iperf3_udp_small_packets_cross_the_spill_plane() {
 
 #[test]
 fn established_connections_survive_activation_and_release() {
-    if !prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -780,7 +755,7 @@ fn established_connections_survive_activation_and_release() {
 
 #[test]
 fn killing_the_plane_fails_open_without_breaking_connections_and_the_fabric_recovers() {
-    if !prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -826,7 +801,7 @@ fn killing_the_plane_fails_open_without_breaking_connections_and_the_fabric_reco
 
 #[test]
 fn a_crashed_run_is_cleaned_up_by_the_next_start() {
-    if !prerequisites(&["ip", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -900,7 +875,7 @@ fn plane_counter(s: &serde_json::Value, key: &str) -> u64 {
 
 #[test]
 fn iperf3_and_wrk_run_over_shared_memory_ports_with_vatc_on_and_off() {
-    if !prerequisites(&["ip", "iperf3", "nginx", "wrk", "ss"]) {
+    if !spillway_testkit::prerequisites(&["ip", "iperf3", "nginx", "wrk", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -952,7 +927,7 @@ fn iperf3_and_wrk_run_over_shared_memory_ports_with_vatc_on_and_off() {
 
 #[test]
 fn vatc_delivers_into_the_plane_queue_saves_two_crossings_and_survives_a_new_vm_memory() {
-    if !prerequisites(&["ip"]) {
+    if !spillway_testkit::prerequisites(&["ip"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1044,7 +1019,7 @@ fn vatc_delivers_into_the_plane_queue_saves_two_crossings_and_survives_a_new_vm_
 
 #[test]
 fn the_spill_plane_runs_unprivileged_under_seccomp_and_still_carries_traffic() {
-    if !prerequisites(&["ip"]) {
+    if !spillway_testkit::prerequisites(&["ip"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

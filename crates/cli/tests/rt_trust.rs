@@ -22,25 +22,6 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const PYTHON: &str = "/usr/bin/python3";
 
-fn prerequisites() -> bool {
-    let root = rustix::process::geteuid().is_root();
-    let ip = Command::new("sh")
-        .args(["-c", "command -v ip"])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let python = Path::new(PYTHON).exists();
-    if root && ip && python {
-        return true;
-    }
-    let why = format!("needs root ({root}), ip ({ip}) and {PYTHON} ({python})");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}: under CI=true this test must not skip");
-    }
-    eprintln!("skipping: {why}");
-    false
-}
-
 /// A testbed file with VMs `a` and `b`; `ops` goes into `[ops]`, `vm_b` into VM `b`'s table.
 fn testbed(dir: &Path, ops: &str, vm_b: &str) -> (String, PathBuf) {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -190,7 +171,7 @@ fn netns_left(name: &str) -> bool {
 
 #[test]
 fn a_ctl_socket_at_an_ordinary_file_fails_the_start_and_leaves_the_file() {
-    if !prerequisites() {
+    if !spillway_testkit::prerequisites(&["ip", PYTHON]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -221,7 +202,7 @@ fn a_ctl_socket_at_an_ordinary_file_fails_the_start_and_leaves_the_file() {
 
 #[test]
 fn a_second_testbed_on_a_running_testbeds_ctl_socket_fails_and_leaves_it() {
-    if !prerequisites() {
+    if !spillway_testkit::prerequisites(&["ip", PYTHON]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -303,7 +284,7 @@ fn report(c: Child) -> serde_json::Value {
 
 #[test]
 fn under_umask_000_only_the_plane_we_started_gets_the_vnic_rings() {
-    if !prerequisites() {
+    if !spillway_testkit::prerequisites(&["ip", PYTHON]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,8 +1,10 @@
 //! # spillway-testkit
 //!
-//! Test support shared by the Spillway crates (dev-dependency only). Today: [`CountingAlloc`], a
+//! Test support shared by the Spillway crates (dev-dependency only): [`CountingAlloc`], a
 //! global allocator that counts the allocations made by the current thread, for the tests that
-//! prove a hot path allocates nothing per packet.
+//! prove a hot path allocates nothing per packet; and [`prerequisites`], the check with which a
+//! real-time test that needs root and installed programs runs, skips, or (under `CI=true`)
+//! fails loudly.
 //!
 //! ```ignore
 //! #[global_allocator]
@@ -18,6 +20,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::process::{Command, Stdio};
 
 thread_local! {
     // `const` and `Drop`-free, so touching it never allocates or registers a destructor.
@@ -65,4 +68,32 @@ unsafe impl GlobalAlloc for CountingAlloc {
         // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract, which we pass on.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
+}
+
+/// Whether this process is root and every one of `programs` (names on `PATH`, or absolute
+/// paths) can be run: true means the test can run. Otherwise it says why on stderr and returns
+/// false (the test skips), except under `CI=true`, where `.ci/run` has installed everything and
+/// a test must not skip silently: there it panics with the reason.
+pub fn prerequisites(programs: &[&str]) -> bool {
+    let root = rustix::process::geteuid().is_root();
+    let missing: Vec<&str> = programs
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {p}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    if root && missing.is_empty() {
+        return true;
+    }
+    let why = format!("needs root (root: {root}) and programs (missing: {missing:?})");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why}: .ci/run installs them; under CI=true this test must not skip");
+    }
+    eprintln!("skipping: {why}");
+    false
 }
