@@ -2,7 +2,7 @@
 //! from. Nothing in the model has a result written in: throughput, loss and latency emerge from
 //! these numbers.
 //!
-//! Sources, cited per field: **[seed]** is the Spillway paper review in `shared/seed/` (testbed:
+//! Sources, cited per field: **[seed]** is the Spillway paper (Zhejiang University and Alibaba Cloud; testbed:
 //! CPU/FPGA DPU with 2x100 Gbps, 64-core host; DPU saturates near 7.0 Mpps and still processes
 //! 7.2 Mpps under 9.2 Mpps offered; Elastic VM start 200 ms, rule injection ~10 ms; 2.0 Mpps of
 //! overflow on ~2.3 physical cores; CPS doubled with seven physical cores). **[assumed]** marks a

@@ -38,7 +38,7 @@
 //! A shrink needs only the `σ_i²` and the right singular vectors `v_i`, never the left ones. For
 //! `D <= 32` (the sizes used here) the symmetric eigendecomposition of the `D × D` Gram matrix
 //! gives exactly those at about half the cost of an SVD of the `m × D` buffer (`m = ℓ` or `2ℓ`),
-//! and forming the Gram costs `m·D²/2` multiply-adds (`/work/shared/CRATES.md`). It also lives on
+//! and forming the Gram costs `m·D²/2` multiply-adds. It also lives on
 //! the stack as an `SMatrix<f64, D, D>`, so no shrink allocates. The price of squaring is that
 //! eigenvalues below about `D·ε·σ_1²` are lost in rounding; FD throws away everything below
 //! `δ = σ_ℓ²` anyway, and the guarantee is additive in units of `‖A‖²_F`, so that loss is far
