@@ -253,6 +253,16 @@ impl DetachReason {
     }
 }
 
+/// Connections taken from the vNIC socket per loop turn.
+const VNIC_ACCEPTS_PER_TURN: usize = 16;
+
+/// Whether the `n`th refusal of a kind is logged: the 1st, 2nd, 4th, 8th, ... A peer that
+/// connects in a loop costs a counter increment, not a log line per attempt; the counter
+/// (`rt.vnic.rejected`, `rt.vm.rejected`) has the exact number.
+fn worth_logging(n: u64) -> bool {
+    n.is_power_of_two()
+}
+
 /// A change of a shared-memory port that the spill plane must hear of.
 #[derive(Clone, Copy, Debug)]
 enum VmChange {
@@ -1361,7 +1371,12 @@ impl DpuDaemon {
     /// and counted, so a flood of them neither delays the plane nor gets anything; the plane's
     /// own must then show the secret it was started with.
     fn manage_plane(&mut self, now: Instant) {
-        while let Ok((stream, _)) = self.listener.accept() {
+        // A bounded number per turn, so that connections arriving as fast as they are refused
+        // cannot keep the loop here.
+        for _ in 0..VNIC_ACCEPTS_PER_TURN {
+            let Ok((stream, _)) = self.listener.accept() else {
+                break;
+            };
             let want = self
                 .plane
                 .as_ref()
@@ -1372,8 +1387,11 @@ impl DpuDaemon {
                 (Some(pid), Ok(c)) if c.pid == pid => {}
                 _ => {
                     self.dp.counters.vnic_rejected += 1;
-                    let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
-                    tracing::warn!(target: "spillway::run", pid, uid, expected = ?want, "refused a vNIC connection that is not from the plane we started");
+                    if worth_logging(self.dp.counters.vnic_rejected) {
+                        let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
+                        let rejected = self.dp.counters.vnic_rejected;
+                        tracing::warn!(target: "spillway::run", pid, uid, expected = ?want, rejected, "refused a vNIC connection that is not from the plane we started");
+                    }
                     continue;
                 }
             }
@@ -1525,8 +1543,11 @@ impl DpuDaemon {
                             Ok(c) if c.uid == slot.uid || Some(c.pid) == bridge => (s, now),
                             peer => {
                                 self.dp.counters.vm_rejected += 1;
-                                let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
-                                tracing::warn!(target: "spillway::run", vm = %slot.vm, pid, uid, allowed_uid = slot.uid, "refused a VM port connection from another uid");
+                                if worth_logging(self.dp.counters.vm_rejected) {
+                                    let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
+                                    let rejected = self.dp.counters.vm_rejected;
+                                    tracing::warn!(target: "spillway::run", vm = %slot.vm, pid, uid, allowed_uid = slot.uid, rejected, "refused a VM port connection from another uid");
+                                }
                                 continue;
                             }
                         }
