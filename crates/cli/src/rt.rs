@@ -3,7 +3,7 @@
 
 use crate::flags::{Seconds, ranged};
 use anyhow::{Context, Result, bail};
-use spillway_rt::ctl::{CtlRequest, ctl_call};
+use spillway_rt::ctl::{CtlRequest, FLOWS_LIMIT_MAX, FlowOwner, ctl_call};
 use spillway_rt::dpud::{DpuDaemon, RunOptions};
 use spillway_rt::planed::{self, PlaneOptions};
 use spillway_rt::testbed::{InitialHold, Testbed};
@@ -57,10 +57,10 @@ pub enum CtlCommand {
     /// Flow dump with owner (dpu-hw / dpu-soc / spill) and why.
     Flows {
         /// At most this many rows, 1..=100000 (the daemon's own cap; default 1000).
-        #[arg(long, value_parser = ranged(1, FLOWS_LIMIT_MAX))]
+        #[arg(long, value_parser = ranged(1, FLOWS_LIMIT_MAX as u64))]
         limit: Option<usize>,
-        /// Only this owner.
-        #[arg(long, value_enum)]
+        /// Only this owner: dpu-hw, dpu-soc or spill.
+        #[arg(long, value_parser = parse_owner)]
         owner: Option<FlowOwner>,
     },
     /// Force activation: start a plane if none runs and keep it active (overrides URSched).
@@ -88,31 +88,6 @@ pub enum CtlCommand {
         /// on or off.
         state: String,
     },
-}
-
-/// Most rows `ctl flows --limit` asks for: the daemon answers at most this many.
-const FLOWS_LIMIT_MAX: u64 = 100_000;
-
-/// The owners a flow dump names (the daemon's `flows` answer uses exactly these strings).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum FlowOwner {
-    /// Entries in the DPU's hardware fast path.
-    DpuHw,
-    /// Handled by the DPU's SoC slow path (no hardware entry).
-    DpuSoc,
-    /// Owned by the spill plane.
-    Spill,
-}
-
-impl FlowOwner {
-    /// The name in the daemon's flow dump.
-    fn name(self) -> &'static str {
-        match self {
-            FlowOwner::DpuHw => "dpu-hw",
-            FlowOwner::DpuSoc => "dpu-soc",
-            FlowOwner::Spill => "spill",
-        }
-    }
 }
 
 /// Most packets per second `vm-endpoint --pps` accepts (far above what one queue carries).
@@ -284,6 +259,14 @@ pub fn spill_plane(args: &PlaneArgs) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("spill plane: {e}"))
 }
 
+/// `--owner`: one of the names the daemon's flow dump uses.
+fn parse_owner(s: &str) -> Result<FlowOwner, String> {
+    FlowOwner::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = FlowOwner::ALL.iter().map(|o| o.name()).collect();
+        format!("expected one of {}", names.join(", "))
+    })
+}
+
 /// `spillway ctl`.
 pub fn ctl(args: &CtlArgs) -> Result<()> {
     let socket = match (&args.socket, &args.config) {
@@ -295,7 +278,7 @@ pub fn ctl(args: &CtlArgs) -> Result<()> {
         CtlCommand::Status => CtlRequest::Status,
         CtlCommand::Flows { limit, owner } => CtlRequest::Flows {
             limit: *limit,
-            owner: owner.map(|o| o.name().to_string()),
+            owner: *owner,
         },
         CtlCommand::Activate => CtlRequest::Activate,
         CtlCommand::Release => CtlRequest::Release,

@@ -51,6 +51,8 @@ use std::net::Shutdown;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -62,6 +64,42 @@ use crate::metrics::{Readiness, StopSignal, StopWatch, stop_pair};
 /// Longest response line [`ctl_call`] accepts (flow dumps can be large, but not unbounded).
 pub const RESPONSE_LINE_MAX: usize = 64 * 1024 * 1024;
 
+/// Most rows a flow dump answers (`limit` above it is capped to it).
+pub const FLOWS_LIMIT_MAX: usize = 100_000;
+/// Rows a flow dump answers when the request gives no `limit`.
+pub const FLOWS_LIMIT_DEFAULT: usize = 1_000;
+
+/// Who serves a connection, as a flow dump names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlowOwner {
+    /// The DPU owns it and it has live entries in the hardware fast path.
+    DpuHw,
+    /// The DPU owns it and its SoC slow path serves it (no hardware entry).
+    DpuSoc,
+    /// The spill plane owns it.
+    Spill,
+}
+
+impl FlowOwner {
+    /// Every owner, in the order a dump lists them in help texts.
+    pub const ALL: [FlowOwner; 3] = [FlowOwner::DpuHw, FlowOwner::DpuSoc, FlowOwner::Spill];
+
+    /// The name on the wire and in the dump (`dpu-hw`, `dpu-soc`, `spill`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FlowOwner::DpuHw => "dpu-hw",
+            FlowOwner::DpuSoc => "dpu-soc",
+            FlowOwner::Spill => "spill",
+        }
+    }
+
+    /// The owner called `name`, if any.
+    pub fn from_name(name: &str) -> Option<FlowOwner> {
+        FlowOwner::ALL.into_iter().find(|o| o.name() == name)
+    }
+}
+
 /// A command sent to the daemon. Serialised internally tagged: `{"cmd":"set_policy",
 /// "placement":"spill"}`. Unknown fields are rejected so that a typo is an error, not a
 /// silently ignored option.
@@ -72,12 +110,13 @@ pub enum CtlRequest {
     Status,
     /// A dump of flow entries.
     Flows {
-        /// At most this many rows (the daemon applies its own cap as well).
+        /// At most this many rows ([`FLOWS_LIMIT_DEFAULT`] if absent; capped to
+        /// [`FLOWS_LIMIT_MAX`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<usize>,
-        /// Only flows with this owner (`"dpu"`, `"spill"`).
+        /// Only flows with this owner; an unknown name is a request error.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        owner: Option<String>,
+        owner: Option<FlowOwner>,
     },
     /// Start spilling: bring up the spill plane and install redirect rules.
     Activate,
@@ -299,6 +338,7 @@ impl Default for CtlConfig {
 pub struct CtlServer {
     path: PathBuf,
     calls: Receiver<CtlCall>,
+    refused: Arc<Refusals>,
     stop: StopSignal,
     thread: Option<JoinHandle<()>>,
     /// Held for the server's lifetime; the lock is what makes the path ours. Never deleted, so
@@ -330,12 +370,14 @@ impl CtlServer {
         // Mode 0600 from the moment it has its name; never replaces a file that appeared since.
         let listener = crate::unixsock::bind(path, 0o600, None).map_err(bind_error)?;
         // From here on the socket file exists; remove it again if the rest of the setup fails.
-        match start(listener, path, config) {
+        let refused = Arc::new(Refusals::default());
+        match start(listener, path, config, refused.clone()) {
             Ok((stop, thread, calls)) => {
                 tracing::info!(path = %path.display(), "control socket listening");
                 Ok(CtlServer {
                     path: path.to_owned(),
                     calls,
+                    refused,
                     stop,
                     thread: Some(thread),
                     _lock: lock,
@@ -356,6 +398,22 @@ impl CtlServer {
     /// The next waiting request, if any. Call from the loop that owns the state.
     pub fn try_recv(&self) -> Option<CtlCall> {
         self.calls.try_recv().ok()
+    }
+
+    /// Connections refused so far, by reason, under their metric names: `ctl.refused.peer`
+    /// (neither root nor our uid, or credentials unreadable) and `ctl.refused.busy`
+    /// (`connections_max` reached).
+    pub fn refused(&self) -> [(&'static str, u64); 2] {
+        [
+            (
+                "ctl.refused.peer",
+                self.refused.peer.load(Ordering::Relaxed),
+            ),
+            (
+                "ctl.refused.busy",
+                self.refused.busy.load(Ordering::Relaxed),
+            ),
+        ]
     }
 
     /// The request queue itself, for a loop that wants to block on it (`recv_timeout`).
@@ -399,6 +457,7 @@ fn start(
     listener: UnixListener,
     path: &Path,
     config: CtlConfig,
+    refused: Arc<Refusals>,
 ) -> Result<(StopSignal, JoinHandle<()>, Receiver<CtlCall>), CtlError> {
     let bind_error = |source| CtlError::Bind {
         path: path.to_owned(),
@@ -413,9 +472,24 @@ fn start(
     let (calls_tx, calls_rx) = mpsc::sync_channel(config.queue_max.max(1));
     let thread = std::thread::Builder::new()
         .name("spillway-ctl".into())
-        .spawn(move || accept_loop(listener, calls_tx, watch, config))
+        .spawn(move || accept_loop(listener, calls_tx, watch, config, &refused))
         .map_err(|source| CtlError::Start { source })?;
     Ok((stop, thread, calls_rx))
+}
+
+/// Connections the accept thread refused, by reason (read by [`CtlServer::refused`]).
+#[derive(Debug, Default)]
+struct Refusals {
+    peer: AtomicU64,
+    busy: AtomicU64,
+}
+
+impl Refusals {
+    /// Counts one refusal; true for the 1st, 2nd, 4th, 8th, ... of its kind, the ones worth
+    /// a log line (a local user connecting in a loop must not fill the log).
+    fn count(counter: &AtomicU64) -> bool {
+        (counter.fetch_add(1, Ordering::Relaxed) + 1).is_power_of_two()
+    }
 }
 
 /// `PATH.lock`, the file whose `flock` owns the socket path.
@@ -490,6 +564,7 @@ fn accept_loop(
     calls: SyncSender<CtlCall>,
     watch: StopWatch,
     config: CtlConfig,
+    refused: &Refusals,
 ) {
     let mut connections: Vec<JoinHandle<()>> = Vec::new();
     loop {
@@ -517,20 +592,32 @@ fn accept_loop(
         match crate::unixsock::peer_cred(&stream) {
             Ok(c) if c.uid == 0 || c.uid == euid => {}
             Ok(c) => {
-                tracing::warn!(
-                    pid = c.pid,
-                    uid = c.uid,
-                    "control socket: refused a peer that is neither root nor our uid"
-                );
+                if Refusals::count(&refused.peer) {
+                    tracing::warn!(
+                        pid = c.pid,
+                        uid = c.uid,
+                        refused = refused.peer.load(Ordering::Relaxed),
+                        "control socket: refused a peer that is neither root nor our uid"
+                    );
+                }
                 continue;
             }
             Err(error) => {
-                tracing::warn!(%error, "control socket: cannot read the peer's credentials; refused");
+                if Refusals::count(&refused.peer) {
+                    tracing::warn!(%error, "control socket: cannot read the peer's credentials; refused");
+                }
                 continue;
             }
         }
         connections.retain(|c| !c.is_finished());
         if connections.len() >= config.connections_max {
+            if Refusals::count(&refused.busy) {
+                tracing::warn!(
+                    refused = refused.busy.load(Ordering::Relaxed),
+                    connections_max = config.connections_max,
+                    "control socket: too many connections; refused"
+                );
+            }
             reject_busy(stream, &watch, config.connections_max);
             continue;
         }
@@ -833,7 +920,7 @@ mod tests {
             (
                 CtlRequest::Flows {
                     limit: Some(10),
-                    owner: Some("spill".into()),
+                    owner: Some(FlowOwner::Spill),
                 },
                 r#"{"cmd":"flows","limit":10,"owner":"spill"}"#,
             ),
@@ -875,6 +962,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(missing.contains("placement"), "{missing}");
+    }
+
+    #[test]
+    fn flow_owners_have_one_name_each_on_the_wire_and_in_the_dump() {
+        for owner in FlowOwner::ALL {
+            let wire = serde_json::to_string(&owner).unwrap();
+            assert_eq!(wire, format!("\"{}\"", owner.name()));
+            assert_eq!(FlowOwner::from_name(owner.name()), Some(owner));
+        }
+        assert_eq!(FlowOwner::from_name("dpu"), None);
+        let bad = serde_json::from_str::<CtlRequest>(r#"{"cmd":"flows","owner":"nobody"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("nobody") && bad.contains("dpu-soc"), "{bad}");
     }
 
     #[test]

@@ -42,7 +42,9 @@ use spillway_wire::{ParseOptions, parse_frame};
 
 use crate::cgroup::{Cgroup, CgroupSpec};
 use crate::clock::Clock;
-use crate::ctl::{CtlCall, CtlRequest, CtlResponse, CtlServer};
+use crate::ctl::{
+    CtlCall, CtlRequest, CtlResponse, CtlServer, FLOWS_LIMIT_DEFAULT, FLOWS_LIMIT_MAX, FlowOwner,
+};
 use crate::flows::Flows;
 use crate::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
 use crate::netns::{Ledger, LedgerEntry};
@@ -1658,9 +1660,7 @@ impl DpuDaemon {
                     .collect();
                 CtlResponse::ok(json!(m))
             }
-            CtlRequest::Flows { limit, owner } => {
-                CtlResponse::ok(self.flow_dump(*limit, owner.as_deref()))
-            }
+            CtlRequest::Flows { limit, owner } => CtlResponse::ok(self.flow_dump(*limit, *owner)),
             CtlRequest::Activate => {
                 self.dp.dpu.handle_hold(now, Hold::Active);
                 self.after_input(now);
@@ -1762,15 +1762,15 @@ impl DpuDaemon {
         })
     }
 
-    fn flow_dump(&self, limit: Option<usize>, owner: Option<&str>) -> serde_json::Value {
-        let limit = limit.unwrap_or(1000).min(100_000);
+    fn flow_dump(&self, limit: Option<usize>, owner: Option<FlowOwner>) -> serde_json::Value {
+        let limit = limit.unwrap_or(FLOWS_LIMIT_DEFAULT).min(FLOWS_LIMIT_MAX);
         let quota = self.dp.dpu.quota();
         let buckets = self.tb.fabric.dpu.redirect_buckets;
         let mut rows = Vec::new();
         for (conn, c) in self.dp.dpu.conns_sorted() {
             let (who, why) = match (c.role, c.hw_live) {
                 (Role::Owner, n) if n > 0 => (
-                    "dpu-hw",
+                    FlowOwner::DpuHw,
                     if c.recalled {
                         "recalled to the fast path by the plane's placement".to_string()
                     } else {
@@ -1778,14 +1778,14 @@ impl DpuDaemon {
                     },
                 ),
                 (Role::Owner, _) if c.inserts_pending > 0 => {
-                    ("dpu-soc", "hardware inserts pending".to_string())
+                    (FlowOwner::DpuSoc, "hardware inserts pending".to_string())
                 }
                 (Role::Owner, _) => (
-                    "dpu-soc",
+                    FlowOwner::DpuSoc,
                     "no hardware entry (table full, memory, or insertion budget)".to_string(),
                 ),
                 (Role::Copy, _) => (
-                    "spill",
+                    FlowOwner::Spill,
                     if conn.bucket(buckets) < quota {
                         format!(
                             "redirected: bucket {} < quota {quota}",
@@ -1811,7 +1811,7 @@ impl DpuDaemon {
                 )
             });
             rows.push(json!({
-                "conn": conn.0, "flow": key, "tenant": c.state.tenant.0, "owner": who, "why": why,
+                "conn": conn.0, "flow": key, "tenant": c.state.tenant.0, "owner": who.name(), "why": why,
                 "packets": c.state.packets, "phase": format!("{:?}", c.state.phase),
             }));
             if rows.len() >= limit {
@@ -1835,6 +1835,9 @@ impl DpuDaemon {
         }
         for (n, v) in self.dp.counters.iter() {
             out.push(Sample::counter(n, v));
+        }
+        for (n, v) in self.ctl.iter().flat_map(|c| c.refused()) {
+            out.push(Sample::counter(n, v).with_help("control connections refused"));
         }
         for (n, v) in self.dp.pipeline.drops().iter() {
             out.push(

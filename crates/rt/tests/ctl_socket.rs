@@ -18,7 +18,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use spillway_rt::ctl::{CtlConfig, CtlError, CtlRequest, CtlResponse, CtlServer, ctl_call};
+use spillway_rt::ctl::{
+    CtlConfig, CtlError, CtlRequest, CtlResponse, CtlServer, FlowOwner, ctl_call,
+};
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -128,7 +130,7 @@ fn request_arguments_reach_the_application_intact() {
     let requests = [
         CtlRequest::Flows {
             limit: Some(25),
-            owner: Some("spill".into()),
+            owner: Some(FlowOwner::Spill),
         },
         CtlRequest::Flows {
             limit: None,
@@ -484,4 +486,68 @@ fn many_clients_at_once_all_get_their_answer() {
         client.join().unwrap();
     }
     assert_eq!(app.handled(), 40);
+}
+
+/// Runs `f` on a thread whose effective uid is `uid` (the raw system call changes only the
+/// calling thread, unlike libc's `setresuid`, which would change the whole test process).
+fn as_other_user<T: Send + 'static>(uid: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: setresuid(2) with -1 for the real and saved ids changes only this thread's
+        // effective uid (the raw call is per thread); the thread ends right after `f`.
+        let rc = unsafe { libc::syscall(libc::SYS_setresuid, -1i64, i64::from(uid), -1i64) };
+        assert_eq!(rc, 0, "setresuid: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("thread")
+}
+
+#[test]
+fn refused_peers_and_busy_connections_are_counted_by_reason() {
+    if !rustix::process::geteuid().is_root() {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "needs root to connect as a second local user; under CI=true it must run"
+        );
+        eprintln!("skipping: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = socket_in(&dir);
+    let config = CtlConfig {
+        connections_max: 1,
+        ..CtlConfig::default()
+    };
+    let server = CtlServer::bind_with(&path, config).unwrap();
+    // As if an operator had opened the mode up: the credential check must hold on its own.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let p = path.clone();
+    let answer = as_other_user(65534, move || {
+        let mut stream = UnixStream::connect(&p).expect("connect as uid 65534");
+        stream.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+        let _ = stream.write_all(b"{\"cmd\":\"status\"}\n");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        answer
+    });
+    assert!(
+        answer.is_empty(),
+        "a foreign peer got an answer: {answer:?}"
+    );
+    // One connection is served (it holds the only slot); the next is refused as busy.
+    let _held = UnixStream::connect(&path).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let busy = ctl_call(&path, &CtlRequest::Status, CLIENT_TIMEOUT).unwrap();
+    assert!(busy.error.unwrap().contains("too many control connections"));
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    loop {
+        let counts = server.refused();
+        if counts == [("ctl.refused.peer", 1), ("ctl.refused.busy", 1)] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{counts:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
