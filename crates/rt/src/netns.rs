@@ -1356,6 +1356,22 @@ fn kill_recorded(pid: u32, start_time_ticks: u64, exe: Option<&Path>) -> Result<
 mod tests {
     use super::*;
 
+    /// `Ledger::recover`, waiting (up to 5 s) while the ledger is `InUse`. Another test of this
+    /// binary may be forking a child right now: until its exec, the child holds a copy of every
+    /// descriptor, a ledger's (and its lock) from a recovery a moment ago included. A lock goes
+    /// with its last descriptor, so wait for that, bounded.
+    fn recover_unforked(dir: &Path, instance: &str) -> Result<Option<CleanupReport>, LedgerError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match Ledger::recover(dir, instance) {
+                Err(LedgerError::InUse { .. }) if Instant::now() < deadline => {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                r => return r,
+            }
+        }
+    }
+
     #[test]
     fn ledger_entries_serialize_as_one_json_object_per_line() {
         let cases = [
@@ -1455,23 +1471,12 @@ mod tests {
             Err(LedgerError::InUse { .. })
         ));
         l.leak();
-        // Another test of this binary may be forking a child right now: until its exec, the
-        // child holds a copy of every descriptor, our ledger's (and its lock) included. A
-        // crashed owner's lock goes with its last descriptor, so wait for that, bounded.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let report = loop {
-            match Ledger::recover(dir.path(), "unit") {
-                Err(LedgerError::InUse { .. }) if Instant::now() < deadline => {
-                    thread::sleep(Duration::from_millis(10));
-                }
-                r => break r.unwrap().unwrap(),
-            }
-        };
+        let report = recover_unforked(dir.path(), "unit").unwrap().unwrap();
         assert!(report.is_clean(), "{report:?}");
         assert_eq!(report.removed, vec![LedgerEntry::File(f.clone())]);
         assert!(!f.exists());
         assert!(!Ledger::path_for(dir.path(), "unit").exists());
-        assert!(Ledger::recover(dir.path(), "unit").unwrap().is_none());
+        assert!(recover_unforked(dir.path(), "unit").unwrap().is_none());
     }
 
     #[test]
@@ -1487,7 +1492,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let report = Ledger::recover(dir.path(), "torn").unwrap().unwrap();
+        let report = recover_unforked(dir.path(), "torn").unwrap().unwrap();
         assert_eq!(report.unparsed_lines, 1);
         assert_eq!(report.already_gone, vec![LedgerEntry::File(gone)]);
         assert!(report.ledger_removed);
@@ -1552,7 +1557,7 @@ mod tests {
                 format!("{{\"file\":{:?}}}\n{planted}\n", own.display().to_string()),
             )
             .unwrap();
-            let err = Ledger::recover(dir.path(), "fo").unwrap_err();
+            let err = recover_unforked(dir.path(), "fo").unwrap_err();
             match &err {
                 LedgerError::Foreign { line, entry, .. } => {
                     assert_eq!(*line, 2, "{err}");
@@ -1578,12 +1583,12 @@ mod tests {
         let entry = serde_json::to_string(&LedgerEntry::File(f.clone())).unwrap();
         // A complete line that is not an entry: refused, nothing removed.
         fs::write(&path, format!("{entry}\nrm -rf /\n")).unwrap();
-        let err = Ledger::recover(dir.path(), "co").unwrap_err();
+        let err = recover_unforked(dir.path(), "co").unwrap_err();
         assert!(matches!(err, LedgerError::Corrupt { line: 2, .. }), "{err}");
         assert!(f.exists());
         // The same text without its newline is a crash mid-write: skipped.
         fs::write(&path, format!("{entry}\n{{\"file\":\"/x")).unwrap();
-        let report = Ledger::recover(dir.path(), "co").unwrap().unwrap();
+        let report = recover_unforked(dir.path(), "co").unwrap().unwrap();
         assert_eq!(report.unparsed_lines, 1);
         assert!(!f.exists());
     }
@@ -1608,7 +1613,7 @@ mod tests {
         // Group- or world-writable state directory.
         for bad in [0o777, 0o775, 0o757] {
             fs::set_permissions(&dir, fs::Permissions::from_mode(bad)).unwrap();
-            let err = Ledger::recover(&dir, "un").unwrap_err();
+            let err = recover_unforked(&dir, "un").unwrap_err();
             let msg = err.to_string();
             assert!(matches!(err, LedgerError::Unsafe { .. }), "{msg}");
             assert!(msg.contains(&dir.display().to_string()), "{msg}");
@@ -1622,17 +1627,17 @@ mod tests {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
         // Owned by someone else.
         rustix::fs::chown(&dir, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
-        let err = Ledger::recover(&dir, "un").unwrap_err();
+        let err = recover_unforked(&dir, "un").unwrap_err();
         assert!(err.to_string().contains("uid 65534"), "{err}");
         rustix::fs::chown(&dir, Some(rustix::process::geteuid()), None).unwrap();
         // A symlink in place of the directory.
         let link = base.path().join("link");
         std::os::unix::fs::symlink(&dir, &link).unwrap();
-        let err = Ledger::recover(&link, "un").unwrap_err();
+        let err = recover_unforked(&link, "un").unwrap_err();
         assert!(err.to_string().contains("symbolic link"), "{err}");
         // A world-writable, non-sticky parent.
         fs::set_permissions(base.path(), fs::Permissions::from_mode(0o777)).unwrap();
-        let err = Ledger::recover(&dir, "un").unwrap_err();
+        let err = recover_unforked(&dir, "un").unwrap_err();
         assert!(
             err.to_string().contains(&base.path().display().to_string()),
             "{err}"
@@ -1641,14 +1646,14 @@ mod tests {
         // A ledger file writable by others, or a symlink to one.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
         assert!(matches!(
-            Ledger::recover(&dir, "un"),
+            recover_unforked(&dir, "un"),
             Err(LedgerError::Unsafe { .. })
         ));
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         let real = dir.join("real");
         fs::rename(&path, &real).unwrap();
         std::os::unix::fs::symlink(&real, &path).unwrap();
-        let err = Ledger::recover(&dir, "un").unwrap_err();
+        let err = recover_unforked(&dir, "un").unwrap_err();
         assert!(err.to_string().contains("symbolic link"), "{err}");
         assert!(f.exists(), "nothing removed on any refusal");
         fs::set_permissions(base.path(), fs::Permissions::from_mode(0o700)).unwrap();
