@@ -1,6 +1,8 @@
 //! Shared helpers for the pipeline tests: the example policy, its addresses, and frame builders.
 #![allow(dead_code)]
 
+pub mod sequence;
+
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PacketBuf, PortId, Verdict};
@@ -39,13 +41,14 @@ pub const FIN: u8 = 0x01;
 pub const RST: u8 = 0x04;
 pub const PSH: u8 = 0x08;
 
+/// The text of the example policy shipped in `examples/policy-basic.toml` (included, so that
+/// the fuzz targets sharing these helpers need no file at run time).
+pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy-basic.toml");
+
 /// The example policy shipped in `examples/policy-basic.toml`.
 pub fn example_policy() -> Policy {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/policy-basic.toml"
-    );
-    Policy::load(std::path::Path::new(path)).expect("the example policy loads")
+    Policy::from_toml_str(EXAMPLE_POLICY, "examples/policy-basic.toml")
+        .expect("the example policy loads")
 }
 
 pub fn pipeline(cfg: PipelineConfig) -> Pipeline {
