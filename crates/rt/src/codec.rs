@@ -461,6 +461,7 @@ pub fn encode_snapshot(out: &mut Vec<u8>, s: Option<&CtSnapshot>) {
             TcpState::LastAck { closer } => (7, dir_code(closer)),
             TcpState::TimeWait => (8, 0),
             TcpState::Close => (9, 0),
+            TcpState::Aborted => (10, 0),
         },
     };
     w.u8(state);
@@ -499,6 +500,7 @@ pub fn decode_snapshot(r: &mut Reader<'_>) -> Result<Option<CtSnapshot>, CodecEr
         7 => CtState::Tcp(TcpState::LastAck { closer }),
         8 => CtState::Tcp(TcpState::TimeWait),
         9 => CtState::Tcp(TcpState::Close),
+        10 => CtState::Tcp(TcpState::Aborted),
         v => return Err(bad("snapshot.state", v)),
     };
     Ok(Some(CtSnapshot {

@@ -196,14 +196,21 @@ impl CtDir {
 ///   CloseWait{c} -- FIN from other side --> LastAck{c} -- ACK from c --> TimeWait
 ///
 ///   RST from either side, in any state ----------------------------------> Close
+///   RST before any reply-direction packet -------------------------------> Aborted (over)
 ///   SYN (orig) in TimeWait or Close reopens ------------------------------> SynSent
 /// ```
 ///
 /// Entered from: `SynSent` from a new connection's SYN, or a reopening SYN in `TimeWait`/`Close`;
 /// `SynReceived` from `SynSent`; `Established` from `SynReceived`; `FinWait` from `Established`
 /// or `SynReceived`; `CloseWait` from `FinWait`; `LastAck` from `FinWait` or `CloseWait`;
-/// `TimeWait` from `LastAck`; `Close` from every state. Retransmissions keep the state; any other
-/// packet is [`CtError::Invalid`] and leaves the state unchanged.
+/// `TimeWait` from `LastAck`; `Close` from every state; `Aborted` from every state but `Close`
+/// by a reset while the reply side has sent nothing. Retransmissions keep the state, and so
+/// do the segments Linux's conntrack ignores (passes without a transition): a SYN from the
+/// original side once past the handshake, a SYN-ACK from the reply side once established or
+/// closing, the reply side's ACK before its SYN-ACK. A FIN from either side in `SynReceived`
+/// starts closing. Any other packet is [`CtError::Invalid`] and leaves the state unchanged.
+/// Unlike Linux, a SYN from the reply side (simultaneous open, or reusing a `TimeWait` tuple
+/// the other way round) is invalid.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum TcpState {
     /// The original side sent SYN.
@@ -231,6 +238,9 @@ pub enum TcpState {
     TimeWait,
     /// Reset.
     Close,
+    /// Reset before the reply side ever answered: over at once (its timeout is zero), so
+    /// lookups no longer find it and the expiry sweep removes it.
+    Aborted,
 }
 
 /// The event a TCP segment's flags amount to, by precedence RST > SYN(-ACK) > FIN > ACK.
@@ -282,25 +292,34 @@ impl TcpState {
         use CtDir::{Original, Reply};
         use TcpEvent::{Ack, Fin, Null, Rst, Syn, SynAck};
         use TcpState::{
-            Close, CloseWait, Established, FinWait, LastAck, SynReceived, SynSent, TimeWait,
+            Aborted, Close, CloseWait, Established, FinWait, LastAck, SynReceived, SynSent,
+            TimeWait,
         };
         let ev = TcpEvent::of(flags);
         let invalid = Err(CtError::Invalid);
+        // Cells marked "ignored" follow Linux's table (`nf_conntrack_proto_tcp.c`, sIG): the
+        // segment passes and the state stays, e.g. a SYN on an established connection (a peer
+        // that lost its state retrying; the receiver answers with a challenge ACK, RFC 5961
+        // §4) or a late SYN-ACK retransmission while closing.
         match (self, ev, dir) {
             (SynSent, Rst, _) => Ok(Close),
             (SynSent, Syn, Original) => Ok(SynSent),
             (SynSent, SynAck, Reply) => Ok(SynReceived),
+            // Ignored: the responder's ACK before its SYN-ACK.
+            (SynSent, Ack, Reply) => Ok(SynSent),
             (SynSent, Syn | SynAck | Fin | Ack | Null, _) => invalid,
 
             (SynReceived, Rst, _) => Ok(Close),
             (SynReceived, Syn, Original) | (SynReceived, SynAck, Reply) => Ok(SynReceived),
             (SynReceived, Ack, Original) => Ok(Established),
             (SynReceived, Ack, Reply) => Ok(SynReceived),
-            (SynReceived, Fin, Original) => Ok(FinWait { closer: Original }),
-            (SynReceived, Syn | SynAck | Fin | Null, _) => invalid,
+            (SynReceived, Fin, d) => Ok(FinWait { closer: d }),
+            (SynReceived, Syn | SynAck | Null, _) => invalid,
 
             (Established, Rst, _) => Ok(Close),
             (Established, Ack, _) | (Established, SynAck, Reply) => Ok(Established),
+            // Ignored.
+            (Established, Syn, Original) => Ok(Established),
             (Established, Fin, d) => Ok(FinWait { closer: d }),
             (Established, Syn | SynAck | Null, _) => invalid,
 
@@ -309,28 +328,44 @@ impl TcpState {
             (FinWait { closer }, Ack, _) => Ok(CloseWait { closer }),
             (FinWait { closer }, Fin, d) if d == closer => Ok(FinWait { closer }),
             (FinWait { closer }, Fin, _) => Ok(LastAck { closer }),
+            // Ignored.
+            (s @ FinWait { .. }, Syn, Original) | (s @ FinWait { .. }, SynAck, Reply) => Ok(s),
             (FinWait { .. }, Syn | SynAck | Null, _) => invalid,
 
             (CloseWait { .. }, Rst, _) => Ok(Close),
             (CloseWait { closer }, Ack, _) => Ok(CloseWait { closer }),
             (CloseWait { closer }, Fin, d) if d == closer => Ok(CloseWait { closer }),
             (CloseWait { closer }, Fin, _) => Ok(LastAck { closer }),
+            // Ignored.
+            (s @ CloseWait { .. }, Syn, Original) | (s @ CloseWait { .. }, SynAck, Reply) => Ok(s),
             (CloseWait { .. }, Syn | SynAck | Null, _) => invalid,
 
             (LastAck { .. }, Rst, _) => Ok(Close),
             (LastAck { closer }, Ack, d) if d == closer => Ok(TimeWait),
             (LastAck { closer }, Ack | Fin, _) => Ok(LastAck { closer }),
+            // Ignored.
+            (s @ LastAck { .. }, Syn, Original) | (s @ LastAck { .. }, SynAck, Reply) => Ok(s),
             (LastAck { .. }, Syn | SynAck | Null, _) => invalid,
 
             (TimeWait, Rst, _) => Ok(Close),
             (TimeWait, Syn, Original) => Ok(SynSent),
             (TimeWait, Ack | Fin, _) => Ok(TimeWait),
+            // Ignored.
+            (TimeWait, SynAck, Reply) => Ok(TimeWait),
             (TimeWait, Syn | SynAck | Null, _) => invalid,
 
             (Close, Rst, _) => Ok(Close),
             (Close, Syn, Original) => Ok(SynSent),
-            (Close, Ack, _) => Ok(Close),
-            (Close, Syn | SynAck | Fin | Null, _) => invalid,
+            (Close, Ack | Fin, _) => Ok(Close),
+            // Ignored.
+            (Close, SynAck, Reply) => Ok(Close),
+            (Close, Syn | SynAck | Null, _) => invalid,
+
+            // Expired the moment it was entered, so no packet reaches it; should one, it is
+            // treated as a closed connection's.
+            (Aborted, Rst | Ack | Fin, _) | (Aborted, SynAck, Reply) => Ok(Aborted),
+            (Aborted, Syn, Original) => Ok(SynSent),
+            (Aborted, Syn | SynAck | Null, _) => invalid,
         }
     }
 }
@@ -416,6 +451,7 @@ impl Connection {
             CtState::Tcp(TcpState::LastAck { .. }) => t.tcp_last_ack,
             CtState::Tcp(TcpState::TimeWait) => t.tcp_time_wait,
             CtState::Tcp(TcpState::Close) => t.tcp_close,
+            CtState::Tcp(TcpState::Aborted) => Duration::ZERO,
             CtState::Unreplied | CtState::Replied if is_icmp(self.orig.proto) => t.icmp,
             CtState::Unreplied => t.udp_unreplied,
             CtState::Replied => t.udp_replied,
@@ -833,7 +869,16 @@ impl Conntrack {
     ) -> Result<CtState, CtError> {
         let c = self.live_mut(now, h)?;
         let next = match c.state {
+            // A reset that is the only answer the connection ever got (no reply-direction
+            // packet before it) aborts it: Linux's conntrack kills such an entry at once instead
+            // of keeping it closing, so the tuple's next packet must open afresh (a SYN) or is
+            // invalid, rather than riding the dead attempt's state.
             CtState::Tcp(s) => match s.next(dir, tcp_flags) {
+                Ok(TcpState::Close)
+                    if s != TcpState::Close && c.packets[CtDir::Reply.index()] == 0 =>
+                {
+                    CtState::Tcp(TcpState::Aborted)
+                }
                 Ok(n) => CtState::Tcp(n),
                 Err(e) => {
                     self.counters.invalid += 1;

@@ -154,6 +154,7 @@ fn tcp_four_way_close_passes_close_wait() {
 fn tcp_rst_closes_from_any_state() {
     let mut t = ct(4);
     let h = open_tcp(&mut t, secs(1), 1000);
+    t.update(secs(1), h, Reply, SYN | ACK, 0).expect("syn-ack");
     assert_eq!(
         t.update(secs(1), h, Reply, RST | ACK, 0),
         tcp(TcpState::Close)
@@ -178,6 +179,34 @@ fn tcp_rst_closes_from_any_state() {
         for dir in [Original, Reply] {
             assert_eq!(s.next(dir, RST), Ok(TcpState::Close), "{s:?} {dir:?}");
         }
+    }
+}
+
+#[test]
+fn a_reset_as_the_only_answer_aborts_the_connection_at_once() {
+    // Linux kills a conntrack entry whose only reply is a RST; the tuple then starts afresh.
+    for dir in [Original, Reply] {
+        let mut t = ct(4);
+        let h = open_tcp(&mut t, secs(1), 1000);
+        assert_eq!(
+            t.update(secs(1), h, dir, RST | ACK, 0),
+            tcp(TcpState::Aborted),
+            "{dir:?}"
+        );
+        let k = tuple(ip_proto::TCP, 1000);
+        assert_eq!(t.lookup(secs(1), Z, &k), None, "{dir:?}");
+        assert_eq!(t.update(secs(1), h, Original, ACK, 0), Err(CtError::Stale));
+        // A stray ACK cannot open it again; a SYN can (reclaiming the aborted entry's slot).
+        assert_eq!(
+            t.create(secs(1), Z, k, k.reversed(), ACK, 0, no_reclaim),
+            Err(CtError::Invalid)
+        );
+        let mut reclaimed = 0;
+        assert!(
+            t.create(secs(1), Z, k, k.reversed(), SYN, 0, |_| reclaimed += 1)
+                .is_ok()
+        );
+        assert_eq!(reclaimed, 1);
     }
 }
 
