@@ -3,8 +3,10 @@
 //! [`Pipeline::process_batch`] takes a batch of frames that arrived on one port and returns one
 //! [`Verdict`] per frame, rewriting the frames in place. The stages of a batch:
 //!
-//! 1. **Parse and classify** every frame (`spillway_wire::parse_frame`, no copy). Frames that can
-//!    never be fast-path hits (malformed, non-IP, fragments, VXLAN not addressed to our VTEP) are
+//! 1. **Parse and classify** every frame (`spillway_wire::parse_frame_decap`, no copy). VXLAN is
+//!    decapsulated only on the uplink and only when addressed to our VTEP
+//!    ([`crate::policy::HostConfig::decap_at`]); anywhere else UDP to the VXLAN port is plain
+//!    tenant UDP. Frames that can never be fast-path hits (malformed, non-IP, fragments) are
 //!    marked for the slow path, which drops them with a reason.
 //! 2. **Batched lookup** of `(port, vni, 5-tuple)` in the flow table: hashes first, then bucket and
 //!    entry prefetches, so the DRAM latency of a million-entry table is paid once per group.
@@ -26,10 +28,8 @@ use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
 use spillway_wire::icmp::IcmpKind;
-use spillway_wire::{
-    FlowKey, Fragment, Headers, IpAddr16, Layer, ParseOptions, ParsedFrame, Vni, WireError,
-};
-use spillway_wire::{ip_proto, parse_frame};
+use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, Layer, ParsedFrame, Vni, WireError};
+use spillway_wire::{ip_proto, parse_frame_decap};
 
 use crate::action::{Action, ActionList, NatSide, apply};
 use crate::conntrack::{
@@ -161,7 +161,6 @@ pub struct Pipeline {
     flows: FlowTable<FlowMatch, FlowEntry>,
     ct: Conntrack,
     snat: BTreeMap<TenantId, (SnatRange, SnatPools)>,
-    parse_opts: ParseOptions,
     ct_refresh_ns: u64,
     fast_path_enabled: bool,
     hasher: FixedState,
@@ -198,9 +197,6 @@ impl Pipeline {
         let flows = FlowTable::new(cfg.flow_table)?;
         let ct = Conntrack::new(cfg.conntrack)?;
         let mut p = Pipeline {
-            parse_opts: ParseOptions {
-                vxlan_port: policy.host().vxlan_port,
-            },
             snat: BTreeMap::new(),
             policy,
             epoch: Epoch(1),
@@ -219,9 +215,6 @@ impl Pipeline {
     /// Replace the policy. The epoch advances; existing flow entries become stale and are
     /// recomputed on their next hit. SNAT bindings of live connections are kept.
     pub fn set_policy(&mut self, policy: Policy) {
-        self.parse_opts = ParseOptions {
-            vxlan_port: policy.host().vxlan_port,
-        };
         self.policy = policy;
         self.epoch = self.epoch.next();
         self.rebuild_snat_pools();
@@ -335,6 +328,9 @@ impl Pipeline {
         assert_eq!(pkts.len(), verdicts.len(), "one verdict per packet");
         let uplink = ingress == self.policy.host().uplink_port;
         let vtep = self.policy.host().vtep_ip;
+        // VXLAN is decapsulated only on the uplink and only for our VTEP: on a VM port, UDP to
+        // the VXLAN port is the tenant's own traffic, judged like any other UDP.
+        let decap = self.policy.host().decap_at(ingress);
         // Every slot below `n` is overwritten by stage 1 before it is read.
         let mut parsed = [UNPARSED; BATCH_GROUP];
         let mut keys = [FlowMatch::EMPTY; BATCH_GROUP];
@@ -350,7 +346,7 @@ impl Pipeline {
             // Stage 1: parse and classify; gather the lookups.
             let mut m = 0;
             for i in 0..n {
-                parsed[i] = parse_frame(pkts[i].data(), &self.parse_opts);
+                parsed[i] = parse_frame_decap(pkts[i].data(), decap);
                 let fm = match (&parsed[i], self.fast_path_enabled) {
                     (Ok(p), true) => cacheable_match(ingress, uplink, vtep, p),
                     _ => None,

@@ -109,7 +109,7 @@ pub use sg::{RULES_PER_PORT_MAX, SgAction, SgClassifier, SgDecision, SgRule};
 pub use snat::{SnatError, SnatPool, SnatPools};
 
 use crate::ids::{Direction, PortId, SecurityGroupId, TenantId};
-use spillway_wire::{FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
+use spillway_wire::{Decap, FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -128,6 +128,21 @@ pub struct HostConfig {
     pub gateway_mac: MacAddr,
     /// VXLAN UDP destination port.
     pub vxlan_port: u16,
+}
+
+impl HostConfig {
+    /// What a frame arriving on `ingress` may be decapsulated as: VXLAN to our VTEP on the
+    /// uplink, nothing on a VM port (a tenant's UDP to the VXLAN port is its own traffic).
+    pub fn decap_at(&self, ingress: PortId) -> Decap {
+        if ingress == self.uplink_port {
+            Decap::Vxlan {
+                port: self.vxlan_port,
+                vtep: self.vtep_ip,
+            }
+        } else {
+            Decap::Off
+        }
+    }
 }
 
 /// A tenant's SNAT address and port range (inclusive).
