@@ -20,8 +20,11 @@
 //! applies the forward entry to the packet with the same executor the fast path uses. That is why
 //! the two paths agree byte for byte (`tests/path_equivalence.rs` checks it).
 //!
-//! Security groups are stateful: a packet of an existing connection is not re-evaluated, also
-//! after a policy change; routes, MACs and NAT are recomputed under the new epoch.
+//! Security groups are stateful: a packet of an existing connection is not re-evaluated. After
+//! a policy change routes, MACs and NAT are recomputed under the new epoch, and what happens to
+//! the security-group verdict is the tenant's choice (`on_policy_change`): `keep` leaves
+//! established connections alone; `recheck` judges each again, lazily, when its next packet
+//! takes the slow path, and cuts it if the new groups would not admit it (see [`recheck`]).
 
 use core::time::Duration;
 use std::collections::BTreeMap;
@@ -43,6 +46,8 @@ use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
 use crate::time::Instant;
 use crate::verdict::{DropCounters, DropReason, Verdict};
 use spillway_wire::build::VxlanOuter;
+
+mod recheck;
 
 /// Frames processed per stage of a batch: enough lookups in flight to hide DRAM latency, few
 /// enough that the per-batch scratch arrays stay in L1.
@@ -105,6 +110,9 @@ pub struct PipelineCounters {
     pub flows_rejected: u64,
     /// `vswitch.slow_path.icmp_related`: ICMP errors admitted as related to a connection.
     pub icmp_related: u64,
+    /// `vswitch.policy.conn_cut`: established connections cut because a policy change revoked
+    /// them (tenants with `on_policy_change = "recheck"`).
+    pub conn_cut: u64,
     /// `vswitch.tx.forwarded`: frames forwarded.
     pub forwarded: u64,
     /// `vswitch.tx.dropped`: frames dropped (by reason in [`Pipeline::drops`]).
@@ -124,6 +132,7 @@ impl PipelineCounters {
             ("vswitch.flow.evicted", self.flows_evicted),
             ("vswitch.flow.install_rejected", self.flows_rejected),
             ("vswitch.slow_path.icmp_related", self.icmp_related),
+            ("vswitch.policy.conn_cut", self.conn_cut),
             ("vswitch.tx.forwarded", self.forwarded),
             ("vswitch.tx.dropped", self.dropped),
         ]
@@ -178,6 +187,10 @@ pub enum AdoptError {
     /// The tracker refused it (full with nothing expired to reclaim).
     #[error("conntrack: {0}")]
     Conntrack(#[from] CtError),
+    /// Its tenant rechecks connections on policy changes and this pipeline's security groups
+    /// no longer admit it: adopting it would resurrect a connection a policy change cut.
+    #[error("connection revoked by the current policy")]
+    Revoked,
 }
 
 /// Errors building a pipeline.
@@ -273,6 +286,7 @@ impl Pipeline {
         if s.reply != s.orig.reversed() {
             return Err(AdoptError::Nat);
         }
+        self.recheck_adopted(now, s)?;
         let (policy, snat) = (&self.policy, &mut self.snat);
         self.ct
             .adopt(now, s, |c| release_snat_of(policy, snat, c))?;
@@ -672,6 +686,8 @@ impl Pipeline {
         if conn.tuple(dir).dst_ip != key.dst_ip {
             return Err(unrelated);
         }
+        self.recheck(tenant, handle, learned_vtep, dir)?;
+        let conn = self.ct.get(handle).ok_or(unrelated)?;
         let (orig, reply, tag) = (conn.orig(), conn.reply(), conn.tag());
         let shape = self.shape_of(tenant, &orig, &reply, tag, learned_vtep, dir)?;
         let (fwd, rev) = self.build_entries(tenant, handle, &orig, shape)?;
@@ -683,7 +699,8 @@ impl Pipeline {
     }
 
     /// A packet of an existing connection whose flow entry was missing or stale: step conntrack,
-    /// rebuild the entries under the current policy (no security-group re-evaluation).
+    /// rebuild the entries under the current policy (no security-group re-evaluation, unless the
+    /// tenant rechecks connections on policy changes).
     #[allow(clippy::too_many_arguments)]
     fn existing(
         &mut self,
@@ -694,6 +711,7 @@ impl Pipeline {
         flags: u8,
         learned_vtep: Option<IpAddr16>,
     ) -> Result<FlowEntry, DropReason> {
+        self.recheck(tenant, handle, learned_vtep, dir)?;
         match self.ct.update(now, handle, dir, flags, 0) {
             Ok(_) => {}
             Err(CtError::Invalid) => return Err(DropReason::ConntrackInvalid),
