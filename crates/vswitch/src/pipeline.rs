@@ -286,7 +286,7 @@ impl Pipeline {
         if s.reply != s.orig.reversed() {
             return Err(AdoptError::Nat);
         }
-        self.recheck_adopted(now, s)?;
+        self.recheck_adopted(s)?;
         let (policy, snat) = (&self.policy, &mut self.snat);
         self.ct
             .adopt(now, s, |c| release_snat_of(policy, snat, c))?;

@@ -388,10 +388,11 @@ fn recheck_tenants_are_judged_alone() {
 }
 
 #[test]
-fn adopt_refuses_a_snapshot_the_current_policy_revokes_and_cuts_the_local_copy() {
+fn adopt_refuses_a_snapshot_the_current_policy_revokes() {
     // Two planes: `a` owns the connections, `b` holds copies through state sync. `b` reloads
     // first; `a`, still on the old policy, syncs the TCP connection again: `b` refuses it
-    // rather than resurrect what its policy revokes, and drops its own copy.
+    // rather than resurrect what its policy revokes. Its own older copy is cut by the next
+    // packet, with the verdict the other plane gives once it has reloaded.
     let cfg = PipelineConfig::default();
     let mut a = Pipeline::new(policy(Some("recheck"), 1), cfg.clone()).expect("valid");
     let mut b = Pipeline::new(policy(Some("recheck"), 1), cfg).expect("valid");
@@ -404,12 +405,20 @@ fn adopt_refuses_a_snapshot_the_current_policy_revokes_and_cuts_the_local_copy()
         proto: ip_proto::TCP,
     };
     let snap = a.export_conn(secs(1), T, &key).expect("tracked");
+    let tcp_snap = snap;
     b.adopt_conn(secs(1), &snap)
         .expect("admitted under policy 1");
     b.set_policy(policy(Some("recheck"), 2));
     assert_eq!(b.adopt_conn(secs(2), &snap), Err(AdoptError::Revoked));
-    assert!(b.export_conn(secs(2), T, &key).is_none(), "the copy is cut");
-    assert_eq!(count(&b, "vswitch.policy.conn_cut"), 1);
+    a.set_policy(policy(Some("recheck"), 2));
+    for p in [&mut a, &mut b] {
+        assert_eq!(
+            run(p, secs(2), A, &a_to_b_tcp(ACK)).0,
+            Verdict::Drop(DropReason::PolicyRevoked)
+        );
+        assert!(p.export_conn(secs(2), T, &key).is_none(), "the copy is cut");
+        assert_eq!(count(p, "vswitch.policy.conn_cut"), 1);
+    }
     // A still-admitted connection is adopted as before.
     let udp53 = FlowKey {
         src_ip: A_IP.into(),
@@ -422,8 +431,7 @@ fn adopt_refuses_a_snapshot_the_current_policy_revokes_and_cuts_the_local_copy()
     b.adopt_conn(secs(2), &snap).expect("still admitted");
     // Under "keep" the same snapshot is adopted.
     let mut k = Pipeline::new(policy(None, 2), PipelineConfig::default()).expect("valid");
-    let snap = a.export_conn(secs(1), T, &key).expect("tracked");
-    k.adopt_conn(secs(2), &snap).expect("keep adopts");
+    k.adopt_conn(secs(2), &tcp_snap).expect("keep adopts");
 }
 
 #[test]

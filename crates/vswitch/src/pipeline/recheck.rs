@@ -30,9 +30,9 @@
 //!
 //! Both planes apply the same rule to the same policy, so a connection one plane cut is revoked
 //! on the other as well: a copy held there is cut by its own next packet, and
-//! [`Pipeline::adopt_conn`] refuses (and cuts any local copy of) a snapshot the adopting
-//! pipeline's policy revokes, so state sync from a plane that has not reloaded yet cannot
-//! resurrect a cut connection.
+//! [`Pipeline::adopt_conn`] refuses a snapshot the adopting pipeline's policy revokes, so state
+//! sync from a plane that has not reloaded yet cannot resurrect a cut connection. A copy the
+//! adopting pipeline already holds stays until its next packet cuts it, as on the other plane.
 
 use spillway_wire::{FlowKey, IpAddr16};
 
@@ -40,7 +40,6 @@ use super::{AdoptError, Pipeline, Shape, release_snat_of};
 use crate::conntrack::{CtDir, CtHandle, CtSnapshot};
 use crate::ids::{Direction, TenantId};
 use crate::policy::OnPolicyChange;
-use crate::time::Instant;
 use crate::verdict::DropReason;
 
 impl Pipeline {
@@ -112,12 +111,8 @@ impl Pipeline {
     }
 
     /// For [`Pipeline::adopt_conn`]: refuse a snapshot of a connection the current policy
-    /// revokes (its tenant rechecks connections), cutting any copy this pipeline holds.
-    pub(super) fn recheck_adopted(
-        &mut self,
-        now: Instant,
-        s: &CtSnapshot,
-    ) -> Result<(), AdoptError> {
+    /// revokes (its tenant rechecks connections).
+    pub(super) fn recheck_adopted(&self, s: &CtSnapshot) -> Result<(), AdoptError> {
         if self.policy.on_policy_change(s.zone) == OnPolicyChange::Keep {
             return Ok(());
         }
@@ -128,11 +123,9 @@ impl Pipeline {
         if self.admits(&s.orig, shape) {
             return Ok(());
         }
-        for key in [s.orig, s.reply] {
-            if let Some((h, dir)) = self.ct.lookup(now, s.zone, &key) {
-                let _ = self.recheck(s.zone, h, None, dir);
-            }
-        }
+        // A copy this pipeline holds is left for its next packet to cut: cutting it here would
+        // make that packet a packet of no connection on this plane while the other plane, with
+        // its copy, drops it as revoked; lazily, both give `PolicyRevoked`.
         Err(AdoptError::Revoked)
     }
 }
