@@ -226,7 +226,9 @@ impl Pipeline {
     }
 
     /// Replace the policy. The epoch advances; existing flow entries become stale and are
-    /// recomputed on their next hit. SNAT bindings of live connections are kept.
+    /// recomputed on their next hit. SNAT bindings of live connections are kept. Established
+    /// connections of tenants with `on_policy_change = "recheck"` are judged again when their
+    /// next packet takes the slow path (see [`recheck`]); nothing is swept here.
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
         self.epoch = self.epoch.next();

@@ -457,3 +457,33 @@ fn on_policy_change_takes_keep_or_recheck_and_names_the_field_otherwise() {
         "{msg}"
     );
 }
+
+#[test]
+fn an_icmp_error_related_to_a_revoked_connection_cuts_it_under_recheck_only() {
+    for (mode, cut) in [(Some("recheck"), true), (Some("keep"), false)] {
+        for mut p in pipelines(mode) {
+            open_all(&mut p);
+            // B's port-unreachable about A's datagram to port 54: related to that connection.
+            let offending = a_to_b_udp(54);
+            let err = spillway_wire::build::FrameBuilder::new()
+                .eth(B_MAC, ACME_ROUTER)
+                .ipv4(B_IP, A_IP)
+                .icmp(3, 3)
+                .payload(&offending[14..])
+                .build();
+            assert_eq!(run(&mut p, secs(1), B, &err).0, Verdict::Forward(A));
+            p.set_policy(policy(mode, 2));
+            let (first, then) = if cut {
+                (
+                    Verdict::Drop(DropReason::PolicyRevoked),
+                    Verdict::Drop(DropReason::IcmpErrorUnrelated),
+                )
+            } else {
+                (Verdict::Forward(A), Verdict::Forward(A))
+            };
+            assert_eq!(run(&mut p, secs(2), B, &err).0, first);
+            assert_eq!(run(&mut p, secs(2), B, &err).0, then);
+            assert_eq!(count(&p, "vswitch.policy.conn_cut"), u64::from(cut));
+        }
+    }
+}
