@@ -274,6 +274,7 @@ fn delta(after: &PipelineCounters, before: &PipelineCounters) -> PipelineCounter
         flows_evicted: after.flows_evicted - before.flows_evicted,
         flows_rejected: after.flows_rejected - before.flows_rejected,
         icmp_related: after.icmp_related - before.icmp_related,
+        conn_cut: after.conn_cut - before.conn_cut,
         forwarded: after.forwarded - before.forwarded,
         dropped: after.dropped - before.dropped,
     }

@@ -38,7 +38,7 @@ use spillway_vswitch::packet::HEADROOM;
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PacketBuf, PortId, TenantId, Verdict};
-use spillway_wire::{ParseOptions, parse_frame};
+use spillway_wire::parse_frame_decap;
 
 use crate::cgroup::{Cgroup, CgroupSpec};
 use crate::clock::Clock;
@@ -298,7 +298,6 @@ struct DataPath {
     ports: Vec<Port>,
     port_index: BTreeMap<PortId, usize>,
     vnet_hdr: bool,
-    parse_opts: ParseOptions,
     pkt: PacketBuf,
     counters: RtCounters,
     /// The vATC authority: the registered memory of every attached shared-memory VM.
@@ -678,7 +677,10 @@ impl DataPath {
             (&[0u8; 12][..], buf)
         };
         let hdr = VnetHdr::parse(vnet).unwrap_or(VnetHdr::NONE);
-        let parsed = match parse_frame(frame, &self.parse_opts) {
+        // Decapsulation by where the frame came from: these are VM ports, whose UDP to the VXLAN
+        // port is tenant traffic, not our underlay.
+        let decap = self.pipeline.policy().host().decap_at(self.ports[i].id);
+        let parsed = match parse_frame_decap(frame, decap) {
             Ok(p) => p,
             Err(_) => {
                 self.counters.drop_parse += 1;
@@ -932,9 +934,6 @@ impl DpuDaemon {
                 InitialHold::Active => dpu.handle_hold(now, Hold::Active),
                 InitialHold::Released => dpu.handle_hold(now, Hold::Released),
             }
-            let parse_opts = ParseOptions {
-                vxlan_port: tb.policy.host().vxlan_port,
-            };
             Ok(DpuDaemon {
                 dp: DataPath {
                     dpu,
@@ -943,7 +942,6 @@ impl DpuDaemon {
                     ports,
                     port_index,
                     vnet_hdr: tb.vnet_hdr,
-                    parse_opts,
                     pkt: PacketBuf::with_capacity(HEADROOM + FRAME_MAX),
                     counters: RtCounters::default(),
                     authority: RegionTable::new(),

@@ -316,9 +316,6 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
     let mut deferred: Vec<Msg> = Vec::with_capacity(64);
     let mut ct_out: Vec<spillway_vswitch::conntrack::CtSnapshot> = Vec::with_capacity(64);
     let mut ct_in: Vec<spillway_vswitch::conntrack::CtSnapshot> = Vec::with_capacity(64);
-    let parse_opts = spillway_wire::ParseOptions {
-        vxlan_port: tb.policy.host().vxlan_port,
-    };
     let mut vatc = Vatc {
         vms: BTreeMap::new(),
         atc: Atc::new(AtcConfig::default()).expect("the default config is valid"),
@@ -353,7 +350,9 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 let Some(t) = rec.msg.train().copied() else {
                     return;
                 };
-                let key = spillway_wire::parse_frame(rec.frame, &parse_opts)
+                // As the pipeline parses it: VXLAN only on the uplink, for our VTEP.
+                let decap = pipeline.policy().host().decap_at(PortId(rec.port));
+                let key = spillway_wire::parse_frame_decap(rec.frame, decap)
                     .ok()
                     .and_then(|p| p.outer.key);
                 if t.kind == spillway_fabric::types::Kind::Open

@@ -58,6 +58,7 @@ fn base_config() -> PolicyConfig {
             subnets: vec!["172.16.0.0/12".into(), "fd00:1::/64".into()],
             snat: None,
             routes: Vec::new(),
+            on_policy_change: None,
         }],
         ports: Vec::new(),
         security_groups: Vec::new(),

@@ -3,8 +3,10 @@
 //! [`Pipeline::process_batch`] takes a batch of frames that arrived on one port and returns one
 //! [`Verdict`] per frame, rewriting the frames in place. The stages of a batch:
 //!
-//! 1. **Parse and classify** every frame (`spillway_wire::parse_frame`, no copy). Frames that can
-//!    never be fast-path hits (malformed, non-IP, fragments, VXLAN not addressed to our VTEP) are
+//! 1. **Parse and classify** every frame (`spillway_wire::parse_frame_decap`, no copy). VXLAN is
+//!    decapsulated only on the uplink and only when addressed to our VTEP
+//!    ([`crate::policy::HostConfig::decap_at`]); anywhere else UDP to the VXLAN port is plain
+//!    tenant UDP. Frames that can never be fast-path hits (malformed, non-IP, fragments) are
 //!    marked for the slow path, which drops them with a reason.
 //! 2. **Batched lookup** of `(port, vni, 5-tuple)` in the flow table: hashes first, then bucket and
 //!    entry prefetches, so the DRAM latency of a million-entry table is paid once per group.
@@ -18,18 +20,19 @@
 //! applies the forward entry to the packet with the same executor the fast path uses. That is why
 //! the two paths agree byte for byte (`tests/path_equivalence.rs` checks it).
 //!
-//! Security groups are stateful: a packet of an existing connection is not re-evaluated, also
-//! after a policy change; routes, MACs and NAT are recomputed under the new epoch.
+//! Security groups are stateful: a packet of an existing connection is not re-evaluated. After
+//! a policy change routes, MACs and NAT are recomputed under the new epoch, and what happens to
+//! the security-group verdict is the tenant's choice (`on_policy_change`): `keep` leaves
+//! established connections alone; `recheck` judges each again, lazily, when its next packet
+//! takes the slow path, and cuts it if the new groups would not admit it (see [`recheck`]).
 
 use core::time::Duration;
 use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
 use spillway_wire::icmp::IcmpKind;
-use spillway_wire::{
-    FlowKey, Fragment, Headers, IpAddr16, Layer, ParseOptions, ParsedFrame, Vni, WireError,
-};
-use spillway_wire::{ip_proto, parse_frame};
+use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, Layer, ParsedFrame, Vni, WireError};
+use spillway_wire::{ip_proto, parse_frame_decap};
 
 use crate::action::{Action, ActionList, NatSide, apply};
 use crate::conntrack::{
@@ -43,6 +46,8 @@ use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
 use crate::time::Instant;
 use crate::verdict::{DropCounters, DropReason, Verdict};
 use spillway_wire::build::VxlanOuter;
+
+mod recheck;
 
 /// Frames processed per stage of a batch: enough lookups in flight to hide DRAM latency, few
 /// enough that the per-batch scratch arrays stay in L1.
@@ -105,6 +110,9 @@ pub struct PipelineCounters {
     pub flows_rejected: u64,
     /// `vswitch.slow_path.icmp_related`: ICMP errors admitted as related to a connection.
     pub icmp_related: u64,
+    /// `vswitch.policy.conn_cut`: established connections cut because a policy change revoked
+    /// them (tenants with `on_policy_change = "recheck"`).
+    pub conn_cut: u64,
     /// `vswitch.tx.forwarded`: frames forwarded.
     pub forwarded: u64,
     /// `vswitch.tx.dropped`: frames dropped (by reason in [`Pipeline::drops`]).
@@ -124,6 +132,7 @@ impl PipelineCounters {
             ("vswitch.flow.evicted", self.flows_evicted),
             ("vswitch.flow.install_rejected", self.flows_rejected),
             ("vswitch.slow_path.icmp_related", self.icmp_related),
+            ("vswitch.policy.conn_cut", self.conn_cut),
             ("vswitch.tx.forwarded", self.forwarded),
             ("vswitch.tx.dropped", self.dropped),
         ]
@@ -161,7 +170,6 @@ pub struct Pipeline {
     flows: FlowTable<FlowMatch, FlowEntry>,
     ct: Conntrack,
     snat: BTreeMap<TenantId, (SnatRange, SnatPools)>,
-    parse_opts: ParseOptions,
     ct_refresh_ns: u64,
     fast_path_enabled: bool,
     hasher: FixedState,
@@ -179,6 +187,10 @@ pub enum AdoptError {
     /// The tracker refused it (full with nothing expired to reclaim).
     #[error("conntrack: {0}")]
     Conntrack(#[from] CtError),
+    /// Its tenant rechecks connections on policy changes and this pipeline's security groups
+    /// no longer admit it: adopting it would resurrect a connection a policy change cut.
+    #[error("connection revoked by the current policy")]
+    Revoked,
 }
 
 /// Errors building a pipeline.
@@ -198,9 +210,6 @@ impl Pipeline {
         let flows = FlowTable::new(cfg.flow_table)?;
         let ct = Conntrack::new(cfg.conntrack)?;
         let mut p = Pipeline {
-            parse_opts: ParseOptions {
-                vxlan_port: policy.host().vxlan_port,
-            },
             snat: BTreeMap::new(),
             policy,
             epoch: Epoch(1),
@@ -217,11 +226,10 @@ impl Pipeline {
     }
 
     /// Replace the policy. The epoch advances; existing flow entries become stale and are
-    /// recomputed on their next hit. SNAT bindings of live connections are kept.
+    /// recomputed on their next hit. SNAT bindings of live connections are kept. Established
+    /// connections of tenants with `on_policy_change = "recheck"` are judged again when their
+    /// next packet takes the slow path (see [`recheck`]); nothing is swept here.
     pub fn set_policy(&mut self, policy: Policy) {
-        self.parse_opts = ParseOptions {
-            vxlan_port: policy.host().vxlan_port,
-        };
         self.policy = policy;
         self.epoch = self.epoch.next();
         self.rebuild_snat_pools();
@@ -280,6 +288,7 @@ impl Pipeline {
         if s.reply != s.orig.reversed() {
             return Err(AdoptError::Nat);
         }
+        self.recheck_adopted(s)?;
         let (policy, snat) = (&self.policy, &mut self.snat);
         self.ct
             .adopt(now, s, |c| release_snat_of(policy, snat, c))?;
@@ -335,6 +344,9 @@ impl Pipeline {
         assert_eq!(pkts.len(), verdicts.len(), "one verdict per packet");
         let uplink = ingress == self.policy.host().uplink_port;
         let vtep = self.policy.host().vtep_ip;
+        // VXLAN is decapsulated only on the uplink and only for our VTEP: on a VM port, UDP to
+        // the VXLAN port is the tenant's own traffic, judged like any other UDP.
+        let decap = self.policy.host().decap_at(ingress);
         // Every slot below `n` is overwritten by stage 1 before it is read.
         let mut parsed = [UNPARSED; BATCH_GROUP];
         let mut keys = [FlowMatch::EMPTY; BATCH_GROUP];
@@ -350,7 +362,7 @@ impl Pipeline {
             // Stage 1: parse and classify; gather the lookups.
             let mut m = 0;
             for i in 0..n {
-                parsed[i] = parse_frame(pkts[i].data(), &self.parse_opts);
+                parsed[i] = parse_frame_decap(pkts[i].data(), decap);
                 let fm = match (&parsed[i], self.fast_path_enabled) {
                     (Ok(p), true) => cacheable_match(ingress, uplink, vtep, p),
                     _ => None,
@@ -676,6 +688,8 @@ impl Pipeline {
         if conn.tuple(dir).dst_ip != key.dst_ip {
             return Err(unrelated);
         }
+        self.recheck(tenant, handle, learned_vtep, dir)?;
+        let conn = self.ct.get(handle).ok_or(unrelated)?;
         let (orig, reply, tag) = (conn.orig(), conn.reply(), conn.tag());
         let shape = self.shape_of(tenant, &orig, &reply, tag, learned_vtep, dir)?;
         let (fwd, rev) = self.build_entries(tenant, handle, &orig, shape)?;
@@ -687,7 +701,8 @@ impl Pipeline {
     }
 
     /// A packet of an existing connection whose flow entry was missing or stale: step conntrack,
-    /// rebuild the entries under the current policy (no security-group re-evaluation).
+    /// rebuild the entries under the current policy (no security-group re-evaluation, unless the
+    /// tenant rechecks connections on policy changes).
     #[allow(clippy::too_many_arguments)]
     fn existing(
         &mut self,
@@ -698,6 +713,7 @@ impl Pipeline {
         flags: u8,
         learned_vtep: Option<IpAddr16>,
     ) -> Result<FlowEntry, DropReason> {
+        self.recheck(tenant, handle, learned_vtep, dir)?;
         match self.ct.update(now, handle, dir, flags, 0) {
             Ok(_) => {}
             Err(CtError::Invalid) => return Err(DropReason::ConntrackInvalid),

@@ -57,6 +57,10 @@ pub enum DropReason {
     NoConnection,
     /// A TCP packet invalid for the connection's state.
     ConntrackInvalid,
+    /// A packet of an established connection that a policy change revoked: its tenant rechecks
+    /// connections (`on_policy_change = "recheck"`) and the new security groups would not admit
+    /// it; the connection was cut.
+    PolicyRevoked,
     /// An ICMP/ICMPv6 reply (echo reply and the like) that answers no tracked request.
     IcmpUnsolicitedReply,
     /// An ICMP/ICMPv6 error whose embedded header matches no tracked connection (or whose
@@ -109,6 +113,8 @@ pub enum DropKind {
     NoConnection,
     /// [`DropReason::ConntrackInvalid`]
     ConntrackInvalid,
+    /// [`DropReason::PolicyRevoked`]
+    PolicyRevoked,
     /// [`DropReason::IcmpUnsolicitedReply`]
     IcmpUnsolicitedReply,
     /// [`DropReason::IcmpErrorUnrelated`]
@@ -125,7 +131,7 @@ pub enum DropKind {
 
 impl DropKind {
     /// Number of kinds; the length of a counter array.
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 23;
 
     /// Every kind, in counter order.
     pub const ALL: [DropKind; DropKind::COUNT] = [
@@ -145,6 +151,7 @@ impl DropKind {
         DropKind::NoSuchVm,
         DropKind::NoConnection,
         DropKind::ConntrackInvalid,
+        DropKind::PolicyRevoked,
         DropKind::IcmpUnsolicitedReply,
         DropKind::IcmpErrorUnrelated,
         DropKind::IcmpUntracked,
@@ -173,6 +180,7 @@ impl DropKind {
             DropKind::NoSuchVm => DropReason::NoSuchVm,
             DropKind::NoConnection => DropReason::NoConnection,
             DropKind::ConntrackInvalid => DropReason::ConntrackInvalid,
+            DropKind::PolicyRevoked => DropReason::PolicyRevoked,
             DropKind::IcmpUnsolicitedReply => DropReason::IcmpUnsolicitedReply,
             DropKind::IcmpErrorUnrelated => DropReason::IcmpErrorUnrelated,
             DropKind::IcmpUntracked => DropReason::IcmpUntracked,
@@ -201,6 +209,7 @@ impl DropKind {
             DropKind::NoSuchVm => "vswitch.drop.no_such_vm",
             DropKind::NoConnection => "vswitch.drop.no_connection",
             DropKind::ConntrackInvalid => "vswitch.drop.ct_invalid",
+            DropKind::PolicyRevoked => "vswitch.drop.policy_revoked",
             DropKind::IcmpUnsolicitedReply => "vswitch.drop.icmp_unsolicited_reply",
             DropKind::IcmpErrorUnrelated => "vswitch.drop.icmp_error_unrelated",
             DropKind::IcmpUntracked => "vswitch.drop.icmp_untracked",
@@ -231,6 +240,7 @@ impl DropReason {
             DropReason::NoSuchVm => DropKind::NoSuchVm,
             DropReason::NoConnection => DropKind::NoConnection,
             DropReason::ConntrackInvalid => DropKind::ConntrackInvalid,
+            DropReason::PolicyRevoked => DropKind::PolicyRevoked,
             DropReason::IcmpUnsolicitedReply => DropKind::IcmpUnsolicitedReply,
             DropReason::IcmpErrorUnrelated => DropKind::IcmpErrorUnrelated,
             DropReason::IcmpUntracked => DropKind::IcmpUntracked,

@@ -265,6 +265,7 @@ impl WorkloadConfig {
             subnets: vec!["10.0.0.0/8".into()],
             snat: None,
             routes,
+            on_policy_change: None,
         };
         let mut ports = Vec::new();
         let mut groups = Vec::new();

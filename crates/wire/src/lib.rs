@@ -81,4 +81,7 @@ pub mod vxlan;
 
 pub use error::{ErrorKind, Layer, WireError};
 pub use key::{FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
-pub use parse::{Fragment, Headers, L3, ParseOptions, ParsedFrame, VxlanInfo, parse_frame};
+pub use parse::{
+    Decap, Fragment, Headers, L3, ParseOptions, ParsedFrame, VxlanInfo, parse_frame,
+    parse_frame_decap,
+};

@@ -43,6 +43,23 @@ impl Default for ParseOptions {
     }
 }
 
+/// Which outer datagrams [`parse_frame_decap`] decapsulates as VXLAN. A switch decides this by
+/// where a frame arrived, not by its bytes: UDP to port 4789 from a tenant's VM is the tenant's
+/// own traffic (it may run its own overlay, or just use that port), and only the uplink carries
+/// this host's underlay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decap {
+    /// Never: every UDP datagram is plain UDP.
+    Off,
+    /// UDP datagrams to `port` addressed to `vtep` (not fragments), and no others.
+    Vxlan {
+        /// The VXLAN UDP destination port.
+        port: u16,
+        /// The only outer destination address decapsulated (this host's VTEP).
+        vtep: IpAddr16,
+    },
+}
+
 /// The network layer found after the Ethernet header and its tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum L3 {
@@ -135,7 +152,8 @@ pub struct VxlanInfo {
 pub struct ParsedFrame {
     /// The outermost headers; for VXLAN, `outer.key` is the underlay 5-tuple.
     pub outer: Headers,
-    /// Present when the outer packet is UDP to `ParseOptions::vxlan_port` and not a fragment.
+    /// Present when the outer packet is UDP to the VXLAN port (with [`parse_frame_decap`], also
+    /// addressed to the VTEP) and not a fragment.
     pub vxlan: Option<VxlanInfo>,
     /// The inner frame's headers, offsets still from the start of the outer buffer.
     pub inner: Option<Headers>,
@@ -160,6 +178,28 @@ const MAX_FRAME: usize = u16::MAX as usize;
 /// not checked for VXLAN again.
 #[inline]
 pub fn parse_frame(buf: &[u8], opts: &ParseOptions) -> Result<ParsedFrame, WireError> {
+    parse_frame_vxlan(buf, Some(opts.vxlan_port), None)
+}
+
+/// [`parse_frame`], decapsulating only what `decap` names: with [`Decap::Off`] a UDP datagram
+/// to the VXLAN port is plain UDP (its payload is never read), and with [`Decap::Vxlan`] only
+/// datagrams addressed to the VTEP are parsed as VXLAN, so a VXLAN-looking datagram to another
+/// address is plain UDP too.
+#[inline]
+pub fn parse_frame_decap(buf: &[u8], decap: Decap) -> Result<ParsedFrame, WireError> {
+    match decap {
+        Decap::Off => parse_frame_vxlan(buf, None, None),
+        Decap::Vxlan { port, vtep } => parse_frame_vxlan(buf, Some(port), Some(vtep)),
+    }
+}
+
+/// The parse, decapsulating UDP to `port` (none: never) addressed to `vtep` (none: any).
+#[inline(always)]
+fn parse_frame_vxlan(
+    buf: &[u8],
+    port: Option<u16>,
+    vtep: Option<IpAddr16>,
+) -> Result<ParsedFrame, WireError> {
     if buf.len() > MAX_FRAME {
         return Err(WireError::bad_field(
             Layer::Ethernet,
@@ -180,7 +220,8 @@ pub fn parse_frame(buf: &[u8], opts: &ParseOptions) -> Result<ParsedFrame, WireE
     let is_vxlan = match &outer.key {
         Some(k) => {
             k.proto == ip_proto::UDP
-                && k.dst_port == opts.vxlan_port
+                && Some(k.dst_port) == port
+                && vtep.is_none_or(|v| k.dst_ip == v)
                 && outer.fragment == Fragment::None
         }
         None => false,

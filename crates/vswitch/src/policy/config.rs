@@ -66,6 +66,10 @@ pub struct TenantSection {
     /// Routes, `[[tenant.route]]`.
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteSection>,
+    /// What a policy change does to the tenant's established connections: `"keep"` (the
+    /// default) or `"recheck"`. A string here so that a bad value is reported with its field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_policy_change: Option<String>,
 }
 
 /// `snat = { public_ip, port_min, port_max }`.

@@ -30,6 +30,10 @@
 //!                                    # optional; 1 <= port_min <= port_max, default
 //!                                    # 1024/65535 (port 0 is not a source port);
 //!                                    # public_ip unique across tenants
+//! on_policy_change = "keep"          # optional: "keep" (default) leaves established
+//!                                    # connections alone when the policy changes;
+//!                                    # "recheck" cuts those the new security groups
+//!                                    # would not admit (see crate::pipeline)
 //! [[tenant.route]]
 //! prefix = "10.2.0.0/16"             # unique within the tenant, subnets included
 //! target = { tunnel = "192.0.2.2" }  # remote host VTEP
@@ -57,7 +61,8 @@
 //! ports = "80"                       # 80, "80" or "8000-8099"; tcp/udp only; omitted = any
 //! ```
 //!
-//! Security groups are stateful: only a connection's first packet is evaluated. All rules of
+//! Security groups are stateful: only a connection's first packet is evaluated (and, for a
+//! tenant with `on_policy_change = "recheck"`, the connection again after a policy change). All rules of
 //! all the port's groups are searched in precedence order, the first match wins, and with no
 //! match ingress is denied and egress allowed. `icmp` matches protocol 1 only and `icmpv6`
 //! protocol 58 only, any type. At most [`sg::RULES_PER_PORT_MAX`] rules per port.
@@ -109,7 +114,7 @@ pub use sg::{RULES_PER_PORT_MAX, SgAction, SgClassifier, SgDecision, SgRule};
 pub use snat::{SnatError, SnatPool, SnatPools};
 
 use crate::ids::{Direction, PortId, SecurityGroupId, TenantId};
-use spillway_wire::{FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
+use spillway_wire::{Decap, FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -128,6 +133,21 @@ pub struct HostConfig {
     pub gateway_mac: MacAddr,
     /// VXLAN UDP destination port.
     pub vxlan_port: u16,
+}
+
+impl HostConfig {
+    /// What a frame arriving on `ingress` may be decapsulated as: VXLAN to our VTEP on the
+    /// uplink, nothing on a VM port (a tenant's UDP to the VXLAN port is its own traffic).
+    pub fn decap_at(&self, ingress: PortId) -> Decap {
+        if ingress == self.uplink_port {
+            Decap::Vxlan {
+                port: self.vxlan_port,
+                vtep: self.vtep_ip,
+            }
+        } else {
+            Decap::Off
+        }
+    }
 }
 
 /// A tenant's SNAT address and port range (inclusive).
@@ -183,6 +203,28 @@ pub struct Tenant {
     pub subnets: Vec<Prefix>,
     /// Explicit routes, in config order.
     pub routes: Vec<Route>,
+    /// What a policy change does to its established connections.
+    pub on_policy_change: OnPolicyChange,
+}
+
+/// What a policy change does to a tenant's established connections (`on_policy_change`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnPolicyChange {
+    /// `"keep"`: security groups are stateful; an established connection is never judged
+    /// again, also when the rule that admitted it is gone.
+    #[default]
+    Keep,
+    /// `"recheck"`: an established connection is judged again under the new security groups,
+    /// as its first packet would be, and cut when they no longer admit it.
+    Recheck,
+}
+
+impl OnPolicyChange {
+    /// Every mode with its name in the policy file.
+    pub const NAMES: [(&'static str, OnPolicyChange); 2] = [
+        ("keep", OnPolicyChange::Keep),
+        ("recheck", OnPolicyChange::Recheck),
+    ];
 }
 
 /// A VM's vNIC port.
@@ -260,6 +302,13 @@ impl Policy {
     /// This host.
     pub fn host(&self) -> &HostConfig {
         &self.host
+    }
+
+    /// What a policy change does to `tenant`'s established connections (`Keep` for an unknown
+    /// tenant).
+    pub fn on_policy_change(&self, tenant: TenantId) -> OnPolicyChange {
+        self.tenant(tenant)
+            .map_or(OnPolicyChange::Keep, |t| t.on_policy_change)
     }
 
     /// A tenant by id.
@@ -576,6 +625,20 @@ impl Compiler<'_> {
                     })
                 }
             };
+            let on_policy_change = match &t.on_policy_change {
+                None => OnPolicyChange::Keep,
+                Some(s) => OnPolicyChange::NAMES
+                    .iter()
+                    .find(|(n, _)| n == s)
+                    .map(|&(_, m)| m)
+                    .ok_or_else(|| {
+                        self.invalid(
+                            format!("{at}.on_policy_change"),
+                            "\"keep\" or \"recheck\"",
+                            diag::echo(s),
+                        )
+                    })?,
+            };
             let table = LpmTable::build(&entries);
             out.push((
                 Tenant {
@@ -586,6 +649,7 @@ impl Compiler<'_> {
                     snat,
                     subnets,
                     routes,
+                    on_policy_change,
                 },
                 table,
             ));

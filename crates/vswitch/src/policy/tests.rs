@@ -683,6 +683,7 @@ fn config_built_in_code_compiles() {
                 prefix: "::/0".into(),
                 target: RouteTargetSection::Tunnel("2001:db8::2".into()),
             }],
+            on_policy_change: None,
         }],
         ports: vec![],
         security_groups: vec![],
