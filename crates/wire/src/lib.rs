@@ -81,4 +81,6 @@ pub mod vxlan;
 
 pub use error::{ErrorKind, Layer, WireError};
 pub use key::{FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
-pub use parse::{Fragment, Headers, L3, ParseOptions, ParsedFrame, VxlanInfo, parse_frame};
+pub use parse::{
+    Fragment, FragmentFields, Headers, L3, ParseOptions, ParsedFrame, VxlanInfo, parse_frame,
+};
