@@ -89,6 +89,7 @@ pub mod action;
 pub mod conntrack;
 pub mod flow;
 pub mod flow_table;
+pub mod frag;
 pub mod ids;
 pub mod packet;
 pub mod pipeline;
