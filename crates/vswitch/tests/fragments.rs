@@ -17,28 +17,9 @@ use spillway_wire::build::FrameBuilder;
 use spillway_wire::{checksum, ip_proto};
 use std::net::Ipv4Addr;
 
-/// Cuts an Ethernet + IPv4 (no options) frame into fragments of at most `chunk` data bytes
-/// (a multiple of 8), each with its own total length, flags, offset and header checksum.
 fn fragment(frame: &[u8], chunk: usize) -> Vec<Vec<u8>> {
-    assert_eq!(chunk % 8, 0);
-    let (eth, ip, data) = (&frame[..14], &frame[14..34], &frame[34..]);
-    data.chunks(chunk)
-        .enumerate()
-        .map(|(i, part)| {
-            let mut f = eth.to_vec();
-            let mut h = ip.to_vec();
-            h[2..4].copy_from_slice(&((20 + part.len()) as u16).to_be_bytes());
-            let more = (i + 1) * chunk < data.len();
-            let fo = ((i * chunk / 8) as u16) | if more { 0x2000 } else { 0 };
-            h[6..8].copy_from_slice(&fo.to_be_bytes());
-            h[10..12].copy_from_slice(&[0, 0]);
-            let c = checksum::checksum(&h);
-            h[10..12].copy_from_slice(&c.to_be_bytes());
-            f.extend_from_slice(&h);
-            f.extend_from_slice(part);
-            f
-        })
-        .collect()
+    let id = u16::from_be_bytes([frame[18], frame[19]]);
+    ipv4_fragments(frame, 14, chunk, id)
 }
 
 /// Reassembles forwarded IPv4 fragments (at `l3` in each frame) into the datagram's IP header
