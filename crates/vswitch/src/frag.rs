@@ -80,9 +80,8 @@ pub const FRAGMENTS_MAX: usize = 64;
 pub struct FragZone {
     /// The ingress port.
     pub port: PortId,
-    /// The VNI for frames that arrived over VXLAN (0 = none; VNIs are 24-bit and nonzero here
-    /// because the pipeline only follows frames whose VNI named a tenant).
-    pub vni: u32,
+    /// The VNI for frames that arrived over VXLAN; `None` for everything else.
+    pub vni: Option<u32>,
 }
 
 /// The identity of one datagram (RFC 791 section 3.2, RFC 8200 section 4.5) within a zone.
@@ -564,34 +563,48 @@ impl<V: Copy + core::fmt::Debug> FragTable<V> {
         Ok(value)
     }
 
-    /// Checks the table's invariants; panics with the broken one.
-    pub fn check_invariants(&self) {
+    /// Checks the table's invariants; the error names the broken one.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let fail = |what: &str| Err(format!("fragment table: {what}"));
         let live = self.slots.iter().filter(|s| s.is_some()).count();
-        assert_eq!(live, self.len(), "free list and slots agree");
-        assert!(self.len() <= self.config.entries_max);
-        assert_eq!(self.index.len(), live, "one index entry per datagram");
+        if live != self.len() || self.len() > self.config.entries_max {
+            return fail("free list, slots and capacity disagree");
+        }
+        if self.index.len() != live {
+            return fail("not one index entry per datagram");
+        }
         let zone_sum: u32 = self.zones.iter().map(|(_, c)| *c).sum();
-        assert_eq!(zone_sum as usize, live, "zone counts sum to the datagrams");
-        for (z, c) in self.zones.iter() {
-            assert!(
-                *c as usize <= self.config.zone_entries_max,
-                "zone {z:?} over budget"
-            );
+        if zone_sum as usize != live {
+            return fail("zone counts do not sum to the datagrams");
+        }
+        if self
+            .zones
+            .iter()
+            .any(|(_, c)| *c as usize > self.config.zone_entries_max)
+        {
+            return fail("a zone is over its budget");
         }
         for d in self.slots.iter().flatten() {
-            assert!(
-                d.deadline >= self.earliest_deadline,
-                "earliest deadline is a lower bound"
-            );
+            if self.find(&d.key).is_none() {
+                return fail("a datagram is not indexed");
+            }
+            if d.deadline < self.earliest_deadline {
+                return fail("earliest deadline is not a lower bound");
+            }
             let r = &d.ranges[..usize::from(d.ranges_len)];
-            assert!(
-                r.windows(2).all(|w| w[0].1 < w[1].0),
-                "ranges disjoint and sorted"
-            );
-            let sum: u32 = r.iter().map(|(a, b)| b - a).sum();
-            assert_eq!(sum, d.received);
-            assert!(!d.complete(), "complete datagrams are released");
-            assert!(usize::from(d.fragments) <= self.config.fragments_max);
+            if !r.windows(2).all(|w| w[0].1 < w[1].0) {
+                return fail("ranges overlap, touch or are unsorted");
+            }
+            if r.iter().map(|(a, b)| b - a).sum::<u32>() != d.received {
+                return fail("received bytes differ from the ranges");
+            }
+            if d.complete() {
+                return fail("a complete datagram is still held");
+            }
+            if usize::from(d.fragments) > self.config.fragments_max {
+                return fail("more fragments than the budget");
+            }
         }
+        Ok(())
     }
 }

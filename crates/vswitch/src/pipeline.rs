@@ -557,15 +557,15 @@ impl Pipeline {
     ) -> Result<Option<(FragKey, FragPiece, bool)>, DropReason> {
         let outer = &parsed.outer;
         let (h, vni) = match (parsed.vxlan.as_ref(), parsed.inner.as_ref()) {
-            (Some(vx), Some(inner)) => (inner, vx.vni.get()),
-            _ => (outer, 0),
+            (Some(vx), Some(inner)) => (inner, Some(vx.vni.get())),
+            _ => (outer, None),
         };
         if h.fragment == Fragment::None {
             return Ok(None);
         }
         let Some(key) = h.key else { return Ok(None) };
         if ingress == self.policy.host().uplink_port
-            && vni == 0
+            && vni.is_none()
             && key.dst_ip == self.policy.host().vtep_ip
         {
             return Err(DropReason::Fragment);
@@ -1107,7 +1107,7 @@ impl Pipeline {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.flows.check_invariants()?;
         self.ct.check_invariants()?;
-        self.frags.check_invariants();
+        self.frags.check_invariants()?;
         let c = &self.counters;
         if c.forwarded + c.dropped != c.rx_packets {
             return Err(format!(
