@@ -1,4 +1,4 @@
-//! Fragmented traffic through the pipeline over the shipped example policy: whole IPv4
+//! Fragmented traffic through the pipeline over the shipped example policy: whole IPv4 and IPv6
 //! datagrams built with `FrameBuilder` are cut into fragments here (a tiny independent
 //! fragmenter), offered in order, out of order, overlapping, late or too many, and the verdicts,
 //! drop reasons and `vswitch.frag.*` counters are asserted. Where fragments are forwarded, the
@@ -415,4 +415,60 @@ fn inner_fragments_over_vxlan_follow_the_ingress_rules_outer_fragments_are_dropp
             Verdict::Drop(DropReason::Fragment)
         );
     }
+}
+
+/// Cuts an Ethernet + IPv6 frame whose fixed header is followed directly by a fragment header
+/// (built as an atomic fragment) into fragments of at most `chunk` bytes of fragmentable data.
+fn ipv6_fragments(frame: &[u8], chunk: usize) -> Vec<Vec<u8>> {
+    assert_eq!(frame[20], 44, "a fragment header follows the fixed header");
+    let (head, data) = (&frame[..62], &frame[62..]);
+    data.chunks(chunk)
+        .enumerate()
+        .map(|(i, part)| {
+            let mut f = head.to_vec();
+            f[18..20].copy_from_slice(&((8 + part.len()) as u16).to_be_bytes());
+            let more = (i + 1) * chunk < data.len();
+            let fo = (((i * chunk / 8) as u16) << 3) | u16::from(more);
+            f[56..58].copy_from_slice(&fo.to_be_bytes());
+            f.extend_from_slice(part);
+            f
+        })
+        .collect()
+}
+
+#[test]
+fn ipv6_fragments_follow_the_first_and_denied_ones_do_not() {
+    let mut p = pipeline(PipelineConfig::default());
+    let web: std::net::Ipv6Addr = "fd00:1::10".parse().expect("literal");
+    let web2: std::net::Ipv6Addr = "fd00:1::11".parse().expect("literal");
+    let seg = |dport: u16, ident: u32| {
+        FrameBuilder::new()
+            .eth(WEB_MAC, ACME_ROUTER)
+            .ipv6(web, web2)
+            .ipv6_ext(spillway_wire::build::Ipv6Ext::Fragment {
+                offset: 0,
+                more: false,
+                ident,
+            })
+            .tcp(40000, dport)
+            .tcp_flags(SYN)
+            .payload(&[6; 100])
+            .build()
+    };
+    // acme's SG 1 admits TCP 443 from ::/0 into WEB2.
+    let frags = ipv6_fragments(&seg(443, 0x1111_2222), 64);
+    assert_eq!(frags.len(), 2);
+    let out = run_all(&mut p, secs(1), WEB, &frags);
+    assert!(
+        out.iter().all(|(v, _)| *v == Verdict::Forward(WEB2)),
+        "{out:?}"
+    );
+    assert_eq!(p.frag_counters().completed, 1);
+    // Port 22 is not admitted from WEB: the first fragment is denied, the last follows it.
+    let out = run_all(&mut p, secs(1), WEB, &ipv6_fragments(&seg(22, 7), 64));
+    assert_eq!(
+        out[0].0,
+        Verdict::Drop(DropReason::SecurityGroupDefaultDeny)
+    );
+    assert_eq!(out[1].0, Verdict::Drop(DropReason::FragmentNoFirst));
 }
