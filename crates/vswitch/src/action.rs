@@ -16,7 +16,7 @@ use core::net::IpAddr;
 use spillway_wire::build::VxlanOuter;
 use spillway_wire::checksum;
 use spillway_wire::icmp::{self, IcmpKind};
-use spillway_wire::{Headers, IpAddr16, MacAddr, ParsedFrame, Vni, ip_proto};
+use spillway_wire::{Fragment, Headers, IpAddr16, MacAddr, ParsedFrame, Vni, ip_proto};
 
 /// Which end of the 5-tuple a NAT action rewrites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -514,6 +514,12 @@ fn rewrite_nat(
     let ip_csum = u16::from_be_bytes([frame[l3 + 10], frame[l3 + 11]]);
     let ip_csum = checksum::update_bytes(ip_csum, &old_ip, &new_ip);
     frame[l3 + 10..l3 + 12].copy_from_slice(&ip_csum.to_be_bytes());
+    if h.fragment == Fragment::NonFirst {
+        // A later fragment carries no transport header: its bytes are data. The first
+        // fragment's incremental update already accounts for the new address and port, since
+        // the transport checksum covers the whole datagram.
+        return true;
+    }
     match key.proto {
         ip_proto::TCP | ip_proto::UDP => {
             let port_at = l4 + if side == NatSide::Source { 0 } else { 2 };

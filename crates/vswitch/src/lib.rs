@@ -15,6 +15,8 @@
 //!   expiry and evict-or-reject when full; the same type models the DPU hardware table.
 //! - [`flow::FlowMatch`] + [`flow::FlowEntry`] with an [`action::ActionList`]: the unified flow
 //!   entry (exact match plus header transformation), stamped with the policy [`Epoch`].
+//! - [`frag::FragTable`]: bounded IP fragment tracking; later fragments follow the verdict and
+//!   rewrites of their first fragment (tracking, not reassembly; see the module doc).
 //! - [`pipeline::Pipeline`]: batched fast path over the flow table, slow path over policy and
 //!   conntrack, producing forward and reverse entries.
 //!
@@ -89,6 +91,7 @@ pub mod action;
 pub mod conntrack;
 pub mod flow;
 pub mod flow_table;
+pub mod frag;
 pub mod ids;
 pub mod packet;
 pub mod pipeline;

@@ -20,6 +20,10 @@
 //! applies the forward entry to the packet with the same executor the fast path uses. That is why
 //! the two paths agree byte for byte (`tests/path_equivalence.rs` checks it).
 //!
+//! IP fragments always take the slow path: a first fragment is decided like any packet and its
+//! verdict tracked, later fragments follow it (see [`crate::frag`] for why tracking rather than
+//! reassembly, and what is dropped).
+//!
 //! Security groups are stateful: a packet of an existing connection is not re-evaluated. After
 //! a policy change routes, MACs and NAT are recomputed under the new epoch, and what happens to
 //! the security-group verdict is the tenant's choice (`on_policy_change`): `keep` leaves
@@ -40,6 +44,7 @@ use crate::conntrack::{
 };
 use crate::flow::{FlowEntry, FlowMatch};
 use crate::flow_table::{EntryIdx, FlowTable, FlowTableConfig, Inserted};
+use crate::frag::{FragConfig, FragCounters, FragDrop, FragKey, FragPiece, FragTable, FragZone};
 use crate::ids::{Direction, Epoch, PortId, TenantId};
 use crate::packet::PacketBuf;
 use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
@@ -74,6 +79,8 @@ pub struct PipelineConfig {
     /// a DPU whose hardware table is off, and the oracle the path-equivalence test compares the
     /// fast path against.
     pub fast_path: bool,
+    /// IP fragment tracking (capacity, per-zone budget, fragments per datagram, timeout).
+    pub frag: FragConfig,
 }
 
 impl Default for PipelineConfig {
@@ -84,6 +91,7 @@ impl Default for PipelineConfig {
             ct_refresh: Duration::from_secs(1),
             hash_seed: 0x5eed_5b11_1a7e,
             fast_path: true,
+            frag: FragConfig::default(),
         }
     }
 }
@@ -175,6 +183,15 @@ pub struct Pipeline {
     hasher: FixedState,
     counters: PipelineCounters,
     drops: DropCounters,
+    frags: FragTable<FragFollow>,
+}
+
+/// What later fragments of a datagram repeat: the first fragment's actions, and the source MAC
+/// it was admitted with when it came from a VM port (the uplink's MACs are the routers').
+#[derive(Clone, Copy, Debug)]
+struct FragFollow {
+    actions: ActionList,
+    src_mac: Option<spillway_wire::MacAddr>,
 }
 
 /// Why [`Pipeline::adopt_conn`] refused a connection.
@@ -202,6 +219,9 @@ pub enum PipelineError {
     /// The conntrack configuration is invalid.
     #[error("conntrack: {0}")]
     Conntrack(#[from] crate::conntrack::ConntrackConfigError),
+    /// The fragment table configuration is invalid.
+    #[error("{0}")]
+    Frag(#[from] crate::frag::FragConfigError),
 }
 
 impl Pipeline {
@@ -209,7 +229,9 @@ impl Pipeline {
     pub fn new(policy: Policy, cfg: PipelineConfig) -> Result<Pipeline, PipelineError> {
         let flows = FlowTable::new(cfg.flow_table)?;
         let ct = Conntrack::new(cfg.conntrack)?;
+        let frags = FragTable::new(cfg.frag)?;
         let mut p = Pipeline {
+            frags,
             snat: BTreeMap::new(),
             policy,
             epoch: Epoch(1),
@@ -504,10 +526,84 @@ impl Pipeline {
         parsed: &ParsedFrame,
     ) -> Verdict {
         self.counters.slow_path_packets += 1;
+        let frag = match self.fragment_of(ingress, parsed) {
+            Ok(f) => f,
+            Err(reason) => return Verdict::Drop(reason),
+        };
+        if let Some((key, piece, false)) = frag {
+            return match self.frags.follow(now, key, piece) {
+                Ok(f) if f.src_mac.is_some_and(|m| m != parsed.outer.src_mac) => {
+                    Verdict::Drop(DropReason::SpoofedMac)
+                }
+                Ok(f) => apply(&f.actions, pkt, parsed),
+                Err(d) => Verdict::Drop(frag_drop(d)),
+            };
+        }
         match self.decide(now, ingress, pkt.data(), parsed) {
             Err(reason) => Verdict::Drop(reason),
-            Ok(entry) => apply(&entry.actions, pkt, parsed),
+            Ok(entry) => {
+                if let Some((key, piece, true)) = frag {
+                    let follow = FragFollow {
+                        actions: entry.actions,
+                        src_mac: (ingress != self.policy.host().uplink_port)
+                            .then_some(parsed.outer.src_mac),
+                    };
+                    if let Err(d) = self.frags.track_first(now, key, piece, follow) {
+                        return Verdict::Drop(frag_drop(d));
+                    }
+                }
+                apply(&entry.actions, pkt, parsed)
+            }
         }
+    }
+
+    /// The datagram a fragment belongs to, its piece, and whether it is the first fragment;
+    /// `None` for a packet that is not a fragment. Outer fragments on the uplink addressed to
+    /// our VTEP are fragmented VXLAN, which is not reassembled: dropped as `Fragment` (the
+    /// underlay MTU is sized for the overlay, so a sender that fragments VXLAN is misconfigured).
+    /// Outer fragments to a SNAT address are tracked like a VM's.
+    fn fragment_of(
+        &self,
+        ingress: PortId,
+        parsed: &ParsedFrame,
+    ) -> Result<Option<(FragKey, FragPiece, bool)>, DropReason> {
+        let outer = &parsed.outer;
+        let (h, vni) = match (parsed.vxlan.as_ref(), parsed.inner.as_ref()) {
+            (Some(vx), Some(inner)) => (inner, Some(vx.vni.get())),
+            _ => (outer, None),
+        };
+        if h.fragment == Fragment::None {
+            return Ok(None);
+        }
+        let Some(key) = h.key else { return Ok(None) };
+        if ingress == self.policy.host().uplink_port
+            && vni.is_none()
+            && key.dst_ip == self.policy.host().vtep_ip
+        {
+            return Err(DropReason::Fragment);
+        }
+        let (start, end) = h.frag.byte_range(h);
+        Ok(Some((
+            FragKey {
+                zone: FragZone { port: ingress, vni },
+                src: key.src_ip,
+                dst: key.dst_ip,
+                // RFC 8200 section 4.5 identifies an IPv6 datagram without its protocol.
+                proto: if key.src_ip.is_v4() { key.proto } else { 0 },
+                id: h.frag.id,
+            },
+            FragPiece {
+                start,
+                end,
+                more: h.frag.more,
+            },
+            h.fragment == Fragment::First,
+        )))
+    }
+
+    /// Fragment-tracking counters (`vswitch.frag.*`).
+    pub fn frag_counters(&self) -> FragCounters {
+        self.frags.counters()
     }
 
     /// Walk the policy for one packet; on success install the connection's entries and return
@@ -1027,6 +1123,7 @@ impl Pipeline {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.flows.check_invariants()?;
         self.ct.check_invariants()?;
+        self.frags.check_invariants()?;
         let c = &self.counters;
         if c.forwarded + c.dropped != c.rx_packets {
             return Err(format!(
@@ -1143,7 +1240,9 @@ fn l3_key(h: &Headers) -> Result<FlowKey, DropReason> {
     match h.key {
         None if h.l3 == spillway_wire::L3::Arp => Err(DropReason::ArpNotRouted),
         None => Err(DropReason::UnsupportedEtherType(h.ethertype)),
-        Some(_) if h.fragment != Fragment::None => Err(DropReason::Fragment),
+        // Later fragments are followed before the policy walk; reaching here is a bug's symptom,
+        // and dropping is the safe answer.
+        Some(_) if h.fragment == Fragment::NonFirst => Err(DropReason::FragmentNoFirst),
         Some(k) => Ok(k),
     }
 }
@@ -1174,6 +1273,16 @@ fn reply_key(orig: &FlowKey, shape: Shape) -> FlowKey {
             r
         }
         _ => orig.reversed(),
+    }
+}
+
+fn frag_drop(d: FragDrop) -> DropReason {
+    match d {
+        FragDrop::NoFirst => DropReason::FragmentNoFirst,
+        FragDrop::Overlap => DropReason::FragmentOverlap,
+        FragDrop::TooMany => DropReason::FragmentTooMany,
+        FragDrop::TableFull => DropReason::FragmentTableFull,
+        FragDrop::Timeout => DropReason::FragmentTimeout,
     }
 }
 

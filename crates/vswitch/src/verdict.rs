@@ -33,8 +33,21 @@ pub enum DropReason {
     ArpNotRouted,
     /// Neither IPv4 nor IPv6 nor ARP.
     UnsupportedEtherType(u16),
-    /// IP fragments are not reassembled; they are dropped and counted.
+    /// A fragment the vSwitch does not forward: an outer-fragmented VXLAN packet addressed to
+    /// our VTEP (overlay packets are not reassembled; see `crate::frag`).
     Fragment,
+    /// A later IP fragment whose first fragment was not admitted (never seen, arrived after it,
+    /// or dropped): it cannot be checked against any rule, so it is not forwarded.
+    FragmentNoFirst,
+    /// A fragment overlapping bytes of its datagram already seen (RFC 1858, RFC 5722): the whole
+    /// datagram is dropped.
+    FragmentOverlap,
+    /// More fragments than `FragConfig::fragments_max` for one datagram.
+    FragmentTooMany,
+    /// No room to track a new fragmented datagram (table or zone budget full).
+    FragmentTableFull,
+    /// A later fragment arrived after its datagram's tracking timed out.
+    FragmentTimeout,
     /// A frame on the uplink that is neither our VXLAN nor addressed to a SNAT address.
     NotForUs,
     /// A security group rule denied the first packet of a connection.
@@ -97,6 +110,16 @@ pub enum DropKind {
     UnsupportedEtherType,
     /// [`DropReason::Fragment`]
     Fragment,
+    /// [`DropReason::FragmentNoFirst`]
+    FragmentNoFirst,
+    /// [`DropReason::FragmentOverlap`]
+    FragmentOverlap,
+    /// [`DropReason::FragmentTooMany`]
+    FragmentTooMany,
+    /// [`DropReason::FragmentTableFull`]
+    FragmentTableFull,
+    /// [`DropReason::FragmentTimeout`]
+    FragmentTimeout,
     /// [`DropReason::NotForUs`]
     NotForUs,
     /// [`DropReason::SecurityGroupDeny`]
@@ -131,7 +154,7 @@ pub enum DropKind {
 
 impl DropKind {
     /// Number of kinds; the length of a counter array.
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 28;
 
     /// Every kind, in counter order.
     pub const ALL: [DropKind; DropKind::COUNT] = [
@@ -143,6 +166,11 @@ impl DropKind {
         DropKind::ArpNotRouted,
         DropKind::UnsupportedEtherType,
         DropKind::Fragment,
+        DropKind::FragmentNoFirst,
+        DropKind::FragmentOverlap,
+        DropKind::FragmentTooMany,
+        DropKind::FragmentTableFull,
+        DropKind::FragmentTimeout,
         DropKind::NotForUs,
         DropKind::SecurityGroupDeny,
         DropKind::SecurityGroupDefaultDeny,
@@ -173,6 +201,11 @@ impl DropKind {
             DropKind::SpoofedIp => DropReason::SpoofedIp,
             DropKind::ArpNotRouted => DropReason::ArpNotRouted,
             DropKind::Fragment => DropReason::Fragment,
+            DropKind::FragmentNoFirst => DropReason::FragmentNoFirst,
+            DropKind::FragmentOverlap => DropReason::FragmentOverlap,
+            DropKind::FragmentTooMany => DropReason::FragmentTooMany,
+            DropKind::FragmentTableFull => DropReason::FragmentTableFull,
+            DropKind::FragmentTimeout => DropReason::FragmentTimeout,
             DropKind::NotForUs => DropReason::NotForUs,
             DropKind::SecurityGroupDefaultDeny => DropReason::SecurityGroupDefaultDeny,
             DropKind::NoRoute => DropReason::NoRoute,
@@ -201,6 +234,11 @@ impl DropKind {
             DropKind::ArpNotRouted => "vswitch.drop.arp_not_routed",
             DropKind::UnsupportedEtherType => "vswitch.drop.unsupported_ethertype",
             DropKind::Fragment => "vswitch.drop.fragment",
+            DropKind::FragmentNoFirst => "vswitch.drop.fragment_no_first",
+            DropKind::FragmentOverlap => "vswitch.drop.fragment_overlap",
+            DropKind::FragmentTooMany => "vswitch.drop.fragment_too_many",
+            DropKind::FragmentTableFull => "vswitch.drop.fragment_table_full",
+            DropKind::FragmentTimeout => "vswitch.drop.fragment_timeout",
             DropKind::NotForUs => "vswitch.drop.not_for_us",
             DropKind::SecurityGroupDeny => "vswitch.drop.sg_deny",
             DropKind::SecurityGroupDefaultDeny => "vswitch.drop.sg_default_deny",
@@ -232,6 +270,11 @@ impl DropReason {
             DropReason::ArpNotRouted => DropKind::ArpNotRouted,
             DropReason::UnsupportedEtherType(_) => DropKind::UnsupportedEtherType,
             DropReason::Fragment => DropKind::Fragment,
+            DropReason::FragmentNoFirst => DropKind::FragmentNoFirst,
+            DropReason::FragmentOverlap => DropKind::FragmentOverlap,
+            DropReason::FragmentTooMany => DropKind::FragmentTooMany,
+            DropReason::FragmentTableFull => DropKind::FragmentTableFull,
+            DropReason::FragmentTimeout => DropKind::FragmentTimeout,
             DropReason::NotForUs => DropKind::NotForUs,
             DropReason::SecurityGroupDeny { .. } => DropKind::SecurityGroupDeny,
             DropReason::SecurityGroupDefaultDeny => DropKind::SecurityGroupDefaultDeny,

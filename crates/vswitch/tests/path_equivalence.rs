@@ -11,7 +11,9 @@
 //! A's conntrack refresh interval is 0 here so both pipelines keep identical idle timers; with
 //! the default interval an idle timer may lag by up to one interval (documented in pipeline.rs).
 //! A second property checks that when a packet's repeat hits the entry its first copy installed,
-//! the two outputs are identical.
+//! the two outputs are identical. Fragmented packets (IPv4 fragments of 8 data bytes, in order or
+//! with the first two swapped) are mixed in: they always take the slow path on both, and their
+//! verdicts, bytes and fragment counters must agree too.
 
 mod common;
 
@@ -37,6 +39,8 @@ fn op() -> impl Strategy<Value = Op> {
         16 => (0usize..8, any::<bool>(), 0..FLAGS.len(), 0u16..3, prop::bool::weighted(0.05))
             .prop_map(|(flow, reply, flags, nat_guess, spoof)| Op::Packet { flow, reply, flags, nat_guess, spoof }),
         4 => (0usize..8, 0u16..3).prop_map(|(flow, nat_guess)| Op::Handshake { flow, nat_guess }),
+        3 => (0usize..8, any::<bool>(), 0u16..3, 0u16..4, prop::bool::weighted(0.2))
+            .prop_map(|(flow, reply, nat_guess, id, swap)| Op::Fragmented { flow, reply, nat_guess, id, swap }),
         3 => (1u64..500).prop_map(Op::Advance),
         1 => (20_000u64..200_000).prop_map(Op::Advance),
         1 => Just(Op::Expire),

@@ -128,6 +128,11 @@ pub struct ExtWalk {
     pub opaque: bool,
     /// The fragment header's (offset in 8-byte units, M flag), if one was seen.
     pub fragment: Option<(u16, bool)>,
+    /// The fragment header's Identification (RFC 8200 section 4.5), 0 without one.
+    pub frag_id: u32,
+    /// Offset just after the fragment header, relative to the start of the IPv6 payload: where
+    /// the fragment's data begins. 0 without one.
+    pub frag_end: usize,
     /// How many extension headers were walked.
     pub count: u8,
 }
@@ -140,6 +145,7 @@ pub fn walk_ext_headers(mut next: u8, payload: &[u8]) -> Result<ExtWalk, WireErr
     let mut off = 0usize;
     let mut count = 0usize;
     let mut fragment = None;
+    let (mut frag_id, mut frag_end) = (0u32, 0usize);
     loop {
         match next {
             ip_proto::HOPOPT | ip_proto::IPV6_ROUTE | ip_proto::IPV6_FRAG | ip_proto::IPV6_OPTS => {
@@ -150,6 +156,8 @@ pub fn walk_ext_headers(mut next: u8, payload: &[u8]) -> Result<ExtWalk, WireErr
                     l4_offset: off,
                     opaque: true,
                     fragment,
+                    frag_id,
+                    frag_end,
                     count: count as u8,
                 });
             }
@@ -159,6 +167,8 @@ pub fn walk_ext_headers(mut next: u8, payload: &[u8]) -> Result<ExtWalk, WireErr
                     l4_offset: off,
                     opaque: false,
                     fragment,
+                    frag_id,
+                    frag_end,
                     count: count as u8,
                 });
             }
@@ -188,14 +198,18 @@ pub fn walk_ext_headers(mut next: u8, payload: &[u8]) -> Result<ExtWalk, WireErr
             let fo = u16::from_be_bytes([h[2], h[3]]);
             let (offset, more) = (fo >> 3, fo & 1 != 0);
             fragment = Some((offset, more));
+            frag_id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
             next = h[0];
             off += 8;
+            frag_end = off;
             if offset != 0 {
                 return Ok(ExtWalk {
                     proto: next,
                     l4_offset: off,
                     opaque: true,
                     fragment,
+                    frag_id,
+                    frag_end,
                     count: count as u8,
                 });
             }

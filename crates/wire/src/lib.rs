@@ -82,6 +82,6 @@ pub mod vxlan;
 pub use error::{ErrorKind, Layer, WireError};
 pub use key::{FlowKey, IpAddr16, MacAddr, Vni, ip_proto};
 pub use parse::{
-    Decap, Fragment, Headers, L3, ParseOptions, ParsedFrame, VxlanInfo, parse_frame,
-    parse_frame_decap,
+    Decap, Fragment, FragmentFields, Headers, L3, ParseOptions, ParsedFrame, VxlanInfo,
+    parse_frame, parse_frame_decap,
 };

@@ -89,6 +89,37 @@ pub enum Fragment {
     NonFirst,
 }
 
+/// The fragmentation fields of an IP datagram, as the header carries them (RFC 791 section 3.1
+/// for IPv4, RFC 8200 section 4.5 for the IPv6 Fragment header). For an IPv6 packet without a
+/// fragment header every field is 0 / false.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FragmentFields {
+    /// Identification: IPv4's 16 bits (set for every IPv4 packet, fragment or not), IPv6's 32.
+    pub id: u32,
+    /// Fragment offset in 8-octet units (13 bits).
+    pub offset: u16,
+    /// More-fragments flag (IPv4 MF, IPv6 M).
+    pub more: bool,
+    /// Absolute offset of the fragment's data, the bytes `offset` counts from: just after the
+    /// IPv4 header with its options, or just after the IPv6 Fragment header. For a packet that
+    /// is not a fragment it is where that data would start (IPv4) or 0 (IPv6).
+    pub data_offset: u16,
+}
+
+impl FragmentFields {
+    /// The fragment's data as a byte range of the original datagram's fragmentable part:
+    /// `(start, end)`, `end` exclusive, from the headers of this fragment.
+    #[inline]
+    pub fn byte_range(&self, h: &Headers) -> (u32, u32) {
+        let start = u32::from(self.offset) * 8;
+        let end_abs = u32::from(h.l3_offset) + u32::from(h.l3_len);
+        (
+            start,
+            start + end_abs.saturating_sub(u32::from(self.data_offset)),
+        )
+    }
+}
+
 /// The headers of one Ethernet frame. All offsets are from the start of the buffer given to
 /// [`parse_frame`] (also for an inner frame), so they can be used to index it directly.
 ///
@@ -120,6 +151,8 @@ pub struct Headers {
     pub key: Option<FlowKey>,
     /// Fragmentation state.
     pub fragment: Fragment,
+    /// The fragmentation fields (identification, offset, more-fragments).
+    pub frag: FragmentFields,
     /// Offset of the transport header (after IPv4 options / IPv6 extension headers).
     pub l4_offset: u16,
     /// Offset of the transport payload (after the TCP header with options, UDP's 8 bytes,
@@ -355,6 +388,12 @@ fn parse_ipv4(h: &mut Headers, buf: &[u8], l3: &[u8]) -> Result<(), WireError> {
     } else {
         Fragment::None
     };
+    h.frag = FragmentFields {
+        id: u32::from(u16::from_be_bytes([ip[4], ip[5]])),
+        offset,
+        more: fo & crate::ipv4::FLAG_MF != 0,
+        data_offset: (h.l3_offset as usize + hlen) as u16,
+    };
     h.l3 = L3::Ipv4;
     h.l3_len = total as u16;
     h.ttl = ip[8];
@@ -474,6 +513,14 @@ fn parse_ipv6(h: &mut Headers, buf: &[u8], l3: &[u8]) -> Result<(), WireError> {
                 Some((0, true)) => Fragment::First,
                 Some(_) => Fragment::NonFirst,
             };
+            if let Some((offset, more)) = w.fragment {
+                h.frag = FragmentFields {
+                    id: w.frag_id,
+                    offset,
+                    more,
+                    data_offset: (payload_abs + w.frag_end) as u16,
+                };
+            }
             (payload_abs + w.l4_offset, w.opaque)
         }
     };
@@ -516,13 +563,17 @@ fn parse_l4(
                     .first_chunk()
                     .ok_or_else(|| truncated(Layer::Udp, 8, seg.len()))?;
                 let len = u16::from_be_bytes([u[4], u[5]]) as usize;
-                if !(len >= 8 && len <= seg.len()) {
+                // RFC 768: the length covers the whole datagram, which a first fragment
+                // (RFC 791 section 3.2, RFC 8200 section 4.5) carries only the start of; there
+                // it bounds nothing we can check, and the payload is what this fragment holds.
+                let first = h.fragment == Fragment::First;
+                if !(len >= 8 && (first || len <= seg.len())) {
                     return Err(udp_error(len, seg.len()));
                 }
                 key.src_port = u16::from_be_bytes([u[0], u[1]]);
                 key.dst_port = u16::from_be_bytes([u[2], u[3]]);
                 payload_off = 8;
-                payload_len = len - 8;
+                payload_len = if first { seg.len() - 8 } else { len - 8 };
             }
             ip_proto::ICMP | ip_proto::ICMPV6 if (key.proto == ip_proto::ICMPV6) == v6 => {
                 let layer = if v6 { Layer::Icmpv6 } else { Layer::Icmp };

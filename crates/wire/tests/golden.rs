@@ -6,7 +6,8 @@
 use spillway_wire::build::{FrameBuilder, Ipv6Ext, VxlanOuter};
 use spillway_wire::checksum;
 use spillway_wire::{
-    ErrorKind, Fragment, IpAddr16, L3, Layer, MacAddr, ParseOptions, Vni, ip_proto, parse_frame,
+    ErrorKind, Fragment, FragmentFields, IpAddr16, L3, Layer, MacAddr, ParseOptions, Vni, ip_proto,
+    parse_frame,
 };
 
 /// VLAN 100 / IPv4 10.0.0.1 -> 10.0.0.2, DF, id 0x1234, TTL 64 / TCP 40000 -> 80, PSH|ACK,
@@ -16,6 +17,16 @@ const IPV4_TCP: [u8; 63] = [
     0x08, 0x00, 0x45, 0x00, 0x00, 0x2d, 0x12, 0x34, 0x40, 0x00, 0x40, 0x06, 0x14, 0x95, 0x0a, 0x00,
     0x00, 0x01, 0x0a, 0x00, 0x00, 0x02, 0x9c, 0x40, 0x00, 0x50, 0x00, 0x00, 0x03, 0xe8, 0x00, 0x00,
     0x07, 0xd0, 0x50, 0x18, 0xff, 0xff, 0xaf, 0xaa, 0x00, 0x00, 0x68, 0x65, 0x6c, 0x6c, 0x6f,
+];
+
+/// IPv4 10.0.0.1 -> 10.0.0.2, id 0xbeef, MF, offset 0, TTL 64 / UDP 5353 -> 53 with length
+/// 1480 (the whole datagram) and checksum 0x1234 / "EDNS0-ok": the first fragment of a large
+/// DNS answer, 8 of its 1472 payload bytes present.
+const IPV4_UDP_FIRST_FRAGMENT: [u8; 50] = [
+    0x02, 0x00, 0x00, 0x00, 0x00, 0x02, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x08, 0x00, 0x45, 0x00,
+    0x00, 0x24, 0xbe, 0xef, 0x20, 0x00, 0x40, 0x11, 0x87, 0xd7, 0x0a, 0x00, 0x00, 0x01, 0x0a, 0x00,
+    0x00, 0x02, 0x14, 0xe9, 0x00, 0x35, 0x05, 0xc8, 0x12, 0x34, 0x45, 0x44, 0x4e, 0x53, 0x30, 0x2d,
+    0x6f, 0x6b,
 ];
 
 /// IPv6 2001:db8::1 -> 2001:db8::2, hop limit 255, hop-by-hop (8) / routing (8) / fragment
@@ -289,6 +300,119 @@ fn ipv4_fragments_first_keeps_ports_nonfirst_zeroes_them() {
         (h.l4_offset, h.payload_offset, h.payload_len, h.tcp_flags),
         (38, 38, 25, 0)
     );
+}
+
+#[test]
+fn ipv4_first_udp_fragment_keeps_ports_without_checking_the_datagram_length() {
+    assert!(checksum::ipv4_header_valid(
+        &IPV4_UDP_FIRST_FRAGMENT[14..34]
+    ));
+    let h = parse_frame(&IPV4_UDP_FIRST_FRAGMENT, &ParseOptions::default())
+        .expect("a first fragment is valid although UDP length 1480 > 16 bytes present")
+        .outer;
+    assert_eq!(h.fragment, Fragment::First);
+    let k = h.key.expect("key");
+    assert_eq!((k.proto, k.src_port, k.dst_port), (17, 5353, 53));
+    // The payload is what this fragment holds, not what the UDP length promises.
+    assert_eq!((h.l4_offset, h.payload_offset, h.payload_len), (34, 42, 8));
+    assert_eq!(
+        h.frag,
+        FragmentFields {
+            id: 0xbeef,
+            offset: 0,
+            more: true,
+            data_offset: 34
+        }
+    );
+    assert_eq!(h.frag.byte_range(&h), (0, 16));
+    // A UDP length below the header's own 8 bytes is still wrong in a first fragment.
+    let mut f = IPV4_UDP_FIRST_FRAGMENT;
+    f[38..40].copy_from_slice(&7u16.to_be_bytes());
+    let e = parse_frame(&f, &ParseOptions::default()).unwrap_err();
+    assert_eq!(
+        (e.layer, e.kind),
+        (Layer::Udp, ErrorKind::LengthMismatch("length"))
+    );
+    // Cut inside the UDP header (IPv4 total length says so too): the header a first fragment
+    // must carry (RFC 8200 section 4.5; RFC 1858 for the tiny-fragment attack) is missing.
+    let mut f = IPV4_UDP_FIRST_FRAGMENT;
+    f[17] = 20 + 4;
+    let e = parse_frame(&f[..38], &ParseOptions::default()).unwrap_err();
+    assert_eq!((e.layer, e.kind), (Layer::Udp, ErrorKind::Truncated));
+    // The same datagram unfragmented (MF clear) is a UDP length mismatch, as before.
+    let mut f = IPV4_UDP_FIRST_FRAGMENT;
+    f[20] = 0;
+    let e = parse_frame(&f, &ParseOptions::default()).unwrap_err();
+    assert_eq!(
+        (e.layer, e.kind),
+        (Layer::Udp, ErrorKind::LengthMismatch("length"))
+    );
+}
+
+#[test]
+fn ipv4_later_fragment_has_no_transport_header_and_its_byte_range() {
+    // Offset 185 units (1480 bytes), MF clear: the last fragment; its 16 bytes are data even
+    // though they would not parse as UDP.
+    let mut f = IPV4_UDP_FIRST_FRAGMENT;
+    f[20..22].copy_from_slice(&185u16.to_be_bytes());
+    f[38..40].copy_from_slice(&3u16.to_be_bytes());
+    let h = parse_frame(&f, &ParseOptions::default())
+        .expect("later fragment")
+        .outer;
+    assert_eq!(h.fragment, Fragment::NonFirst);
+    let k = h.key.expect("key");
+    assert_eq!((k.proto, k.src_port, k.dst_port), (17, 0, 0));
+    assert_eq!(
+        (h.frag.id, h.frag.offset, h.frag.more),
+        (0xbeef, 185, false)
+    );
+    assert_eq!(h.frag.byte_range(&h), (1480, 1496));
+}
+
+#[test]
+fn ipv6_fragment_header_after_other_extension_headers() {
+    // First fragment: the UDP length may exceed what is present.
+    let mut f = IPV6_EXT_UDP;
+    f[90..92].copy_from_slice(&1000u16.to_be_bytes());
+    let h = parse_frame(&f, &ParseOptions::default())
+        .expect("first fragment")
+        .outer;
+    assert_eq!(h.fragment, Fragment::First);
+    let k = h.key.expect("key");
+    assert_eq!((k.proto, k.src_port, k.dst_port), (17, 5353, 53));
+    assert_eq!(h.payload_len, 4);
+    // The fragment header is the third, after hop-by-hop and routing: 14 + 40 + 8 + 8 + 8.
+    assert_eq!(
+        h.frag,
+        FragmentFields {
+            id: 0xabcd_ef01,
+            offset: 0,
+            more: true,
+            data_offset: 78
+        }
+    );
+    // The fragmentable part starts with the destination options header (RFC 8200 4.5).
+    assert_eq!(h.frag.byte_range(&h), (0, 20));
+    // Later fragment, offset 2 units: the walk stops at the fragment header, whose Next Header
+    // (60, destination options) is the key's protocol; no ports.
+    let mut f = IPV6_EXT_UDP;
+    f[72..74].copy_from_slice(&((2u16 << 3) | 1).to_be_bytes());
+    let h = parse_frame(&f, &ParseOptions::default())
+        .expect("later fragment")
+        .outer;
+    assert_eq!(h.fragment, Fragment::NonFirst);
+    let k = h.key.expect("key");
+    assert_eq!((k.proto, k.src_port, k.dst_port), (60, 0, 0));
+    assert_eq!((h.l4_offset, h.payload_len), (78, 20));
+    assert_eq!(
+        (h.frag.id, h.frag.offset, h.frag.more, h.frag.byte_range(&h)),
+        (0xabcd_ef01, 2, true, (16, 36))
+    );
+    // Truncated inside the fragment header: a length error at the extension layer.
+    let mut f = IPV6_EXT_UDP;
+    f[19] = 16 + 4;
+    let e = parse_frame(&f[..74], &ParseOptions::default()).unwrap_err();
+    assert_eq!((e.layer, e.kind), (Layer::Ipv6Ext, ErrorKind::Truncated));
 }
 
 #[test]

@@ -124,6 +124,9 @@ proptest! {
         want.l3_offset += d;
         want.l4_offset += d;
         want.payload_offset += d;
+        if want.frag.data_offset != 0 {
+            want.frag.data_offset += d;
+        }
         prop_assert_eq!(p.inner, Some(want));
         // Outer checksums: IPv4 header valid and UDP 0; IPv6 UDP checksum valid.
         if outer.is_ipv6() {
@@ -141,6 +144,25 @@ proptest! {
             let e = parse_frame(&f[..len], &opts()).expect_err("every prefix cuts the datagram");
             prop_assert!(e.is_length_error(), "len {}: {}", len, e);
         }
+    }
+
+    #[test]
+    fn a_first_udp_fragment_keeps_its_ports_whatever_the_datagram_length(
+        spec in frame_spec().prop_filter("first UDP fragment", |s| {
+            s.fragment() == Fragment::First && matches!(s.l4, common::L4::Udp { .. })
+        }),
+        udp_len in 8u16..,
+    ) {
+        // RFC 768's length covers the whole datagram; a first fragment holds only its start,
+        // so any length of at least the header is consistent with it.
+        let mut f = spec.build();
+        let want = spec.expected();
+        let l4 = want.l4_offset as usize;
+        f[l4 + 4..l4 + 6].copy_from_slice(&udp_len.to_be_bytes());
+        let h = parse_frame(&f, &opts()).expect("first fragments parse").outer;
+        prop_assert_eq!(h.key, want.key);
+        prop_assert_eq!(h.frag, want.frag);
+        prop_assert_eq!(usize::from(h.payload_offset) + usize::from(h.payload_len), f.len());
     }
 
     #[test]

@@ -146,3 +146,27 @@ pub fn run(
 pub fn secs(s: u64) -> Instant {
     Instant(s * 1_000_000_000)
 }
+
+/// Cuts an Ethernet + IPv4 (no options) frame, IPv4 header at `l3`, into fragments of at most
+/// `chunk` data bytes (a multiple of 8) with identification `id`: each gets its own total
+/// length, flags, offset and header checksum, as a sender's IP layer would.
+pub fn ipv4_fragments(frame: &[u8], l3: usize, chunk: usize, id: u16) -> Vec<Vec<u8>> {
+    assert_eq!(chunk % 8, 0, "fragment data is a multiple of 8 bytes");
+    let (head, data) = (&frame[..l3 + 20], &frame[l3 + 20..]);
+    data.chunks(chunk)
+        .enumerate()
+        .map(|(i, part)| {
+            let mut f = head.to_vec();
+            f[l3 + 2..l3 + 4].copy_from_slice(&((20 + part.len()) as u16).to_be_bytes());
+            f[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+            let more = (i + 1) * chunk < data.len();
+            let fo = ((i * chunk / 8) as u16) | if more { 0x2000 } else { 0 };
+            f[l3 + 6..l3 + 8].copy_from_slice(&fo.to_be_bytes());
+            f[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+            let c = spillway_wire::checksum::checksum(&f[l3..l3 + 20]);
+            f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+            f.extend_from_slice(part);
+            f
+        })
+        .collect()
+}

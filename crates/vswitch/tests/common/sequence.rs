@@ -78,6 +78,15 @@ pub enum Op {
         flow: usize,
         nat_guess: u16,
     },
+    /// The packet of `flow` cut into IPv4 fragments with identification `id` (the whole VXLAN
+    /// packet for overlay senders: outer fragments); `swap` sends the second fragment first.
+    Fragmented {
+        flow: usize,
+        reply: bool,
+        nat_guess: u16,
+        id: u16,
+        swap: bool,
+    },
     Advance(u64),
     Expire,
     Reload,
@@ -243,7 +252,7 @@ pub fn decode(data: &[u8]) -> (Vec<Flow>, Vec<Op>) {
         && let Some(code) = bytes.next()
     {
         let mut byte = || bytes.next().unwrap_or(0);
-        let op = match code % 26 {
+        let op = match code % 32 {
             0..16 => {
                 let (f, x, nat) = (byte(), byte(), byte());
                 Op::Packet {
@@ -262,9 +271,19 @@ pub fn decode(data: &[u8]) -> (Vec<Flow>, Vec<Op>) {
                     nat_guess: u16::from(nat % 3),
                 }
             }
-            20..23 => Op::Advance(1 + u64::from(byte()) * 2),
-            23 => Op::Advance(20_000 + u64::from(byte()) * 700),
-            24 => Op::Expire,
+            20..23 => {
+                let (f, x) = (byte(), byte());
+                Op::Fragmented {
+                    flow: usize::from(f) % FLOWS,
+                    reply: x & 0x80 != 0,
+                    nat_guess: u16::from(x % 3),
+                    id: u16::from((x >> 2) & 3),
+                    swap: x & 0x40 != 0,
+                }
+            }
+            26..29 => Op::Advance(1 + u64::from(byte()) * 2),
+            29 => Op::Advance(20_000 + u64::from(byte()) * 700),
+            30 => Op::Expire,
             _ => Op::Reload,
         };
         ops.push(op);
@@ -313,6 +332,29 @@ pub fn check_sequence(flows: &[Flow], ops: &[Op]) -> Result<Ran, String> {
                     })?;
                 }
             }
+            Op::Fragmented {
+                flow,
+                reply,
+                nat_guess,
+                id,
+                swap,
+            } => {
+                let (port, f) = packet(&flows[flow], reply, SYN, nat_guess, false);
+                let mut frags = ipv4_fragments(&f, 14, 8, id);
+                if swap && frags.len() > 1 {
+                    frags.swap(0, 1);
+                }
+                let whole = frags.len() == 1;
+                for f in frags {
+                    let hits = a.counters().fast_path_hits;
+                    offer(&mut a, &mut b, now, (port, f), &|| {
+                        format!("op {i}: {op:?} of {:?}", flows[flow])
+                    })?;
+                    if !whole && a.counters().fast_path_hits > hits {
+                        return Err(format!("a fragment hit a flow entry at op {i}: {op:?}"));
+                    }
+                }
+            }
             Op::Advance(ms) => now = now + Duration::from_millis(ms),
             Op::Expire => {
                 a.expire(now, 1 << 20);
@@ -332,6 +374,7 @@ pub fn check_sequence(flows: &[Flow], ops: &[Op]) -> Result<Ran, String> {
     if (ca.rx_packets, ca.forwarded) != (cb.rx_packets, cb.forwarded)
         || a.drops() != b.drops()
         || a.conntrack().len() != b.conntrack().len()
+        || a.frag_counters() != b.frag_counters()
     {
         return Err(format!(
             "totals differ: {ca:?} vs {cb:?}, drops {:?} vs {:?}",

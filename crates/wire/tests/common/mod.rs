@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use spillway_wire::build::{FrameBuilder, Ipv6Ext};
-use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, L3, MacAddr, ip_proto};
+use spillway_wire::{FlowKey, Fragment, FragmentFields, Headers, IpAddr16, L3, MacAddr, ip_proto};
 
 /// The transport layer of a generated frame.
 #[derive(Debug, Clone)]
@@ -397,7 +397,43 @@ impl FrameSpec {
             L4::Tcp { flags, .. } if !nonfirst => flags,
             _ => 0,
         };
+        let frag = match &self.net {
+            Net::V4 {
+                ident,
+                options,
+                frag,
+                ..
+            } => FragmentFields {
+                id: u32::from(*ident),
+                offset: frag.0,
+                more: frag.1,
+                data_offset: (l3_offset + 20 + options.len()) as u16,
+            },
+            Net::V6 { ext, .. } => {
+                let mut at = l3_offset + 40;
+                let mut f = FragmentFields::default();
+                for e in ext {
+                    at += ext_len(e);
+                    if let Ipv6Ext::Fragment {
+                        offset,
+                        more,
+                        ident,
+                    } = e
+                    {
+                        f = FragmentFields {
+                            id: *ident,
+                            offset: *offset,
+                            more: *more,
+                            data_offset: at as u16,
+                        };
+                        break;
+                    }
+                }
+                f
+            }
+        };
         Headers {
+            frag,
             src_mac: MacAddr(self.src_mac),
             dst_mac: MacAddr(self.dst_mac),
             vlans,
