@@ -1846,6 +1846,13 @@ impl DpuDaemon {
                     .with_label("plane", "dpu"),
             );
         }
+        for (n, v) in self.dp.pipeline.neigh_counters().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("ARP and neighbour discovery the DPU's vSwitch answered or took")
+                    .with_label("plane", "dpu"),
+            );
+        }
         let fc = self.dp.flows.counters();
         for (n, v) in [
             ("rt.flows.opened", fc.opened),

@@ -17,6 +17,8 @@
 //!   entry (exact match plus header transformation), stamped with the policy [`Epoch`].
 //! - [`pipeline::Pipeline`]: batched fast path over the flow table, slow path over policy and
 //!   conntrack, producing forward and reverse entries.
+//! - [`neigh`]: the ARP / IPv6 neighbour-discovery responder for VM ports (answers with the
+//!   tenant router's MAC, in place, out of the ingress port).
 //!
 //! ## Invariants
 //!
@@ -90,6 +92,7 @@ pub mod conntrack;
 pub mod flow;
 pub mod flow_table;
 pub mod ids;
+pub mod neigh;
 pub mod packet;
 pub mod pipeline;
 pub mod policy;

@@ -13,6 +13,9 @@
 //!    state require it (see [`FlowEntry::ct_steady`]) and otherwise refreshed once per
 //!    `ct_refresh`. A miss or a stale entry takes the slow path.
 //!
+//! ARP and IPv6 neighbour discovery from VM ports never reach the policy: the slow path hands
+//! them to the neighbour responder ([`crate::neigh`]), which answers in place or consumes them.
+//!
 //! The slow path walks anti-spoof -> conntrack -> security groups -> route -> SNAT -> conntrack
 //! create, builds the forward and reverse flow entries of the connection, installs them, and then
 //! applies the forward entry to the packet with the same executor the fast path uses. That is why
@@ -38,6 +41,7 @@ use crate::conntrack::{
 use crate::flow::{FlowEntry, FlowMatch};
 use crate::flow_table::{EntryIdx, FlowTable, FlowTableConfig, Inserted};
 use crate::ids::{Direction, Epoch, PortId, TenantId};
+use crate::neigh::{self, NeighCounters};
 use crate::packet::PacketBuf;
 use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
 use crate::time::Instant;
@@ -167,6 +171,7 @@ pub struct Pipeline {
     hasher: FixedState,
     counters: PipelineCounters,
     drops: DropCounters,
+    neigh: NeighCounters,
 }
 
 /// Why [`Pipeline::adopt_conn`] refused a connection.
@@ -211,6 +216,7 @@ impl Pipeline {
             hasher: FixedState::with_seed(cfg.hash_seed),
             counters: PipelineCounters::default(),
             drops: DropCounters::default(),
+            neigh: NeighCounters::default(),
         };
         p.rebuild_snat_pools();
         Ok(p)
@@ -260,6 +266,11 @@ impl Pipeline {
     /// Drop counters by reason.
     pub fn drops(&self) -> &DropCounters {
         &self.drops
+    }
+
+    /// Counters of the ARP / neighbour-discovery responder.
+    pub fn neigh_counters(&self) -> &NeighCounters {
+        &self.neigh
     }
 
     /// The flow table.
@@ -492,6 +503,10 @@ impl Pipeline {
         parsed: &ParsedFrame,
     ) -> Verdict {
         self.counters.slow_path_packets += 1;
+        // ARP and ND from a VM are answered (or consumed) here, never routed: see `neigh`.
+        if ingress != self.policy.host().uplink_port && neigh::claims(parsed) {
+            return neigh::respond(&self.policy, ingress, pkt, parsed, &mut self.neigh);
+        }
         match self.decide(now, ingress, pkt.data(), parsed) {
             Err(reason) => Verdict::Drop(reason),
             Ok(entry) => apply(&entry.actions, pkt, parsed),
