@@ -1,7 +1,11 @@
 //! Brings a testbed's VMs up: for each, a network namespace and a TAP device the DPU process
-//! holds, moved into the namespace, renamed, addressed, with permanent neighbour entries that
-//! point every peer of its tenant at the tenant router's MAC (the vSwitch routes; ARP is not
-//! forwarded), and its GSO size capped so a TSO super-frame plus headers fits a 64 KiB frame.
+//! holds, moved into the namespace, renamed, addressed, and its GSO size capped so a TSO
+//! super-frame plus headers fits a 64 KiB frame. Like an unmodified guest, a VM gets only its
+//! address and a default route via the tenant router's address on its subnet, and resolves the
+//! router and its on-link peers with ARP, which the vSwitch's neighbour responder answers with
+//! the router MAC. A VM with `static_neighbours` (or whose subnet has no router address) gets
+//! the old set-up instead: on-link routes to peers outside its subnet and, with
+//! `static_neighbours`, permanent neighbour entries pointing every peer at the router MAC.
 //!
 //! Every namespace is recorded in the [`Ledger`] before it is created, so a crash leaves
 //! nothing the next start cannot remove. The TAPs are not persistent: they vanish with the
@@ -96,13 +100,19 @@ fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, St
     let mask = u32::MAX
         .checked_shl(32 - u32::from(vm.prefix_len))
         .unwrap_or(0);
+    if let (Some(gw), false) = (vm.gateway, vm.static_neighbours) {
+        netns::route_add(Some(ns), "default", Some(IpAddr::V4(gw)), Some(&vm.ifname)).map_err(e)?;
+        return Ok(tap);
+    }
     for peer in &vm.peers {
         if u32::from(*peer) & mask != u32::from(vm.ip) & mask {
             // A peer in another subnet of the tenant: on-link through the router too.
             netns::route_add(Some(ns), &format!("{peer}/32"), None, Some(&vm.ifname)).map_err(e)?;
         }
-        netns::neigh_add_permanent(Some(ns), IpAddr::V4(*peer), vm.router_mac, &vm.ifname)
-            .map_err(e)?;
+        if vm.static_neighbours {
+            netns::neigh_add_permanent(Some(ns), IpAddr::V4(*peer), vm.router_mac, &vm.ifname)
+                .map_err(e)?;
+        }
     }
     Ok(tap)
 }
