@@ -268,7 +268,12 @@ fn neighbor_discovery(
     }
     // The sender is the port, speaking from one of its addresses, its link-local address
     // (which is the guest's to choose, RFC 7217) or, for DAD and RS, the unspecified address.
-    let own = |a: &[u8; 16]| port.ips.contains(&IpAddr16(*a)) || nd::is_link_local(a);
+    // IPv4-mapped addresses (`::ffff:0:0/96`) are never on an IPv6 link; in `IpAddr16` they
+    // would alias the port's IPv4 addresses, so they are nobody's here.
+    let own = |a: &[u8; 16]| {
+        let ip = IpAddr16(*a);
+        !ip.is_v4() && (port.ips.contains(&ip) || nd::is_link_local(a))
+    };
     let unspecified = src == [0; 16];
     match kind {
         NdKind::Mld => {
@@ -322,6 +327,9 @@ fn neighbor_discovery(
                 return Err(DropReason::SpoofedMac);
             }
             let target = IpAddr16(ns.target);
+            if target.is_v4() {
+                return Ok(c.consume(|c| &mut c.unanswered));
+            }
             if port.ips.contains(&target) {
                 return Ok(c.consume(|c| &mut c.own_target));
             }
@@ -381,4 +389,57 @@ fn write_advert(
 fn set_macs(frame: &mut [u8], dst: MacAddr, src: MacAddr) {
     frame[..6].copy_from_slice(&dst.0);
     frame[6..12].copy_from_slice(&src.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_wire::build::FrameBuilder;
+    use spillway_wire::{ParseOptions, parse_frame};
+
+    fn parsed(f: &[u8]) -> ParsedFrame {
+        parse_frame(f, &ParseOptions::default()).expect("valid frame")
+    }
+
+    #[test]
+    fn claims_arp_nd_and_mld_only() {
+        let b = || FrameBuilder::new().eth(MacAddr([2, 0, 0, 0, 0, 1]), MacAddr::BROADCAST);
+        let arp = b()
+            .arp(1, [10, 0, 0, 1], MacAddr::ZERO, [10, 0, 0, 2])
+            .build();
+        assert!(claims(&parsed(&arp)));
+        let v6 = |t: u8| {
+            b().ipv6(
+                "fe80::1".parse::<core::net::Ipv6Addr>().unwrap(),
+                "ff02::1".parse::<core::net::Ipv6Addr>().unwrap(),
+            )
+            .icmp(t, 0)
+            .build()
+        };
+        for t in [130, 131, 132, 133, 134, 135, 136, 137, 143] {
+            assert!(claims(&parsed(&v6(t))), "type {t}");
+        }
+        for t in [1, 128, 129, 141, 200] {
+            assert!(!claims(&parsed(&v6(t))), "type {t}");
+        }
+        let echo = b()
+            .ipv4([10, 0, 0, 1], [10, 0, 0, 2])
+            .icmp_echo(1, 1, false)
+            .build();
+        assert!(!claims(&parsed(&echo)));
+    }
+
+    #[test]
+    fn consuming_counts_the_cause_and_the_total() {
+        let mut c = NeighCounters::default();
+        assert_eq!(
+            c.consume(|c| &mut c.mld),
+            Verdict::Drop(DropReason::NeighConsumed)
+        );
+        c.consume(|c| &mut c.announce);
+        assert_eq!((c.mld, c.announce, c.consumed), (1, 1, 2));
+        let names: Vec<_> = c.iter().map(|(n, _)| n).collect();
+        assert!(names.iter().all(|n| n.starts_with("vswitch.neigh.")));
+        assert_eq!(names.len(), 9);
+    }
 }

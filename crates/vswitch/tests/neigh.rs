@@ -371,7 +371,20 @@ fn neighbor_solicitations_for_the_router_and_peers_are_answered() {
     let (v, out) = both(&mut ps, WEB, &nud);
     assert_eq!(v, Verdict::Forward(WEB));
     assert_na(&out, WEB_MAC, v6(WEB_V6), v6(WEB2_V6), R | S | O);
-    expect_counters(&ps, &[("vswitch.neigh.na_reply", 3)]);
+    // An IPv4-mapped target is no IPv6 neighbour, though it spells the router's IPv4 address.
+    assert_eq!(
+        both(&mut ps, WEB, &ns(v6(WEB_V6), v6("::ffff:10.1.0.1"))).0,
+        Verdict::Drop(DropReason::NeighConsumed)
+    );
+    expect_counters(
+        &ps,
+        &[
+            ("vswitch.neigh.na_reply", 3),
+            ("vswitch.neigh.unanswered", 1),
+            ("vswitch.neigh.consumed", 1),
+            ("vswitch.drop.neigh_consumed", 1),
+        ],
+    );
     // The regression this fixes: none of it is `icmp_untracked` any more.
     for p in &ps {
         assert_eq!(p.drops().get(spillway_vswitch::DropKind::IcmpUntracked), 0);
