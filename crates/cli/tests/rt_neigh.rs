@@ -1,20 +1,23 @@
 //! End to end: guests configured like unmodified VMs, with only an address and a default route
 //! (no static neighbour entries, no on-link routes to peers), reach each other through
-//! `spillway run`. VM `a` (10.69.0.1/24) and VM `b` (10.69.1.2/24) are in different subnets of
-//! one tenant whose routers are 10.69.0.254 and 10.69.1.254: each pings the other through its
-//! default gateway, which it resolves with ARP answered by the vSwitch's neighbour responder.
-//! The test checks the pings, that each guest's neighbour table holds its gateway at the tenant
+//! `spillway run`. VM `a` (10.69.0.1/24, fd00:69::1/64) and VM `b` (10.69.1.2/24,
+//! fd00:69:1::2/64) are in different subnets of one tenant whose routers are 10.69.0.254 and
+//! 10.69.1.254 (IPv6: the router's link-local address): each pings the other over IPv4 and IPv6
+//! through its default gateway, which it resolves with ARP or neighbour discovery answered by
+//! the vSwitch's neighbour responder, after IPv6 duplicate address detection has passed. The
+//! test checks the pings, that each guest's neighbour table holds its gateway at the tenant
 //! router's MAC and nothing permanent, and that the daemon leaves no namespace behind.
 //!
 //! Needs root and `ip` and `ping`; under `CI=true` a missing one fails the test, elsewhere it
-//! prints why it skips. (The testbed VMs are IPv4 hosts, so IPv6 ND is covered by the vSwitch
-//! tests, `crates/vswitch/tests/neigh.rs`.)
+//! prints why it skips.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 const ROUTER_MAC: &str = "02:00:00:00:01:01";
+/// fe80:: + modified EUI-64 of the router MAC.
+const ROUTER_LL: &str = "fe80::ff:fe00:101";
 
 /// The daemon and its testbed; stopped (SIGINT) and checked when dropped.
 struct Bed {
@@ -45,19 +48,19 @@ gateway_mac = "02:00:00:00:00:fe"
 id = 1
 vni = 100
 router_mac = "{ROUTER_MAC}"
-subnets = ["10.69.0.0/24", "10.69.1.0/24"]
+subnets = ["10.69.0.0/24", "10.69.1.0/24", "fd00:69::/64", "fd00:69:1::/64"]
 router_ips = ["10.69.0.254", "10.69.1.254"]
 [[policy.port]]
 id = 1
 tenant = 1
 mac = "02:00:00:00:00:0a"
-ips = ["10.69.0.1"]
+ips = ["10.69.0.1", "fd00:69::1"]
 security_groups = [1]
 [[policy.port]]
 id = 2
 tenant = 1
 mac = "02:00:00:00:00:0b"
-ips = ["10.69.1.2"]
+ips = ["10.69.1.2", "fd00:69:1::2"]
 security_groups = [1]
 [[policy.security_group]]
 id = 1
@@ -68,6 +71,12 @@ priority = 1
 action = "allow"
 protocol = "icmp"
 remote = "10.69.0.0/16"
+[[policy.security_group.rule]]
+direction = "ingress"
+priority = 2
+action = "allow"
+protocol = "icmpv6"
+remote = "fd00:69::/32"
 [[vm]]
 name = "a"
 port = 1
@@ -217,7 +226,34 @@ fn guests_with_only_an_address_and_a_default_route_resolve_and_ping() {
         let neigh = bed.ip(vm, &["-4", "neigh", "show"]);
         assert!(!neigh.contains("PERMANENT"), "{vm}: {neigh}");
     }
-    for (vm, to) in [("a", "10.69.1.2"), ("b", "10.69.0.1")] {
+    // IPv6: duplicate address detection completes (the responder keeps silent about a guest's
+    // own address) and the default route goes via the router's link-local address.
+    for vm in ["a", "b"] {
+        let routes = bed.ip(vm, &["-6", "route", "show", "default"]);
+        assert!(
+            routes.contains(&format!("default via {ROUTER_LL} ")),
+            "{vm}: {routes}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let addrs = bed.ip(vm, &["-6", "addr", "show", "scope", "global"]);
+            assert!(!addrs.contains("dadfailed"), "{vm}: DAD failed: {addrs}");
+            if addrs.contains("inet6 fd00:69") && !addrs.contains("tentative") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{vm}: DAD did not finish: {addrs}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    for (vm, to) in [
+        ("a", "10.69.1.2"),
+        ("b", "10.69.0.1"),
+        ("a", "fd00:69:1::2"),
+        ("b", "fd00:69::1"),
+    ] {
         let out = bed.ping(vm, to);
         assert!(
             out.status.success(),
@@ -227,13 +263,21 @@ fn guests_with_only_an_address_and_a_default_route_resolve_and_ping() {
             bed.log()
         );
     }
-    // The gateways were resolved through the responder, to the tenant router's MAC.
+    // The gateways were resolved through the responder, to the tenant router's MAC; the IPv6
+    // one is marked a router (the advertisement's R flag).
     for (vm, gw) in [("a", "10.69.0.254"), ("b", "10.69.1.254")] {
         let neigh = bed.ip(vm, &["-4", "neigh", "show", gw]);
         assert!(
             neigh.contains(&format!("lladdr {ROUTER_MAC}")),
             "{vm}: {neigh:?}"
         );
+        let neigh = bed.ip(vm, &["-6", "neigh", "show", ROUTER_LL]);
+        assert!(
+            neigh.contains(&format!("lladdr {ROUTER_MAC} router")),
+            "{vm}: {neigh:?}"
+        );
+        let neigh = bed.ip(vm, &["neigh", "show", "nud", "permanent"]);
+        assert!(neigh.trim().is_empty(), "{vm}: {neigh}");
     }
     bed.stop();
     let left = netns_list();

@@ -197,6 +197,9 @@ pub struct VmSpec {
     /// The tenant router's IPv4 address on the VM's subnet (its first `router_ips` entry
     /// there), the VM's default route; `None` when the tenant has none on that subnet.
     pub gateway: Option<Ipv4Addr>,
+    /// The policy port's first IPv6 address with the length of the tenant subnet holding it;
+    /// `None` leaves IPv6 off in the VM's namespace.
+    pub ip6: Option<(std::net::Ipv6Addr, u8)>,
     /// Install permanent neighbour entries for the peers instead of letting the guest resolve
     /// them through the vSwitch's ARP responder (`vm[i].static_neighbours`, default false).
     pub static_neighbours: bool,
@@ -560,6 +563,10 @@ impl Testbed {
                 .iter()
                 .filter_map(|r| r.v4_octets().map(Ipv4Addr::from))
                 .find(|r| u32::from(*r) & mask == u32::from(ip) & mask && *r != ip);
+            let ip6 = port.ips.iter().find(|a| !a.is_v4()).and_then(|a| {
+                let len = tenant.subnets.iter().find(|s| s.contains(*a))?.prefix_len();
+                Some((std::net::Ipv6Addr::from(a.0), len))
+            });
             let endpoint = match v.endpoint.as_deref() {
                 None | Some("bridge") => VmEndpoint::Bridge,
                 Some("external") => VmEndpoint::External,
@@ -597,6 +604,7 @@ impl Testbed {
                 router_mac: tenant.router_mac,
                 peers,
                 gateway,
+                ip6,
                 static_neighbours: v.static_neighbours.unwrap_or(false),
                 uid: v.uid.unwrap_or(0),
             });
