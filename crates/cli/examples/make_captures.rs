@@ -419,7 +419,7 @@ pub fn pipeline_in() -> Vec<Named> {
         uplink_vxlan(&inner.clone().seq(400).build(), 4242),
     ));
     v.push((
-        "drop_arp",
+        "arp_gateway",
         from_web()
             .eth(WEB_MAC, MacAddr::BROADCAST)
             .arp(1, WEB_IP, MacAddr::ZERO, [10, 1, 0, 1])

@@ -168,6 +168,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         .counters()
         .iter()
         .chain(pipeline.drops().iter().filter(|(_, v)| *v > 0))
+        .chain(pipeline.neigh_counters().iter().filter(|(_, v)| *v > 0))
     {
         summary.insert(k.to_string(), v.into());
     }

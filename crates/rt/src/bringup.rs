@@ -1,7 +1,13 @@
 //! Brings a testbed's VMs up: for each, a network namespace and a TAP device the DPU process
-//! holds, moved into the namespace, renamed, addressed, with permanent neighbour entries that
-//! point every peer of its tenant at the tenant router's MAC (the vSwitch routes; ARP is not
-//! forwarded), and its GSO size capped so a TSO super-frame plus headers fits a 64 KiB frame.
+//! holds, moved into the namespace, renamed, addressed, and its GSO size capped so a TSO
+//! super-frame plus headers fits a 64 KiB frame. Like an unmodified guest, a VM gets only its
+//! address and a default route via the tenant router's address on its subnet, and resolves the
+//! router and its on-link peers with ARP, which the vSwitch's neighbour responder answers with
+//! the router MAC. A VM whose port has an IPv6 address also gets that (with duplicate address
+//! detection) and a default route via the router's link-local address, as a router
+//! advertisement would give; other VMs have IPv6 off. A VM with `static_neighbours` (or whose subnet has no router address) gets
+//! the old set-up instead: on-link routes to peers outside its subnet and, with
+//! `static_neighbours`, permanent neighbour entries pointing every peer at the router MAC.
 //!
 //! Every namespace is recorded in the [`Ledger`] before it is created, so a crash leaves
 //! nothing the next start cannot remove. The TAPs are not persistent: they vanish with the
@@ -71,10 +77,12 @@ fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, St
     };
     ip(&["link", "set", "dev", &vm.tap, "name", &vm.ifname])?;
     let e = |e: netns::NetnsError| e.to_string();
-    // The VMs are IPv4 hosts: without this, IPv6 autoconfiguration and MLD reports would be the
-    // first "connections" every testbed sees.
-    netns::sysctl(Some(ns), "net.ipv6.conf.all.disable_ipv6", "1").map_err(e)?;
-    netns::sysctl(Some(ns), "net.ipv6.conf.default.disable_ipv6", "1").map_err(e)?;
+    // A VM without an IPv6 address is an IPv4 host: IPv6 stays off, so its namespace sends no
+    // router solicitations or MLD reports (the vSwitch would only consume them).
+    if vm.ip6.is_none() {
+        netns::sysctl(Some(ns), "net.ipv6.conf.all.disable_ipv6", "1").map_err(e)?;
+        netns::sysctl(Some(ns), "net.ipv6.conf.default.disable_ipv6", "1").map_err(e)?;
+    }
     netns::link_set_mac(Some(ns), &vm.ifname, vm.mac).map_err(e)?;
     netns::link_set_mtu(Some(ns), &vm.ifname, vm.mtu).map_err(e)?;
     ip(&[
@@ -91,18 +99,34 @@ fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, St
         &format!("{}/{}", vm.ip, vm.prefix_len),
     )
     .map_err(e)?;
+    if let Some((a, len)) = vm.ip6 {
+        // With duplicate address detection: the responder keeps silent about the VM's own
+        // address, so it completes.
+        netns::addr_add(Some(ns), &vm.ifname, &format!("{a}/{len}")).map_err(e)?;
+    }
     netns::link_set_up(Some(ns), "lo").map_err(e)?;
     netns::link_set_up(Some(ns), &vm.ifname).map_err(e)?;
     let mask = u32::MAX
         .checked_shl(32 - u32::from(vm.prefix_len))
         .unwrap_or(0);
+    if let (Some(_), false) = (vm.ip6, vm.static_neighbours) {
+        // What a router advertisement would give: the router's link-local address.
+        let ll = std::net::Ipv6Addr::from(spillway_wire::nd::link_local_of(vm.router_mac));
+        netns::route_add(Some(ns), "default", Some(IpAddr::V6(ll)), Some(&vm.ifname)).map_err(e)?;
+    }
+    if let (Some(gw), false) = (vm.gateway, vm.static_neighbours) {
+        netns::route_add(Some(ns), "default", Some(IpAddr::V4(gw)), Some(&vm.ifname)).map_err(e)?;
+        return Ok(tap);
+    }
     for peer in &vm.peers {
         if u32::from(*peer) & mask != u32::from(vm.ip) & mask {
             // A peer in another subnet of the tenant: on-link through the router too.
             netns::route_add(Some(ns), &format!("{peer}/32"), None, Some(&vm.ifname)).map_err(e)?;
         }
-        netns::neigh_add_permanent(Some(ns), IpAddr::V4(*peer), vm.router_mac, &vm.ifname)
-            .map_err(e)?;
+        if vm.static_neighbours {
+            netns::neigh_add_permanent(Some(ns), IpAddr::V4(*peer), vm.router_mac, &vm.ifname)
+                .map_err(e)?;
+        }
     }
     Ok(tap)
 }

@@ -89,9 +89,11 @@ pub struct RtCounters {
     pub tx_errors: u64,
     /// `rt.drop.parse`: frames that did not parse (counted, dropped).
     pub drop_parse: u64,
-    /// `rt.drop.non_ip`: frames without an IP 5-tuple (ARP and the like; the VMs use static
-    /// neighbours).
+    /// `rt.drop.non_ip`: frames without an IP 5-tuple other than ARP.
     pub drop_non_ip: u64,
+    /// `rt.neigh.frames`: ARP and neighbour-discovery frames from VMs, handed to the pipeline's
+    /// responder (its `vswitch.neigh.*` counters say what became of them).
+    pub neigh_frames: u64,
     /// `rt.drop.vswitch`: frames the vSwitch pipeline dropped (policy, spoofing, no route...).
     pub drop_vswitch: u64,
     /// `rt.drop.fabric`: frames a DPU limit dropped (the model counts the reason).
@@ -161,6 +163,7 @@ impl RtCounters {
             ("rt.tx.errors", self.tx_errors),
             ("rt.drop.parse", self.drop_parse),
             ("rt.drop.non_ip", self.drop_non_ip),
+            ("rt.neigh.frames", self.neigh_frames),
             ("rt.drop.vswitch", self.drop_vswitch),
             ("rt.drop.fabric", self.drop_fabric),
             ("rt.drop.partial_gso", self.drop_partial_gso),
@@ -687,6 +690,15 @@ impl DataPath {
                 return Ok(());
             }
         };
+        if spillway_vswitch::neigh::claims(&parsed) {
+            // ARP and neighbour discovery are the SoC's: the pipeline answers them in place
+            // (out of this port) or consumes them, with no connection for the DPU model to
+            // place. The reply gets a plain virtio-net header: nothing in it is offloaded.
+            let port = self.ports[i].id;
+            self.counters.neigh_frames += 1;
+            self.forward(now, port, &[0u8; VnetHdr::LEN], frame);
+            return Ok(());
+        }
         let Some(key) = parsed.outer.key else {
             self.counters.drop_non_ip += 1;
             return Ok(());
@@ -1841,6 +1853,13 @@ impl DpuDaemon {
             out.push(
                 Sample::counter(n, v)
                     .with_help("frames the DPU's vSwitch pipeline dropped")
+                    .with_label("plane", "dpu"),
+            );
+        }
+        for (n, v) in self.dp.pipeline.neigh_counters().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("ARP and neighbour discovery the DPU's vSwitch answered or took")
                     .with_label("plane", "dpu"),
             );
         }

@@ -131,6 +131,8 @@ struct RawVm {
     endpoint: Option<String>,
     #[serde(default)]
     uid: Option<u32>,
+    #[serde(default)]
+    static_neighbours: Option<bool>,
 }
 
 /// The operator's initial hold on the lifecycle.
@@ -189,8 +191,18 @@ pub struct VmSpec {
     pub mtu: u32,
     /// The tenant router's MAC: the VM reaches every peer through it.
     pub router_mac: MacAddr,
-    /// Addresses of the other VMs of its tenant (permanent neighbours via the router MAC).
+    /// Addresses of the other VMs of its tenant (on-link routes to those outside its subnet;
+    /// permanent neighbours via the router MAC with `static_neighbours`).
     pub peers: Vec<Ipv4Addr>,
+    /// The tenant router's IPv4 address on the VM's subnet (its first `router_ips` entry
+    /// there), the VM's default route; `None` when the tenant has none on that subnet.
+    pub gateway: Option<Ipv4Addr>,
+    /// The policy port's first IPv6 address with the length of the tenant subnet holding it;
+    /// `None` leaves IPv6 off in the VM's namespace.
+    pub ip6: Option<(std::net::Ipv6Addr, u8)>,
+    /// Install permanent neighbour entries for the peers instead of letting the guest resolve
+    /// them through the vSwitch's ARP responder (`vm[i].static_neighbours`, default false).
+    pub static_neighbours: bool,
     /// The uid whose processes may attach this VM's shared-memory endpoint (`SO_PEERCRED`
     /// of the connection to its port socket, which is owned by this uid, mode 0600).
     /// Default 0.
@@ -543,6 +555,18 @@ impl Testbed {
                         .filter_map(|ip| ip.v4_octets().map(Ipv4Addr::from))
                 })
                 .collect();
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(prefix_len))
+                .unwrap_or(0);
+            let gateway = tenant
+                .router_ips
+                .iter()
+                .filter_map(|r| r.v4_octets().map(Ipv4Addr::from))
+                .find(|r| u32::from(*r) & mask == u32::from(ip) & mask && *r != ip);
+            let ip6 = port.ips.iter().find(|a| !a.is_v4()).and_then(|a| {
+                let len = tenant.subnets.iter().find(|s| s.contains(*a))?.prefix_len();
+                Some((std::net::Ipv6Addr::from(a.0), len))
+            });
             let endpoint = match v.endpoint.as_deref() {
                 None | Some("bridge") => VmEndpoint::Bridge,
                 Some("external") => VmEndpoint::External,
@@ -579,6 +603,9 @@ impl Testbed {
                 mtu,
                 router_mac: tenant.router_mac,
                 peers,
+                gateway,
+                ip6,
+                static_neighbours: v.static_neighbours.unwrap_or(false),
                 uid: v.uid.unwrap_or(0),
             });
         }

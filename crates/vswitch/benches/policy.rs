@@ -57,6 +57,7 @@ fn base_config() -> PolicyConfig {
             router_mac: "02:00:00:00:01:01".into(),
             subnets: vec!["172.16.0.0/12".into(), "fd00:1::/64".into()],
             snat: None,
+            router_ips: None,
             routes: Vec::new(),
             on_policy_change: None,
         }],

@@ -19,6 +19,8 @@
 //!   rewrites of their first fragment (tracking, not reassembly; see the module doc).
 //! - [`pipeline::Pipeline`]: batched fast path over the flow table, slow path over policy and
 //!   conntrack, producing forward and reverse entries.
+//! - [`neigh`]: the ARP / IPv6 neighbour-discovery responder for VM ports (answers with the
+//!   tenant router's MAC, in place, out of the ingress port).
 //!
 //! ## Invariants
 //!
@@ -93,6 +95,7 @@ pub mod flow;
 pub mod flow_table;
 pub mod frag;
 pub mod ids;
+pub mod neigh;
 pub mod packet;
 pub mod pipeline;
 pub mod policy;

@@ -141,6 +141,26 @@ impl PacketBuf {
             self.end = self.start + len;
         }
     }
+
+    /// Set the frame's length to `len`: shorter drops trailing bytes, longer grows into the
+    /// room after the frame with zero bytes (a reply written in place may be longer than the
+    /// request it answers).
+    #[inline]
+    pub fn set_len(&mut self, len: usize) -> Result<(), NoRoom> {
+        let room = self.buf.len() - self.start;
+        if len > room {
+            return Err(NoRoom {
+                wanted: len,
+                available: room,
+            });
+        }
+        let end = self.start + len;
+        if end > self.end {
+            self.buf[self.end..end].fill(0);
+        }
+        self.end = end;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -162,6 +182,16 @@ mod tests {
                 available: 4
             }
         );
+    }
+
+    #[test]
+    fn set_len_grows_with_zeros_and_stops_at_the_buffer() {
+        let mut p = PacketBuf::with_capacity(HEADROOM + 8);
+        p.load(&[7; 4]).unwrap();
+        p.set_len(2).unwrap();
+        p.set_len(6).unwrap();
+        assert_eq!(p.data(), &[7, 7, 0, 0, 0, 0]);
+        assert_eq!(p.set_len(9).unwrap_err().available, 8);
     }
 
     #[test]

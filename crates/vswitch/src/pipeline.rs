@@ -15,6 +15,9 @@
 //!    state require it (see [`FlowEntry::ct_steady`]) and otherwise refreshed once per
 //!    `ct_refresh`. A miss or a stale entry takes the slow path.
 //!
+//! ARP and IPv6 neighbour discovery from VM ports never reach the policy: the slow path hands
+//! them to the neighbour responder ([`crate::neigh`]), which answers in place or consumes them.
+//!
 //! The slow path walks anti-spoof -> conntrack -> security groups -> route -> SNAT -> conntrack
 //! create, builds the forward and reverse flow entries of the connection, installs them, and then
 //! applies the forward entry to the packet with the same executor the fast path uses. That is why
@@ -46,6 +49,7 @@ use crate::flow::{FlowEntry, FlowMatch};
 use crate::flow_table::{EntryIdx, FlowTable, FlowTableConfig, Inserted};
 use crate::frag::{FragConfig, FragCounters, FragDrop, FragKey, FragPiece, FragTable, FragZone};
 use crate::ids::{Direction, Epoch, PortId, TenantId};
+use crate::neigh::{self, NeighCounters};
 use crate::packet::PacketBuf;
 use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
 use crate::time::Instant;
@@ -184,6 +188,7 @@ pub struct Pipeline {
     counters: PipelineCounters,
     drops: DropCounters,
     frags: FragTable<FragFollow>,
+    neigh: NeighCounters,
 }
 
 /// What later fragments of a datagram repeat: the first fragment's actions, and the source MAC
@@ -242,6 +247,7 @@ impl Pipeline {
             hasher: FixedState::with_seed(cfg.hash_seed),
             counters: PipelineCounters::default(),
             drops: DropCounters::default(),
+            neigh: NeighCounters::default(),
         };
         p.rebuild_snat_pools();
         Ok(p)
@@ -290,6 +296,11 @@ impl Pipeline {
     /// Drop counters by reason.
     pub fn drops(&self) -> &DropCounters {
         &self.drops
+    }
+
+    /// Counters of the ARP / neighbour-discovery responder.
+    pub fn neigh_counters(&self) -> &NeighCounters {
+        &self.neigh
     }
 
     /// The flow table.
@@ -526,6 +537,11 @@ impl Pipeline {
         parsed: &ParsedFrame,
     ) -> Verdict {
         self.counters.slow_path_packets += 1;
+        // ARP and ND from a VM are answered (or consumed) here, never routed: see `neigh`.
+        // Fragmented ND is the responder's to refuse (RFC 6980), so it goes first.
+        if ingress != self.policy.host().uplink_port && neigh::claims(parsed) {
+            return neigh::respond(&self.policy, ingress, pkt, parsed, &mut self.neigh);
+        }
         let frag = match self.fragment_of(ingress, parsed) {
             Ok(f) => f,
             Err(reason) => return Verdict::Drop(reason),

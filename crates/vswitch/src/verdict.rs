@@ -29,8 +29,17 @@ pub enum DropReason {
     SpoofedMac,
     /// Anti-spoofing: the source IP is not one of the port's addresses.
     SpoofedIp,
-    /// ARP is recognised but not routed by the vSwitch (answered by the control plane later).
+    /// ARP on the uplink: the host's underlay neighbours are not the vSwitch's business (ARP
+    /// from a VM goes to the neighbour responder, [`crate::neigh`]).
     ArpNotRouted,
+    /// ARP or IPv6 neighbour discovery / MLD from a VM that the neighbour responder took
+    /// without answering: an announcement of the port's own address, a probe or DAD for it, a
+    /// request for an address nobody answers for, MLD, RS, or RA/redirect (a VM is not a
+    /// router). Not an error; `vswitch.neigh.*` says which.
+    NeighConsumed,
+    /// ARP or neighbour discovery that fails its RFC's validity checks (RFC 4861 section 7.1.1:
+    /// hop limit 255, checksum, lengths, options; RFC 6980: no fragmented ND).
+    NeighMalformed,
     /// Neither IPv4 nor IPv6 nor ARP.
     UnsupportedEtherType(u16),
     /// A fragment the vSwitch does not forward: an outer-fragmented VXLAN packet addressed to
@@ -106,6 +115,10 @@ pub enum DropKind {
     SpoofedIp,
     /// [`DropReason::ArpNotRouted`]
     ArpNotRouted,
+    /// [`DropReason::NeighConsumed`]
+    NeighConsumed,
+    /// [`DropReason::NeighMalformed`]
+    NeighMalformed,
     /// [`DropReason::UnsupportedEtherType`]
     UnsupportedEtherType,
     /// [`DropReason::Fragment`]
@@ -154,7 +167,7 @@ pub enum DropKind {
 
 impl DropKind {
     /// Number of kinds; the length of a counter array.
-    pub const COUNT: usize = 28;
+    pub const COUNT: usize = 30;
 
     /// Every kind, in counter order.
     pub const ALL: [DropKind; DropKind::COUNT] = [
@@ -164,6 +177,8 @@ impl DropKind {
         DropKind::SpoofedMac,
         DropKind::SpoofedIp,
         DropKind::ArpNotRouted,
+        DropKind::NeighConsumed,
+        DropKind::NeighMalformed,
         DropKind::UnsupportedEtherType,
         DropKind::Fragment,
         DropKind::FragmentNoFirst,
@@ -200,6 +215,8 @@ impl DropKind {
             DropKind::SpoofedMac => DropReason::SpoofedMac,
             DropKind::SpoofedIp => DropReason::SpoofedIp,
             DropKind::ArpNotRouted => DropReason::ArpNotRouted,
+            DropKind::NeighConsumed => DropReason::NeighConsumed,
+            DropKind::NeighMalformed => DropReason::NeighMalformed,
             DropKind::Fragment => DropReason::Fragment,
             DropKind::FragmentNoFirst => DropReason::FragmentNoFirst,
             DropKind::FragmentOverlap => DropReason::FragmentOverlap,
@@ -232,6 +249,8 @@ impl DropKind {
             DropKind::SpoofedMac => "vswitch.drop.spoofed_mac",
             DropKind::SpoofedIp => "vswitch.drop.spoofed_ip",
             DropKind::ArpNotRouted => "vswitch.drop.arp_not_routed",
+            DropKind::NeighConsumed => "vswitch.drop.neigh_consumed",
+            DropKind::NeighMalformed => "vswitch.drop.neigh_malformed",
             DropKind::UnsupportedEtherType => "vswitch.drop.unsupported_ethertype",
             DropKind::Fragment => "vswitch.drop.fragment",
             DropKind::FragmentNoFirst => "vswitch.drop.fragment_no_first",
@@ -268,6 +287,8 @@ impl DropReason {
             DropReason::SpoofedMac => DropKind::SpoofedMac,
             DropReason::SpoofedIp => DropKind::SpoofedIp,
             DropReason::ArpNotRouted => DropKind::ArpNotRouted,
+            DropReason::NeighConsumed => DropKind::NeighConsumed,
+            DropReason::NeighMalformed => DropKind::NeighMalformed,
             DropReason::UnsupportedEtherType(_) => DropKind::UnsupportedEtherType,
             DropReason::Fragment => DropKind::Fragment,
             DropReason::FragmentNoFirst => DropKind::FragmentNoFirst,

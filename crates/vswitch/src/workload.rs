@@ -264,6 +264,7 @@ impl WorkloadConfig {
             router_mac: ROUTER_MAC.to_string(),
             subnets: vec!["10.0.0.0/8".into()],
             snat: None,
+            router_ips: None,
             routes,
             on_policy_change: None,
         };

@@ -13,6 +13,8 @@
 //!   getters, and setters when `T: AsMut<[u8]>`: [`ethernet::EthernetFrame`], [`arp::ArpPacket`],
 //!   [`ipv4::Ipv4Packet`], [`ipv6::Ipv6Packet`], [`tcp::TcpPacket`], [`udp::UdpPacket`],
 //!   [`icmp::IcmpPacket`], [`vxlan::VxlanPacket`].
+//! - [`nd`]: IPv6 neighbour discovery and MLD types, NS/NA with link-layer options
+//!   ([`nd::NeighborRepr`]), and the addresses ND uses.
 //! - [`checksum`]: RFC 1071 sums, pseudo headers, and RFC 1624 incremental updates for NAT.
 //! - [`build`]: [`build::FrameBuilder`] and [`build::VxlanOuter`] to make frames with correct
 //!   lengths and checksums (tests, benches, captures, encap templates).
@@ -74,6 +76,7 @@ mod field;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
+pub mod nd;
 pub mod parse;
 pub mod tcp;
 pub mod udp;

@@ -559,3 +559,57 @@ fn icmpv6_echo_and_other_types_follow_the_flow_key_convention() {
     assert_eq!((k.src_port, k.dst_port), (0, 0x0104));
     assert!(checksum::verify_l4_v6(&v6(1), &v6(2), 58, &f[54..]));
 }
+
+/// Neighbor Advertisement fd00:1::1 -> fd00:1::10, flags router | solicited | override, target
+/// fd00:1::1, target link-layer address option 02:00:00:00:01:01 (RFC 4861 sections 4.4 and
+/// 4.6.1); the checksum 0x9b8a was computed by the separate script.
+const NA_ROUTER: [u8; 32] = [
+    0x88, 0x00, 0x9b, 0x8a, 0xe0, 0x00, 0x00, 0x00, 0xfd, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02, 0x01, 0x02, 0x00, 0x00, 0x00, 0x01, 0x01,
+];
+
+#[test]
+fn neighbor_advertisement_golden_bytes() {
+    use spillway_wire::nd::{self, NeighborOp, NeighborRepr};
+    let src: core::net::Ipv6Addr = "fd00:1::1".parse().unwrap();
+    let dst: core::net::Ipv6Addr = "fd00:1::10".parse().unwrap();
+    let repr = NeighborRepr::parse(&NA_ROUTER).expect("valid NA");
+    assert_eq!(
+        repr,
+        NeighborRepr {
+            op: NeighborOp::Advert,
+            flags: nd::FLAG_ROUTER | nd::FLAG_SOLICITED | nd::FLAG_OVERRIDE,
+            target: src.octets(),
+            lla: Some(MacAddr([2, 0, 0, 0, 1, 1])),
+        }
+    );
+    assert!(checksum::verify_l4_v6(
+        &src.octets(),
+        &dst.octets(),
+        ip_proto::ICMPV6,
+        &NA_ROUTER
+    ));
+    let mut out = [0u8; 40];
+    assert_eq!(repr.emit(&src.octets(), &dst.octets(), &mut out), Ok(32));
+    assert_eq!(out[..32], NA_ROUTER);
+    // Too small a buffer is a length error, not a panic.
+    assert_eq!(
+        repr.emit(&src.octets(), &dst.octets(), &mut out[..31])
+            .unwrap_err()
+            .kind,
+        ErrorKind::Truncated
+    );
+    // RFC 4861 section 7.1.2: a non-zero code or a multicast target makes it invalid.
+    let mut bad = NA_ROUTER;
+    bad[1] = 1;
+    assert_eq!(
+        NeighborRepr::parse(&bad).unwrap_err().kind,
+        ErrorKind::BadField("code")
+    );
+    let mut bad = NA_ROUTER;
+    bad[8] = 0xff;
+    assert_eq!(
+        NeighborRepr::parse(&bad).unwrap_err().kind,
+        ErrorKind::BadField("target")
+    );
+}

@@ -60,6 +60,10 @@ pub struct TenantSection {
     /// CIDR blocks of the VPC; implicitly routed "local".
     #[serde(default)]
     pub subnets: Vec<String>,
+    /// The VPC router's addresses (the guests' default gateways), each inside one of
+    /// `subnets`; when omitted, the first host of each subnet (see `Policy` docs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_ips: Option<Vec<String>>,
     /// Source NAT for internet-bound traffic.
     #[serde(default)]
     pub snat: Option<SnatSection>,

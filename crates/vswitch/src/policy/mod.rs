@@ -26,6 +26,10 @@
 //! vni = 1001                         # unique, <= 16777215
 //! router_mac = "02:00:00:00:01:01"   # the VPC router's MAC (source MAC of routed frames)
 //! subnets = ["10.1.0.0/16", "fd00:1::/64"]   # implicitly routed "local"
+//! router_ips = ["10.1.0.1", "fd00:1::1"]     # optional: the guests' gateway addresses, each
+//!                                    # inside a subnet, no repeats; default: the first host
+//!                                    # of each subnet (network + 1) that has at least two
+//!                                    # host bits (none for /31, /32, /127, /128)
 //! snat = { public_ip = "203.0.113.10", port_min = 1024, port_max = 65535 }
 //!                                    # optional; 1 <= port_min <= port_max, default
 //!                                    # 1024/65535 (port 0 is not a source port);
@@ -201,6 +205,9 @@ pub struct Tenant {
     pub snat: Option<SnatRange>,
     /// Subnets (routed local), in config order.
     pub subnets: Vec<Prefix>,
+    /// The router's addresses, which the neighbour responder answers for with `router_mac`
+    /// (see [`crate::neigh`]): `router_ips` as configured, or the first host of each subnet.
+    pub router_ips: Vec<IpAddr16>,
     /// Explicit routes, in config order.
     pub routes: Vec<Route>,
     /// What a policy change does to its established connections.
@@ -581,6 +588,7 @@ impl Compiler<'_> {
                 subnets.push(p);
                 entries.push((p, RouteTarget::Local));
             }
+            let router_ips = self.router_ips(&at, t, &subnets)?;
             let mut routes = Vec::with_capacity(t.routes.len());
             for (ri, r) in t.routes.iter().enumerate() {
                 let field = format!("{at}.route[{ri}].prefix");
@@ -648,6 +656,7 @@ impl Compiler<'_> {
                     router_mac,
                     snat,
                     subnets,
+                    router_ips,
                     routes,
                     on_policy_change,
                 },
@@ -657,6 +666,51 @@ impl Compiler<'_> {
         out.sort_by_key(|(t, _)| t.id);
         let (tenants, tables) = out.into_iter().unzip();
         Ok((tenants, tables, snat_index))
+    }
+
+    /// The router addresses of tenant `t` (at field path `at`): its `router_ips`, each inside
+    /// one of `subnets` and given once, or by default the first host (network + 1) of every
+    /// subnet with at least two host bits, the address clouds conventionally give the gateway.
+    /// A port may hold the same address (the examples give VMs the first host): the responder
+    /// answers for it with the router MAC either way, and IP packets to it reach the port.
+    fn router_ips(
+        &self,
+        at: &str,
+        t: &TenantSection,
+        subnets: &[Prefix],
+    ) -> Result<Vec<IpAddr16>, ConfigError> {
+        let Some(list) = &t.router_ips else {
+            return Ok(subnets
+                .iter()
+                .filter(|p| p.prefix_len() + 2 <= p.family().bits())
+                .map(|p| {
+                    let mut a = p.network();
+                    a.0[15] |= 1;
+                    a
+                })
+                .collect());
+        };
+        let mut first: BTreeMap<IpAddr16, String> = BTreeMap::new();
+        let mut out = Vec::with_capacity(list.len());
+        for (i, s) in list.iter().enumerate() {
+            let field = format!("{at}.router_ips[{i}]");
+            let ip = self.ip(field.clone(), s)?;
+            if !subnets.iter().any(|n| n.contains(ip)) {
+                let subnets: Vec<String> = subnets.iter().map(Prefix::to_string).collect();
+                return Err(ConfigError::AddressOutsideSubnets {
+                    file: self.file.to_string(),
+                    field,
+                    tenant: t.id,
+                    subnets: subnets.join(", "),
+                    ip: s.clone(),
+                });
+            }
+            if let Some(f) = first.insert(ip, field.clone()) {
+                return Err(self.duplicate(field, "router address", ip, &f));
+            }
+            out.push(ip);
+        }
+        Ok(out)
     }
 
     fn groups(

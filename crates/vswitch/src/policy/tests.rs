@@ -383,6 +383,56 @@ fn unknown_references_are_rejected() {
 }
 
 #[test]
+fn router_addresses_default_to_the_first_host_of_each_subnet() {
+    let p = base();
+    let t = p.tenant(TenantId(1)).expect("acme");
+    assert_eq!(t.router_ips, vec![ip("10.1.0.1"), ip("fd00:1::1")]);
+    // A /31 or /128 has no "first host" to spare: no default router address there.
+    let text = BASE.replacen(
+        "subnets = [\"10.1.0.0/16\", \"fd00:1::/64\"]",
+        "subnets = [\"10.1.0.0/16\", \"10.3.0.0/31\", \"fd00:1::/64\", \"fd00:9::1/128\"]",
+        1,
+    );
+    let p = Policy::from_toml_str(&text, FILE).expect("valid");
+    assert_eq!(
+        p.tenant(TenantId(1)).expect("acme").router_ips,
+        vec![ip("10.1.0.1"), ip("fd00:1::1")]
+    );
+}
+
+#[test]
+fn configured_router_addresses_are_checked() {
+    let subnets = "subnets = [\"10.1.0.0/16\", \"fd00:1::/64\"]";
+    let with = |list: &str| format!("{subnets}\nrouter_ips = {list}");
+    let p = Policy::from_toml_str(
+        &BASE.replacen(subnets, &with("[\"10.1.255.254\"]"), 1),
+        FILE,
+    )
+    .expect("valid");
+    assert_eq!(
+        p.tenant(TenantId(1)).expect("acme").router_ips,
+        vec![ip("10.1.255.254")]
+    );
+    let e = err_with(subnets, &with("[\"10.9.0.1\"]"));
+    assert_msg(
+        &e,
+        "tenant[0].router_ips[0]",
+        "inside tenant 1's subnets [10.1.0.0/16, fd00:1::/64]",
+    );
+    assert!(e.to_string().ends_with("got 10.9.0.1"), "{e}");
+    assert_msg(
+        &err_with(subnets, &with("[\"10.1.0.1\", \"10.1.0.1\"]")),
+        "tenant[0].router_ips[1]",
+        "a unique router address",
+    );
+    assert_msg(
+        &err_with(subnets, &with("[\"gateway\"]")),
+        "tenant[0].router_ips[0]",
+        "an IPv4 or IPv6 address",
+    );
+}
+
+#[test]
 fn port_address_outside_tenant_subnets_is_rejected() {
     let e = err_with("ips = [\"10.1.0.11\"]", "ips = [\"10.9.0.11\"]");
     assert_msg(
@@ -679,6 +729,7 @@ fn config_built_in_code_compiles() {
             router_mac: "02:00:00:00:03:01".into(),
             subnets: vec!["fd00:3::/48".into()],
             snat: None,
+            router_ips: None,
             routes: vec![RouteSection {
                 prefix: "::/0".into(),
                 target: RouteTargetSection::Tunnel("2001:db8::2".into()),
