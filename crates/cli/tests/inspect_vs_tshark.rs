@@ -13,11 +13,13 @@
 #[path = "../examples/make_captures.rs"]
 mod make_captures;
 
+// Each test binary uses a part of the shared helpers.
+#[allow(dead_code)]
 mod common;
 
 use std::process::Command;
 
-use common::{repo_root, tshark, tshark_available};
+use common::{last, occurrences, repo_root, tshark_available};
 
 use serde_json::Value;
 
@@ -80,18 +82,6 @@ struct View {
     proto: Option<u8>,
     src_port: u16,
     dst_port: u16,
-}
-
-fn occurrences(s: &str) -> Vec<&str> {
-    if s.is_empty() {
-        Vec::new()
-    } else {
-        s.split(',').collect()
-    }
-}
-
-fn last(s: &str) -> Option<&str> {
-    occurrences(s).last().copied()
 }
 
 /// Reduces one tshark line to the innermost layer, as `inspect` reports VXLAN.
@@ -179,42 +169,9 @@ fn inspect_agrees_with_tshark_on_every_frame_of_varied_pcap() {
     std::fs::copy(repo_root().join("examples/varied.pcap"), &capture).expect("copying the capture");
     let names: Vec<&str> = make_captures::varied().iter().map(|(n, _)| *n).collect();
 
-    let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["pcap", "inspect"])
-        .arg(&capture)
-        .output()
-        .expect("running spillway");
-    assert!(
-        out.status.success(),
-        "inspect failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let records: Vec<Value> = String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect();
-
-    // Reassembly is off: a capture of single fragments never completes a datagram, and with it
-    // on tshark hides the first fragment's transport header, which our parser (and the flow
-    // key) reads. HOME points into the temp dir so no personal Wireshark profile changes the
-    // dissection.
-    let mut cmd = tshark(dir.path());
-    cmd.arg("-r")
-        .arg(&capture)
-        .args(["-o", "ip.defragment:FALSE", "-o", "ipv6.defragment:FALSE"])
-        .args(["-T", "fields", "-E", "occurrence=a", "-E", "separator=/t"]);
-    for f in FIELDS {
-        cmd.args(["-e", f]);
-    }
-    let ts = cmd.output().expect("running tshark");
-    assert!(
-        ts.status.success(),
-        "tshark failed: {}",
-        String::from_utf8_lossy(&ts.stderr)
-    );
-    let ts = String::from_utf8(ts.stdout).expect("utf-8");
-    let lines: Vec<&str> = ts.lines().collect();
+    let records = common::inspect_records(&capture);
+    let ts = common::tshark_fields(dir.path(), &capture, &FIELDS);
+    let lines: Vec<&str> = ts.iter().map(String::as_str).collect();
 
     assert_eq!(records.len(), names.len(), "inspect: one record per frame");
     assert_eq!(lines.len(), names.len(), "tshark: one line per frame");

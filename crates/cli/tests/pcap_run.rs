@@ -10,6 +10,8 @@
 //! (and the field), and cross-checks the output's checksums with tshark (skipped without tshark
 //! unless `CI=true`).
 
+// Each test binary uses a part of the shared helpers.
+#[allow(dead_code)]
 mod common;
 #[allow(dead_code)]
 #[path = "../examples/make_captures.rs"]

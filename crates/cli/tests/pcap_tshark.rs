@@ -20,9 +20,8 @@ mod make_captures;
 mod common;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::process::Command;
 
-use common::{tshark, tshark_available};
+use common::{last, occurrences as occ, tshark_available};
 use serde_json::Value;
 use spillway_wire::build::{FrameBuilder, Ipv6Ext, VxlanOuter, vxlan_encap};
 use spillway_wire::{MacAddr, ParseOptions, Vni, checksum, parse_frame};
@@ -294,19 +293,6 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// Every occurrence of a field, in tshark's order (outer before inner).
-fn occ(s: &str) -> Vec<&str> {
-    if s.is_empty() {
-        Vec::new()
-    } else {
-        s.split(',').collect()
-    }
-}
-
-fn last(s: &str) -> Option<&str> {
-    occ(s).last().copied()
-}
-
 fn num(s: &str) -> u64 {
     match s.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16).expect("a hex number"),
@@ -433,40 +419,9 @@ fn inspect_agrees_with_tshark_on_fragments_extension_headers_vlans_vxlan_and_tru
     let capture = dir.path().join("shapes.pcap");
     std::fs::write(&capture, make_captures::pcap_bytes(&frames)).expect("writing the capture");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["pcap", "inspect"])
-        .arg(&capture)
-        .output()
-        .expect("running spillway");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let records: Vec<Value> = String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect();
-
-    // Reassembly off: single fragments never complete, and with it on tshark hides the first
-    // fragment's transport header, which `inspect` reports.
-    let mut cmd = tshark(dir.path());
-    cmd.arg("-r")
-        .arg(&capture)
-        .args(["-o", "ip.defragment:FALSE", "-o", "ipv6.defragment:FALSE"])
-        .args(["-T", "fields", "-E", "occurrence=a", "-E", "separator=/t"]);
-    for f in FIELDS {
-        cmd.args(["-e", f]);
-    }
-    let ts = cmd.output().expect("running tshark");
-    assert!(
-        ts.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ts.stderr)
-    );
-    let ts = String::from_utf8(ts.stdout).expect("utf-8");
-    let lines: Vec<&str> = ts.lines().collect();
+    let records = common::inspect_records(&capture);
+    let ts = common::tshark_fields(dir.path(), &capture, &FIELDS);
+    let lines: Vec<&str> = ts.iter().map(String::as_str).collect();
     assert_eq!(records.len(), frames.len());
     assert_eq!(lines.len(), frames.len());
 

@@ -34,3 +34,63 @@ pub fn tshark(home: &Path) -> Command {
     cmd.env("HOME", home).env("XDG_CONFIG_HOME", home);
     cmd
 }
+
+/// `spillway pcap inspect <capture>`: one JSON record per frame.
+pub fn inspect_records(capture: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["pcap", "inspect"])
+        .arg(capture)
+        .output()
+        .expect("running spillway");
+    assert!(
+        out.status.success(),
+        "inspect failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+/// tshark's `fields` for every frame of `capture`, one tab-separated line per frame, every
+/// occurrence of a field comma-separated (outer before inner). Reassembly is off: a capture of
+/// single fragments never completes a datagram, and with it on tshark hides the first
+/// fragment's transport header, which our parser (and the flow key) reads. HOME is `home`, so
+/// no personal Wireshark profile changes the dissection.
+pub fn tshark_fields(home: &Path, capture: &Path, fields: &[&str]) -> Vec<String> {
+    let mut cmd = tshark(home);
+    cmd.arg("-r")
+        .arg(capture)
+        .args(["-o", "ip.defragment:FALSE", "-o", "ipv6.defragment:FALSE"])
+        .args(["-T", "fields", "-E", "occurrence=a", "-E", "separator=/t"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let ts = cmd.output().expect("running tshark");
+    assert!(
+        ts.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&ts.stderr)
+    );
+    String::from_utf8(ts.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every occurrence of a tshark field, in tshark's order (outer before inner).
+pub fn occurrences(s: &str) -> Vec<&str> {
+    if s.is_empty() {
+        Vec::new()
+    } else {
+        s.split(',').collect()
+    }
+}
+
+/// The last (innermost) occurrence of a tshark field.
+pub fn last(s: &str) -> Option<&str> {
+    occurrences(s).last().copied()
+}
