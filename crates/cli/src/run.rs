@@ -169,6 +169,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         .iter()
         .chain(pipeline.drops().iter().filter(|(_, v)| *v > 0))
         .chain(pipeline.neigh_counters().iter().filter(|(_, v)| *v > 0))
+        .chain(
+            pipeline
+                .icmp_error_counters()
+                .iter()
+                .filter(|(_, v)| *v > 0),
+        )
+        .chain(pipeline.frag_counters().iter().filter(|(_, v)| *v > 0))
     {
         summary.insert(k.to_string(), v.into());
     }

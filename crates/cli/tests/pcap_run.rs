@@ -126,6 +126,20 @@ fn assert_checksums(name: &str, frame: &[u8], h: &Headers) {
     );
 }
 
+/// `out` is the IPv4 packet `inp` as a router forwards it: TTL one less, header checksum valid,
+/// every other byte the same.
+fn assert_routed(name: &str, out: &[u8], inp: &[u8]) {
+    assert_eq!(out.len(), inp.len(), "{name}: IP length");
+    assert_eq!(out[8], inp[8] - 1, "{name}: TTL");
+    assert!(
+        checksum::ipv4_header_valid(&out[..20]),
+        "{name}: IPv4 checksum"
+    );
+    for (i, (a, b)) in out.iter().zip(inp).enumerate() {
+        assert!(matches!(i, 8 | 10 | 11) || a == b, "{name}: IP byte {i}");
+    }
+}
+
 fn parse(frame: &[u8]) -> ParsedFrame {
     parse_frame(frame, &ParseOptions::default()).expect("output frames parse")
 }
@@ -203,14 +217,16 @@ fn pipeline_in_pcap_gives_the_expected_verdicts_and_rewrites() {
         let h = &p.outer;
         match *name {
             n if n.starts_with("db_") => {
-                // Routed locally: only the MACs change; L3 and up are untouched.
+                // Routed locally: the MACs change and the TTL drops by one (the IPv4 header
+                // checksum with it); nothing else.
                 let to = if rec_ingress(n) == WEB {
                     DB_MAC
                 } else {
                     WEB_MAC
                 };
                 assert_eq!((h.src_mac, h.dst_mac), (ROUTER_MAC, to), "{n}: MACs");
-                assert_eq!(o[12..], inp[12..], "{n}: bytes after the MACs");
+                assert_eq!(o[12..14], inp[12..14], "{n}: EtherType");
+                assert_routed(n, &o[14..], &inp[14..]);
                 assert_checksums(n, o, h);
             }
             "inet_syn" | "inet_ack" => {
@@ -294,11 +310,8 @@ fn pipeline_in_pcap_gives_the_expected_verdicts_and_rewrites() {
                 assert_eq!(o.len(), inp.len() + 50);
                 let inner = p.inner.expect("an inner frame");
                 assert_eq!((inner.src_mac, inner.dst_mac), (ROUTER_MAC, ROUTER_MAC));
-                assert_eq!(
-                    o[50 + 12..],
-                    inp[12..],
-                    "{name}: the inner packet is untouched"
-                );
+                assert_eq!(o[50 + 12..50 + 14], inp[12..14], "{name}: EtherType");
+                assert_routed(name, &o[50 + 14..], &inp[14..]);
                 assert_eq!(v4(&inner), ([10, 1, 0, 10], [10, 2, 0, 5], 22, 50000));
                 assert_checksums(name, o, &inner);
             }

@@ -8,8 +8,16 @@
 //! test checks the pings, that each guest's neighbour table holds its gateway at the tenant
 //! router's MAC and nothing permanent, and that the daemon leaves no namespace behind.
 //!
-//! Needs root and `ip` and `ping`; under `CI=true` a missing one fails the test, elsewhere it
-//! prints why it skips.
+//! Then the router's MTU handling with real stacks: `b`'s port delivers at most 1400 bytes while
+//! both guests' links say 1500. An iperf3 TCP transfer from `a` to `b` completes, and `a`'s
+//! kernel holds a path MTU of 1400 for `b` afterwards, learned from the vSwitch's
+//! fragmentation-needed (its TSO super-frames were measured by their segments). iperf3 UDP with
+//! 3,000-byte datagrams, which the guests fragment, arrives without loss both ways. With the
+//! learned MTU flushed, 3,000-byte pings with DF clear from `a` draw fragmentation-needed for
+//! their first 1500-byte fragment and get through from then on.
+//!
+//! Needs root and `ip`, `ping` and `iperf3`; under `CI=true` a missing one fails the test,
+//! elsewhere it prints why it skips.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -24,6 +32,8 @@ struct Bed {
     name: String,
     dir: tempfile::TempDir,
     daemon: Option<Child>,
+    /// Programs serving inside the namespaces; killed before the daemon stops.
+    servers: Vec<Child>,
 }
 
 impl Bed {
@@ -62,6 +72,7 @@ tenant = 1
 mac = "02:00:00:00:00:0b"
 ips = ["10.69.1.2", "fd00:69:1::2"]
 security_groups = [1]
+mtu = 1400
 [[policy.security_group]]
 id = 1
 tenant = 1
@@ -77,12 +88,27 @@ priority = 2
 action = "allow"
 protocol = "icmpv6"
 remote = "fd00:69::/32"
+[[policy.security_group.rule]]
+direction = "ingress"
+priority = 3
+action = "allow"
+protocol = "tcp"
+remote = "10.69.0.0/16"
+ports = "5201-5202"
+[[policy.security_group.rule]]
+direction = "ingress"
+priority = 3
+action = "allow"
+protocol = "udp"
+remote = "10.69.0.0/16"
+ports = "5201-5202"
 [[vm]]
 name = "a"
 port = 1
 [[vm]]
 name = "b"
 port = 2
+mtu = 1500
 "#,
             state = dir.path().display(),
         );
@@ -103,6 +129,7 @@ port = 2
             name,
             dir,
             daemon: Some(daemon),
+            servers: Vec::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !ready.exists() {
@@ -160,8 +187,61 @@ port = 2
             .expect("run ping")
     }
 
+    fn exec(&self, vm: &str, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(vm), program]);
+        c
+    }
+
+    /// Starts iperf3 as a server on `port` in `vm` and waits until it listens.
+    fn iperf3_server(&mut self, vm: &str, port: u16) {
+        let child = self
+            .exec(vm, "iperf3")
+            .args(["-s", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn iperf3 -s");
+        self.servers.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = self.exec(vm, "ss").args(["-ltnH"]).output().expect("ss");
+            if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "iperf3 does not listen in {vm}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs an iperf3 client in `vm` against `to:port`; returns its JSON report.
+    fn iperf3(&self, vm: &str, to: &str, port: u16, args: &[&str]) -> serde_json::Value {
+        let out = self
+            .exec(vm, "iperf3")
+            .args(["-c", to, "-p", &port.to_string(), "-J"])
+            .args(args)
+            .output()
+            .expect("run iperf3");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "iperf3 {args:?} in {vm}: no JSON ({e}): {}{}\ndaemon: {}",
+                String::from_utf8_lossy(&out.stdout),
+                stderr(&out),
+                self.log()
+            )
+        });
+        assert!(
+            v.get("error").is_none(),
+            "iperf3 {args:?} in {vm}: {}\ndaemon: {}",
+            v["error"],
+            self.log()
+        );
+        v
+    }
+
     /// SIGINT, wait, and check that the namespaces are gone.
     fn stop(&mut self) {
+        self.stop_servers();
         let Some(mut d) = self.daemon.take() else {
             return;
         };
@@ -181,8 +261,18 @@ port = 2
     }
 }
 
+impl Bed {
+    fn stop_servers(&mut self) {
+        for mut s in self.servers.drain(..) {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+    }
+}
+
 impl Drop for Bed {
     fn drop(&mut self) {
+        self.stop_servers();
         if let Some(mut d) = self.daemon.take() {
             // SAFETY: signalling our own unreaped child.
             unsafe {
@@ -207,7 +297,7 @@ fn netns_list() -> String {
 
 #[test]
 fn guests_with_only_an_address_and_a_default_route_resolve_and_ping() {
-    if !spillway_testkit::prerequisites(&["ip", "ping"]) {
+    if !spillway_testkit::prerequisites(&["ip", "ping", "iperf3", "ss"]) {
         return;
     }
     let mut bed = Bed::start();
@@ -279,6 +369,82 @@ fn guests_with_only_an_address_and_a_default_route_resolve_and_ping() {
         let neigh = bed.ip(vm, &["neigh", "show", "nud", "permanent"]);
         assert!(neigh.trim().is_empty(), "{vm}: {neigh}");
     }
+
+    // Path MTU. Both guests' links are 1500 bytes; b's port delivers 1400.
+    let link = bed.ip("b", &["-o", "link", "show", "eth0"]);
+    assert!(link.contains("mtu 1500"), "b's own link: {link}");
+    let route = bed.ip("a", &["-4", "route", "get", "10.69.1.2"]);
+    assert!(
+        !route.contains("mtu"),
+        "a starts without a learned path MTU: {route}"
+    );
+    bed.iperf3_server("b", 5201);
+    // One second of TCP: a's TSO super-frames are cut into 1500-byte packets, which the router
+    // refuses with fragmentation-needed (1400); a lowers its MSS, retransmits and carries on.
+    let v = bed.iperf3("a", "10.69.1.2", 5201, &["-t", "1"]);
+    let got = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+    assert!(
+        got >= 10e6,
+        "TCP a -> b received {got} bytes in 1 s: {}",
+        v["end"]
+    );
+    let route = bed.ip("a", &["-4", "route", "get", "10.69.1.2"]);
+    assert!(
+        route.contains("mtu 1400"),
+        "a learned b's path MTU from the router's fragmentation-needed: {route}"
+    );
+    // UDP datagrams larger than the links, fragmented by the senders. b -> a: every fragment
+    // fits a's port.
+    bed.iperf3_server("a", 5202);
+    let udp = ["-u", "-l", "3000", "-b", "20M", "-t", "2"];
+    let v = bed.iperf3("b", "10.69.0.1", 5202, &udp);
+    let sum = &v["end"]["sum"];
+    assert!(sum["packets"].as_u64().unwrap_or(0) > 1000, "b -> a: {sum}");
+    assert_eq!(sum["lost_packets"].as_u64(), Some(0), "b -> a: {sum}");
+    // a -> b: a knows the path MTU now and fragments to 1400.
+    let v = bed.iperf3("a", "10.69.1.2", 5201, &udp);
+    let sum = &v["end"]["sum"];
+    assert!(sum["packets"].as_u64().unwrap_or(0) > 1000, "a -> b: {sum}");
+    assert_eq!(sum["lost_packets"].as_u64(), Some(0), "a -> b: {sum}");
+    // With the path MTU forgotten, 3,000-byte pings with DF clear: a's first 1500-byte
+    // fragment is answered with fragmentation-needed, a fragments to 1400 from then on.
+    Command::new("ip")
+        .args(["-n", &bed.ns("a"), "route", "flush", "cache"])
+        .status()
+        .expect("ip route flush cache");
+    let route = bed.ip("a", &["-4", "route", "get", "10.69.1.2"]);
+    assert!(
+        !route.contains("mtu"),
+        "a's path MTU was forgotten: {route}"
+    );
+    let out = bed
+        .exec("a", "ping")
+        .args([
+            "-M",
+            "dont",
+            "-s",
+            "3000",
+            "-c",
+            "5",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            "10.69.1.2",
+        ])
+        .output()
+        .expect("run ping");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let received: u32 = text
+        .split(", ")
+        .find_map(|f| f.strip_suffix(" received")?.parse().ok())
+        .unwrap_or_else(|| panic!("ping summary: {text}"));
+    assert!(received >= 4, "at most the first ping is lost: {text}");
+    let route = bed.ip("a", &["-4", "route", "get", "10.69.1.2"]);
+    assert!(
+        route.contains("mtu 1400"),
+        "a relearned the path MTU: {route}"
+    );
     bed.stop();
     let left = netns_list();
     for vm in ["a", "b"] {

@@ -470,9 +470,18 @@ impl DataPath {
             self.counters.drop_parse += 1;
             return;
         }
+        if let Ok(h) = VnetHdr::parse(vnet)
+            && h.is_gso()
+        {
+            self.pkt.set_gso_size(h.gso_size);
+        }
         match self.pipeline.process(now, ingress, &mut self.pkt) {
             Verdict::Forward(out) => {
                 let pkt = std::mem::take(&mut self.pkt);
+                // A frame the vSwitch wrote (an ICMP error, an ARP answer) has complete
+                // checksums and no offload: the original's header would misdescribe it.
+                let plain = [0u8; VnetHdr::LEN];
+                let vnet = if pkt.is_generated() { &plain[..] } else { vnet };
                 self.write_port(now, out, vnet, pkt.data());
                 self.pkt = pkt;
             }
@@ -1860,6 +1869,20 @@ impl DpuDaemon {
             out.push(
                 Sample::counter(n, v)
                     .with_help("ARP and neighbour discovery the DPU's vSwitch answered or took")
+                    .with_label("plane", "dpu"),
+            );
+        }
+        for (n, v) in self.dp.pipeline.icmp_error_counters().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("ICMP errors the DPU's vSwitch router sent or held back")
+                    .with_label("plane", "dpu"),
+            );
+        }
+        for (n, v) in self.dp.pipeline.frag_counters().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("IP fragments the DPU's vSwitch tracked")
                     .with_label("plane", "dpu"),
             );
         }

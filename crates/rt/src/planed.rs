@@ -224,11 +224,20 @@ impl Vatc {
 /// A frame the model served, as the vSwitch needs it.
 struct Served<'a> {
     frame: &'a [u8],
+    /// Its virtio-net header (GSO and checksum offload).
+    vnet: [u8; 12],
     ingress: PortId,
     key: Option<spillway_wire::FlowKey>,
     tenant: spillway_vswitch::TenantId,
     /// The plane owns the connection: a TCP state change goes to the DPU's copy.
     watch: bool,
+}
+
+/// The virtio-net header to send a processed frame with: the one it came with, unless the
+/// vSwitch replaced it with a frame of its own (complete checksums, no offload).
+fn out_vnet<'a>(pkt: &PacketBuf, vnet: &'a [u8; 12]) -> &'a [u8; 12] {
+    const PLAIN: [u8; 12] = [0; 12];
+    if pkt.is_generated() { &PLAIN } else { vnet }
 }
 
 /// Runs the vSwitch on a frame the model served: loads it, watches the TCP state of a
@@ -243,6 +252,7 @@ fn process_frame(
 ) -> Option<PortId> {
     let Served {
         frame,
+        vnet,
         ingress,
         key,
         tenant,
@@ -251,6 +261,11 @@ fn process_frame(
     if pkt.load(frame).is_err() {
         c.drop_vswitch += 1;
         return None;
+    }
+    if let Ok(h) = crate::vnet::VnetHdr::parse(&vnet)
+        && h.is_gso()
+    {
+        pkt.set_gso_size(h.gso_size);
     }
     let watch = watch && key.is_some_and(|k| k.proto == spillway_wire::ip_proto::TCP);
     let before = match (watch, key) {
@@ -369,6 +384,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 let direct = plane.direct_last();
                 let this = Served {
                     frame: rec.frame,
+                    vnet,
                     ingress: PortId(rec.port),
                     key,
                     tenant: t.tenant,
@@ -379,7 +395,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                     served = true;
                     let out = process_frame(pipeline, pkt, &this, now, ct_out, c);
                     if let Some(out) = out
-                        && !vatc.deliver(out, &vnet, pkt.data(), c)
+                        && !vatc.deliver(out, out_vnet(pkt, &vnet), pkt.data(), c)
                     {
                         let mut back = t;
                         back.packets = direct;
@@ -396,7 +412,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                                 None => process_frame(pipeline, pkt, &this, now, ct_out, c),
                             };
                             if let Some(out) = out {
-                                if tx.send_frame(&msg, out.0, &vnet, pkt.data()) {
+                                if tx.send_frame(&msg, out.0, out_vnet(pkt, &vnet), pkt.data()) {
                                     c.frames_out += 1;
                                 } else {
                                     c.drop_ring_full += 1;
@@ -522,6 +538,14 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             }
             for (k, v) in vatc.atc.counters().iter() {
                 counters.insert(k.to_string(), json!(v));
+            }
+            // The plane's own pipeline: its router's ICMP errors and fragment tracking.
+            for (k, v) in pipeline
+                .icmp_error_counters()
+                .iter()
+                .chain(pipeline.frag_counters().iter())
+            {
+                counters.insert(format!("plane.{k}"), json!(v));
             }
             for (k, v) in [
                 ("plane.frames.in", c.frames_in),

@@ -535,7 +535,9 @@ impl Testbed {
                     echo(&ifname),
                 ));
             }
-            let mtu = v.mtu.unwrap_or(1500);
+            // The guest interface's MTU: what its DHCP or virtio `host_mtu` would give it, the
+            // port's, unless the test or operator sets another (a guest larger than its path).
+            let mtu = v.mtu.unwrap_or(u32::from(port.mtu));
             // Linux's ETH_MIN_MTU and ETH_MAX_MTU.
             if !(68..=65535).contains(&mtu) {
                 return Err(err(&f("mtu"), "an MTU in 68..=65535", mtu.to_string()));

@@ -49,6 +49,7 @@ fn base_config() -> PolicyConfig {
             vtep_ip: "192.0.2.1".into(),
             gateway_mac: "02:00:00:00:00:fe".into(),
             vxlan_port: 4789,
+            underlay_mtu: None,
         },
         tenants: vec![TenantSection {
             id: 1,
@@ -170,6 +171,7 @@ fn sg_policy(rng: &mut SplitMix64) -> Policy {
         mac: "02:00:00:01:00:0a".into(),
         ips: vec!["172.16.0.10".into()],
         security_groups: vec![1, 2, 3, 4],
+        mtu: None,
     });
     Policy::compile(cfg, "<bench>").expect("bench policy is valid")
 }

@@ -6,7 +6,9 @@
 //! function on the same list, they produce the same bytes and the same verdict by construction.
 //!
 //! Order matters and is fixed by the builder: `Decap` first (the rest then address the inner
-//! frame), then NAT rewrites, then MAC rewrites, then `Encap`, then the terminal action.
+//! frame), then `Route` (so a packet the router refuses is still as its sender sent it, ready
+//! to be quoted in the ICMP error), then NAT rewrites, then MAC rewrites, then `Encap`, then the
+//! terminal action.
 //! Checksums are updated incrementally (RFC 1624); nothing here allocates.
 
 use crate::ids::{PortId, SecurityGroupId};
@@ -32,6 +34,15 @@ pub enum NatSide {
 pub enum Action {
     /// Strip the outer Ethernet/IP/UDP/VXLAN headers; later actions address the inner frame.
     Decap,
+    /// The tenant router forwards the packet (RFC 1812 section 5.3.1, RFC 8200 section 3): a
+    /// TTL or hop limit of 1 or less stops it (`Drop(TtlExpired)`), an IP packet longer than
+    /// `mtu` stops it (`Drop(PacketTooBig { mtu })`), and otherwise the TTL / hop limit is
+    /// decremented (the IPv4 header checksum incrementally). The pipeline turns those two drops
+    /// into ICMP errors to the sender ([`crate::router`]).
+    Route {
+        /// The largest IP packet the next link carries.
+        mtu: u16,
+    },
     /// Rewrite one end's IPv4 address and port (for ICMP echo: the identifier), updating the IPv4
     /// header checksum and the TCP/UDP/ICMP checksum incrementally.
     Nat {
@@ -60,8 +71,8 @@ pub enum Action {
     Drop(DropReason),
 }
 
-/// Bytes an [`ActionList`] can hold. The longest list the slow path builds is SetMacs (13) +
-/// Encap over IPv6 (54) + Output (5) = 72 bytes; 88 leaves room for a NAT step and a decap while
+/// Bytes an [`ActionList`] can hold. The longest list the slow path builds is Route (3) +
+/// SetMacs (13) + Encap over IPv6 (54) + Output (5) = 75 bytes; 88 leaves room for a NAT step and a decap while
 /// keeping a whole flow entry within four cache lines.
 pub const ACTION_BYTES: usize = 88;
 
@@ -70,6 +81,7 @@ pub const ACTIONS_MAX: usize = 6;
 
 // Opcodes of the encoded form. Each op is its tag followed by a fixed payload:
 //   DECAP                                        (1 byte)
+//   ROUTE              mtu[2]                    (3)
 //   NAT_SRC | NAT_DST  ip[16] port[2]            (19)
 //   SET_MACS           src[6] dst[6]             (13)
 //   ENCAP4             src_mac[6] dst_mac[6] src_ip[4] dst_ip[4] sport[2] dport[2] vni[3] ttl (29)
@@ -86,6 +98,7 @@ const OP_ENCAP4: u8 = 5;
 const OP_ENCAP6: u8 = 6;
 const OP_OUTPUT: u8 = 7;
 const OP_DROP: u8 = 8;
+const OP_ROUTE: u8 = 9;
 
 /// A bounded, ordered action list in a compact encoded form (see the module doc for the order).
 ///
@@ -210,6 +223,11 @@ fn encode(a: &Action, out: &mut [u8; 64]) -> Result<usize, ActionListError> {
             out[0] = OP_DECAP;
             1
         }
+        Action::Route { mtu } => {
+            out[0] = OP_ROUTE;
+            out[1..3].copy_from_slice(&mtu.to_le_bytes());
+            3
+        }
         Action::Nat { side, ip, port } => {
             out[0] = if side == NatSide::Source {
                 OP_NAT_SRC
@@ -264,6 +282,7 @@ fn encode(a: &Action, out: &mut [u8; 64]) -> Result<usize, ActionListError> {
                 DropReason::UnknownVni(v) => (v, 0),
                 DropReason::UnsupportedEtherType(t) => (u32::from(t), 0),
                 DropReason::SecurityGroupDeny { group, rule } => (group.0, rule),
+                DropReason::PacketTooBig { mtu } => (u32::from(mtu), 0),
                 _ => (0, 0),
             };
             out[0] = OP_DROP;
@@ -298,6 +317,7 @@ fn decode(b: &[u8]) -> Option<(Action, usize)> {
     let op = *b.first()?;
     Some(match op {
         OP_DECAP => (Action::Decap, 1),
+        OP_ROUTE => (Action::Route { mtu: u16_at(b, 1) }, 3),
         OP_NAT_SRC | OP_NAT_DST => {
             let mut ip = [0u8; 16];
             ip.copy_from_slice(&b[1..17]);
@@ -357,6 +377,7 @@ fn decode(b: &[u8]) -> Option<(Action, usize)> {
                     group: SecurityGroupId(a),
                     rule: x,
                 },
+                DropKind::PacketTooBig => DropReason::PacketTooBig { mtu: a as u16 },
                 other => other
                     .payload_free_reason()
                     .expect("payload kinds handled above"),
@@ -399,6 +420,12 @@ pub fn apply(actions: &ActionList, pkt: &mut PacketBuf, parsed: &ParsedFrame) ->
                 cur = inner;
                 base = inner_off;
             }
+            Action::Route { mtu } => {
+                let gso = pkt.gso_size();
+                if let Err(reason) = route(pkt.data_mut(), cur, base, mtu, gso) {
+                    return Verdict::Drop(reason);
+                }
+            }
             Action::Nat { side, ip, port } => {
                 if !rewrite_nat(pkt.data_mut(), cur, base, side, ip, port) {
                     return Verdict::Drop(DropReason::PolicyDrop);
@@ -424,6 +451,40 @@ pub fn apply(actions: &ActionList, pkt: &mut PacketBuf, parsed: &ParsedFrame) ->
         }
     }
     Verdict::Drop(DropReason::PolicyDrop)
+}
+
+/// The router's step for the IP packet `h` describes (at `h.l3_offset - base` in `frame`): refuse
+/// it when its TTL / hop limit is spent (checked first, as Linux's `ip_forward` does) or it is
+/// longer than `mtu`, else decrement the TTL / hop limit. A GSO super-frame (`gso` > 0) is
+/// checked by the packets it will be cut into: its headers plus one segment.
+fn route(frame: &mut [u8], h: &Headers, base: usize, mtu: u16, gso: u16) -> Result<(), DropReason> {
+    let Some(key) = h.key else {
+        return Err(DropReason::PolicyDrop);
+    };
+    let l3 = usize::from(h.l3_offset) - base;
+    if h.ttl <= 1 {
+        return Err(DropReason::TtlExpired);
+    }
+    let len = match gso {
+        0 => h.l3_len,
+        seg => (h.payload_offset - h.l3_offset)
+            .saturating_add(seg)
+            .min(h.l3_len),
+    };
+    if len > mtu {
+        return Err(DropReason::PacketTooBig { mtu });
+    }
+    if key.src_ip.is_v4() {
+        // TTL shares a 16-bit word with the protocol (RFC 1624 incremental update).
+        let old = u16::from_be_bytes([frame[l3 + 8], frame[l3 + 9]]);
+        frame[l3 + 8] = h.ttl - 1;
+        let new = u16::from_be_bytes([frame[l3 + 8], frame[l3 + 9]]);
+        let c = u16::from_be_bytes([frame[l3 + 10], frame[l3 + 11]]);
+        frame[l3 + 10..l3 + 12].copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
+    } else {
+        frame[l3 + 7] = h.ttl - 1;
+    }
+    Ok(())
 }
 
 /// The SNAT of an ICMP error related to a translated connection (the outer address is already

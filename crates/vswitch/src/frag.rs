@@ -341,6 +341,8 @@ pub struct FragTable<V> {
     hasher: FixedState,
     /// No datagram expires before this; a full table skips its reclaim scan until then.
     earliest_deadline: Instant,
+    /// Where the next [`FragTable::expire`] sweep resumes.
+    sweep_at: usize,
     counters: FragCounters,
 }
 
@@ -357,6 +359,7 @@ impl<V: Copy + core::fmt::Debug> FragTable<V> {
             zones: HashTable::with_capacity(4 * n),
             hasher: FixedState::with_seed(config.hash_seed),
             earliest_deadline: Instant(u64::MAX),
+            sweep_at: 0,
             counters: FragCounters::default(),
         })
     }
@@ -451,6 +454,28 @@ impl<V: Copy + core::fmt::Debug> FragTable<V> {
             }
         }
         self.earliest_deadline = earliest;
+    }
+
+    /// Frees expired datagrams among the next `budget` slots, resuming where the last call
+    /// stopped, so a periodic caller bounds its cost per call and still visits every slot.
+    /// Returns how many it freed. (Without it, expired datagrams wait until the table or their
+    /// zone fills; either way nothing expired is ever followed.)
+    pub fn expire(&mut self, now: Instant, budget: usize) -> usize {
+        if now < self.earliest_deadline || self.is_empty() {
+            return 0;
+        }
+        let n = self.slots.len();
+        let mut freed = 0;
+        for _ in 0..budget.min(n) {
+            let s = self.sweep_at;
+            self.sweep_at = (s + 1) % n;
+            if self.slots[s].as_ref().is_some_and(|d| d.deadline <= now) {
+                self.remove(s as u32);
+                self.counters.expired += 1;
+                freed += 1;
+            }
+        }
+        freed
     }
 
     /// Tracks the datagram of a first fragment the pipeline has decided to forward with

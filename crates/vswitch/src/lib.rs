@@ -99,6 +99,7 @@ pub mod neigh;
 pub mod packet;
 pub mod pipeline;
 pub mod policy;
+pub mod router;
 pub mod time;
 pub mod verdict;
 pub mod workload;

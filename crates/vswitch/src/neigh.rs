@@ -226,6 +226,7 @@ fn arp_request(
     let data = pkt.data_mut();
     set_macs(data, port.mac, tenant.router_mac);
     reply.emit(&mut data[l3..]).map_err(DropReason::Malformed)?;
+    pkt.mark_generated();
     c.arp_reply += 1;
     Ok(Verdict::Forward(port.id))
 }
@@ -350,6 +351,7 @@ fn neighbor_discovery(
                 lla: Some(tenant.router_mac),
             };
             write_advert(pkt, h, tenant.router_mac, to_mac, &ns.target, &to_ip, &na)?;
+            pkt.mark_generated();
             c.na_reply += 1;
             Ok(Verdict::Forward(port.id))
         }

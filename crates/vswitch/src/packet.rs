@@ -16,6 +16,10 @@ pub struct PacketBuf {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    /// See [`PacketBuf::gso_size`].
+    gso_size: u16,
+    /// See [`PacketBuf::is_generated`].
+    generated: bool,
 }
 
 /// The frame does not fit the buffer.
@@ -52,6 +56,8 @@ impl PacketBuf {
             buf: vec![0u8; capacity].into_boxed_slice(),
             start: HEADROOM,
             end: HEADROOM,
+            gso_size: 0,
+            generated: false,
         }
     }
 
@@ -75,7 +81,41 @@ impl PacketBuf {
         self.start = HEADROOM;
         self.end = HEADROOM + frame.len();
         self.buf[self.start..self.end].copy_from_slice(frame);
+        self.gso_size = 0;
+        self.generated = false;
         Ok(())
+    }
+
+    /// The segment size of a GSO / TSO super-frame (the transport payload bytes of each packet
+    /// the receiving stack or NIC will cut it into), or 0 for an ordinary frame. A driver that
+    /// takes super-frames from a TAP or virtio queue sets it after [`PacketBuf::load`] (which
+    /// clears it), so that the router checks the MTU against the packets that will be on the
+    /// wire, not the super-frame.
+    #[inline]
+    pub fn gso_size(&self) -> u16 {
+        self.gso_size
+    }
+
+    /// Marks the frame a GSO super-frame of `gso_size`-byte segments (0: not one).
+    #[inline]
+    pub fn set_gso_size(&mut self, gso_size: u16) {
+        self.gso_size = gso_size;
+    }
+
+    /// Whether the vSwitch replaced the frame with one of its own (an ICMP error, an ARP or
+    /// neighbour-discovery answer): its checksums are complete and it carries no offload, so a
+    /// driver must send it with a plain virtio-net header, not the one the original came with.
+    #[inline]
+    pub fn is_generated(&self) -> bool {
+        self.generated
+    }
+
+    /// Records that the frame now is one the vSwitch wrote (see [`PacketBuf::is_generated`]);
+    /// clears the GSO size.
+    #[inline]
+    pub fn mark_generated(&mut self) {
+        self.generated = true;
+        self.gso_size = 0;
     }
 
     /// The frame.

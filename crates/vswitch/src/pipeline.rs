@@ -23,6 +23,11 @@
 //! applies the forward entry to the packet with the same executor the fast path uses. That is why
 //! the two paths agree byte for byte (`tests/path_equivalence.rs` checks it).
 //!
+//! Every entry of a packet the tenant router forwards starts with `Route` (TTL / hop limit and
+//! the next link's MTU). A packet it refuses, or one with no route or no VM at its destination,
+//! is answered in place with the ICMP error a router sends, out of the port it came in on
+//! ([`crate::router`]), as the last step of a batch so both paths share it.
+//!
 //! IP fragments always take the slow path: a first fragment is decided like any packet and its
 //! verdict tracked, later fragments follow it (see [`crate::frag`] for why tracking rather than
 //! reassembly, and what is dropped).
@@ -52,6 +57,7 @@ use crate::ids::{Direction, Epoch, PortId, TenantId};
 use crate::neigh::{self, NeighCounters};
 use crate::packet::PacketBuf;
 use crate::policy::{Policy, RouteTarget, SnatPools, SnatRange};
+use crate::router::{ErrorOrigin, IcmpError, IcmpErrorCounters, IcmpErrorLimit, IcmpErrors};
 use crate::time::Instant;
 use crate::verdict::{DropCounters, DropReason, Verdict};
 use spillway_wire::build::VxlanOuter;
@@ -85,6 +91,8 @@ pub struct PipelineConfig {
     pub fast_path: bool,
     /// IP fragment tracking (capacity, per-zone budget, fragments per datagram, timeout).
     pub frag: FragConfig,
+    /// The router's ICMP errors per ingress port.
+    pub icmp_errors: IcmpErrorLimit,
 }
 
 impl Default for PipelineConfig {
@@ -96,6 +104,7 @@ impl Default for PipelineConfig {
             hash_seed: 0x5eed_5b11_1a7e,
             fast_path: true,
             frag: FragConfig::default(),
+            icmp_errors: IcmpErrorLimit::default(),
         }
     }
 }
@@ -189,6 +198,7 @@ pub struct Pipeline {
     drops: DropCounters,
     frags: FragTable<FragFollow>,
     neigh: NeighCounters,
+    router: IcmpErrors,
 }
 
 /// What later fragments of a datagram repeat: the first fragment's actions, and the source MAC
@@ -248,6 +258,7 @@ impl Pipeline {
             counters: PipelineCounters::default(),
             drops: DropCounters::default(),
             neigh: NeighCounters::default(),
+            router: IcmpErrors::new(cfg.icmp_errors),
         };
         p.rebuild_snat_pools();
         Ok(p)
@@ -261,6 +272,9 @@ impl Pipeline {
         self.policy = policy;
         self.epoch = self.epoch.next();
         self.rebuild_snat_pools();
+        let policy = &self.policy;
+        self.router
+            .retain(|p| p == policy.host().uplink_port || policy.port(p).is_some());
     }
 
     fn rebuild_snat_pools(&mut self) {
@@ -296,6 +310,11 @@ impl Pipeline {
     /// Drop counters by reason.
     pub fn drops(&self) -> &DropCounters {
         &self.drops
+    }
+
+    /// Counters of the router's ICMP errors (`vswitch.icmp_error.*`).
+    pub fn icmp_error_counters(&self) -> &IcmpErrorCounters {
+        self.router.counters()
     }
 
     /// Counters of the ARP / neighbour-discovery responder.
@@ -440,6 +459,16 @@ impl Pipeline {
                     Ok(p) => self.slow_path(now, ingress, &mut pkts[i], p),
                 };
             }
+            // Drops a router answers become ICMP errors back out of the ingress port. Both paths
+            // leave a refused frame as it arrived, so this is one step for hits and misses.
+            for i in 0..n {
+                if let (Verdict::Drop(r), Ok(p)) = (verdicts[i], &parsed[i])
+                    && let Some(err) = IcmpError::for_drop(&r)
+                    && self.answer(now, ingress, &mut pkts[i], p, err)
+                {
+                    verdicts[i] = Verdict::Forward(ingress);
+                }
+            }
             for v in verdicts.iter() {
                 match v {
                     Verdict::Forward(_) => self.counters.forwarded += 1,
@@ -450,6 +479,49 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// Turn the frame into the ICMP error `err` back to its sender, if a router would send one
+    /// (see [`crate::router`]). From a VM port every routed drop is answered, from the tenant's
+    /// router; from the uplink only internet traffic to a SNAT address that the router refused
+    /// (TTL, MTU), from the address it was sent to. Frames that came over VXLAN were routed by
+    /// their sender's host and are never answered here.
+    fn answer(
+        &mut self,
+        now: Instant,
+        ingress: PortId,
+        pkt: &mut PacketBuf,
+        parsed: &ParsedFrame,
+        err: IcmpError,
+    ) -> bool {
+        let h = &parsed.outer;
+        let Some(key) = h.key else { return false };
+        let host = *self.policy.host();
+        let origin = if ingress == host.uplink_port {
+            let refused = matches!(err, IcmpError::TimeExceeded | IcmpError::TooBig { .. });
+            if parsed.vxlan.is_some() || !refused {
+                return false;
+            }
+            self.policy
+                .is_snat_address(key.dst_ip)
+                .map(|_| ErrorOrigin {
+                    src_mac: host.uplink_mac,
+                    dst_mac: host.gateway_mac,
+                    src_ip: key.dst_ip,
+                })
+        } else {
+            let Some(port) = self.policy.port(ingress) else {
+                return false;
+            };
+            self.policy.tenant(port.tenant).and_then(|t| {
+                Some(ErrorOrigin {
+                    src_mac: t.router_mac,
+                    dst_mac: port.mac,
+                    src_ip: crate::router::router_source(t, key.src_ip)?,
+                })
+            })
+        };
+        self.router.answer(now, ingress, pkt, h, err, origin)
     }
 
     /// Prefetch the flow-table bucket of the reverse entry a new connection arriving over VXLAN
@@ -934,12 +1006,14 @@ impl Pipeline {
         let t = self.policy.tenant(tenant).ok_or(DropReason::PolicyDrop)?;
         let router = t.router_mac;
         let vni = t.vni;
-        let mac_of = |p: PortId| {
+        let port_of = |p: PortId| {
             self.policy
                 .port(p)
-                .map(|vp| vp.mac)
+                .map(|vp| (vp.mac, vp.mtu))
                 .ok_or(DropReason::NoSuchVm)
         };
+        // What the tenant router does to every packet it forwards: TTL and the next link's MTU.
+        let route = |mtu: u16| Action::Route { mtu };
         let entry = |actions: ActionList, dir: CtDir, mac| FlowEntry {
             epoch: self.epoch,
             tenant,
@@ -980,21 +1054,18 @@ impl Pipeline {
             vni,
             key,
         };
-        let to_vm = |port: PortId, mac| {
-            [
-                Action::SetMacs {
-                    src: router,
-                    dst: mac,
-                },
-                Action::Output(port),
-            ]
+        let set_macs = |mac| Action::SetMacs {
+            src: router,
+            dst: mac,
         };
-        let decap_to_vm = |port: PortId, mac| {
-            let [macs, out] = to_vm(port, mac);
-            [Action::Decap, macs, out]
-        };
+        let to_vm = |port: PortId, (mac, mtu)| [route(mtu), set_macs(mac), Action::Output(port)];
+        // Delivered as it came: the sending host's router already routed it.
+        let decap_to_vm =
+            |port: PortId, (mac, _)| [Action::Decap, set_macs(mac), Action::Output(port)];
+        let overlay_mtu = host.overlay_mtu();
         let to_remote = |vtep: IpAddr16, inner: &FlowKey| {
             [
+                route(overlay_mtu),
                 // The remote vSwitch rewrites the inner MACs on delivery.
                 Action::SetMacs {
                     src: router,
@@ -1006,47 +1077,49 @@ impl Pipeline {
         };
         let (fwd, rev) = match shape {
             Shape::Local { a, b } => {
-                let (ma, mb) = (mac_of(a)?, mac_of(b)?);
+                let (pa, pb) = (port_of(a)?, port_of(b)?);
                 (
                     (
                         at_vm(a, *orig),
-                        entry(list(&to_vm(b, mb)), CtDir::Original, Some(ma)),
+                        entry(list(&to_vm(b, pb)), CtDir::Original, Some(pa.0)),
                     ),
                     (
                         at_vm(b, reply),
-                        entry(list(&to_vm(a, ma)), CtDir::Reply, Some(mb)),
+                        entry(list(&to_vm(a, pa)), CtDir::Reply, Some(pb.0)),
                     ),
                 )
             }
             Shape::TunnelOut { a, vtep } => {
-                let ma = mac_of(a)?;
+                let pa = port_of(a)?;
                 let out = list(&to_remote(vtep, orig));
                 (
-                    (at_vm(a, *orig), entry(out, CtDir::Original, Some(ma))),
+                    (at_vm(a, *orig), entry(out, CtDir::Original, Some(pa.0))),
                     (
                         at_uplink(Some(vni), reply),
-                        entry(list(&decap_to_vm(a, ma)), CtDir::Reply, None),
+                        entry(list(&decap_to_vm(a, pa)), CtDir::Reply, None),
                     ),
                 )
             }
             Shape::TunnelIn { b, vtep } => {
-                let mb = mac_of(b)?;
+                let pb = port_of(b)?;
                 let back = list(&to_remote(vtep, &reply));
                 (
                     (
                         at_uplink(Some(vni), *orig),
-                        entry(list(&decap_to_vm(b, mb)), CtDir::Original, None),
+                        entry(list(&decap_to_vm(b, pb)), CtDir::Original, None),
                     ),
-                    (at_vm(b, reply), entry(back, CtDir::Reply, Some(mb))),
+                    (at_vm(b, reply), entry(back, CtDir::Reply, Some(pb.0))),
                 )
             }
             Shape::Internet { a, nat } => {
-                let ma = mac_of(a)?;
+                let pa = port_of(a)?;
+                let ma = pa.0;
                 let out_macs = Action::SetMacs {
                     src: host.uplink_mac,
                     dst: host.gateway_mac,
                 };
-                let [in_macs, to_a] = to_vm(a, ma);
+                let [in_route, in_macs, to_a] = to_vm(a, pa);
+                let out_route = route(host.underlay_mtu);
                 let uplink_out = Action::Output(host.uplink_port);
                 let (fwd_acts, rev_acts) = match nat {
                     Some((ip, port)) => {
@@ -1061,11 +1134,14 @@ impl Pipeline {
                             port: orig.src_port,
                         };
                         (
-                            list(&[snat, out_macs, uplink_out]),
-                            list(&[unsnat, in_macs, to_a]),
+                            list(&[out_route, snat, out_macs, uplink_out]),
+                            list(&[in_route, unsnat, in_macs, to_a]),
                         )
                     }
-                    None => (list(&[out_macs, uplink_out]), list(&[in_macs, to_a])),
+                    None => (
+                        list(&[out_route, out_macs, uplink_out]),
+                        list(&[in_route, in_macs, to_a]),
+                    ),
                 };
                 (
                     (at_vm(a, *orig), entry(fwd_acts, CtDir::Original, Some(ma))),
@@ -1125,14 +1201,14 @@ impl Pipeline {
         }
     }
 
-    /// Expire idle connections and flow entries, at most `budget` slots of each per call.
-    /// SNAT ports of expired connections return to their pools.
+    /// Expire idle connections, flow entries and timed-out fragmented datagrams, at most
+    /// `budget` slots of each per call. SNAT ports of expired connections return to their pools.
     pub fn expire(&mut self, now: Instant, budget: usize) -> usize {
         let (policy, snat) = (&self.policy, &mut self.snat);
         let n = self
             .ct
             .expire(now, budget, |conn| release_snat_of(policy, snat, conn));
-        n + self.flows.expire(now, budget, |_, _| {})
+        n + self.flows.expire(now, budget, |_, _| {}) + self.frags.expire(now, budget)
     }
 
     /// Check the invariants of every table; the simulator calls this after every event.

@@ -59,6 +59,15 @@ pub enum DropReason {
     FragmentTimeout,
     /// A frame on the uplink that is neither our VXLAN nor addressed to a SNAT address.
     NotForUs,
+    /// The router would forward it but its IPv4 TTL / IPv6 hop limit is spent; counted when no
+    /// ICMP time-exceeded goes back instead (see [`crate::router`] for when none does).
+    TtlExpired,
+    /// Longer than the next link's MTU; counted when no ICMP fragmentation-needed /
+    /// packet-too-big goes back instead (see [`crate::router`]).
+    PacketTooBig {
+        /// The MTU it exceeded.
+        mtu: u16,
+    },
     /// A security group rule denied the first packet of a connection.
     SecurityGroupDeny {
         /// The group holding the rule.
@@ -135,6 +144,10 @@ pub enum DropKind {
     FragmentTimeout,
     /// [`DropReason::NotForUs`]
     NotForUs,
+    /// [`DropReason::TtlExpired`]
+    TtlExpired,
+    /// [`DropReason::PacketTooBig`]
+    PacketTooBig,
     /// [`DropReason::SecurityGroupDeny`]
     SecurityGroupDeny,
     /// [`DropReason::SecurityGroupDefaultDeny`]
@@ -167,7 +180,7 @@ pub enum DropKind {
 
 impl DropKind {
     /// Number of kinds; the length of a counter array.
-    pub const COUNT: usize = 30;
+    pub const COUNT: usize = 32;
 
     /// Every kind, in counter order.
     pub const ALL: [DropKind; DropKind::COUNT] = [
@@ -187,6 +200,8 @@ impl DropKind {
         DropKind::FragmentTableFull,
         DropKind::FragmentTimeout,
         DropKind::NotForUs,
+        DropKind::TtlExpired,
+        DropKind::PacketTooBig,
         DropKind::SecurityGroupDeny,
         DropKind::SecurityGroupDefaultDeny,
         DropKind::NoRoute,
@@ -204,14 +219,15 @@ impl DropKind {
     ];
 
     /// The reason of a kind that carries no detail; `None` for kinds with a payload
-    /// (malformed, unknown port or VNI, unsupported EtherType, security-group deny).
+    /// (malformed, unknown port or VNI, unsupported EtherType, security-group deny, too big).
     pub fn payload_free_reason(self) -> Option<DropReason> {
         Some(match self {
             DropKind::Malformed
             | DropKind::UnknownPort
             | DropKind::UnknownVni
             | DropKind::UnsupportedEtherType
-            | DropKind::SecurityGroupDeny => return None,
+            | DropKind::SecurityGroupDeny
+            | DropKind::PacketTooBig => return None,
             DropKind::SpoofedMac => DropReason::SpoofedMac,
             DropKind::SpoofedIp => DropReason::SpoofedIp,
             DropKind::ArpNotRouted => DropReason::ArpNotRouted,
@@ -224,6 +240,7 @@ impl DropKind {
             DropKind::FragmentTableFull => DropReason::FragmentTableFull,
             DropKind::FragmentTimeout => DropReason::FragmentTimeout,
             DropKind::NotForUs => DropReason::NotForUs,
+            DropKind::TtlExpired => DropReason::TtlExpired,
             DropKind::SecurityGroupDefaultDeny => DropReason::SecurityGroupDefaultDeny,
             DropKind::NoRoute => DropReason::NoRoute,
             DropKind::Blackhole => DropReason::Blackhole,
@@ -259,6 +276,8 @@ impl DropKind {
             DropKind::FragmentTableFull => "vswitch.drop.fragment_table_full",
             DropKind::FragmentTimeout => "vswitch.drop.fragment_timeout",
             DropKind::NotForUs => "vswitch.drop.not_for_us",
+            DropKind::TtlExpired => "vswitch.drop.ttl_expired",
+            DropKind::PacketTooBig => "vswitch.drop.too_big",
             DropKind::SecurityGroupDeny => "vswitch.drop.sg_deny",
             DropKind::SecurityGroupDefaultDeny => "vswitch.drop.sg_default_deny",
             DropKind::NoRoute => "vswitch.drop.no_route",
@@ -297,6 +316,8 @@ impl DropReason {
             DropReason::FragmentTableFull => DropKind::FragmentTableFull,
             DropReason::FragmentTimeout => DropKind::FragmentTimeout,
             DropReason::NotForUs => DropKind::NotForUs,
+            DropReason::TtlExpired => DropKind::TtlExpired,
+            DropReason::PacketTooBig { .. } => DropKind::PacketTooBig,
             DropReason::SecurityGroupDeny { .. } => DropKind::SecurityGroupDeny,
             DropReason::SecurityGroupDefaultDeny => DropKind::SecurityGroupDefaultDeny,
             DropReason::NoRoute => DropKind::NoRoute,
@@ -325,6 +346,7 @@ impl fmt::Display for DropReason {
                 write!(f, "denied by {group} rule {rule}")
             }
             DropReason::UnsupportedEtherType(t) => write!(f, "unsupported ethertype {t:#06x}"),
+            DropReason::PacketTooBig { mtu } => write!(f, "too big for mtu {mtu}"),
             other => {
                 let name = other.kind().metric();
                 f.write_str(name.trim_start_matches("vswitch.drop."))

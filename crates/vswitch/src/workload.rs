@@ -277,6 +277,7 @@ impl WorkloadConfig {
                 mac: Self::vm_mac(i).to_string(),
                 ips: vec![ip(Self::vm_ip(i))],
                 security_groups: vec![1 + i],
+                mtu: None,
             });
             groups.push(SecurityGroupSection {
                 id: 1 + i,
@@ -291,6 +292,7 @@ impl WorkloadConfig {
                 vtep_ip: ip(LOCAL_VTEP),
                 gateway_mac: GATEWAY_MAC.to_string(),
                 vxlan_port: 4789,
+                underlay_mtu: None,
             },
             tenants: vec![tenant],
             ports,

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use common::{run, secs};
+use common::{routed, run, secs};
 use proptest::prelude::*;
 use spillway_vswitch::conntrack::{Conntrack, ConntrackConfig, CtError};
 use spillway_vswitch::flow_table::FlowTableConfig;
@@ -682,8 +682,8 @@ fn an_error_about_a_tracked_packet_is_related_and_passes_closed_ingress() {
             );
             assert_eq!(
                 &out[14..],
-                &err[14..],
-                "forwarded unchanged but for the MACs"
+                &routed(&err)[14..],
+                "forwarded unchanged but for the MACs and the TTL"
             );
         }
         assert_eq!(p.counters().icmp_related, 2);

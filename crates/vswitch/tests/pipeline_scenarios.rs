@@ -58,8 +58,8 @@ fn local_connection_takes_the_slow_path_once_then_both_directions_hit() {
     assert_eq!((h.src_mac, h.dst_mac), (ACME_ROUTER, DB_MAC));
     assert_eq!(
         &out[12..],
-        &syn[12..],
-        "only the MACs change on a local route"
+        &routed(&syn)[12..],
+        "only the MACs and the TTL change on a local route"
     );
 
     let syn_ack = to_acme(DB_MAC, (DB_IP, 5432), (WEB_IP, 40000), SYN | ACK);
@@ -247,8 +247,8 @@ fn remote_subnet_is_encapsulated_and_the_reply_decapsulated() {
     );
     assert_eq!(
         &out[vx.inner_offset as usize + 12..],
-        &syn[12..],
-        "inner packet unchanged"
+        &routed(&syn)[12..],
+        "inner packet unchanged but for the TTL"
     );
     assert_checksums(&out);
 
@@ -342,10 +342,16 @@ fn tenants_with_overlapping_addresses_never_meet() {
         SYN,
         b"",
     );
+    // Its router answers host unreachable (ICMP 3/1) from globex's router address.
+    let (v, out, _) = run(&mut p, secs(1), GLOBEX, &syn);
+    assert_eq!(v, Verdict::Forward(GLOBEX));
     assert_eq!(
-        run(&mut p, secs(1), GLOBEX, &syn).0,
-        Verdict::Drop(DropReason::NoSuchVm)
+        (out[23], out[34], out[35]),
+        (1, 3, 1),
+        "ICMP host unreachable"
     );
+    assert_eq!(&out[26..30], &[10, 1, 0, 1], "from globex's router");
+    assert_eq!(p.icmp_error_counters().unreachable, 1);
     // The same 5-tuple in acme is a different connection in a different zone.
     let syn = to_acme(WEB_MAC, (WEB_IP, 40000), (WEB2_IP, 80), SYN);
     assert_eq!(run(&mut p, secs(1), WEB, &syn).0, Verdict::Forward(WEB2));
@@ -653,8 +659,9 @@ fn icmp_error_about_a_snatted_packet_is_translated_back_to_the_vm() {
         "outer IPv4 checksum"
     );
     assert_eq!(checksum::checksum(&back[34..]), 0, "ICMP checksum");
-    // The embedded packet is again exactly what the VM sent: address, port and both checksums.
-    assert_eq!(&back[42..], &q[14..]);
+    // The embedded packet is again exactly what the VM sent: address, port and both checksums
+    // (and the TTL our router left it with, which is what the far router saw).
+    assert_eq!(&back[42..], &routed(&q)[14..]);
     // An error about a port no connection holds is not related.
     let mut stray = out.clone();
     stray[34..36].copy_from_slice(&4242u16.to_be_bytes());

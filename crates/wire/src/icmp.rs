@@ -31,6 +31,8 @@ pub const V4_TIME_EXCEEDED: u8 = 11;
 pub const V6_DEST_UNREACHABLE: u8 = 1;
 /// ICMPv6 packet too big (RFC 4443 section 3.2).
 pub const V6_PACKET_TOO_BIG: u8 = 2;
+/// ICMPv6 time exceeded (RFC 4443 section 3.3).
+pub const V6_TIME_EXCEEDED: u8 = 3;
 
 /// What an ICMP or ICMPv6 message type is to connection tracking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

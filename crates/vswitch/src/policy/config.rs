@@ -38,6 +38,10 @@ pub struct HostSection {
     /// VXLAN UDP destination port; 4789 (RFC 7348) when omitted.
     #[serde(default = "default_vxlan_port")]
     pub vxlan_port: u16,
+    /// MTU of the uplink's link (IP bytes); 1500 when omitted. The overlay's MTU is this less
+    /// the VXLAN overhead (50 bytes over an IPv4 underlay, 70 over IPv6).
+    #[serde(default)]
+    pub underlay_mtu: Option<u16>,
 }
 
 fn default_vxlan_port() -> u16 {
@@ -138,6 +142,9 @@ pub struct PortSection {
     /// Security group ids, evaluated together.
     #[serde(default)]
     pub security_groups: Vec<u32>,
+    /// The largest IP packet the vSwitch delivers to this port; 1500 when omitted.
+    #[serde(default)]
+    pub mtu: Option<u16>,
 }
 
 /// `[[security_group]]`.

@@ -19,6 +19,10 @@
 //! vtep_ip = "192.0.2.1"              # this host's underlay address, VXLAN source
 //! gateway_mac = "02:00:00:00:00:fe"  # underlay next hop for encapsulated and SNAT traffic
 //! vxlan_port = 4789                  # optional, default 4789
+//! underlay_mtu = 1500                # optional, default 1500: the uplink link's MTU; the
+//!                                    # overlay's is 50 less (70 over an IPv6 underlay).
+//!                                    # 576..=9216 (1280.. over IPv6); with IPv6 tenants the
+//!                                    # overlay's must be at least 1280
 //!
 //! [[tenant]]
 //! id = 1                             # unique
@@ -52,6 +56,8 @@
 //!                                    # host.uplink_mac, host.gateway_mac or a router_mac
 //! ips = ["10.1.0.10", "fd00:1::10"]  # inside the tenant's subnets, unique within the tenant
 //! security_groups = [1]              # groups of the same tenant, no repeats
+//! mtu = 1500                         # optional, default 1500: largest IP packet delivered
+//!                                    # to the port, 68..=9216 (1280.. with an IPv6 address)
 //!
 //! [[security_group]]
 //! id = 1                             # unique
@@ -137,6 +143,8 @@ pub struct HostConfig {
     pub gateway_mac: MacAddr,
     /// VXLAN UDP destination port.
     pub vxlan_port: u16,
+    /// MTU of the uplink's link: the largest IP packet the underlay carries.
+    pub underlay_mtu: u16,
 }
 
 impl HostConfig {
@@ -152,7 +160,27 @@ impl HostConfig {
             Decap::Off
         }
     }
+
+    /// The largest inner IP packet the overlay carries: the underlay MTU less the VXLAN
+    /// encapsulation (outer IP, UDP, VXLAN and the inner Ethernet header).
+    pub fn overlay_mtu(&self) -> u16 {
+        let overhead = if self.vtep_ip.is_v4() {
+            spillway_wire::build::VXLAN_V4_OVERHEAD
+        } else {
+            spillway_wire::build::VXLAN_V6_OVERHEAD
+        };
+        self.underlay_mtu.saturating_sub(overhead as u16)
+    }
 }
+
+/// Largest MTU a port or the underlay may have: jumbo frames, as far as NICs commonly go.
+pub const MTU_MAX: u16 = 9216;
+
+/// The MTU when the config names none.
+pub const MTU_DEFAULT: u16 = 1500;
+
+/// IPv6's minimum link MTU (RFC 8200 section 5).
+const MTU_MIN_V6: u16 = 1280;
 
 /// A tenant's SNAT address and port range (inclusive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,6 +275,9 @@ pub struct VmPort {
     pub ips: Vec<IpAddr16>,
     /// Its security groups, in config order.
     pub groups: Vec<SecurityGroupId>,
+    /// The largest IP packet delivered to it; larger ones routed to it are refused with
+    /// ICMP fragmentation-needed / packet-too-big (see [`crate::router`]).
+    pub mtu: u16,
 }
 
 /// A security group as compiled (rules in config order; `rules[i].index == i`).
@@ -469,12 +500,41 @@ impl Compiler<'_> {
             vtep_ip: self.ip("host.vtep_ip".into(), &cfg.host.vtep_ip)?,
             gateway_mac: self.mac("host.gateway_mac".into(), &cfg.host.gateway_mac, true)?,
             vxlan_port: cfg.host.vxlan_port,
+            underlay_mtu: cfg.host.underlay_mtu.unwrap_or(MTU_DEFAULT),
         };
         if host.vxlan_port == 0 {
             return Err(self.invalid("host.vxlan_port".into(), "a UDP port 1-65535", 0));
         }
+        let underlay_min = if host.vtep_ip.is_v4() {
+            576
+        } else {
+            MTU_MIN_V6
+        };
+        if !(underlay_min..=MTU_MAX).contains(&host.underlay_mtu) {
+            return Err(self.invalid(
+                "host.underlay_mtu".into(),
+                &format!("an MTU in {underlay_min}..={MTU_MAX}"),
+                host.underlay_mtu,
+            ));
+        }
 
         let (tenants, routes, snat_index) = self.tenants(&cfg.tenants)?;
+        // IPv6 needs 1280 bytes on every link (RFC 8200 section 5), the overlay included.
+        if host.overlay_mtu() < MTU_MIN_V6
+            && let Some(t) = tenants
+                .iter()
+                .find(|t| t.subnets.iter().any(|n| !n.network().is_v4()))
+        {
+            let min = host.underlay_mtu - host.overlay_mtu() + MTU_MIN_V6;
+            return Err(self.invalid(
+                "host.underlay_mtu".into(),
+                &format!(
+                    "at least {min}: tenant {} has IPv6 subnets, and the overlay must carry 1280-byte IPv6 packets",
+                    t.id.0
+                ),
+                host.underlay_mtu,
+            ));
+        }
         // Encapsulation needs both VTEPs in one family: the outer header is IPv4 or IPv6.
         for (ti, t) in tenants.iter().enumerate() {
             for (ri, r) in t.routes.iter().enumerate() {
@@ -922,12 +982,31 @@ impl Compiler<'_> {
                     found: rule_count,
                 });
             }
+            let mtu = p.mtu.unwrap_or(MTU_DEFAULT);
+            let mtu_min = if ips.iter().any(|ip| !ip.is_v4()) {
+                MTU_MIN_V6
+            } else {
+                68
+            };
+            if !(mtu_min..=MTU_MAX).contains(&mtu) {
+                let why = if mtu_min == MTU_MIN_V6 {
+                    " (the port has an IPv6 address)"
+                } else {
+                    ""
+                };
+                return Err(self.invalid(
+                    format!("{at}.mtu"),
+                    &format!("an MTU in {mtu_min}..={MTU_MAX}{why}"),
+                    mtu,
+                ));
+            }
             out.push(VmPort {
                 id: PortId(p.id),
                 tenant: tenant_id,
                 mac,
                 ips,
                 groups: port_groups,
+                mtu,
             });
         }
         out.sort_by_key(|p| p.id);

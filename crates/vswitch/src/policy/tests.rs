@@ -721,6 +721,7 @@ fn config_built_in_code_compiles() {
             vtep_ip: "2001:db8::1".into(),
             gateway_mac: "02:00:00:00:00:fe".into(),
             vxlan_port: 4789,
+            underlay_mtu: None,
         },
         tenants: vec![TenantSection {
             id: 3,
@@ -809,4 +810,54 @@ mod differential {
             }
         }
     }
+}
+
+#[test]
+fn mtus_default_to_1500_and_are_range_checked_with_ipv6_in_mind() {
+    let p = base();
+    assert_eq!(p.host().underlay_mtu, 1500);
+    assert_eq!(p.host().overlay_mtu(), 1450);
+    assert!(p.ports().iter().all(|port| port.mtu == 1500));
+    // A jumbo underlay and a small IPv4-only port.
+    let text = BASE
+        .replacen(
+            "gateway_mac = \"02:00:00:00:00:fe\"",
+            "gateway_mac = \"02:00:00:00:00:fe\"\nunderlay_mtu = 9000",
+            1,
+        )
+        .replacen(
+            "ips = [\"10.1.0.11\"]",
+            "ips = [\"10.1.0.11\"]\nmtu = 576",
+            1,
+        );
+    let p = Policy::from_toml_str(&text, FILE).expect("valid");
+    assert_eq!(p.host().overlay_mtu(), 8950);
+    assert_eq!(p.port(PortId(11)).map(|port| port.mtu), Some(576));
+    // Out of range.
+    let e = err_with(
+        "gateway_mac = \"02:00:00:00:00:fe\"",
+        "gateway_mac = \"02:00:00:00:00:fe\"\nunderlay_mtu = 9217",
+    );
+    assert_eq!(e.field(), Some("host.underlay_mtu"), "{e}");
+    assert!(e.to_string().contains("576..=9216"), "{e}");
+    // Acme has an IPv6 subnet: its 1280-byte packets must fit the overlay.
+    let e = err_with(
+        "gateway_mac = \"02:00:00:00:00:fe\"",
+        "gateway_mac = \"02:00:00:00:00:fe\"\nunderlay_mtu = 1300",
+    );
+    assert_eq!(e.field(), Some("host.underlay_mtu"), "{e}");
+    assert!(e.to_string().contains("at least 1330"), "{e}");
+    // Port 10 has an IPv6 address, so at least 1280.
+    let e = err_with(
+        "ips = [\"10.1.0.10\", \"fd00:1::10\"]",
+        "ips = [\"10.1.0.10\", \"fd00:1::10\"]\nmtu = 1279",
+    );
+    assert_eq!(e.field(), Some("port[0].mtu"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("1280..=9216 (the port has an IPv6 address)"),
+        "{e}"
+    );
+    let e = err_with("ips = [\"10.1.0.11\"]", "ips = [\"10.1.0.11\"]\nmtu = 67");
+    assert_eq!(e.field(), Some("port[1].mtu"), "{e}");
 }

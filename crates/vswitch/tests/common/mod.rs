@@ -143,6 +143,27 @@ pub fn run(
     (v, buf.data().to_vec(), p.counters().fast_path_hits > hits)
 }
 
+/// `frame` (untagged IPv4 or IPv6, or the same at `l3`) as the tenant router forwards it: TTL /
+/// hop limit one less, the IPv4 header checksum recomputed; every other byte as it was.
+pub fn routed_at(frame: &[u8], l3: usize) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    if f[l3] >> 4 == 4 {
+        f[l3 + 8] -= 1;
+        f[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+        let ihl = usize::from(f[l3] & 0x0f) * 4;
+        let c = spillway_wire::checksum::ipv4_header_checksum(&f[l3..l3 + ihl]);
+        f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+    } else {
+        f[l3 + 7] -= 1;
+    }
+    f
+}
+
+/// [`routed_at`] for an untagged frame.
+pub fn routed(frame: &[u8]) -> Vec<u8> {
+    routed_at(frame, 14)
+}
+
 pub fn secs(s: u64) -> Instant {
     Instant(s * 1_000_000_000)
 }
