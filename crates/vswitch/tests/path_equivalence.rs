@@ -13,7 +13,9 @@
 //! A second property checks that when a packet's repeat hits the entry its first copy installed,
 //! the two outputs are identical. Fragmented packets (IPv4 fragments of 8 data bytes, in order or
 //! with the first two swapped) are mixed in: they always take the slow path on both, and their
-//! verdicts, bytes and fragment counters must agree too.
+//! verdicts, bytes and fragment counters must agree too. So are packets with a TTL of 0, 1 or 2,
+//! which the router answers with time exceeded (or forwards with TTL 1) on either path, with the
+//! same error bytes and counters.
 
 mod common;
 
@@ -41,6 +43,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0usize..8, 0u16..3).prop_map(|(flow, nat_guess)| Op::Handshake { flow, nat_guess }),
         3 => (0usize..8, any::<bool>(), 0u16..3, 0u16..4, prop::bool::weighted(0.2))
             .prop_map(|(flow, reply, nat_guess, id, swap)| Op::Fragmented { flow, reply, nat_guess, id, swap }),
+        2 => (0usize..8, any::<bool>(), 0u16..3, 0u8..3)
+            .prop_map(|(flow, reply, nat_guess, ttl)| Op::Expiring { flow, reply, nat_guess, ttl }),
         3 => (1u64..500).prop_map(Op::Advance),
         1 => (20_000u64..200_000).prop_map(Op::Advance),
         1 => Just(Op::Expire),

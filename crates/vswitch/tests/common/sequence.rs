@@ -87,6 +87,14 @@ pub enum Op {
         id: u16,
         swap: bool,
     },
+    /// A packet of `flow` (PSH-ACK for TCP) whose innermost TTL is `ttl` (0..=2): the router
+    /// answers TTL 0 and 1 with time exceeded, fast path or slow, and forwards TTL 2 as 1.
+    Expiring {
+        flow: usize,
+        reply: bool,
+        nat_guess: u16,
+        ttl: u8,
+    },
     Advance(u64),
     Expire,
     Reload,
@@ -281,6 +289,15 @@ pub fn decode(data: &[u8]) -> (Vec<Flow>, Vec<Op>) {
                     swap: x & 0x40 != 0,
                 }
             }
+            23..26 => {
+                let (f, x) = (byte(), byte());
+                Op::Expiring {
+                    flow: usize::from(f) % FLOWS,
+                    reply: x & 0x80 != 0,
+                    nat_guess: u16::from(x % 3),
+                    ttl: (x >> 2) % 3,
+                }
+            }
             26..29 => Op::Advance(1 + u64::from(byte()) * 2),
             29 => Op::Advance(20_000 + u64::from(byte()) * 700),
             30 => Op::Expire,
@@ -355,6 +372,31 @@ pub fn check_sequence(flows: &[Flow], ops: &[Op]) -> Result<Ran, String> {
                     }
                 }
             }
+            Op::Expiring {
+                flow,
+                reply,
+                nat_guess,
+                ttl,
+            } => {
+                let (port, mut f) = packet(&flows[flow], reply, PSH | ACK, nat_guess, false);
+                // The innermost IPv4 header: after the VXLAN outer headers for overlay senders.
+                let l3 = if port == UPLINK
+                    && f.len() > 64
+                    && f[14 + 9] == 17
+                    && f[36..38] == [0x12, 0xb5]
+                {
+                    64
+                } else {
+                    14
+                };
+                f[l3 + 8] = ttl;
+                f[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+                let c = spillway_wire::checksum::ipv4_header_checksum(&f[l3..l3 + 20]);
+                f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+                offer(&mut a, &mut b, now, (port, f), &|| {
+                    format!("op {i}: {op:?} of {:?}", flows[flow])
+                })?;
+            }
             Op::Advance(ms) => now = now + Duration::from_millis(ms),
             Op::Expire => {
                 a.expire(now, 1 << 20);
@@ -375,6 +417,7 @@ pub fn check_sequence(flows: &[Flow], ops: &[Op]) -> Result<Ran, String> {
         || a.drops() != b.drops()
         || a.conntrack().len() != b.conntrack().len()
         || a.frag_counters() != b.frag_counters()
+        || a.icmp_error_counters() != b.icmp_error_counters()
     {
         return Err(format!(
             "totals differ: {ca:?} vs {cb:?}, drops {:?} vs {:?}",
