@@ -1,13 +1,15 @@
 //! Security groups and conntrack against Linux netfilter. For each of 30 seeds, a random policy
-//! (three VMs of one tenant, each with its own security group of up to eight random rules:
-//! direction, allow or deny, TCP/UDP/ICMP/any, remote prefix, port range, priority) is compiled
+//! (three dual-stack VMs of one tenant, each with its own security group of up to eight random
+//! rules: direction, allow or deny, TCP/UDP/ICMP/ICMPv6/any, an IPv4 or IPv6 remote prefix,
+//! port range, priority) is compiled
 //! twice: into our `Pipeline`, and into an nftables ruleset over nf_conntrack in a network
 //! namespace that routes between three veth links (`ct state established,related accept`,
 //! `ct state invalid drop`, then the source VM's egress rules and the destination VM's ingress
 //! rules in our precedence order, with our defaults: egress allowed, ingress denied). Then a
-//! random conversation trace of 200 packets among the VMs (TCP handshakes, data, FIN and RST;
-//! UDP both ways; ICMP echo requests and replies, unsolicited replies, and destination-unreachable
-//! errors about tracked and untracked flows) is offered to both, packet by packet: the kernel's
+//! random conversation trace of 200 packets among the VMs, each flow IPv4 or IPv6 (TCP
+//! handshakes, data, FIN and RST; UDP both ways; ICMP / ICMPv6 echo requests and replies,
+//! unsolicited replies, and destination-unreachable errors about tracked and untracked flows) is
+//! offered to both, packet by packet: the kernel's
 //! answer is whether the frame, sent with an `AF_PACKET` socket on the source VM's link, comes out
 //! of the destination VM's link before a sentinel frame sent right after it (the sentinel is
 //! never tracked and always forwarded, and both travel one CPU's backlog in order).
@@ -25,7 +27,7 @@
 
 use std::fmt::Write as _;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant as StdInstant};
@@ -38,7 +40,7 @@ use spillway_wire::MacAddr;
 use spillway_wire::build::FrameBuilder;
 
 const SEEDS: u64 = 30;
-const PACKETS: usize = 200;
+const PACKETS: usize = 400;
 const VMS: usize = 3;
 const RULES_MAX: u64 = 8;
 /// The sentinel's UDP destination port; no generated flow uses it.
@@ -54,6 +56,19 @@ const PSH: u8 = 0x08;
 
 fn vm_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 9, 0, 1 + i as u8)
+}
+
+fn vm_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, 1 + i as u16)
+}
+
+/// VM `i`'s address in the family of a flow.
+fn vm_addr(i: usize, v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(vm_ip6(i))
+    } else {
+        IpAddr::V4(vm_ip(i))
+    }
 }
 
 fn vm_mac(i: usize) -> MacAddr {
@@ -83,13 +98,18 @@ fn random_rules(rng: &mut SplitMix64, me: usize) -> Vec<Rule> {
     let n = rng.next_u64() % (RULES_MAX + 1);
     (0..n)
         .map(|_| {
-            let proto = [Some("tcp"), Some("udp"), Some("icmp"), None][rng.below(4)];
+            let proto =
+                [Some("tcp"), Some("udp"), Some("icmp"), Some("icmpv6"), None][rng.below(5)];
             let other = (me + 1 + rng.below(VMS - 1)) % VMS;
-            let remote = match rng.below(5) {
-                0 => "0.0.0.0/0".to_string(),
-                1 => "10.9.0.0/24".to_string(),
-                2 | 3 => format!("{}/32", vm_ip(other)),
-                _ => "192.168.7.0/24".to_string(),
+            let remote = match (rng.below(2) == 0, rng.below(5)) {
+                (false, 0) => "0.0.0.0/0".to_string(),
+                (false, 1) => "10.9.0.0/24".to_string(),
+                (false, 2 | 3) => format!("{}/32", vm_ip(other)),
+                (false, _) => "192.168.7.0/24".to_string(),
+                (true, 0) => "::/0".to_string(),
+                (true, 1) => "fd00:9::/64".to_string(),
+                (true, 2 | 3) => format!("{}/128", vm_ip6(other)),
+                (true, _) => "2001:db8:7::/48".to_string(),
             };
             let ports = match (proto, rng.below(4)) {
                 (Some("tcp" | "udp"), 0) => None,
@@ -117,15 +137,16 @@ fn policy_toml(rules: &[Vec<Rule>]) -> String {
     let mut t = String::from(
         "[host]\nuplink_port = 0\nuplink_mac = \"02:00:00:09:ff:01\"\nvtep_ip = \"192.0.2.1\"\n\
          gateway_mac = \"02:00:00:09:ff:fe\"\n\n[[tenant]]\nid = 1\nvni = 100\n\
-         router_mac = \"02:00:00:09:00:fe\"\nsubnets = [\"10.9.0.0/24\"]\n",
+         router_mac = \"02:00:00:09:00:fe\"\nsubnets = [\"10.9.0.0/24\", \"fd00:9::/64\"]\n",
     );
     for i in 0..VMS {
         let _ = write!(
             t,
-            "\n[[port]]\nid = {}\ntenant = 1\nmac = \"{}\"\nips = [\"{}\"]\nsecurity_groups = [{}]\n",
+            "\n[[port]]\nid = {}\ntenant = 1\nmac = \"{}\"\nips = [\"{}\", \"{}\"]\nsecurity_groups = [{}]\n",
             i + 1,
             vm_mac(i),
             vm_ip(i),
+            vm_ip6(i),
             i + 1
         );
     }
@@ -182,9 +203,11 @@ fn nft_ruleset(rules: &[Vec<Rule>], links: &[String]) -> String {
                 if let Some(p) = r.proto {
                     let _ = write!(m, "meta l4proto {p} ");
                 }
+                // `ip` matches IPv4 packets only and `ip6` IPv6 only, as our prefixes do.
                 let _ = write!(
                     m,
-                    "ip {} {} ",
+                    "{} {} {} ",
+                    if r.remote.contains(':') { "ip6" } else { "ip" },
                     if ingress { "saddr" } else { "daddr" },
                     r.remote
                 );
@@ -265,17 +288,32 @@ impl Kernel {
         };
         sh(&["ip", "netns", "add", &fw])?;
         sh(&["ip", "netns", "add", &vms])?;
-        for ns in [&fw, &vms] {
-            for key in ["all", "default"] {
-                sh(&[
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    "sysctl",
-                    "-qw",
-                    &format!("net.ipv6.conf.{key}.disable_ipv6=1"),
-                ])?;
+        // The VMs' side runs no IPv6 stack (the captures see frames regardless); the router
+        // forwards IPv6 without duplicate address detection, router advertisements or
+        // redirects.
+        for (ns, kvs) in [
+            (
+                &vms,
+                &[
+                    "net.ipv6.conf.all.disable_ipv6=1",
+                    "net.ipv6.conf.default.disable_ipv6=1",
+                ][..],
+            ),
+            (
+                &fw,
+                &[
+                    "net.ipv6.conf.all.accept_dad=0",
+                    "net.ipv6.conf.default.accept_dad=0",
+                    "net.ipv6.conf.all.accept_ra=0",
+                    "net.ipv6.conf.default.accept_ra=0",
+                    "net.ipv6.conf.all.forwarding=1",
+                    "net.ipv6.conf.default.forwarding=1",
+                    "net.ipv6.conf.all.accept_redirects=0",
+                ][..],
+            ),
+        ] {
+            for kv in kvs {
+                sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", kv])?;
             }
         }
         // Ruleset first: it loads nf_conntrack, whose sysctls the lines below set.
@@ -314,22 +352,26 @@ impl Kernel {
             ])?;
             sh(&["ip", "-n", &fw, "link", "set", link, "up"])?;
             sh(&["ip", "-n", &vms, "link", "set", &end, "up"])?;
-            let host = format!("{}/32", vm_ip(i));
-            sh(&["ip", "-n", &fw, "route", "add", &host, "dev", link])?;
-            sh(&[
-                "ip",
-                "-n",
-                &fw,
-                "neigh",
-                "replace",
-                &vm_ip(i).to_string(),
-                "lladdr",
-                &vm_mac(i).to_string(),
-                "dev",
-                link,
-                "nud",
-                "permanent",
-            ])?;
+            for (host, addr) in [
+                (format!("{}/32", vm_ip(i)), vm_ip(i).to_string()),
+                (format!("{}/128", vm_ip6(i)), vm_ip6(i).to_string()),
+            ] {
+                sh(&["ip", "-n", &fw, "route", "add", &host, "dev", link])?;
+                sh(&[
+                    "ip",
+                    "-n",
+                    &fw,
+                    "neigh",
+                    "replace",
+                    &addr,
+                    "lladdr",
+                    &vm_mac(i).to_string(),
+                    "dev",
+                    link,
+                    "nud",
+                    "permanent",
+                ])?;
+            }
             let _ = writeln!(
                 drop_all,
                 "  chain in{i} {{ type filter hook ingress device \"{end}\" priority 0; policy drop; }}"
@@ -386,10 +428,17 @@ fn is_sentinel(f: &[u8]) -> bool {
     f.len() >= 38 && f[12..14] == [8, 0] && f[23] == 17 && f[36..38] == SENTINEL_PORT.to_be_bytes()
 }
 
-/// Whether the routed frame `got` carries `sent`'s IP packet (the TTL and header checksum change
-/// on the way, the rest of the IP header and the payload do not).
+/// Whether the routed frame `got` carries `sent`'s IP packet (the TTL / hop limit and the IPv4
+/// header checksum change on the way, the rest of the IP header and the payload do not).
 fn same_l3(got: &[u8], sent: &[u8]) -> bool {
-    got.len() == sent.len() && got[12..22] == sent[12..22] && got[26..] == sent[26..]
+    if got.len() != sent.len() || got.len() < 34 || got[12..14] != sent[12..14] {
+        return false;
+    }
+    if got[12..14] == [0x86, 0xdd] {
+        got[14..21] == sent[14..21] && got[22..] == sent[22..]
+    } else {
+        got[14..22] == sent[14..22] && got[26..] == sent[26..]
+    }
 }
 
 /// Runs `f` on a thread inside network namespace `ns` (sockets it creates stay there).
@@ -513,6 +562,8 @@ struct Flow {
     a: usize,
     b: usize,
     proto: Proto,
+    /// IPv6 (ICMPv6 for `Proto::Icmp`) rather than IPv4.
+    v6: bool,
     /// TCP/UDP source and destination port; for ICMP, the echo identifier in `sport`.
     sport: u16,
     dport: u16,
@@ -562,7 +613,7 @@ fn tcp_frame(f: &Flow, reverse: bool, flags: u8, payload: &[u8]) -> Vec<u8> {
     let (me, peer) = if reverse { (1, 0) } else { (0, 1) };
     FrameBuilder::new()
         .eth(vm_mac(s), ROUTER_MAC)
-        .ipv4(vm_ip(s), vm_ip(d))
+        .ip(vm_addr(s, f.v6), vm_addr(d, f.v6))
         .tcp(sp, dp)
         .tcp_flags(flags)
         .seq(f.seq[me])
@@ -579,6 +630,7 @@ fn next_packet(rng: &mut SplitMix64, flows: &mut Vec<Flow>) -> Packet {
         let a = rng.below(VMS);
         let b = (a + 1 + rng.below(VMS - 1)) % VMS;
         let proto = [Proto::Tcp, Proto::Udp, Proto::Icmp][rng.below(3)];
+        let v6 = rng.below(2) == 1;
         let sport = 30000 + rng.below(4) as u16;
         let dport = match proto {
             Proto::Icmp => 0,
@@ -586,6 +638,7 @@ fn next_packet(rng: &mut SplitMix64, flows: &mut Vec<Flow>) -> Packet {
         };
         let known = flows.iter().any(|f| {
             f.proto == proto
+                && f.v6 == v6
                 && ((f.a, f.b, f.sport, f.dport) == (a, b, sport, dport)
                     || (f.a, f.b, f.sport, f.dport) == (b, a, dport, sport)
                     || (proto == Proto::Icmp && (f.a, f.b, f.sport) == (b, a, sport)))
@@ -595,6 +648,7 @@ fn next_packet(rng: &mut SplitMix64, flows: &mut Vec<Flow>) -> Packet {
                 a,
                 b,
                 proto,
+                v6,
                 sport,
                 dport,
                 seq: [1000, 5000],
@@ -641,7 +695,7 @@ fn next_packet(rng: &mut SplitMix64, flows: &mut Vec<Flow>) -> Packet {
             };
             let frame = FrameBuilder::new()
                 .eth(vm_mac(from), ROUTER_MAC)
-                .ipv4(vm_ip(from), vm_ip(to))
+                .ip(vm_addr(from, f.v6), vm_addr(to, f.v6))
                 .udp(sp, dp)
                 .payload(b"dgram")
                 .build();
@@ -649,17 +703,23 @@ fn next_packet(rng: &mut SplitMix64, flows: &mut Vec<Flow>) -> Packet {
         }
         Proto::Icmp => {
             if choice >= 8 {
-                // Destination unreachable (port) about this flow's last packet the other way.
+                // Destination unreachable (port) about this flow's last packet the other way:
+                // its IP header and 8 bytes of ICMP (IPv4), or all of it (ICMPv6).
                 let inner = FrameBuilder::new()
-                    .ipv4(vm_ip(to), vm_ip(from))
+                    .ip(vm_addr(to, f.v6), vm_addr(from, f.v6))
                     .icmp_echo(f.sport, 1, false)
                     .payload(b"ping")
                     .build();
+                let (ty, code, quoted) = if f.v6 {
+                    (1, 4, &inner[14..])
+                } else {
+                    (3, 3, &inner[14..42])
+                };
                 let frame = FrameBuilder::new()
                     .eth(vm_mac(from), ROUTER_MAC)
-                    .ipv4(vm_ip(from), vm_ip(to))
-                    .icmp(3, 3)
-                    .payload(&inner[14..42])
+                    .ip(vm_addr(from, f.v6), vm_addr(to, f.v6))
+                    .icmp(ty, code)
+                    .payload(quoted)
                     .build();
                 (frame, "icmp unreachable about the flow".to_string())
             } else {
@@ -667,7 +727,7 @@ fn next_packet(rng: &mut SplitMix64, flows: &mut Vec<Flow>) -> Packet {
                 let reply = reverse != (choice >= 6);
                 let frame = FrameBuilder::new()
                     .eth(vm_mac(from), ROUTER_MAC)
-                    .ipv4(vm_ip(from), vm_ip(to))
+                    .ip(vm_addr(from, f.v6), vm_addr(to, f.v6))
                     .icmp_echo(f.sport, 1, reply)
                     .payload(b"ping")
                     .build();
@@ -709,6 +769,9 @@ fn class_of(f: &Flow) -> Class {
 struct Tally {
     agree: [u64; 3],
     total: [u64; 3],
+    /// The same for IPv6 flows alone.
+    agree6: [u64; 3],
+    total6: [u64; 3],
     differences: Vec<String>,
 }
 
@@ -753,6 +816,7 @@ fn run_seed(seed: u64, tag: &str, tally: &mut Tally) {
         }
         let c = class as usize;
         tally.total[c] += 1;
+        tally.total6[c] += u64::from(f.v6);
         let verdict = |v: bool| if v { "forward" } else { "drop" };
         f.history.push(format!(
             "{}{} {}/{}",
@@ -763,14 +827,16 @@ fn run_seed(seed: u64, tag: &str, tally: &mut Tally) {
         ));
         if ours == theirs {
             tally.agree[c] += 1;
+            tally.agree6[c] += u64::from(f.v6);
         } else {
             tally.differences.push(format!(
-                "seed {seed} packet {i} ({class:?}): {} {} -> {} ({:?} {}:{}), ours {}, netfilter {}; \
+                "seed {seed} packet {i} ({class:?}): {} {} -> {} ({:?}{} {}:{}), ours {}, netfilter {}; \
                  flow so far (ours/netfilter): {}",
                 p.what,
                 p.from,
                 p.to,
                 f.proto,
+                if f.v6 { " v6" } else { "" },
                 f.sport,
                 f.dport,
                 verdict(ours),
@@ -797,8 +863,8 @@ fn security_groups_and_conntrack_agree_with_netfilter() {
     let names = ["first", "established", "other"];
     for (c, name) in names.iter().enumerate() {
         eprintln!(
-            "{name}: {}/{} packets agree",
-            tally.agree[c], tally.total[c]
+            "{name}: {}/{} packets agree ({}/{} of them IPv6)",
+            tally.agree[c], tally.total[c], tally.agree6[c], tally.total6[c]
         );
     }
     for c in [Class::First, Class::Established] {
