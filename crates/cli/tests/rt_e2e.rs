@@ -9,6 +9,9 @@
 //! the test; elsewhere the test prints why it skips. The tests take a global lock so their
 //! measurements do not compete for the machine's two cores.
 
+#[allow(dead_code)]
+mod common;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -169,9 +172,7 @@ port = 2
 
     /// A command run inside VM `vm`'s namespace.
     fn exec(&self, vm: &str, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns(vm), program]);
-        c
+        common::netns_exec(&self.ns(vm), program)
     }
 
     /// Starts a server in `vm`, killed when the bed goes.
@@ -229,18 +230,7 @@ port = 2
     }
 
     fn wait_port(&self, vm: &str, port: u16) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let out = self.exec(vm, "ss").args(["-ltnH"]).output().unwrap();
-            if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nothing listens on {port} in {vm}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::wait_listening(&self.ns(vm), port);
     }
 
     fn ctl(&self, args: &[&str]) -> serde_json::Value {

@@ -19,6 +19,9 @@
 //! Needs root and `ip`, `ping` and `iperf3`; under `CI=true` a missing one fails the test,
 //! elsewhere it prints why it skips.
 
+#[allow(dead_code)]
+mod common;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -188,9 +191,7 @@ mtu = 1500
     }
 
     fn exec(&self, vm: &str, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns(vm), program]);
-        c
+        common::netns_exec(&self.ns(vm), program)
     }
 
     /// Starts iperf3 as a server on `port` in `vm` and waits until it listens.
@@ -203,15 +204,7 @@ mtu = 1500
             .spawn()
             .expect("spawn iperf3 -s");
         self.servers.push(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let out = self.exec(vm, "ss").args(["-ltnH"]).output().expect("ss");
-            if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "iperf3 does not listen in {vm}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::wait_listening(&self.ns(vm), port);
     }
 
     /// Runs an iperf3 client in `vm` against `to:port`; returns its JSON report.

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// The repository root (examples/ lives there).
 pub fn repo_root() -> PathBuf {
@@ -93,4 +94,30 @@ pub fn occurrences(s: &str) -> Vec<&str> {
 /// The last (innermost) occurrence of a tshark field.
 pub fn last(s: &str) -> Option<&str> {
     occurrences(s).last().copied()
+}
+
+/// `program` to run inside network namespace `ns` (`ip netns exec`).
+pub fn netns_exec(ns: &str, program: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, program]);
+    c
+}
+
+/// Waits up to 10 s until something listens on TCP `port` in namespace `ns` (asked with `ss`).
+pub fn wait_listening(ns: &str, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = netns_exec(ns, "ss")
+            .args(["-ltnH"])
+            .output()
+            .expect("run ss");
+        if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on {port} in {ns}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
