@@ -381,6 +381,10 @@ fn guests_with_only_an_address_and_a_default_route_resolve_and_ping() {
         "TCP a -> b received {got} bytes in 1 s: {}",
         v["end"]
     );
+    eprintln!(
+        "TCP a -> b over a 1400-byte path: {got} bytes received in 1 s, {} retransmits",
+        v["end"]["sum_sent"]["retransmits"]
+    );
     let route = bed.ip("a", &["-4", "route", "get", "10.69.1.2"]);
     assert!(
         route.contains("mtu 1400"),
@@ -394,11 +398,13 @@ fn guests_with_only_an_address_and_a_default_route_resolve_and_ping() {
     let sum = &v["end"]["sum"];
     assert!(sum["packets"].as_u64().unwrap_or(0) > 1000, "b -> a: {sum}");
     assert_eq!(sum["lost_packets"].as_u64(), Some(0), "b -> a: {sum}");
+    eprintln!("UDP 3000-byte datagrams b -> a: {sum}");
     // a -> b: a knows the path MTU now and fragments to 1400.
     let v = bed.iperf3("a", "10.69.1.2", 5201, &udp);
     let sum = &v["end"]["sum"];
     assert!(sum["packets"].as_u64().unwrap_or(0) > 1000, "a -> b: {sum}");
     assert_eq!(sum["lost_packets"].as_u64(), Some(0), "a -> b: {sum}");
+    eprintln!("UDP 3000-byte datagrams a -> b: {sum}");
     // With the path MTU forgotten, 3,000-byte pings with DF clear: a's first 1500-byte
     // fragment is answered with fragmentation-needed, a fragments to 1400 from then on.
     Command::new("ip")
@@ -433,6 +439,7 @@ fn guests_with_only_an_address_and_a_default_route_resolve_and_ping() {
         .find_map(|f| f.strip_suffix(" received")?.parse().ok())
         .unwrap_or_else(|| panic!("ping summary: {text}"));
     assert!(received >= 4, "at most the first ping is lost: {text}");
+    eprintln!("3000-byte pings with DF clear, path MTU forgotten: {received} of 5 answered");
     let route = bed.ip("a", &["-4", "route", "get", "10.69.1.2"]);
     assert!(
         route.contains("mtu 1400"),
