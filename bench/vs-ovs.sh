@@ -103,7 +103,7 @@ fi
 SPILLWAY_CONFIG=$(absolute "${SPILLWAY_CONFIG:-$ROOT/bench/testbed-vs-ovs.toml}")
 APPS_CONFIG=$(absolute "${APPS_CONFIG:-$ROOT/bench/testbed-apps-vs.toml}")
 
-TESTS=(tcp udp http_close)
+TESTS=(tcp udp udp-flood http_close)
 ((ALL_APPS)) && TESTS+=(http_keepalive redis)
 
 # ---- preflight ----------------------------------------------------------------------------------
