@@ -9,7 +9,8 @@
 #
 # Needs root, iproute2, iperf3, wrk, nginx, python3; redis for --all-apps; openvswitch-switch for
 # the ovs modes; target/release/spillway and bench/testbed-vs-ovs.toml for the spillway mode. A mode
-# whose prerequisite is missing is skipped with the reason.
+# whose prerequisite is missing is skipped with the reason. The udp-flood test runs
+# `spillway traffic gen|sink` (target/release/spillway) in every mode and fails without it.
 #
 # Exit status: 0 all tests passed; 1 some test or teardown failed (reasons printed); 2 bad usage,
 # missing tools or nothing to run; 130 interrupted (everything is cleaned up first).
@@ -103,7 +104,7 @@ fi
 SPILLWAY_CONFIG=$(absolute "${SPILLWAY_CONFIG:-$ROOT/bench/testbed-vs-ovs.toml}")
 APPS_CONFIG=$(absolute "${APPS_CONFIG:-$ROOT/bench/testbed-apps-vs.toml}")
 
-TESTS=(tcp udp http_close)
+TESTS=(tcp udp udp-flood http_close)
 ((ALL_APPS)) && TESTS+=(http_keepalive redis)
 
 # ---- preflight ----------------------------------------------------------------------------------

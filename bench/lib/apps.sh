@@ -7,6 +7,9 @@
 #   tcp_gbps             iperf3 TCP, receiver side
 #   udp64_rx_kpps        iperf3 UDP, 64-byte payloads, unlimited rate: datagrams the server got
 #   udp64_tx_kpps        ... datagrams the client sent (shows whether sender or path was the limit)
+#   udp_flood_rx_kpps    `spillway traffic gen` flat out (sendmmsg batches of 64, FLOOD_FLOWS
+#                        flows, 64-byte payloads) to `spillway traffic sink`: what the sink got
+#   udp_flood_tx_kpps    ... datagrams the generator sent
 #   http_close_rps       wrk -t1 -c32 with `Connection: close` against nginx (a TCP connection per
 #                        request: connection setup is what this measures)
 #   http_keepalive_rps   the same with keep-alive                                  (--all-apps)
@@ -17,6 +20,8 @@ IPERF_PORT=5201
 HTTP_PORT=8080
 REDIS_PORT=6380
 UDP_LEN=64
+FLOOD_PORT=9000
+FLOOD_FLOWS=8
 
 record() { printf '%s\t%s\t%s\t%s\n' "$RUN" "$MODE" "$1" "$2" >>"$TMP/results.tsv"; }
 
@@ -142,6 +147,66 @@ test_udp() {
         return
     fi
     record_figures udp64 "$out.figures"
+}
+
+# test_udp-flood: the same 64-byte datagrams as test_udp, but from `spillway traffic gen`, which
+# sends batches of 64 per syscall (sendmmsg) from FLOOD_FLOWS sockets, flat out; the sink
+# (recvmmsg, 8 MB receive buffer) runs in b and stops 2 s after the last datagram. It uses
+# $SPILLWAY_BIN in every mode, veth and ovs included.
+test_udp-flood() {
+    local out=$MODE_DIR/udp-flood ready=$MODE_DIR/udp-flood.ready sink i
+    if [[ ! -x $SPILLWAY_BIN ]]; then
+        fail udp-flood "$SPILLWAY_BIN not found (cargo build --release -p spillway, or set SPILLWAY=path)"
+        return
+    fi
+    start_bg "$out.sink" ip netns exec "$NS_B" "$SPILLWAY_BIN" traffic sink \
+        --bind "$IP_B:$FLOOD_PORT" --json --idle 2 --wait $((DURATION + 30)) --ready-file "$ready"
+    sink=$LAST_PID
+    if ! wait_for 10 test -e "$ready"; then
+        fail udp-flood "the sink did not bind $IP_B:$FLOOD_PORT within 10 s: $(tail_of "$out.sink")"
+        stop_pid "$sink"
+        return
+    fi
+    run_client $((DURATION + 20)) "$out.gen" ip netns exec "$NS_A" "$SPILLWAY_BIN" traffic gen \
+        --dst "$IP_B:$FLOOD_PORT" --size "$UDP_LEN" --flows "$FLOOD_FLOWS" --duration "$DURATION" --json
+    # The sink stops on its own 2 s after the last datagram (or --wait after start if none came).
+    for ((i = 0; i < 100; i++)); do
+        pid_alive "$sink" || break
+        sleep 0.1
+    done
+    if pid_alive "$sink"; then
+        fail udp-flood "the sink did not stop 10 s after the generator: $(tail_of "$out.sink")"
+        stop_pid "$sink"
+        return
+    fi
+    wait "$sink" 2>/dev/null
+    if ! python3 - "$out.gen" "$out.sink" >"$out.figures" 2>"$out.reason" <<'PY'
+import json, sys
+
+
+def report(path, who):
+    # The JSON object is the line starting with "{"; a warning (a capped SO_RCVBUF) may precede it.
+    try:
+        with open(path) as f:
+            lines = [l for l in f if l.startswith("{")]
+        return json.loads(lines[-1])
+    except (OSError, ValueError, IndexError) as e:
+        sys.exit(f"no JSON report from the {who} ({e})")
+
+
+gen, sink = report(sys.argv[1], "generator"), report(sys.argv[2], "sink")
+if gen["sent"] <= 0:
+    sys.exit(f"the generator sent nothing ({gen.get('last_send_error')})")
+if sink["received"] <= 0:
+    sys.exit(f"no datagram arrived (sent {gen['sent']})")
+print("udp_flood_rx_kpps", sink["pps"] / 1e3)
+print("udp_flood_tx_kpps", gen["pps"] / 1e3)
+PY
+    then
+        fail udp-flood "$(tail_of "$out.reason" 1) $(tail_of "$out.gen.err" 2) $(tail_of "$out.sink" 2)"
+        return
+    fi
+    record_figures udp-flood "$out.figures"
 }
 
 # wrk_test NAME METRIC [wrk args...]

@@ -21,7 +21,8 @@ def rows(name):
 modes = env["BENCH_MODES"].split(",")
 runs = int(env["BENCH_RUNS"])
 metric_order = [
-    "tcp_gbps", "udp64_rx_kpps", "udp64_tx_kpps", "http_close_rps",
+    "tcp_gbps", "udp64_rx_kpps", "udp64_tx_kpps", "udp_flood_rx_kpps", "udp_flood_tx_kpps",
+    "http_close_rps",
     "http_keepalive_rps", "redis_set_rps", "redis_get_rps",
 ]
 units = {"gbps": "Gbit/s", "kpps": "kpps", "rps": "req/s"}

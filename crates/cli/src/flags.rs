@@ -32,6 +32,10 @@ impl Seconds {
         min: 0.001,
         max: 30.0 * 86_400.0,
     };
+    /// `spillway traffic gen|sink --duration`: 1 ms to 30 days.
+    pub const TRAFFIC_DURATION: Seconds = Seconds::ENDPOINT_DURATION;
+    /// `spillway traffic sink --idle` and `--wait`: 1 ms to 1 hour.
+    pub const TRAFFIC_WAIT: Seconds = Seconds::CTL_TIMEOUT;
 
     /// Parses `s`; the error names the value and the range (clap prefixes the flag).
     pub fn check(self, s: &str) -> Result<Duration, String> {

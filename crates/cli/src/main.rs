@@ -10,6 +10,7 @@ mod rt;
 mod run;
 mod sim;
 mod stability;
+mod traffic;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -55,6 +56,10 @@ enum Command {
     /// A tenant VM on a shared-memory port (virtio queues in a memfd): generator, sink, echo,
     /// or a bridge to a TAP in the VM's namespace.
     VmEndpoint(rt::EndpointArgs),
+    /// A UDP flood generator and sink on plain sockets (sendmmsg/recvmmsg batches), for use
+    /// inside a VM's network namespace: per-flow sequence numbers, loss and reordering.
+    #[command(subcommand)]
+    Traffic(traffic::TrafficCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -169,5 +174,6 @@ fn run_cli(cli: Cli) -> Result<()> {
         Command::SpillPlane(args) => rt::spill_plane(&args),
         Command::VmEndpoint(args) => rt::vm_endpoint(&args),
         Command::Ctl(args) => rt::ctl(&args),
+        Command::Traffic(cmd) => traffic::run(&cmd),
     }
 }
