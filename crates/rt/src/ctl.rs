@@ -59,7 +59,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{Readiness, StopSignal, StopWatch, stop_pair};
+use crate::service::{Readiness, ServiceThread, StopWatch};
 
 /// Longest response line [`ctl_call`] accepts (flow dumps can be large, but not unbounded).
 pub const RESPONSE_LINE_MAX: usize = 64 * 1024 * 1024;
@@ -339,8 +339,7 @@ pub struct CtlServer {
     path: PathBuf,
     calls: Receiver<CtlCall>,
     refused: Arc<Refusals>,
-    stop: StopSignal,
-    thread: Option<JoinHandle<()>>,
+    service: ServiceThread,
     /// Held for the server's lifetime; the lock is what makes the path ours. Never deleted, so
     /// that no second daemon can lock a fresh file while the first still holds the old inode.
     _lock: File,
@@ -372,14 +371,13 @@ impl CtlServer {
         // From here on the socket file exists; remove it again if the rest of the setup fails.
         let refused = Arc::new(Refusals::default());
         match start(listener, path, config, refused.clone()) {
-            Ok((stop, thread, calls)) => {
+            Ok((service, calls)) => {
                 tracing::info!(path = %path.display(), "control socket listening");
                 Ok(CtlServer {
                     path: path.to_owned(),
                     calls,
                     refused,
-                    stop,
-                    thread: Some(thread),
+                    service,
                     _lock: lock,
                 })
             }
@@ -427,7 +425,7 @@ impl CtlServer {
     }
 
     fn stop_and_join(&mut self) {
-        if self.thread.is_none() {
+        if !self.service.is_running() {
             return;
         }
         // Remove the file first, so that new clients fail fast with "not running" rather than
@@ -437,12 +435,7 @@ impl CtlServer {
         {
             tracing::warn!(path = %self.path.display(), %error, "cannot remove control socket");
         }
-        self.stop.stop();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("control socket thread panicked");
-        }
+        self.service.stop_and_join();
     }
 }
 
@@ -458,7 +451,7 @@ fn start(
     path: &Path,
     config: CtlConfig,
     refused: Arc<Refusals>,
-) -> Result<(StopSignal, JoinHandle<()>, Receiver<CtlCall>), CtlError> {
+) -> Result<(ServiceThread, Receiver<CtlCall>), CtlError> {
     let bind_error = |source| CtlError::Bind {
         path: path.to_owned(),
         source,
@@ -466,15 +459,14 @@ fn start(
     // Nonblocking so that a client vanishing between poll and accept cannot block the accept
     // thread (and with it, shutdown).
     listener.set_nonblocking(true).map_err(bind_error)?;
-    let (stop, watch) = stop_pair().map_err(|source| CtlError::Start { source })?;
     // Capacity 0 would make a rendezvous channel that `try_send` can never fill while the loop
     // is busy, i.e. every request "busy"; one slot is the least that works.
     let (calls_tx, calls_rx) = mpsc::sync_channel(config.queue_max.max(1));
-    let thread = std::thread::Builder::new()
-        .name("spillway-ctl".into())
-        .spawn(move || accept_loop(listener, calls_tx, watch, config, &refused))
-        .map_err(|source| CtlError::Start { source })?;
-    Ok((stop, thread, calls_rx))
+    let service = ServiceThread::spawn("spillway-ctl", "control socket", move |watch| {
+        accept_loop(listener, calls_tx, watch, config, &refused)
+    })
+    .map_err(|source| CtlError::Start { source })?;
+    Ok((service, calls_rx))
 }
 
 /// Connections the accept thread refused, by reason (read by [`CtlServer::refused`]).

@@ -59,6 +59,7 @@ pub mod netns;
 pub mod planed;
 pub mod privilege;
 pub mod ring;
+pub(crate) mod service;
 pub mod signals;
 pub mod tap;
 pub mod testbed;

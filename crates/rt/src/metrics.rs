@@ -43,17 +43,18 @@ use std::collections::BTreeSet;
 use std::fmt::{self, Write as _};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
+use std::thread::JoinHandle;
+
+use crate::service::{Readiness, ServiceThread, StopWatch};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use rustix::event::{PollFd, PollFlags, Timespec};
 
 /// The prefix every exposed metric name starts with (followed by `_`).
 pub const PREFIX: &str = "spillway";
@@ -598,132 +599,6 @@ impl Exposition {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stop signal shared by the rt servers
-// ---------------------------------------------------------------------------------------------
-
-/// The write end of a self-pipe. Dropping it (or calling [`StopSignal::stop`]) makes the read end
-/// report hang-up, which wakes every thread polling a [`StopWatch`] at once: no busy loop, no
-/// self-connect, and no thread left blocked in `accept` or `read`. (`ctl` uses it too; it lives
-/// here until the rt crate grows a shared module for it.)
-#[derive(Debug)]
-pub(crate) struct StopSignal {
-    write: Option<OwnedFd>,
-}
-
-impl StopSignal {
-    /// Fires the signal; idempotent.
-    pub(crate) fn stop(&mut self) {
-        self.write = None;
-    }
-}
-
-/// The read end of the self-pipe; clone one per thread.
-#[derive(Clone, Debug)]
-pub(crate) struct StopWatch {
-    read: Arc<OwnedFd>,
-}
-
-/// What [`StopWatch::wait_readable`] saw.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Readiness {
-    /// The descriptor is readable (data, EOF or an error: a read will not block).
-    Ready,
-    /// The stop signal fired; it takes precedence over readiness.
-    Stopped,
-    /// The deadline passed first.
-    TimedOut,
-}
-
-/// A connected stop signal and watch.
-pub(crate) fn stop_pair() -> io::Result<(StopSignal, StopWatch)> {
-    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-    Ok((
-        StopSignal { write: Some(write) },
-        StopWatch {
-            read: Arc::new(read),
-        },
-    ))
-}
-
-impl StopWatch {
-    /// Waits until `fd` is readable, the stop signal fires, or `deadline` (if any) passes.
-    pub(crate) fn wait_readable(
-        &self,
-        fd: impl AsFd,
-        deadline: Option<Instant>,
-    ) -> io::Result<Readiness> {
-        self.wait(Some(fd.as_fd()), deadline)
-    }
-
-    /// Sleeps until `deadline` unless the stop signal fires first; `true` if it did.
-    pub(crate) fn sleep_until(&self, deadline: Instant) -> io::Result<bool> {
-        Ok(self.wait(None, Some(deadline))? == Readiness::Stopped)
-    }
-
-    /// An accept loop's wait: true when `listener` is readable, false when the server is
-    /// stopping. A failed poll is logged (as `what`'s) and retried after 100 ms, so one bad
-    /// wake-up never ends the server.
-    pub(crate) fn wait_listener(&self, listener: impl AsFd, what: &str) -> bool {
-        loop {
-            match self.wait_readable(&listener, None) {
-                Ok(Readiness::Stopped) => return false,
-                Ok(Readiness::Ready | Readiness::TimedOut) => return true,
-                Err(error) => {
-                    tracing::warn!(%error, "{what}: poll failed");
-                    if !matches!(
-                        self.sleep_until(Instant::now() + Duration::from_millis(100)),
-                        Ok(false)
-                    ) {
-                        return false;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whether the stop signal has fired.
-    pub(crate) fn is_stopped(&self) -> bool {
-        // A zero deadline makes this a non-blocking check; if poll itself fails, report stopped
-        // so a caller's loop ends instead of spinning on a broken descriptor.
-        self.wait(None, Some(Instant::now()))
-            .map_or(true, |r| r == Readiness::Stopped)
-    }
-
-    fn wait(
-        &self,
-        fd: Option<std::os::fd::BorrowedFd<'_>>,
-        deadline: Option<Instant>,
-    ) -> io::Result<Readiness> {
-        loop {
-            let timeout = match deadline {
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    // Durations that do not fit a timespec are effectively "forever".
-                    Timespec::try_from(left).ok()
-                }
-                None => None,
-            };
-            let mut fds = [
-                PollFd::new(&*self.read, PollFlags::IN),
-                PollFd::from_borrowed_fd(fd.unwrap_or_else(|| self.read.as_fd()), PollFlags::IN),
-            ];
-            let count = if fd.is_some() { 2 } else { 1 };
-            match rustix::event::poll(&mut fds[..count], timeout.as_ref()) {
-                Ok(0) => return Ok(Readiness::TimedOut),
-                Ok(_) => {
-                    if !fds[0].revents().is_empty() {
-                        return Ok(Readiness::Stopped);
-                    }
-                    return Ok(Readiness::Ready);
-                }
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // HTTP server
 // ---------------------------------------------------------------------------------------------
 
@@ -806,8 +681,7 @@ impl MetricsConfig {
 #[derive(Debug)]
 pub struct MetricsServer {
     local_addr: SocketAddr,
-    stop: StopSignal,
-    thread: Option<JoinHandle<()>>,
+    service: ServiceThread,
 }
 
 impl MetricsServer {
@@ -834,21 +708,19 @@ impl MetricsServer {
         // Nonblocking so that a connection that vanishes between poll and accept cannot block
         // the accept thread (and with it, shutdown).
         listener.set_nonblocking(true).map_err(bind_error)?;
-        let (stop, watch) = stop_pair().map_err(|source| MetricsError::Start { source })?;
         let counters = Arc::new(ServerCounters::default());
         let exposition = Arc::new(Exposition::from_arc(Arc::new(WithServerCounters {
             source,
             counters: Arc::clone(&counters),
         })));
-        let thread = std::thread::Builder::new()
-            .name("spillway-metrics".into())
-            .spawn(move || accept_loop(listener, exposition, watch, config, owners, counters))
-            .map_err(|source| MetricsError::Start { source })?;
+        let service = ServiceThread::spawn("spillway-metrics", "metrics server", move |watch| {
+            accept_loop(listener, exposition, watch, config, owners, counters)
+        })
+        .map_err(|source| MetricsError::Start { source })?;
         tracing::info!(%local_addr, "metrics endpoint listening");
         Ok(MetricsServer {
             local_addr,
-            stop,
-            thread: Some(thread),
+            service,
         })
     }
 
@@ -859,22 +731,7 @@ impl MetricsServer {
 
     /// Stops accepting, wakes connections in progress, and joins every thread.
     pub fn shutdown(mut self) {
-        self.stop_and_join();
-    }
-
-    fn stop_and_join(&mut self) {
-        self.stop.stop();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("metrics server thread panicked");
-        }
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop_and_join();
+        self.service.stop_and_join();
     }
 }
 
@@ -1458,18 +1315,5 @@ mod tests {
     fn help_is_escaped() {
         assert_eq!(escape_help("plain"), "plain");
         assert_eq!(escape_help("a\nb\\c\"d"), "a\\nb\\\\c\\\"d");
-    }
-
-    #[test]
-    fn stop_watch_wakes_on_stop() {
-        let (mut stop, watch) = stop_pair().expect("pipe");
-        assert!(!watch.is_stopped());
-        let waiter = {
-            let watch = watch.clone();
-            std::thread::spawn(move || watch.sleep_until(Instant::now() + Duration::from_secs(30)))
-        };
-        stop.stop();
-        assert!(waiter.join().expect("join").expect("poll"));
-        assert!(watch.is_stopped());
     }
 }
