@@ -464,24 +464,24 @@ impl DataPath {
         }
     }
 
-    /// Runs the DPU's pipeline on `frame` from `ingress` and sends it on.
-    fn forward(&mut self, now: Instant, ingress: PortId, vnet: &[u8], frame: &[u8]) {
+    /// Runs the DPU's pipeline on `frame` from `ingress` and sends it on. `vnet` is its
+    /// virtio-net header as it came, `hdr` the same parsed (the callers have it already).
+    fn forward(
+        &mut self,
+        now: Instant,
+        ingress: PortId,
+        (vnet, hdr): (&[u8; VnetHdr::LEN], &VnetHdr),
+        frame: &[u8],
+    ) {
         if self.pkt.load(frame).is_err() {
             self.counters.drop_parse += 1;
             return;
         }
-        if let Ok(h) = VnetHdr::parse(vnet)
-            && h.is_gso()
-        {
-            self.pkt.set_gso_size(h.gso_size);
-        }
+        self.pkt.set_gso_size(hdr.gso_segment());
         match self.pipeline.process(now, ingress, &mut self.pkt) {
             Verdict::Forward(out) => {
                 let pkt = std::mem::take(&mut self.pkt);
-                // A frame the vSwitch wrote (an ICMP error, an ARP answer) has complete
-                // checksums and no offload: the original's header would misdescribe it.
-                let plain = [0u8; VnetHdr::LEN];
-                let vnet = if pkt.is_generated() { &plain[..] } else { vnet };
+                let vnet = crate::vnet::header_after(&pkt, vnet);
                 self.write_port(now, out, vnet, pkt.data());
                 self.pkt = pkt;
             }
@@ -688,6 +688,7 @@ impl DataPath {
         } else {
             (&[0u8; 12][..], buf)
         };
+        let vnet: &[u8; VnetHdr::LEN] = vnet.try_into().expect("split at the header's length");
         let hdr = VnetHdr::parse(vnet).unwrap_or(VnetHdr::NONE);
         // Decapsulation by where the frame came from: these are VM ports, whose UDP to the VXLAN
         // port is tenant traffic, not our underlay.
@@ -705,7 +706,7 @@ impl DataPath {
             // place. The reply gets a plain virtio-net header: nothing in it is offloaded.
             let port = self.ports[i].id;
             self.counters.neigh_frames += 1;
-            self.forward(now, port, &[0u8; VnetHdr::LEN], frame);
+            self.forward(now, port, (&[0u8; VnetHdr::LEN], &VnetHdr::NONE), frame);
             return Ok(());
         }
         let Some(key) = parsed.outer.key else {
@@ -730,7 +731,7 @@ impl DataPath {
         let ctx = FrameCtx {
             conn: train.conn,
             port: port.0,
-            vnet: vnet.try_into().expect("12 bytes"),
+            vnet: *vnet,
             frame,
         };
         // Forward before sending the core's messages: a state sync this frame caused then
@@ -752,7 +753,7 @@ impl DataPath {
             } else {
                 None
             };
-            self.forward(now, port, vnet, frame);
+            self.forward(now, port, (vnet, &hdr), frame);
             if watch
                 && let Some(after) = self.pipeline.export_conn(now, tenant, &key)
                 && Some(after.state) != before
@@ -1142,7 +1143,8 @@ impl DpuDaemon {
                 Msg::Punt(t) => {
                     dp.dpu.handle_msg(now, Msg::Punt(t));
                     if dp.dpu.delivered_last() == t.packets {
-                        dp.forward(now, port, rec.vnet, rec.frame);
+                        let hdr = VnetHdr::parse(rec.vnet).unwrap_or(VnetHdr::NONE);
+                        dp.forward(now, port, (rec.vnet, &hdr), rec.frame);
                     } else {
                         dp.counters.drop_fabric += 1;
                         tracing::debug!(target: "spillway::drop", kind = ?t.kind, side = ?t.side, len = rec.frame.len(), known = dp.flows.get(t.conn).is_some(), "a punted frame found no state");

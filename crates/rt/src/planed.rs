@@ -233,13 +233,6 @@ struct Served<'a> {
     watch: bool,
 }
 
-/// The virtio-net header to send a processed frame with: the one it came with, unless the
-/// vSwitch replaced it with a frame of its own (complete checksums, no offload).
-fn out_vnet<'a>(pkt: &PacketBuf, vnet: &'a [u8; 12]) -> &'a [u8; 12] {
-    const PLAIN: [u8; 12] = [0; 12];
-    if pkt.is_generated() { &PLAIN } else { vnet }
-}
-
 /// Runs the vSwitch on a frame the model served: loads it, watches the TCP state of a
 /// connection the plane owns, and returns the egress port (None: dropped, counted).
 fn process_frame(
@@ -262,10 +255,8 @@ fn process_frame(
         c.drop_vswitch += 1;
         return None;
     }
-    if let Ok(h) = crate::vnet::VnetHdr::parse(&vnet)
-        && h.is_gso()
-    {
-        pkt.set_gso_size(h.gso_size);
+    if let Ok(h) = crate::vnet::VnetHdr::parse(&vnet) {
+        pkt.set_gso_size(h.gso_segment());
     }
     let watch = watch && key.is_some_and(|k| k.proto == spillway_wire::ip_proto::TCP);
     let before = match (watch, key) {
@@ -377,7 +368,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                 }
                 plane.handle_msg(now, Msg::Packets(t));
                 let plane_owns = plane.conn(t.conn).is_some_and(|c| c.role == Role::Owner);
-                let vnet: [u8; 12] = rec.vnet.try_into().expect("12 bytes");
+                let vnet: [u8; 12] = *rec.vnet;
                 let mut served = false;
                 // The egress port of a frame the vATC path refused: the pipeline has run.
                 let mut refused_out = None;
@@ -395,7 +386,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                     served = true;
                     let out = process_frame(pipeline, pkt, &this, now, ct_out, c);
                     if let Some(out) = out
-                        && !vatc.deliver(out, out_vnet(pkt, &vnet), pkt.data(), c)
+                        && !vatc.deliver(out, crate::vnet::header_after(pkt, &vnet), pkt.data(), c)
                     {
                         let mut back = t;
                         back.packets = direct;
@@ -412,7 +403,12 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
                                 None => process_frame(pipeline, pkt, &this, now, ct_out, c),
                             };
                             if let Some(out) = out {
-                                if tx.send_frame(&msg, out.0, out_vnet(pkt, &vnet), pkt.data()) {
+                                if tx.send_frame(
+                                    &msg,
+                                    out.0,
+                                    crate::vnet::header_after(pkt, &vnet),
+                                    pkt.data(),
+                                ) {
                                     c.frames_out += 1;
                                 } else {
                                     c.drop_ring_full += 1;

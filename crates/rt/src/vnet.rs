@@ -160,10 +160,28 @@ impl VnetHdr {
         self.gso_type & !Self::GSO_ECN != Self::GSO_NONE
     }
 
+    /// The GSO segment size the vSwitch measures this frame's packets by
+    /// ([`spillway_vswitch::PacketBuf::set_gso_size`]): `gso_size` for a super-frame, else 0.
+    pub fn gso_segment(&self) -> u16 {
+        if self.is_gso() { self.gso_size } else { 0 }
+    }
+
     /// True when `F_NEEDS_CSUM` is set: the frame carries a partial checksum.
     pub fn needs_csum(&self) -> bool {
         self.flags & Self::F_NEEDS_CSUM != 0
     }
+}
+
+/// The header to send a frame the vSwitch processed with: `original`, the one it came with,
+/// unless the vSwitch replaced the frame with one of its own (an ICMP error, an ARP or ND
+/// answer: complete checksums, no offload), which leaves with the all-zero header. Written once
+/// here for every driver that passes virtio-net headers through.
+pub fn header_after<'a>(
+    pkt: &spillway_vswitch::PacketBuf,
+    original: &'a [u8; VnetHdr::LEN],
+) -> &'a [u8; VnetHdr::LEN] {
+    const PLAIN: [u8; VnetHdr::LEN] = [0; VnetHdr::LEN];
+    if pkt.is_generated() { &PLAIN } else { original }
 }
 
 /// Finishes a partial checksum in `frame` (the frame after the vnet header) as `hdr` describes.

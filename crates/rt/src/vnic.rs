@@ -298,7 +298,7 @@ pub struct PhyRecord<'a> {
     /// Port the frame entered on (DPU to plane) or leaves by (plane to DPU).
     pub port: u32,
     /// The virtio-net header bytes.
-    pub vnet: &'a [u8],
+    pub vnet: &'a [u8; 12],
     /// The Ethernet frame.
     pub frame: &'a [u8],
 }
@@ -590,14 +590,14 @@ impl VnicSet {
             let parsed = codec::decode_msg(&mut r).and_then(|msg| {
                 let port = r.u32("phy.port")?;
                 let rest = r.rest();
-                if rest.len() < 12 {
+                let Some((vnet, frame)) = rest.split_first_chunk::<12>() else {
                     return Err(CodecError::Truncated {
                         field: "phy.vnet",
                         need: 12,
                         have: rest.len(),
                     });
-                }
-                Ok((msg, port, &rest[..12], &rest[12..]))
+                };
+                Ok((msg, port, vnet, frame))
             });
             match parsed {
                 Ok((msg, port, vnet, frame)) => f(
