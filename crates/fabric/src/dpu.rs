@@ -304,7 +304,7 @@ impl Phase {
         }
     }
 
-    fn has_plane(self) -> bool {
+    pub(crate) fn has_plane(self) -> bool {
         !matches!(self, Phase::Idle | Phase::Preparing { .. })
     }
 

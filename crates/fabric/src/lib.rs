@@ -6,7 +6,9 @@
 //! ([`ursched::URSched`]), the placement policies that hand flows back to the DPU's hardware
 //! fast path ([`placement`]), the vATC translation cache the plane will use to write into VM
 //! memory ([`atc`]), and the messages between them ([`types`]). Two drivers run it: the
-//! deterministic simulator (`spillway-sim`) and the real-time runtime (`spillway-rt`).
+//! deterministic simulator (`spillway-sim`) and the real-time runtime (`spillway-rt`). For real
+//! frames, [`frame`] joins each node to a vSwitch pipeline ([`frame::DpuSwitch`],
+//! [`frame::PlaneSwitch`]): one call per frame, one [`frame::Outcome`].
 //!
 //! ## Shape
 //!
@@ -59,6 +61,7 @@
 
 pub mod atc;
 pub mod dpu;
+pub mod frame;
 pub mod hw;
 pub mod metrics;
 pub mod params;

@@ -342,4 +342,16 @@ impl Msg {
             _ => None,
         }
     }
+
+    /// The connection whose state the message carries (a sync, a recall, a delete's ack with
+    /// the state): the one whose conntrack entry travels with it.
+    pub fn state_conn(&self) -> Option<ConnId> {
+        match self {
+            Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
+            Msg::DeleteAck {
+                state: Some(state), ..
+            } => Some(state.conn),
+            _ => None,
+        }
+    }
 }

@@ -3,18 +3,19 @@
 //!
 //! The loop is the fabric core's polling order with real inputs:
 //!
-//! 1. frames from every TAP (a batch per port): each is parsed, classified into a one-frame
-//!    train ([`crate::flows`]) and offered to [`DpuNode::handle_train`], which decides with the
-//!    DPU's limits in real time whether the hardware fast path or the SoC slow path delivers it,
-//!    whether a redirect rule steers it to the spill plane, or whether a limit drops it. A
-//!    delivered frame goes through the DPU's own [`Pipeline`] (the same vSwitch code the plane
-//!    runs) and out of the destination port's TAP; a steered frame goes on the phy ring with
-//!    its train;
-//! 2. frames back from the plane (processed: sent on; punted: the slow path takes them);
-//! 3. flow-ring and control records from the plane (their conntrack snapshots are adopted into
-//!    the DPU's pipeline, so a connection handed back keeps its state);
-//! 4. the core's timers, then its outputs: messages to the plane (with snapshots), commands to
-//!    start or stop the plane's process, lifecycle events (logged and kept for `ctl status`);
+//! 1. frames from every TAP (a batch per port): each goes to the core's frame node
+//!    ([`DpuSwitch::process_vm`]), which decides with the DPU's limits in real time whether the
+//!    hardware fast path or the SoC slow path delivers it (through the DPU's own vSwitch
+//!    pipeline), whether a redirect rule steers it to the spill plane, or whether a limit drops
+//!    it, and says which in one [`Outcome`]: this loop writes a forwarded frame to its port and
+//!    a steered one, as it came, to the phy ring;
+//! 2. frames back from the plane ([`DpuSwitch::process_from_plane`]: processed, sent on;
+//!    punted, the slow path takes them);
+//! 3. flow-ring and control records from the plane, handed to the node (which adopts the
+//!    conntrack snapshots it should, so a connection handed back keeps its state);
+//! 4. the core's timers, then its outputs: messages to the plane (the node has attached their
+//!    snapshots), commands to start or stop the plane's process, lifecycle events (logged and
+//!    kept for `ctl status`);
 //! 5. the plane's process: accept its connection, notice its death (fail-open), reap it;
 //! 6. `spillway ctl` requests and the metrics snapshot;
 //! 7. sleep in `poll` on the TAPs, the doorbell and the sockets until the next timer.
@@ -31,21 +32,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::json;
-use spillway_fabric::dpu::{Command as DpuCommand, DpuNode, EventKind, FabricEvent, Hold, Role};
+use spillway_fabric::dpu::Role;
+use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent, Hold};
+use spillway_fabric::frame::{CONNS_MAX, DpuSwitch, Outcome, Outgoing};
 use spillway_fabric::params::PlacementKind;
-use spillway_fabric::types::{Channel, ConnId, Dest, Msg, Transmit};
-use spillway_vswitch::packet::HEADROOM;
-use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
+use spillway_fabric::types::Channel;
+use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
-use spillway_vswitch::{Instant, PacketBuf, PortId, TenantId, Verdict};
-use spillway_wire::parse_frame_decap;
+use spillway_vswitch::{Instant, PortId};
 
 use crate::cgroup::{Cgroup, CgroupSpec};
 use crate::clock::Clock;
 use crate::ctl::{
     CtlCall, CtlRequest, CtlResponse, CtlServer, FLOWS_LIMIT_DEFAULT, FLOWS_LIMIT_MAX, FlowOwner,
 };
-use crate::flows::Flows;
 use crate::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
 use crate::netns::{Ledger, LedgerEntry};
 use crate::signals;
@@ -69,8 +69,6 @@ const QUARANTINE_NS: u64 = 1_000_000_000;
 const RING_BATCH: usize = 256;
 /// Frame buffer: a 64 KiB GSO frame plus its virtio-net header and tags.
 const FRAME_MAX: usize = 12 + 18 + 65_535;
-/// Connections the driver remembers (the model has its own limits).
-const CONNS_MAX: usize = 1 << 20;
 /// How long an endpoint that connected may take to send its attach message, ns.
 const ATTACH_WAIT_NS: u64 = 2_000_000_000;
 /// Turns without work before the loop sleeps in `poll`.
@@ -78,7 +76,8 @@ const SPIN_TURNS: u32 = 64;
 /// Lifecycle events kept for `ctl status`.
 const EVENTS_KEPT: usize = 64;
 
-/// Driver counters (`rt.*`).
+/// Driver counters (`rt.*`): what it moved and could not move. What became of each frame
+/// inside the DPU is the node's ([`spillway_fabric::frame::FrameCounters`], also under `rt.`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RtCounters {
     /// `rt.rx.frames`: frames read from the TAPs.
@@ -87,29 +86,14 @@ pub struct RtCounters {
     pub tx_frames: u64,
     /// `rt.tx.errors`: TAP writes that failed (the VM's queue was full, or it is gone).
     pub tx_errors: u64,
-    /// `rt.drop.parse`: frames that did not parse (counted, dropped).
-    pub drop_parse: u64,
-    /// `rt.drop.non_ip`: frames without an IP 5-tuple other than ARP.
-    pub drop_non_ip: u64,
-    /// `rt.neigh.frames`: ARP and neighbour-discovery frames from VMs, handed to the pipeline's
-    /// responder (its `vswitch.neigh.*` counters say what became of them).
-    pub neigh_frames: u64,
-    /// `rt.drop.vswitch`: frames the vSwitch pipeline dropped (policy, spoofing, no route...).
-    pub drop_vswitch: u64,
-    /// `rt.drop.fabric`: frames a DPU limit dropped (the model counts the reason).
-    pub drop_fabric: u64,
-    /// `rt.drop.partial_gso`: GSO frames the model admitted only in part (dropped whole).
-    pub drop_partial_gso: u64,
+    /// `rt.drop.vnet_hdr`: frames shorter than their virtio-net header.
+    pub drop_vnet_hdr: u64,
     /// `rt.drop.plane_gone`: frames steered while no plane was connected.
     pub drop_plane_gone: u64,
     /// `rt.steered.frames`: frames sent to the spill plane.
     pub steered: u64,
     /// `rt.from_plane.frames`: frames the plane sent back.
     pub from_plane: u64,
-    /// `rt.snapshot.adopted`: conntrack snapshots adopted from the plane.
-    pub adopted: u64,
-    /// `rt.snapshot.refused`: snapshots the pipeline refused (SNAT, full table).
-    pub adopt_refused: u64,
     /// `rt.plane.starts`: spill-plane processes started.
     pub plane_starts: u64,
     /// `rt.plane.failures`: plane processes that died or broke the protocol.
@@ -161,17 +145,10 @@ impl RtCounters {
             ("rt.rx.frames", self.rx_frames),
             ("rt.tx.frames", self.tx_frames),
             ("rt.tx.errors", self.tx_errors),
-            ("rt.drop.parse", self.drop_parse),
-            ("rt.drop.non_ip", self.drop_non_ip),
-            ("rt.neigh.frames", self.neigh_frames),
-            ("rt.drop.vswitch", self.drop_vswitch),
-            ("rt.drop.fabric", self.drop_fabric),
-            ("rt.drop.partial_gso", self.drop_partial_gso),
+            ("rt.drop.vnet_hdr", self.drop_vnet_hdr),
             ("rt.drop.plane_gone", self.drop_plane_gone),
             ("rt.steered.frames", self.steered),
             ("rt.from_plane.frames", self.from_plane),
-            ("rt.snapshot.adopted", self.adopted),
-            ("rt.snapshot.refused", self.adopt_refused),
             ("rt.plane.starts", self.plane_starts),
             ("rt.plane.failures", self.plane_failures),
             ("rt.vm.attached", self.vm_attached),
@@ -209,7 +186,6 @@ pub struct Activation {
 #[derive(Debug)]
 struct Port {
     id: PortId,
-    tenant: TenantId,
     io: PortIo,
 }
 
@@ -292,16 +268,14 @@ struct PlaneProc {
     stats: serde_json::Value,
 }
 
-/// The data path's state: everything a frame touches.
+/// The ports' side of the data path: the TAPs and shared-memory queues frames come and go by,
+/// and what the driver counts of moving them. (The DPU itself, model and vSwitch, is the
+/// core's [`DpuSwitch`], beside this.)
 #[derive(Debug)]
 struct DataPath {
-    dpu: DpuNode,
-    pipeline: Pipeline,
-    flows: Flows,
     ports: Vec<Port>,
     port_index: BTreeMap<PortId, usize>,
     vnet_hdr: bool,
-    pkt: PacketBuf,
     counters: RtCounters,
     /// The vATC authority: the registered memory of every attached shared-memory VM.
     authority: RegionTable,
@@ -344,8 +318,8 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RunError {
 /// What `spillway run` reports when it stops.
 #[derive(Debug, serde::Serialize)]
 pub struct RunReport {
-    /// Driver counters at the end.
-    pub counters: BTreeMap<&'static str, u64>,
+    /// The process's counters at the end (`rt.*`: the driver's and the DPU node's).
+    pub counters: BTreeMap<String, u64>,
     /// Activations seen.
     pub activations: Vec<Activation>,
     /// Objects the cleanup removed.
@@ -463,74 +437,6 @@ impl DataPath {
             }
         }
     }
-
-    /// Runs the DPU's pipeline on `frame` from `ingress` and sends it on. `vnet` is its
-    /// virtio-net header as it came, `hdr` the same parsed (the callers have it already).
-    fn forward(
-        &mut self,
-        now: Instant,
-        ingress: PortId,
-        (vnet, hdr): (&[u8; VnetHdr::LEN], &VnetHdr),
-        frame: &[u8],
-    ) {
-        if self.pkt.load(frame).is_err() {
-            self.counters.drop_parse += 1;
-            return;
-        }
-        self.pkt.set_gso_size(hdr.gso_segment());
-        match self.pipeline.process(now, ingress, &mut self.pkt) {
-            Verdict::Forward(out) => {
-                let pkt = std::mem::take(&mut self.pkt);
-                let vnet = crate::vnet::header_after(&pkt, vnet);
-                self.write_port(now, out, vnet, pkt.data());
-                self.pkt = pkt;
-            }
-            Verdict::Drop(r) => {
-                self.counters.drop_vswitch += 1;
-                tracing::debug!(target: "spillway::drop", reason = ?r, len = frame.len(), "the DPU's vSwitch dropped a frame");
-            }
-        }
-    }
-
-    /// The snapshot of `conn`'s conntrack entry in the DPU's pipeline, if it has one.
-    fn snapshot_of(
-        &self,
-        now: Instant,
-        conn: ConnId,
-    ) -> Option<spillway_vswitch::conntrack::CtSnapshot> {
-        let rec = self.flows.get(conn)?;
-        self.pipeline.export_conn(now, rec.zone, &rec.orig)
-    }
-
-    fn adopt(&mut self, now: Instant, snap: Option<spillway_vswitch::conntrack::CtSnapshot>) {
-        if let Some(s) = snap {
-            self.flows.learn(now, s.zone, s.orig);
-            match self.pipeline.adopt_conn(now, &s) {
-                Ok(()) => self.counters.adopted += 1,
-                Err(_) => self.counters.adopt_refused += 1,
-            }
-        }
-    }
-}
-
-/// Whether `msg` comes from the connection's owner (or hands ownership over), so that the
-/// conntrack snapshot riding on it is authoritative. An `Update` comes from a plane holding only
-/// a copy: its snapshot may be behind the owner's and must not replace it.
-pub fn carries_owner_state(msg: &Msg) -> bool {
-    use spillway_fabric::types::SyncKind;
-    matches!(
-        msg,
-        Msg::Sync {
-            kind: SyncKind::Mirror | SyncKind::Handover,
-            ..
-        } | Msg::Recall { .. }
-            | Msg::DeleteAck { state: Some(_), .. }
-    )
-}
-
-/// The connection id a snapshot's connection has in `flows`.
-fn conn_of(flows: &Flows, s: &spillway_vswitch::conntrack::CtSnapshot) -> ConnId {
-    flows.id_of(s.zone, &s.orig)
 }
 
 fn sample_f64(v: &crate::metrics::SampleValue) -> f64 {
@@ -541,51 +447,29 @@ fn sample_f64(v: &crate::metrics::SampleValue) -> f64 {
     }
 }
 
-/// A frame being handled, so that a phy-vNIC message the core emits for it carries it.
-struct FrameCtx<'a> {
-    conn: ConnId,
-    port: u32,
-    vnet: [u8; 12],
-    frame: &'a [u8],
-}
-
-/// Sends the core's messages to the plane. A `Packets`/`Punt` message for the frame in `ctx`
-/// carries that frame; the core emits phy messages only while handling a frame, so any other is
-/// counted (it cannot happen without a frame).
-fn route_outputs(
-    dp: &mut DataPath,
+/// Sends the node's messages to the plane (its snapshots attached), then rings the plane's
+/// doorbell. With no plane connected they are dropped: the model's fail-open has them covered.
+fn send_outgoing(
+    sw: &mut DpuSwitch,
     plane: Option<&mut PlaneProc>,
     now: Instant,
-    ctx: Option<&FrameCtx<'_>>,
 ) -> Result<(), String> {
     let mut vnic = plane.and_then(|p| p.vnic.as_mut());
-    while let Some(Transmit { channel, msg, .. }) = dp.dpu.poll_transmit() {
+    while let Some(o) = sw.poll_transmit(now) {
         let Some(v) = vnic.as_deref_mut() else {
-            if msg.train().is_some() {
-                dp.counters.drop_plane_gone += 1;
-            }
             continue;
         };
-        match channel {
-            Channel::PhyVnic => match (ctx, msg.train()) {
-                (Some(c), Some(t)) if t.conn == c.conn => {
-                    if v.send_frame(&msg, c.port, &c.vnet, c.frame) {
-                        dp.counters.steered += 1;
-                    }
-                }
-                _ => dp.counters.drop_plane_gone += 1,
-            },
-            Channel::FlowVnic | Channel::Control => {
-                let conn = match &msg {
-                    Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
-                    Msg::DeleteAck {
-                        state: Some(state), ..
-                    } => Some(state.conn),
-                    _ => None,
-                };
-                let snap = conn.and_then(|c| dp.snapshot_of(now, c));
-                v.send_msg(channel == Channel::Control, &msg, snap.as_ref())
+        match o {
+            Outgoing::Msg {
+                channel,
+                msg,
+                snapshot,
+            } => {
+                v.send_msg(channel == Channel::Control, &msg, snapshot.as_ref())
                     .map_err(|e| e.to_string())?;
+            }
+            Outgoing::Conntrack(s) => {
+                v.send_ct(&s);
             }
         }
     }
@@ -657,140 +541,73 @@ fn spawn_bridge(
     r
 }
 
-fn gso_segments(hdr: &VnetHdr, frame_len: usize, payload_offset: usize) -> u32 {
-    if !hdr.is_gso() || hdr.gso_size == 0 {
-        return 1;
+/// A frame from VM port slot `i` of `dp`, through the DPU node and on: out of a port, or
+/// to the plane on the phy ring with the virtio-net header it came with.
+fn on_vm_frame(
+    sw: &mut DpuSwitch,
+    dp: &mut DataPath,
+    plane: Option<&mut PlaneProc>,
+    now: Instant,
+    i: usize,
+    buf: &[u8],
+) -> Result<(), String> {
+    dp.counters.rx_frames += 1;
+    let vnet_hdr = match dp.ports[i].io {
+        PortIo::Tap(_) => dp.vnet_hdr,
+        PortIo::Shm(_) => true,
+    };
+    let (vnet, frame) = if vnet_hdr {
+        if buf.len() < VnetHdr::LEN {
+            dp.counters.drop_vnet_hdr += 1;
+            return Ok(());
+        }
+        buf.split_at(VnetHdr::LEN)
+    } else {
+        (&PLAIN_VNET[..], buf)
+    };
+    let vnet: &[u8; VnetHdr::LEN] = vnet.try_into().expect("split at the header's length");
+    let gso = VnetHdr::parse(vnet).map_or(0, |h| h.gso_segment());
+    let port = dp.ports[i].id;
+    let mut plane = plane;
+    match sw.process_vm(now, port, gso, frame) {
+        Outcome::Forward {
+            port: out,
+            bytes,
+            generated,
+        } => {
+            let vnet = if generated { &PLAIN_VNET } else { vnet };
+            dp.write_port(now, out, vnet, bytes);
+        }
+        Outcome::Steer { msg } => {
+            let sent = plane
+                .as_deref_mut()
+                .and_then(|p| p.vnic.as_mut())
+                .is_some_and(|v| v.send_frame(&msg, port.0, vnet, frame));
+            if sent {
+                dp.counters.steered += 1;
+            } else {
+                dp.counters.drop_plane_gone += 1;
+            }
+        }
+        Outcome::Drop(why) => {
+            tracing::debug!(target: "spillway::drop", ?why, len = frame.len(), "the DPU dropped a frame");
+        }
+        other => {
+            tracing::error!(target: "spillway::run", outcome = ?other, "a DPU outcome only the plane has");
+        }
     }
-    let payload = frame_len.saturating_sub(payload_offset);
-    payload.div_ceil(usize::from(hdr.gso_size)).max(1) as u32
+    send_outgoing(sw, plane, now)
 }
 
-impl DataPath {
-    /// A frame from VM port slot `i`.
-    fn on_tap_frame(
-        &mut self,
-        plane: Option<&mut PlaneProc>,
-        now: Instant,
-        i: usize,
-        buf: &[u8],
-    ) -> Result<(), String> {
-        self.counters.rx_frames += 1;
-        let vnet_hdr = match self.ports[i].io {
-            PortIo::Tap(_) => self.vnet_hdr,
-            PortIo::Shm(_) => true,
-        };
-        let (vnet, frame) = if vnet_hdr {
-            if buf.len() < VnetHdr::LEN {
-                self.counters.drop_parse += 1;
-                return Ok(());
-            }
-            buf.split_at(VnetHdr::LEN)
-        } else {
-            (&[0u8; 12][..], buf)
-        };
-        let vnet: &[u8; VnetHdr::LEN] = vnet.try_into().expect("split at the header's length");
-        let hdr = VnetHdr::parse(vnet).unwrap_or(VnetHdr::NONE);
-        // Decapsulation by where the frame came from: these are VM ports, whose UDP to the VXLAN
-        // port is tenant traffic, not our underlay.
-        let decap = self.pipeline.policy().host().decap_at(self.ports[i].id);
-        let parsed = match parse_frame_decap(frame, decap) {
-            Ok(p) => p,
-            Err(_) => {
-                self.counters.drop_parse += 1;
-                return Ok(());
-            }
-        };
-        if spillway_vswitch::neigh::claims(&parsed) {
-            // ARP and neighbour discovery are the SoC's: the pipeline answers them in place
-            // (out of this port) or consumes them, with no connection for the DPU model to
-            // place. The reply gets a plain virtio-net header: nothing in it is offloaded.
-            let port = self.ports[i].id;
-            self.counters.neigh_frames += 1;
-            self.forward(now, port, (&[0u8; VnetHdr::LEN], &VnetHdr::NONE), frame);
-            return Ok(());
-        }
-        let Some(key) = parsed.outer.key else {
-            self.counters.drop_non_ip += 1;
-            return Ok(());
-        };
-        let (port, tenant) = (self.ports[i].id, self.ports[i].tenant);
-        let mut train = self.flows.classify(
-            now,
-            tenant,
-            &key,
-            parsed.outer.tcp_flags,
-            frame.len() as u32,
-            Dest::Vm,
-        );
-        let segs = gso_segments(&hdr, frame.len(), usize::from(parsed.outer.payload_offset));
-        train.packets = segs;
-        train.packet_bytes = (frame.len() as u32).div_ceil(segs);
-        let drops = self.dpu.drops().total();
-        self.dpu.handle_train(now, &train);
-        let delivered = u64::from(self.dpu.delivered_last());
-        let ctx = FrameCtx {
-            conn: train.conn,
-            port: port.0,
-            vnet: *vnet,
-            frame,
-        };
-        // Forward before sending the core's messages: a state sync this frame caused then
-        // carries the conntrack entry as this frame left it, not one packet behind.
-        let mut plane = plane;
-        let mut ct_changed = None;
-        if delivered == u64::from(segs) {
-            // A TCP state change of a connection the DPU owns goes to the plane's copy.
-            let watch = key.proto == spillway_wire::ip_proto::TCP
-                && plane.as_ref().is_some_and(|p| p.vnic.is_some())
-                && self
-                    .dpu
-                    .conn(train.conn)
-                    .is_some_and(|c| c.role == Role::Owner);
-            let before = if watch {
-                self.pipeline
-                    .export_conn(now, tenant, &key)
-                    .map(|s| s.state)
-            } else {
-                None
-            };
-            self.forward(now, port, (vnet, &hdr), frame);
-            if watch
-                && let Some(after) = self.pipeline.export_conn(now, tenant, &key)
-                && Some(after.state) != before
-            {
-                ct_changed = Some(after);
-            }
-        }
-        if train.kind == spillway_fabric::types::Kind::Close && delivered == 0 {
-            // The plane (or nobody) carried the close: the DPU pipeline's entry, if any, is a
-            // stale copy that would refuse the tuple's next SYN.
-            self.pipeline.forget_conn(now, tenant, &key);
-        }
-        route_outputs(self, plane.as_deref_mut(), now, Some(&ctx))?;
-        // After the core's own messages, so a copy the plane creates from a mirror exists.
-        if let Some(after) = ct_changed
-            && let Some(v) = plane.and_then(|p| p.vnic.as_mut())
-        {
-            v.send_ct(&after);
-            v.kick();
-        }
-        if delivered == u64::from(segs) {
-            // Sent on above.
-        } else if delivered > 0 {
-            self.counters.drop_partial_gso += 1;
-        } else if delivered == 0 && self.dpu.drops().total() > drops {
-            self.counters.drop_fabric += 1;
-            tracing::debug!(target: "spillway::drop", kind = ?train.kind, side = ?train.side, flags = parsed.outer.tcp_flags, len = frame.len(), "a DPU limit dropped a frame");
-        }
-        Ok(())
-    }
-}
+/// The virtio-net header of a frame with nothing offloaded.
+const PLAIN_VNET: [u8; VnetHdr::LEN] = [0; VnetHdr::LEN];
 
 /// The DPU process.
 #[derive(Debug)]
 pub struct DpuDaemon {
     tb: Testbed,
     clock: Clock,
+    sw: DpuSwitch,
     dp: DataPath,
     plane: Option<PlaneProc>,
     plane_exe: PathBuf,
@@ -859,7 +676,6 @@ impl DpuDaemon {
             let mut out: Vec<Port> = Vec::new();
             let mut bridges = Vec::new();
             for (spec, tap) in ports {
-                let tenant = tb.policy.port(spec.port).expect("validated").tenant;
                 let io = match (spec.backend, tap) {
                     (VmBackend::Tap, Some(tap)) => PortIo::Tap(tap),
                     (VmBackend::Shm(how), tap) => {
@@ -886,11 +702,7 @@ impl DpuDaemon {
                     }
                     (VmBackend::Tap, None) => unreachable!("bring_up makes a TAP for a TAP port"),
                 };
-                out.push(Port {
-                    id: spec.port,
-                    tenant,
-                    io,
-                });
+                out.push(Port { id: spec.port, io });
             }
             let mut ports = out;
             // The bridge endpoints: each gets its TAP (this process keeps no copy) and attaches
@@ -902,8 +714,13 @@ impl DpuDaemon {
                 }
             }
             let port_index = ports.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
-            let pipeline = Pipeline::new(tb.policy.clone(), PipelineConfig::default())
-                .map_err(|e| RunError::Setup(format!("pipeline: {e}")))?;
+            let mut sw = DpuSwitch::new(
+                &tb.fabric,
+                tb.policy.clone(),
+                PipelineConfig::default(),
+                CONNS_MAX,
+            )
+            .map_err(|e| RunError::Setup(format!("pipeline: {e}")))?;
             let cgroup = {
                 let spec = CgroupSpec {
                     cpus: tb.spill_cpus.clone(),
@@ -949,22 +766,18 @@ impl DpuDaemon {
                 ),
             };
             let clock = Clock::start();
-            let mut dpu = DpuNode::new(&tb.fabric);
             let now = clock.now();
             match tb.hold {
                 InitialHold::Auto => {}
-                InitialHold::Active => dpu.handle_hold(now, Hold::Active),
-                InitialHold::Released => dpu.handle_hold(now, Hold::Released),
+                InitialHold::Active => sw.dpu_mut().handle_hold(now, Hold::Active),
+                InitialHold::Released => sw.dpu_mut().handle_hold(now, Hold::Released),
             }
             Ok(DpuDaemon {
+                sw,
                 dp: DataPath {
-                    dpu,
-                    pipeline,
-                    flows: Flows::new(CONNS_MAX),
                     ports,
                     port_index,
                     vnet_hdr: tb.vnet_hdr,
-                    pkt: PacketBuf::with_capacity(HEADROOM + FRAME_MAX),
                     counters: RtCounters::default(),
                     authority: RegionTable::new(),
                     vm_changes: Vec::new(),
@@ -1027,9 +840,9 @@ impl DpuDaemon {
             let mut busy = self.poll_taps(now)?;
             busy |= self.poll_plane(now);
             self.dp.flush_irqs();
-            let due = self.dp.dpu.poll_timeout().is_some_and(|t| t <= now);
+            let due = self.sw.poll_timeout().is_some_and(|t| t <= now);
             if due {
-                self.dp.dpu.handle_timeout(now);
+                self.sw.dpu_mut().handle_timeout(now);
             }
             self.after_input(now);
             // The plane's process (accept, waitpid) and ctl every 2 ms, not every turn: two
@@ -1107,7 +920,14 @@ impl DpuDaemon {
                 busy = true;
                 bytes += n;
                 let buf = std::mem::take(&mut self.rx);
-                let r = self.dp.on_tap_frame(self.plane.as_mut(), now, i, &buf[..n]);
+                let r = on_vm_frame(
+                    &mut self.sw,
+                    &mut self.dp,
+                    self.plane.as_mut(),
+                    now,
+                    i,
+                    &buf[..n],
+                );
                 self.rx = buf;
                 if let Err(e) = r {
                     self.plane_failed(now, &e);
@@ -1126,31 +946,27 @@ impl DpuDaemon {
         let Some(vnic) = plane.vnic.as_mut() else {
             return false;
         };
-        let dp = &mut self.dp;
+        let (sw, dp) = (&mut self.sw, &mut self.dp);
         let mut busy = false;
         let r = vnic.recv_frames(RING_BATCH, |rec| {
             dp.counters.from_plane += 1;
             let port = PortId(rec.port);
-            match rec.msg {
-                Msg::Packets(t) => {
-                    dp.dpu.handle_msg(now, Msg::Packets(t));
-                    if dp.dpu.delivered_last() == t.packets {
-                        dp.write_port(now, port, rec.vnet, rec.frame);
-                    } else {
-                        dp.counters.drop_fabric += 1;
-                    }
+            let gso = VnetHdr::parse(rec.vnet).map_or(0, |h| h.gso_segment());
+            match sw.process_from_plane(now, port, rec.msg, gso, rec.frame) {
+                Outcome::Forward {
+                    port: out,
+                    bytes,
+                    generated,
+                } => {
+                    let vnet = if generated { &PLAIN_VNET } else { rec.vnet };
+                    dp.write_port(now, out, vnet, bytes);
                 }
-                Msg::Punt(t) => {
-                    dp.dpu.handle_msg(now, Msg::Punt(t));
-                    if dp.dpu.delivered_last() == t.packets {
-                        let hdr = VnetHdr::parse(rec.vnet).unwrap_or(VnetHdr::NONE);
-                        dp.forward(now, port, (rec.vnet, &hdr), rec.frame);
-                    } else {
-                        dp.counters.drop_fabric += 1;
-                        tracing::debug!(target: "spillway::drop", kind = ?t.kind, side = ?t.side, len = rec.frame.len(), known = dp.flows.get(t.conn).is_some(), "a punted frame found no state");
-                    }
+                Outcome::Drop(why) => {
+                    tracing::debug!(target: "spillway::drop", ?why, len = rec.frame.len(), "the DPU dropped a frame from the plane");
                 }
-                _ => {}
+                other => {
+                    tracing::error!(target: "spillway::run", outcome = ?other, "a DPU outcome only the plane has");
+                }
             }
         });
         let mut failure = None;
@@ -1206,26 +1022,13 @@ impl DpuDaemon {
             // The plane's first record (its start-up heartbeat) says it runs and has mapped
             // the rings.
             plane.up = true;
-            dp.dpu.handle_plane_up(now);
+            sw.dpu_mut().handle_plane_up(now);
         }
         for (m, s) in inbox {
-            dp.dpu.handle_msg(now, m);
-            // Adopt the conntrack entry only from the connection's owner (or a handover), and
-            // only if the core still holds the connection: a late mirror of a connection that
-            // has closed meanwhile must not resurrect the driver's record.
-            if let Some(snap) = s
-                && carries_owner_state(&m)
-                && dp.dpu.conn(conn_of(&dp.flows, &snap)).is_some()
-            {
-                dp.adopt(now, Some(snap));
-            }
+            sw.handle_msg(now, m, s);
         }
         for snap in ct_updates {
-            // The plane owns the connection; the DPU keeps its copy current.
-            let id = conn_of(&dp.flows, &snap);
-            if dp.dpu.conn(id).is_some_and(|c| c.role == Role::Copy) {
-                dp.adopt(now, Some(snap));
-            }
+            sw.handle_conntrack(now, &snap);
         }
         if let Some(e) = failure {
             self.plane_failed(now, &e);
@@ -1239,24 +1042,24 @@ impl DpuDaemon {
             tracing::warn!(target: "spillway::run", reason = why, "spill plane failed; failing open");
             let _ = p.child.kill();
             let _ = p.child.wait();
-            self.dp
-                .dpu
+            self.sw
+                .dpu_mut()
                 .handle_plane_failed(now, &format!("spill plane failed: {why}"));
         }
     }
 
     /// Drains the core's outputs after this turn's inputs.
     fn after_input(&mut self, now: Instant) {
-        if let Err(e) = route_outputs(&mut self.dp, self.plane.as_mut(), now, None) {
+        if let Err(e) = send_outgoing(&mut self.sw, self.plane.as_mut(), now) {
             self.plane_failed(now, &e);
         }
-        while let Some(cmd) = self.dp.dpu.poll_command() {
+        while let Some(cmd) = self.sw.poll_command() {
             match cmd {
                 DpuCommand::StartPlane { workers } => self.start_plane(now, workers),
                 DpuCommand::StopPlane => self.stop_plane(),
             }
         }
-        while let Some(ev) = self.dp.dpu.poll_event() {
+        while let Some(ev) = self.sw.poll_event() {
             self.on_event(&ev);
             if self.events.len() == EVENTS_KEPT {
                 self.events.pop_front();
@@ -1317,8 +1120,8 @@ impl DpuDaemon {
             Ok(x) => x,
             Err(e) => {
                 tracing::error!(target: "spillway::run", error = %e, "could not make the plane's handshake secret");
-                self.dp
-                    .dpu
+                self.sw
+                    .dpu_mut()
                     .handle_plane_failed(now, &format!("handshake secret: {e}"));
                 return;
             }
@@ -1356,8 +1159,8 @@ impl DpuDaemon {
             }
             Err(e) => {
                 tracing::error!(target: "spillway::run", error = %e, exe = %self.plane_exe.display(), "could not start the spill plane");
-                self.dp
-                    .dpu
+                self.sw
+                    .dpu_mut()
                     .handle_plane_failed(now, &format!("could not start the spill plane: {e}"));
             }
         }
@@ -1463,8 +1266,7 @@ impl DpuDaemon {
     fn sleep(&mut self) {
         let now = self.clock.now();
         let next = self
-            .dp
-            .dpu
+            .sw
             .poll_timeout()
             .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
         // Wake at least every 10 ms for the plane's process, ctl requests and metrics.
@@ -1683,23 +1485,23 @@ impl DpuDaemon {
             }
             CtlRequest::Flows { limit, owner } => CtlResponse::ok(self.flow_dump(*limit, *owner)),
             CtlRequest::Activate => {
-                self.dp.dpu.handle_hold(now, Hold::Active);
+                self.sw.dpu_mut().handle_hold(now, Hold::Active);
                 self.after_input(now);
-                CtlResponse::ok(json!({"hold": "active", "phase": self.dp.dpu.phase().name()}))
+                CtlResponse::ok(json!({"hold": "active", "phase": self.sw.dpu().phase().name()}))
             }
             CtlRequest::Release => {
-                self.dp.dpu.handle_hold(now, Hold::Released);
+                self.sw.dpu_mut().handle_hold(now, Hold::Released);
                 self.after_input(now);
-                CtlResponse::ok(json!({"hold": "released", "phase": self.dp.dpu.phase().name()}))
+                CtlResponse::ok(json!({"hold": "released", "phase": self.sw.dpu().phase().name()}))
             }
             CtlRequest::Prepare => {
-                self.dp.dpu.handle_hold(now, Hold::Shadow);
+                self.sw.dpu_mut().handle_hold(now, Hold::Shadow);
                 self.after_input(now);
-                CtlResponse::ok(json!({"hold": "shadow", "phase": self.dp.dpu.phase().name()}))
+                CtlResponse::ok(json!({"hold": "shadow", "phase": self.sw.dpu().phase().name()}))
             }
             CtlRequest::Auto => {
-                self.dp.dpu.handle_hold(now, Hold::Auto);
-                CtlResponse::ok(json!({"hold": "auto", "phase": self.dp.dpu.phase().name()}))
+                self.sw.dpu_mut().handle_hold(now, Hold::Auto);
+                CtlResponse::ok(json!({"hold": "auto", "phase": self.sw.dpu().phase().name()}))
             }
             CtlRequest::SetPolicy { placement } => {
                 let Some((_, kind)) = PlacementKind::NAMES.iter().find(|(n, _)| n == placement)
@@ -1722,12 +1524,12 @@ impl DpuDaemon {
                     Err(e) => return CtlResponse::error(e.to_string()),
                 };
                 let policy: Policy = tb.policy.clone();
-                self.dp.pipeline.set_policy(policy);
+                self.sw.set_policy(policy);
                 self.tb.policy_text = tb.policy_text.clone();
                 self.tb.policy = tb.policy;
                 let sent = self.send_plane_command(json!({"set_policy": tb.policy_text}));
                 CtlResponse::ok(json!({
-                    "epoch": self.dp.pipeline.epoch().0,
+                    "epoch": self.sw.pipeline().epoch().0,
                     "plane": sent.err().unwrap_or_else(|| "updated".into()),
                 }))
             }
@@ -1735,12 +1537,13 @@ impl DpuDaemon {
     }
 
     fn status(&mut self, now: Instant) -> serde_json::Value {
-        let dpu = &self.dp.dpu;
+        let dpu = self.sw.dpu();
         let last = self.events.back();
-        let counters: BTreeMap<&str, u64> = dpu
+        let counters: BTreeMap<String, u64> = dpu
             .counters()
             .iter()
-            .chain(self.dp.counters.iter())
+            .map(|(k, v)| (k.to_string(), v))
+            .chain(self.rt_counters())
             .collect();
         json!({
             "testbed": self.tb.name,
@@ -1753,7 +1556,7 @@ impl DpuDaemon {
             "redirect_buckets": self.tb.fabric.dpu.redirect_buckets,
             "hw_entries": dpu.hw_entries(),
             "hw_capacity": dpu.hw_capacity(),
-            "epoch": self.dp.pipeline.epoch().0,
+            "epoch": self.sw.pipeline().epoch().0,
             "placement": self.tb.fabric.placement.policy.name(),
             "vatc": self.vatc,
             "vm_ports": self.dp.ports.iter().filter_map(|p| match &p.io {
@@ -1775,7 +1578,7 @@ impl DpuDaemon {
             "rates_per_s": self.rates.per_sec,
             "counters": counters,
             "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
-            "vswitch_drops": self.dp.pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
+            "vswitch_drops": self.sw.pipeline().drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "activations": self.activations,
             "events": self.events.iter().rev().map(|e| json!({
                 "at_s": e.at.0 as f64 / 1e9, "event": e.what.name(), "reason": e.reason,
@@ -1785,10 +1588,10 @@ impl DpuDaemon {
 
     fn flow_dump(&self, limit: Option<usize>, owner: Option<FlowOwner>) -> serde_json::Value {
         let limit = limit.unwrap_or(FLOWS_LIMIT_DEFAULT).min(FLOWS_LIMIT_MAX);
-        let quota = self.dp.dpu.quota();
+        let quota = self.sw.dpu().quota();
         let buckets = self.tb.fabric.dpu.redirect_buckets;
         let mut rows = Vec::new();
-        for (conn, c) in self.dp.dpu.conns_sorted() {
+        for (conn, c) in self.sw.dpu().conns_sorted() {
             let (who, why) = match (c.role, c.hw_live) {
                 (Role::Owner, n) if n > 0 => (
                     FlowOwner::DpuHw,
@@ -1821,7 +1624,7 @@ impl DpuDaemon {
             if owner.is_some_and(|o| o != who) {
                 continue;
             }
-            let key = self.dp.flows.get(conn).map(|r| {
+            let key = self.sw.conns().get(conn).map(|r| {
                 format!(
                     "{}:{} > {}:{} proto {}",
                     r.orig.src_ip.to_std(),
@@ -1839,11 +1642,11 @@ impl DpuDaemon {
                 break;
             }
         }
-        json!({ "flows": rows, "total": self.dp.dpu.conns_len() })
+        json!({ "flows": rows, "total": self.sw.dpu().conns_len() })
     }
 
     fn fill_samples(&self, out: &mut Vec<Sample>) {
-        let dpu = &self.dp.dpu;
+        let dpu = self.sw.dpu();
         for (n, v) in dpu.counters().iter() {
             out.push(Sample::counter(n, v));
         }
@@ -1854,48 +1657,39 @@ impl DpuDaemon {
                     .with_label("layer", "fabric"),
             );
         }
-        for (n, v) in self.dp.counters.iter() {
+        for (n, v) in self.rt_counters() {
             out.push(Sample::counter(n, v));
         }
         for (n, v) in self.ctl.iter().flat_map(|c| c.refused()) {
             out.push(Sample::counter(n, v).with_help("control connections refused"));
         }
-        for (n, v) in self.dp.pipeline.drops().iter() {
+        for (n, v) in self.sw.pipeline().drops().iter() {
             out.push(
                 Sample::counter(n, v)
                     .with_help("frames the DPU's vSwitch pipeline dropped")
                     .with_label("plane", "dpu"),
             );
         }
-        for (n, v) in self.dp.pipeline.neigh_counters().iter() {
+        for (n, v) in self.sw.pipeline().neigh_counters().iter() {
             out.push(
                 Sample::counter(n, v)
                     .with_help("ARP and neighbour discovery the DPU's vSwitch answered or took")
                     .with_label("plane", "dpu"),
             );
         }
-        for (n, v) in self.dp.pipeline.icmp_error_counters().iter() {
+        for (n, v) in self.sw.pipeline().icmp_error_counters().iter() {
             out.push(
                 Sample::counter(n, v)
                     .with_help("ICMP errors the DPU's vSwitch router sent or held back")
                     .with_label("plane", "dpu"),
             );
         }
-        for (n, v) in self.dp.pipeline.frag_counters().iter() {
+        for (n, v) in self.sw.pipeline().frag_counters().iter() {
             out.push(
                 Sample::counter(n, v)
                     .with_help("IP fragments the DPU's vSwitch tracked")
                     .with_label("plane", "dpu"),
             );
-        }
-        let fc = self.dp.flows.counters();
-        for (n, v) in [
-            ("rt.flows.opened", fc.opened),
-            ("rt.flows.closed", fc.closed),
-            ("rt.flows.unknown", fc.unknown),
-            ("rt.flows.table_full", fc.table_full),
-        ] {
-            out.push(Sample::counter(n, v));
         }
         out.push(Sample::gauge("dpu.hw.entries", dpu.hw_entries() as f64));
         out.push(Sample::gauge("dpu.hw.capacity", dpu.hw_capacity() as f64));
@@ -1933,13 +1727,22 @@ impl DpuDaemon {
         }
     }
 
+    /// The process's own counters under `rt.`: what the driver moved, and what became of the
+    /// frames inside the DPU node.
+    fn rt_counters(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        let node = self.sw.counters().iter(self.sw.conns().counters());
+        self.dp
+            .counters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .chain(node.map(|(k, v)| (format!("rt.{k}"), v)))
+    }
+
     fn publish(&mut self, now: Instant) {
         self.last_publish = now;
         // Connections that never close (UDP) or whose close was not seen are forgotten after
         // two minutes idle, a bounded slice per call.
-        self.dp
-            .flows
-            .expire(now, std::time::Duration::from_secs(120), 4096);
+        self.sw.expire(now);
         let mut samples = Vec::new();
         self.fill_samples(&mut samples);
         self.publisher
@@ -1948,12 +1751,12 @@ impl DpuDaemon {
         if now.0.saturating_sub(self.rates.at.0) >= 1_000_000_000 {
             let secs = (now.0 - self.rates.at.0) as f64 / 1e9;
             let mut cur: BTreeMap<String, u64> = self
-                .dp
-                .dpu
+                .sw
+                .dpu()
                 .counters()
                 .iter()
-                .chain(self.dp.counters.iter())
                 .map(|(k, v)| (k.to_string(), v))
+                .chain(self.rt_counters())
                 .collect();
             if let Some(obj) = self
                 .plane
@@ -1983,7 +1786,7 @@ impl DpuDaemon {
         self.stop_plane();
         self.ctl.take();
         self.metrics.take();
-        let counters = self.dp.counters.iter().collect();
+        let counters = self.rt_counters().collect();
         // Close the TAPs before removing the namespaces they live in.
         self.dp.ports.clear();
         self.cgroup.take();

@@ -9,16 +9,18 @@
 //!
 //! ## Main types
 //!
-//! - [`dpud::DpuDaemon`]: the DPU process (the core's `DpuNode` with real frames and a clock).
-//! - [`planed::run`]: the spill-plane process (the core's `SpillPlane`).
+//! - [`dpud::DpuDaemon`]: the DPU process, an I/O shell around the core's frame node
+//!   `spillway_fabric::frame::DpuSwitch` (the `DpuNode` model and the DPU's vSwitch).
+//! - [`planed::run`]: the spill-plane process, the same around `PlaneSwitch`.
 //! - [`vnic::VnicSet`]: one end of the vNIC set; [`ring::SharedRing`] the memfd ring under it.
 //! - [`netns::Ledger`]: the crash-safe record of everything a testbed creates.
 //!
 //! ## Invariants
 //!
 //! - The driver holds no policy: every decision (fast path, slow path, steer, drop, recall,
-//!   activate, release) is the core's; the driver moves frames and messages and counts what it
-//!   could not move (`rt.drop.*`).
+//!   activate, release, which snapshot to adopt, what to mirror) is the core's, returned as one
+//!   outcome per frame; the driver moves frames and messages and counts what it could not move
+//!   (`rt.drop.plane_gone`, `rt.tx.errors`, ...).
 //! - Everything created is recorded in the ledger before it exists, and removed on exit, on
 //!   Ctrl-C, and by the next start after a crash.
 //! - Shared memory from the other process is untrusted: every length read from a ring is
@@ -52,7 +54,6 @@ pub mod ctl;
 pub mod dpud;
 pub mod endpoint;
 pub mod fdpass;
-pub mod flows;
 pub mod log;
 pub mod metrics;
 pub mod netns;

@@ -1,35 +1,32 @@
 //! The spill-plane process (`spillway spill-plane`), started by the DPU process in its own
-//! cgroup: the host-side [`SpillPlane`] with the same vSwitch [`Pipeline`] as the DPU, on the
-//! plane's end of the vNIC set.
+//! cgroup: the core's host-side frame node ([`PlaneSwitch`]: the `SpillPlane` model with its
+//! own vSwitch pipeline) on the plane's end of the vNIC set.
 //!
-//! Per loop turn: frames steered to it from the phy ring (each offered to the model, then, if
-//! the model serves it, run through the pipeline and sent back on the phy ring with the port it
-//! leaves by; a frame of a connection it has no state for is punted back whole); records from
-//! the flow ring and the control socket (conntrack snapshots adopted, so a connection it takes
-//! over continues mid-stream); the model's timers and outputs (its messages carry the
-//! connection's snapshot); every 500 ms its counters to the DPU process. It sleeps in `poll` on
-//! its doorbell and the control socket. It exits on SIGTERM, or when the DPU process closes the
-//! control socket.
+//! Per loop turn: frames steered to it from the phy ring, each handed to the node, whose one
+//! [`Outcome`] this loop carries out (back on the phy ring with the port it leaves by, straight
+//! into a VM's memory through the vATC, or punted back whole); records from the flow ring and
+//! the control socket, handed to the node in the order they came; the model's timers; the
+//! node's messages (their snapshots attached by the node); every 500 ms its counters to the
+//! DPU process. It sleeps in `poll` on its doorbell and the control socket. It exits on
+//! SIGTERM, or when the DPU process closes the control socket.
 
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use serde_json::json;
-use spillway_fabric::dpu::Role;
+use spillway_fabric::frame::{CONNS_MAX, Outcome, Outgoing, PlaneSwitch};
 use spillway_fabric::params::PlacementKind;
-use spillway_fabric::spill::SpillPlane;
-use spillway_fabric::types::{Channel, ConnId, Msg, Transmit};
-use spillway_vswitch::packet::HEADROOM;
-use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
+use spillway_fabric::types::Channel;
+use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
-use spillway_vswitch::{Instant, PacketBuf, PortId, Verdict};
+use spillway_vswitch::{Instant, PortId};
 
 use crate::clock::Clock;
-use crate::flows::Flows;
 use crate::signals;
 use crate::testbed::Testbed;
 use crate::vmport::{DirectRefused, PlaneVm};
+use crate::vnet::VnetHdr;
 use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use spillway_fabric::atc::{Atc, AtcConfig, AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,17 +44,15 @@ pub struct PlaneOptions {
     pub clock_origin_ns: u64,
 }
 
-/// Plane-process counters (`plane.*`, sent to the DPU process for its metrics).
+/// Plane-process counters (`plane.*`, sent to the DPU process for its metrics): what the
+/// driver moved. What became of each frame inside the plane is the node's
+/// ([`spillway_fabric::frame::FrameCounters`], also sent under `plane.`).
 #[derive(Clone, Copy, Debug, Default)]
 struct PlaneCounters {
     frames_in: u64,
     frames_out: u64,
     punted: u64,
-    drop_vswitch: u64,
-    drop_model: u64,
     drop_ring_full: u64,
-    adopted: u64,
-    adopt_refused: u64,
     vatc_delivered: u64,
     vatc_miss: u64,
     vatc_no_buffer: u64,
@@ -221,69 +216,81 @@ impl Vatc {
     }
 }
 
-/// A frame the model served, as the vSwitch needs it.
-struct Served<'a> {
-    frame: &'a [u8],
-    /// Its virtio-net header (GSO and checksum offload).
-    vnet: [u8; 12],
-    ingress: PortId,
-    key: Option<spillway_wire::FlowKey>,
-    tenant: spillway_vswitch::TenantId,
-    /// The plane owns the connection: a TCP state change goes to the DPU's copy.
-    watch: bool,
-}
-
-/// Runs the vSwitch on a frame the model served: loads it, watches the TCP state of a
-/// connection the plane owns, and returns the egress port (None: dropped, counted).
-fn process_frame(
-    pipeline: &mut Pipeline,
-    pkt: &mut PacketBuf,
-    f: &Served<'_>,
-    now: Instant,
-    ct_out: &mut Vec<spillway_vswitch::conntrack::CtSnapshot>,
-    c: &mut PlaneCounters,
-) -> Option<PortId> {
-    let Served {
-        frame,
-        vnet,
-        ingress,
-        key,
-        tenant,
-        watch,
-    } = *f;
-    if pkt.load(frame).is_err() {
-        c.drop_vswitch += 1;
-        return None;
-    }
-    if let Ok(h) = crate::vnet::VnetHdr::parse(&vnet) {
-        pkt.set_gso_size(h.gso_segment());
-    }
-    let watch = watch && key.is_some_and(|k| k.proto == spillway_wire::ip_proto::TCP);
-    let before = match (watch, key) {
-        (true, Some(k)) => pipeline.export_conn(now, tenant, &k).map(|s| s.state),
-        _ => None,
-    };
-    let verdict = pipeline.process(now, ingress, pkt);
-    if watch
-        && let Some(k) = key
-        && let Some(after) = pipeline.export_conn(now, tenant, &k)
-        && Some(after.state) != before
-    {
-        ct_out.push(after);
-    }
-    match verdict {
-        Verdict::Forward(out) => Some(out),
-        Verdict::Drop(_) => {
-            c.drop_vswitch += 1;
-            None
-        }
-    }
+/// The plane process's state: the core's frame node, its end of the vNIC set, the vATC, and
+/// the buffers a loop turn reuses.
+struct PlaneProcess {
+    sw: PlaneSwitch,
+    vnic: VnicSet,
+    vatc: Vatc,
+    c: PlaneCounters,
+    /// Flow-ring and control records of this turn, in arrival order.
+    records: Vec<FlowRecord>,
+    commands: Vec<serde_json::Value>,
+    last_stats: Instant,
 }
 
 /// Runs the plane until SIGTERM or the DPU process goes away.
 pub fn run(opts: PlaneOptions) -> Result<(), String> {
     let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
-    // The handshake secret comes on stdin, a pipe from the DPU process that started us.
+    let vnic = connect(&opts)?;
+    let clock = Clock::with_origin(opts.clock_origin_ns);
+    let mut sw = PlaneSwitch::new(
+        &tb.fabric,
+        tb.policy.clone(),
+        PipelineConfig::default(),
+        CONNS_MAX,
+    )
+    .map_err(|e| format!("pipeline: {e}"))?;
+    sw.plane_mut().start(clock.now(), opts.workers.max(1));
+    let mut p = PlaneProcess {
+        sw,
+        vnic,
+        vatc: Vatc {
+            vms: BTreeMap::new(),
+            atc: Atc::new(AtcConfig::default()).expect("the default config is valid"),
+            pending: BTreeSet::new(),
+            requests: Vec::with_capacity(16),
+        },
+        c: PlaneCounters::default(),
+        records: Vec::with_capacity(256),
+        commands: Vec::new(),
+        last_stats: Instant::ZERO,
+    };
+    drop_privileges(&tb)?;
+    loop {
+        if signals::stop_requested() {
+            tracing::info!(target: "spillway::plane", "stopping on signal");
+            return Ok(());
+        }
+        let now = clock.now();
+        let frames = p.on_frames(now).map_err(|e| e.to_string())?;
+        let records = match p.on_records(now) {
+            Ok(n) => n,
+            Err(crate::vnic::VnicError::Closed) => {
+                tracing::info!(target: "spillway::plane", "DPU process closed the control socket; exiting");
+                return Ok(());
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        if p.sw.poll_timeout().is_some_and(|t| t <= now) {
+            p.sw.plane_mut().handle_timeout(now);
+        }
+        p.send_outgoing(now).map_err(|e| e.to_string())?;
+        if now.0.saturating_sub(p.last_stats.0) >= 500_000_000 {
+            p.last_stats = now;
+            p.sw.expire(now);
+            p.send_stats().map_err(|e| e.to_string())?;
+        }
+        if frames == 0 && records == 0 {
+            sleep(&mut p.vnic, &p.sw, now)?;
+        }
+    }
+}
+
+/// Connects to the DPU process's vNIC socket and maps the vNIC set. The handshake secret comes
+/// on stdin, a pipe from the DPU process that started us, and is handed only to that process
+/// (checked by the socket peer's pid), not to whoever listens at the path.
+fn connect(opts: &PlaneOptions) -> Result<VnicSet, String> {
     let mut secret = [0u8; crate::vnic::SECRET_LEN];
     std::io::Read::read_exact(&mut std::io::stdin().lock(), &mut secret).map_err(|e| {
         format!(
@@ -293,7 +300,6 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
     })?;
     let stream = UnixStream::connect(&opts.vnic_socket)
         .map_err(|e| format!("connecting to {}: {e}", opts.vnic_socket.display()))?;
-    // Hand the secret only to the DPU process that started us, not to whoever listens there.
     let server = crate::unixsock::peer_cred(&stream)
         .map_err(|e| format!("credentials of {}: {e}", opts.vnic_socket.display()))?;
     let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
@@ -306,280 +312,175 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         ));
     }
     crate::vnic::send_auth(&stream, &secret).map_err(|e| e.to_string())?;
-    let (mut vnic, hello) = VnicSet::accept(stream).map_err(|e| e.to_string())?;
+    let (vnic, hello) = VnicSet::accept(stream).map_err(|e| e.to_string())?;
     tracing::info!(target: "spillway::plane", pid = std::process::id(), hello = %hello, "vNIC set mapped");
-    let clock = Clock::with_origin(opts.clock_origin_ns);
-    let mut plane = SpillPlane::new(&tb.fabric);
-    let mut pipeline = Pipeline::new(tb.policy.clone(), PipelineConfig::default())
-        .map_err(|e| format!("pipeline: {e}"))?;
-    let mut flows = Flows::new(1 << 20);
-    let mut pkt = PacketBuf::with_capacity(HEADROOM + 12 + 18 + 65_535);
-    let mut c = PlaneCounters::default();
-    plane.start(clock.now(), opts.workers.max(1));
-    let mut last_stats = Instant::ZERO;
-    let mut inbox: Vec<(Msg, Option<spillway_vswitch::conntrack::CtSnapshot>)> = Vec::new();
-    let mut commands: Vec<serde_json::Value> = Vec::new();
-    let mut deferred: Vec<Msg> = Vec::with_capacity(64);
-    let mut ct_out: Vec<spillway_vswitch::conntrack::CtSnapshot> = Vec::with_capacity(64);
-    let mut ct_in: Vec<spillway_vswitch::conntrack::CtSnapshot> = Vec::with_capacity(64);
-    let mut vatc = Vatc {
-        vms: BTreeMap::new(),
-        atc: Atc::new(AtcConfig::default()).expect("the default config is valid"),
-        pending: BTreeSet::new(),
-        requests: Vec::with_capacity(16),
-    };
-    drop_privileges(&tb)?;
-    loop {
-        if signals::stop_requested() {
-            tracing::info!(target: "spillway::plane", "stopping on signal");
-            return Ok(());
-        }
-        let now = clock.now();
-        send_outputs(&mut plane, &mut vnic, &pipeline, &flows, now, None, &mut c)
-            .map_err(|e| e.to_string())?;
-        // Frames from the DPU: served by the model, processed by the pipeline, and sent back
-        // from the receive ring straight onto the send ring.
-        deferred.clear();
-        let r = {
-            let (plane, pipeline, flows, pkt, c, deferred, ct_out, vatc) = (
-                &mut plane,
-                &mut pipeline,
-                &mut flows,
-                &mut pkt,
-                &mut c,
-                &mut deferred,
-                &mut ct_out,
-                &mut vatc,
-            );
-            vnic.recv_frames_tx(256, |rec, tx| {
-                c.frames_in += 1;
-                let Some(t) = rec.msg.train().copied() else {
+    Ok(vnic)
+}
+
+/// The virtio-net header of a frame with nothing offloaded.
+const PLAIN_VNET: [u8; 12] = [0; 12];
+
+impl PlaneProcess {
+    /// Frames the DPU steered here, each through the node and on, from the receive ring
+    /// straight onto the send ring (or into the VM's memory); returns how many.
+    fn on_frames(&mut self, now: Instant) -> Result<usize, crate::vnic::VnicError> {
+        let (sw, vatc, c) = (&mut self.sw, &mut self.vatc, &mut self.c);
+        let n = self.vnic.recv_frames_tx(256, |rec, tx| {
+            c.frames_in += 1;
+            let gso = VnetHdr::parse(rec.vnet).map_or(0, |h| h.gso_segment());
+            let vnet = rec.vnet;
+            let header = |generated: bool| if generated { &PLAIN_VNET } else { vnet };
+            let mut outcome = sw.process(now, PortId(rec.port), rec.msg, gso, rec.frame);
+            if let Outcome::Direct {
+                port,
+                bytes,
+                generated,
+            } = outcome
+            {
+                if vatc.deliver(port, header(generated), bytes, c) {
                     return;
-                };
-                // As the pipeline parses it: VXLAN only on the uplink, for our VTEP.
-                let decap = pipeline.policy().host().decap_at(PortId(rec.port));
-                let key = spillway_wire::parse_frame_decap(rec.frame, decap)
-                    .ok()
-                    .and_then(|p| p.outer.key);
-                if t.kind == spillway_fabric::types::Kind::Open
-                    && let Some(key) = key
-                {
-                    flows.learn(now, t.tenant, key);
                 }
-                plane.handle_msg(now, Msg::Packets(t));
-                let plane_owns = plane.conn(t.conn).is_some_and(|c| c.role == Role::Owner);
-                let vnet: [u8; 12] = *rec.vnet;
-                let mut served = false;
-                // The egress port of a frame the vATC path refused: the pipeline has run.
-                let mut refused_out = None;
-                let direct = plane.direct_last();
-                let this = Served {
-                    frame: rec.frame,
-                    vnet,
-                    ingress: PortId(rec.port),
-                    key,
-                    tenant: t.tenant,
-                    watch: plane_owns,
-                };
-                if direct > 0 {
-                    // The model sent it the vATC way: process, then copy into the VM's memory.
-                    served = true;
-                    let out = process_frame(pipeline, pkt, &this, now, ct_out, c);
-                    if let Some(out) = out
-                        && !vatc.deliver(out, crate::vnet::header_after(pkt, &vnet), pkt.data(), c)
-                    {
-                        let mut back = t;
-                        back.packets = direct;
-                        plane.handle_direct_refused(now, &back);
-                        refused_out = Some(out);
+                outcome = sw.direct_refused(now);
+            }
+            match outcome {
+                Outcome::Return {
+                    msg,
+                    port,
+                    bytes,
+                    generated,
+                } => {
+                    if tx.send_frame(&msg, port.0, header(generated), bytes) {
+                        c.frames_out += 1;
+                    } else {
+                        c.drop_ring_full += 1;
                     }
                 }
-                while let Some(Transmit { channel, msg, .. }) = plane.poll_transmit() {
-                    match (channel, &msg) {
-                        (Channel::PhyVnic, Msg::Packets(done)) if done.conn == t.conn => {
-                            served = true;
-                            let out = match refused_out.take() {
-                                Some(out) => Some(out),
-                                None => process_frame(pipeline, pkt, &this, now, ct_out, c),
-                            };
-                            if let Some(out) = out {
-                                if tx.send_frame(
-                                    &msg,
-                                    out.0,
-                                    crate::vnet::header_after(pkt, &vnet),
-                                    pkt.data(),
-                                ) {
-                                    c.frames_out += 1;
-                                } else {
-                                    c.drop_ring_full += 1;
-                                }
-                            }
-                        }
-                        (Channel::PhyVnic, Msg::Punt(back)) if back.conn == t.conn => {
-                            served = true;
-                            c.punted += 1;
-                            if !tx.send_frame(&msg, rec.port, &vnet, rec.frame) {
-                                c.drop_ring_full += 1;
-                            }
-                        }
-                        _ => deferred.push(msg),
+                Outcome::Punt { msg } => {
+                    c.punted += 1;
+                    if !tx.send_frame(&msg, rec.port, vnet, rec.frame) {
+                        c.drop_ring_full += 1;
                     }
                 }
-                if !served {
-                    c.drop_model += 1;
+                Outcome::Drop(why) => {
+                    tracing::debug!(target: "spillway::drop", ?why, len = rec.frame.len(), "the plane dropped a frame");
                 }
-                if t.kind == spillway_fabric::types::Kind::Close {
-                    flows.forget(t.conn);
+                other => {
+                    tracing::error!(target: "spillway::plane", outcome = ?other, "an outcome only the DPU has");
                 }
-            })
-        };
-        for vm in vatc.vms.values_mut() {
+            }
+        })?;
+        for vm in self.vatc.vms.values_mut() {
             vm.flush_irq();
         }
-        for (vm, iova, len) in vatc.requests.drain(..) {
-            vnic.send_vm(
+        for (vm, iova, len) in self.vatc.requests.drain(..) {
+            self.vnic.send_vm(
                 &json!({"op": "translate", "vm": vm.0, "iova": iova.0, "len": len}),
                 &[],
-            )
-            .map_err(|e| e.to_string())?;
+            )?;
         }
-        for msg in deferred.drain(..) {
-            let snap = snapshot_for(&msg, &pipeline, &flows, now);
-            vnic.send_msg(channel_is_control(&msg), &msg, snap.as_ref())
-                .map_err(|e| e.to_string())?;
-        }
-        // After the model's own messages, so a copy the DPU creates from a mirror exists.
-        for s in ct_out.drain(..) {
-            vnic.send_ct(&s);
-        }
-        let out_frames = 0usize;
-        let busy_frames = r.map_err(|e| e.to_string())? > 0;
-        // Flow ring and control.
-        inbox.clear();
-        ct_in.clear();
-        let flow_n = vnic
-            .recv_flow(256, |rec| match rec {
-                FlowRecord::Msg(m, s) => inbox.push((m, s)),
-                FlowRecord::Ct(s) => ct_in.push(s),
-            })
-            .map_err(|e| e.to_string())?;
-        for s in ct_in.drain(..) {
-            // The DPU owns the connection; the plane keeps its copy current.
-            if plane
-                .conn(flows.id_of(s.zone, &s.orig))
-                .is_some_and(|c| c.role == Role::Copy)
-            {
-                match pipeline.adopt_conn(now, &s) {
-                    Ok(()) => c.adopted += 1,
-                    Err(_) => c.adopt_refused += 1,
-                }
-            }
-        }
-        let ctl_n = match vnic.recv_control(|rec| match rec {
-            Control::Msg(m, s) => inbox.push((m, s)),
+        Ok(n)
+    }
+
+    /// Records from the flow ring and the control socket, handed to the node in the order they
+    /// came; commands and VM records are the driver's own. Returns how many.
+    fn on_records(&mut self, now: Instant) -> Result<usize, crate::vnic::VnicError> {
+        let records = &mut self.records;
+        let flow_n = self.vnic.recv_flow(256, |rec| records.push(rec))?;
+        let (commands, vatc, c) = (&mut self.commands, &mut self.vatc, &mut self.c);
+        let ctl_n = self.vnic.recv_control(|rec| match rec {
+            Control::Msg(m, s) => records.push(FlowRecord::Msg(m, s)),
             Control::Json(CONTROL_COMMAND, doc) => commands.push(doc),
             Control::Json(..) => {}
-            Control::Vm(doc, fds) => vatc.on_control(&doc, fds, &mut c),
-        }) {
-            Ok(n) => n,
-            Err(crate::vnic::VnicError::Closed) => {
-                tracing::info!(target: "spillway::plane", "DPU process closed the control socket; exiting");
-                return Ok(());
+            Control::Vm(doc, fds) => vatc.on_control(&doc, fds, c),
+        })?;
+        for rec in self.records.drain(..) {
+            match rec {
+                FlowRecord::Msg(m, s) => self.sw.handle_msg(now, m, s),
+                FlowRecord::Ct(s) => self.sw.handle_conntrack(now, &s),
             }
-            Err(e) => return Err(e.to_string()),
-        };
-        for (m, s) in inbox.drain(..) {
-            if let Msg::Sync {
-                kind: spillway_fabric::types::SyncKind::Closed,
-                state,
-                ..
-            } = m
-                && let Some(rec) = flows.forget(state.conn)
-            {
-                // The DPU carried the close: this pipeline's copy is stale.
-                pipeline.forget_conn(now, rec.zone, &rec.orig);
-            }
-            plane.handle_msg(now, m);
-            // As in the DPU process: only the owner's state, of a connection the model still
-            // holds, is adopted.
-            if let Some(s) = s
-                && crate::dpud::carries_owner_state(&m)
-                && plane.conn(flows.id_of(s.zone, &s.orig)).is_some()
-            {
-                flows.learn(now, s.zone, s.orig);
-                match pipeline.adopt_conn(now, &s) {
-                    Ok(()) => c.adopted += 1,
-                    Err(_) => c.adopt_refused += 1,
+        }
+        for doc in self.commands.drain(..) {
+            apply_command(&doc, &mut self.sw);
+        }
+        Ok(flow_n + ctl_n)
+    }
+
+    /// The node's messages to the DPU (snapshots attached), then the doorbell.
+    fn send_outgoing(&mut self, now: Instant) -> Result<(), crate::vnic::VnicError> {
+        while let Some(o) = self.sw.poll_transmit(now) {
+            match o {
+                Outgoing::Msg {
+                    channel,
+                    msg,
+                    snapshot,
+                } => {
+                    self.vnic
+                        .send_msg(channel == Channel::Control, &msg, snapshot.as_ref())?;
+                }
+                Outgoing::Conntrack(s) => {
+                    self.vnic.send_ct(&s);
                 }
             }
         }
-        for doc in commands.drain(..) {
-            apply_command(&doc, &mut plane, &mut pipeline);
+        self.vnic.kick();
+        Ok(())
+    }
+
+    /// The plane's counters and state to the DPU process, for its metrics and `ctl status`.
+    fn send_stats(&mut self) -> Result<(), crate::vnic::VnicError> {
+        let (sw, c) = (&self.sw, &self.c);
+        let plane = sw.plane();
+        let mut counters = serde_json::Map::new();
+        let mut put = |k: String, v: u64| {
+            counters.insert(k, json!(v));
+        };
+        for (k, v) in plane.counters().iter() {
+            put(k.to_string(), v);
         }
-        if plane.poll_timeout().is_some_and(|t| t <= now) {
-            plane.handle_timeout(now);
+        for (k, v) in plane.drops().iter() {
+            put(format!("plane.{k}"), v);
         }
-        send_outputs(&mut plane, &mut vnic, &pipeline, &flows, now, None, &mut c)
-            .map_err(|e| e.to_string())?;
-        vnic.kick();
-        if now.0.saturating_sub(last_stats.0) >= 500_000_000 {
-            last_stats = now;
-            flows.expire(now, std::time::Duration::from_secs(120), 4096);
-            let mut counters = serde_json::Map::new();
-            for (k, v) in plane.counters().iter() {
-                counters.insert(k.to_string(), json!(v));
-            }
-            for (k, v) in plane.drops().iter() {
-                counters.insert(format!("plane.{k}"), json!(v));
-            }
-            for (k, v) in vatc.atc.counters().iter() {
-                counters.insert(k.to_string(), json!(v));
-            }
-            // The plane's own pipeline: its router's ICMP errors and fragment tracking.
-            for (k, v) in pipeline
-                .icmp_error_counters()
-                .iter()
-                .chain(pipeline.frag_counters().iter())
-            {
-                counters.insert(format!("plane.{k}"), json!(v));
-            }
-            for (k, v) in [
-                ("plane.frames.in", c.frames_in),
-                ("plane.frames.out", c.frames_out),
-                ("plane.frames.punted", c.punted),
-                ("plane.drop.vswitch", c.drop_vswitch),
-                ("plane.drop.model", c.drop_model),
-                ("plane.drop.ring_full", c.drop_ring_full),
-                ("plane.snapshot.adopted", c.adopted),
-                ("plane.snapshot.refused", c.adopt_refused),
-                ("plane.vatc.delivered", c.vatc_delivered),
-                ("plane.vatc.miss", c.vatc_miss),
-                ("plane.vatc.no_buffer", c.vatc_no_buffer),
-                ("plane.vatc.bad_desc", c.vatc_bad_desc),
-                ("plane.vatc.no_port", c.vatc_no_port),
-                ("plane.vatc.broken", c.vatc_broken),
-                ("plane.vatc.invalidations", c.vatc_invalidations),
-            ] {
-                counters.insert(k.to_string(), json!(v));
-            }
-            let doc = json!({
-                "pid": std::process::id(),
-                "workers": plane.workers(),
-                "conns": plane.conns_len(),
-                "placement": plane.policy_name(),
-                "epoch": pipeline.epoch().0,
-                "vatc": plane.vatc(),
-                "vatc_vms": vatc.vms.len(),
-                "atc_entries": vatc.atc.len(),
-                "counters": counters,
-                "vswitch_drops": pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
-            });
-            vnic.send_json(CONTROL_STATS, &doc)
-                .map_err(|e| e.to_string())?;
+        for (k, v) in self.vatc.atc.counters().iter() {
+            put(k.to_string(), v);
         }
-        if !busy_frames && flow_n == 0 && ctl_n == 0 && out_frames == 0 {
-            sleep(&mut vnic, &plane, now)?;
+        // The plane's own pipeline: its router's ICMP errors and fragment tracking.
+        let pipeline = sw.pipeline();
+        for (k, v) in pipeline
+            .icmp_error_counters()
+            .iter()
+            .chain(pipeline.frag_counters().iter())
+            .chain(sw.counters().iter(sw.conns().counters()))
+        {
+            put(format!("plane.{k}"), v);
         }
+        for (k, v) in [
+            ("plane.frames.in", c.frames_in),
+            ("plane.frames.out", c.frames_out),
+            ("plane.frames.punted", c.punted),
+            ("plane.drop.ring_full", c.drop_ring_full),
+            ("plane.vatc.delivered", c.vatc_delivered),
+            ("plane.vatc.miss", c.vatc_miss),
+            ("plane.vatc.no_buffer", c.vatc_no_buffer),
+            ("plane.vatc.bad_desc", c.vatc_bad_desc),
+            ("plane.vatc.no_port", c.vatc_no_port),
+            ("plane.vatc.broken", c.vatc_broken),
+            ("plane.vatc.invalidations", c.vatc_invalidations),
+        ] {
+            put(k.to_string(), v);
+        }
+        let doc = json!({
+            "pid": std::process::id(),
+            "workers": plane.workers(),
+            "conns": plane.conns_len(),
+            "placement": plane.policy_name(),
+            "epoch": pipeline.epoch().0,
+            "vatc": plane.vatc(),
+            "vatc_vms": self.vatc.vms.len(),
+            "atc_entries": self.vatc.atc.len(),
+            "counters": counters,
+            "vswitch_drops": pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
+        });
+        self.vnic.send_json(CONTROL_STATS, &doc)
     }
 }
 
@@ -599,87 +500,33 @@ fn drop_privileges(tb: &Testbed) -> Result<(), String> {
     Ok(())
 }
 
-fn channel_is_control(msg: &Msg) -> bool {
-    matches!(
-        msg,
-        Msg::Delete { .. }
-            | Msg::DeleteAck { .. }
-            | Msg::Adopted { .. }
-            | Msg::Activated { .. }
-            | Msg::Release { .. }
-            | Msg::Released { .. }
-            | Msg::Drain { .. }
-            | Msg::Drained { .. }
-            | Msg::Absorbing
-            | Msg::OffloadStats { .. }
-            | Msg::Budget { .. }
-            | Msg::Heartbeat { .. }
-            | Msg::SetWorkers { .. }
-    )
-}
-
-fn snapshot_for(
-    msg: &Msg,
-    pipeline: &Pipeline,
-    flows: &Flows,
-    now: Instant,
-) -> Option<spillway_vswitch::conntrack::CtSnapshot> {
-    let conn: ConnId = match msg {
-        Msg::Sync { state, .. } | Msg::Recall { state, .. } => state.conn,
-        _ => return None,
-    };
-    let rec = flows.get(conn)?;
-    pipeline.export_conn(now, rec.zone, &rec.orig)
-}
-
-fn send_outputs(
-    plane: &mut SpillPlane,
-    vnic: &mut VnicSet,
-    pipeline: &Pipeline,
-    flows: &Flows,
-    now: Instant,
-    _ctx: Option<()>,
-    c: &mut PlaneCounters,
-) -> Result<(), crate::vnic::VnicError> {
-    while let Some(Transmit { channel, msg, .. }) = plane.poll_transmit() {
-        if msg.train().is_some() {
-            // Phy messages are produced only while a frame is handled, which pairs them.
-            c.drop_model += 1;
-            continue;
-        }
-        let snap = snapshot_for(&msg, pipeline, flows, now);
-        vnic.send_msg(channel == Channel::Control, &msg, snap.as_ref())?;
-    }
-    Ok(())
-}
-
-fn apply_command(doc: &serde_json::Value, plane: &mut SpillPlane, pipeline: &mut Pipeline) {
+fn apply_command(doc: &serde_json::Value, sw: &mut PlaneSwitch) {
     if let Some(on) = doc.get("vatc").and_then(|v| v.as_bool()) {
-        plane.set_vatc(on);
+        sw.plane_mut().set_vatc(on);
         tracing::info!(target: "spillway::plane", vatc = on, "delivery path of VM-bound packets switched");
     }
     if let Some(name) = doc.get("set_placement").and_then(|v| v.as_str())
         && let Some((_, kind)) = PlacementKind::NAMES.iter().find(|(n, _)| *n == name)
     {
-        plane.set_placement(*kind);
+        sw.plane_mut().set_placement(*kind);
         tracing::info!(target: "spillway::plane", placement = name, "placement policy changed");
     }
     if let Some(text) = doc.get("set_policy").and_then(|v| v.as_str()) {
         match Policy::from_toml_str(text, "policy from the DPU process") {
             Ok(p) => {
-                pipeline.set_policy(p);
-                tracing::info!(target: "spillway::plane", epoch = pipeline.epoch().0, "policy replaced");
+                sw.set_policy(p);
+                tracing::info!(target: "spillway::plane", epoch = sw.pipeline().epoch().0, "policy replaced");
             }
             Err(e) => tracing::error!(target: "spillway::plane", error = %e, "policy refused"),
         }
     }
 }
 
-fn sleep(vnic: &mut VnicSet, plane: &SpillPlane, now: Instant) -> Result<(), String> {
+fn sleep(vnic: &mut VnicSet, sw: &PlaneSwitch, now: Instant) -> Result<(), String> {
     if !vnic.prepare_sleep() {
         return Ok(());
     }
-    let next = plane
+    let next = sw
         .poll_timeout()
         .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
     let ms = (next / 1_000_000).min(10) as i64;

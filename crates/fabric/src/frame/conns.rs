@@ -1,12 +1,19 @@
 //! From real frames to the fabric's vocabulary: which connection a frame belongs to
 //! ([`ConnId`]), which side sent it, and what it does to the connection ([`Kind`]). The fabric
-//! core reasons about connections and packet trains; the real-time driver offers it one train
-//! per frame, built here.
+//! model reasons about connections and packet trains; a frame node offers it one train per
+//! frame, built here.
+//!
+//! This is the DPU's classifier, the part of a NIC that reads a frame's tuple and TCP flags
+//! before any software runs, and it must decide before the vSwitch does: whether the frame
+//! goes to the fast path, the SoC or the spill plane depends on its `Kind`, and on the plane's
+//! side the frame may never meet this side's conntrack at all. So it tracks only what that
+//! decision needs (the first tuple, the FINs seen), not the TCP state machine, which stays the
+//! vSwitch's conntrack's alone.
 //!
 //! A connection's id is a seeded hash of its tenant zone and its two endpoints in canonical
 //! order, so both directions map to one id, as a DPU's symmetric RSS hash would. The table of
 //! known connections is bounded (`conns_max`); at the limit a new connection is still classified
-//! (as `Open`) but not remembered, and counted in [`FlowCounters::table_full`]: its later packets
+//! (as `Open`) but not remembered, and counted in [`ConnTableCounters::table_full`]: its later packets
 //! are then unknown and the fabric counts them as `no_state` drops, which is what a full
 //! connection table does on a real DPU.
 //!
@@ -19,8 +26,8 @@
 use core::hash::BuildHasher;
 use std::collections::HashMap;
 
+use crate::types::{ConnId, Dest, Kind, Side, Train};
 use foldhash::fast::FixedState;
-use spillway_fabric::types::{ConnId, Dest, Kind, Side, Train};
 use spillway_vswitch::{Instant, TenantId};
 use spillway_wire::{FlowKey, ip_proto};
 
@@ -29,9 +36,9 @@ const ACK: u8 = 0x10;
 const FIN: u8 = 0x01;
 const RST: u8 = 0x04;
 
-/// What the driver remembers of a connection.
+/// What the classifier remembers of a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RtConn {
+pub struct ConnRecord {
     /// Tenant zone.
     pub zone: TenantId,
     /// The tuple of the first packet (the `Orig` side).
@@ -46,27 +53,27 @@ pub struct RtConn {
 
 /// Classification counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlowCounters {
-    /// `rt.flows.opened`: connections opened.
+pub struct ConnTableCounters {
+    /// `flows.opened`: connections opened.
     pub opened: u64,
-    /// `rt.flows.closed`: connections closed (RST, or the ACK after both FINs).
+    /// `flows.closed`: connections closed (RST, or the ACK after both FINs).
     pub closed: u64,
-    /// `rt.flows.unknown`: segments of TCP connections this table does not know.
+    /// `flows.unknown`: segments of TCP connections this table does not know.
     pub unknown: u64,
-    /// `rt.flows.table_full`: connections not remembered because the table was full.
+    /// `flows.table_full`: connections not remembered because the table was full.
     pub table_full: u64,
-    /// `rt.flows.expired`: connections forgotten after idling out.
+    /// `flows.expired`: connections forgotten after idling out.
     pub expired: u64,
 }
 
-/// The connection table of one process.
+/// The connection table of one frame node.
 #[derive(Debug)]
-pub struct Flows {
-    conns: HashMap<ConnId, RtConn, FixedState>,
+pub struct ConnTable {
+    conns: HashMap<ConnId, ConnRecord, FixedState>,
     conns_max: usize,
     seed: FixedState,
-    counters: FlowCounters,
-    /// Connections the expiry sweep has still to look at in this pass (see [`Flows::expire`]).
+    counters: ConnTableCounters,
+    /// Connections the expiry sweep has still to look at in this pass (see [`ConnTable::expire`]).
     sweep: Vec<ConnId>,
 }
 
@@ -84,21 +91,21 @@ pub fn conn_id(hasher: &FixedState, zone: TenantId, key: &FlowKey) -> ConnId {
     ConnId(hasher.hash_one((zone.0, key.proto, lo, hi)))
 }
 
-impl Flows {
+impl ConnTable {
     /// An empty table remembering at most `conns_max` connections.
-    pub fn new(conns_max: usize) -> Flows {
+    pub fn new(conns_max: usize) -> ConnTable {
         let seed = FixedState::with_seed(0x5b11_1a7e);
-        Flows {
+        ConnTable {
             conns: HashMap::with_capacity_and_hasher(conns_max.min(1 << 16), seed.clone()),
             conns_max,
             seed,
-            counters: FlowCounters::default(),
+            counters: ConnTableCounters::default(),
             sweep: Vec::new(),
         }
     }
 
     /// Counters.
-    pub fn counters(&self) -> &FlowCounters {
+    pub fn counters(&self) -> &ConnTableCounters {
         &self.counters
     }
 
@@ -113,7 +120,7 @@ impl Flows {
     }
 
     /// The record of `conn`.
-    pub fn get(&self, conn: ConnId) -> Option<&RtConn> {
+    pub fn get(&self, conn: ConnId) -> Option<&ConnRecord> {
         self.conns.get(&conn)
     }
 
@@ -127,7 +134,7 @@ impl Flows {
     pub fn learn(&mut self, now: Instant, zone: TenantId, orig: FlowKey) -> ConnId {
         let id = conn_id(&self.seed, zone, &orig);
         if self.conns.len() < self.conns_max || self.conns.contains_key(&id) {
-            self.conns.entry(id).or_insert(RtConn {
+            self.conns.entry(id).or_insert(ConnRecord {
                 zone,
                 orig,
                 fin: [false; 2],
@@ -174,7 +181,7 @@ impl Flows {
             } else {
                 self.conns.insert(
                     conn,
-                    RtConn {
+                    ConnRecord {
                         zone,
                         orig: *key,
                         fin: [false; 2],
@@ -232,7 +239,7 @@ impl Flows {
     }
 
     /// Forgets `conn` (it closed).
-    pub fn forget(&mut self, conn: ConnId) -> Option<RtConn> {
+    pub fn forget(&mut self, conn: ConnId) -> Option<ConnRecord> {
         self.conns.remove(&conn)
     }
 
@@ -291,11 +298,11 @@ mod tests {
 
     #[test]
     fn tcp_connection_lifecycle_maps_to_kinds() {
-        let mut f = Flows::new(16);
+        let mut f = ConnTable::new(16);
         let z = TenantId(1);
         let k = key(4000, 80, ip_proto::TCP);
         let r = k.reversed();
-        let t = |f: &mut Flows, k: &FlowKey, flags, bytes| {
+        let t = |f: &mut ConnTable, k: &FlowKey, flags, bytes| {
             let t = f.classify(Instant(1), z, k, flags, bytes, Dest::Vm);
             (t.side, t.kind)
         };
@@ -329,7 +336,7 @@ mod tests {
 
     #[test]
     fn rst_closes_and_udp_opens_on_first_datagram() {
-        let mut f = Flows::new(16);
+        let mut f = ConnTable::new(16);
         let z = TenantId(1);
         let k = key(4000, 80, ip_proto::TCP);
         f.classify(Instant(0), z, &k, SYN, 74, Dest::Vm);
@@ -346,7 +353,7 @@ mod tests {
 
     #[test]
     fn full_table_still_opens_but_forgets_and_idle_connections_expire() {
-        let mut f = Flows::new(2);
+        let mut f = ConnTable::new(2);
         let z = TenantId(1);
         for p in 0..3 {
             let t = f.classify(Instant(0), z, &key(p, 53, ip_proto::UDP), 0, 60, Dest::Vm);
@@ -360,7 +367,7 @@ mod tests {
 
     #[test]
     fn expiry_examines_at_most_its_budget_and_goes_round_the_whole_table() {
-        let mut f = Flows::new(1 << 16);
+        let mut f = ConnTable::new(1 << 16);
         let z = TenantId(1);
         for p in 0..10_000u16 {
             f.classify(Instant(0), z, &key(p, 53, ip_proto::UDP), 0, 60, Dest::Vm);

@@ -1,0 +1,235 @@
+//! The DPU side of a frame: [`DpuSwitch`].
+
+use spillway_vswitch::conntrack::CtSnapshot;
+use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
+use spillway_vswitch::policy::Policy;
+use spillway_vswitch::{Instant, PortId};
+use spillway_wire::parse_frame_decap;
+
+use super::{ConnTable, FrameCounters, FrameDrop, Outcome, Outgoing, SwitchCore, gso_segments};
+use crate::dpu::{Command, DpuNode, FabricEvent};
+use crate::params::FabricParams;
+use crate::types::{Dest, Kind, Msg};
+
+/// The DPU with real frames: the [`DpuNode`] model, the DPU's vSwitch [`Pipeline`] (its SoC's
+/// slow path, which also stands for what the hardware fast path does to a frame), and the
+/// classifier's [`ConnTable`].
+///
+/// Inputs: [`DpuSwitch::process_vm`] (a frame from a VM port), [`DpuSwitch::process_from_plane`]
+/// (a frame the plane sent back or punted), [`DpuSwitch::handle_msg`] and
+/// [`DpuSwitch::handle_conntrack`] (the plane's flow and control records), and the model's own
+/// lifecycle inputs through [`DpuSwitch::dpu_mut`] (timers, the plane's process). Outputs:
+/// each frame's [`Outcome`], then [`DpuSwitch::poll_transmit`], [`DpuSwitch::poll_command`],
+/// [`DpuSwitch::poll_event`], in that order (see the [module](super) for the polling order).
+#[derive(Debug)]
+pub struct DpuSwitch {
+    dpu: DpuNode,
+    sw: SwitchCore,
+}
+
+impl DpuSwitch {
+    /// A DPU with fabric parameters `f`, vSwitch `policy` and `config`, remembering at most
+    /// `conns_max` connections in its classifier.
+    pub fn new(
+        f: &FabricParams,
+        policy: Policy,
+        config: PipelineConfig,
+        conns_max: usize,
+    ) -> Result<DpuSwitch, PipelineError> {
+        Ok(DpuSwitch {
+            dpu: DpuNode::new(f),
+            sw: SwitchCore::new(Pipeline::new(policy, config)?, conns_max),
+        })
+    }
+
+    /// The model.
+    pub fn dpu(&self) -> &DpuNode {
+        &self.dpu
+    }
+
+    /// The model, for its lifecycle inputs (timers, the plane's process, holds). The messages
+    /// they cause come out of [`DpuSwitch::poll_transmit`], not the model's own queue.
+    pub fn dpu_mut(&mut self) -> &mut DpuNode {
+        &mut self.dpu
+    }
+
+    /// The DPU's vSwitch pipeline.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.sw.pipeline
+    }
+
+    /// Replaces the vSwitch policy (a new epoch).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.sw.pipeline.set_policy(policy);
+    }
+
+    /// The classifier's connections.
+    pub fn conns(&self) -> &ConnTable {
+        &self.sw.conns
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &FrameCounters {
+        &self.sw.counters
+    }
+
+    /// A frame from VM port `port`; `gso_size` is its segment size if it is a GSO frame (0
+    /// if not). ARP and neighbour discovery go to the pipeline's responder, with no
+    /// connection for the model to place; every other frame is offered to the model as a
+    /// train of as many packets as it has segments, and then:
+    ///
+    /// - served by the DPU (fast or slow path) in full: it runs through the pipeline and is
+    ///   forwarded (or dropped by it); a TCP state change of a connection the DPU owns is
+    ///   mirrored to the plane's copy;
+    /// - steered to the plane: it leaves as it came, with the model's message;
+    /// - admitted only in part (a GSO frame): dropped whole;
+    /// - refused by a limit, or of a connection nobody knows: dropped. When that was the
+    ///   connection's close, this pipeline's entry (a copy, or the state of a close the plane
+    ///   carried) is forgotten: it would refuse the tuple's next SYN.
+    pub fn process_vm<'a>(
+        &'a mut self,
+        now: Instant,
+        port: PortId,
+        gso_size: u16,
+        frame: &'a [u8],
+    ) -> Outcome<'a> {
+        let policy = self.sw.pipeline.policy();
+        // Decapsulation by where the frame came from: these are VM ports, whose UDP to the
+        // VXLAN port is tenant traffic, not our underlay.
+        let decap = policy.host().decap_at(port);
+        let Some(tenant) = policy.port(port).map(|p| p.tenant) else {
+            return self.sw.drop(FrameDrop::NoPort);
+        };
+        let Ok(parsed) = parse_frame_decap(frame, decap) else {
+            return self.sw.drop(FrameDrop::Parse);
+        };
+        if spillway_vswitch::neigh::claims(&parsed) {
+            // The SoC's: the pipeline answers in place (out of this port) or consumes it.
+            self.sw.counters.neigh_frames += 1;
+            return match self.sw.run(now, port, 0, frame, None) {
+                (Ok(out), _) => self.sw.forwarded(out),
+                (Err(d), _) => Outcome::Drop(d),
+            };
+        }
+        let Some(key) = parsed.outer.key else {
+            return self.sw.drop(FrameDrop::NonIp);
+        };
+        let len = frame.len() as u32;
+        let mut train =
+            self.sw
+                .conns
+                .classify(now, tenant, &key, parsed.outer.tcp_flags, len, Dest::Vm);
+        let segs = gso_segments(
+            gso_size,
+            frame.len(),
+            usize::from(parsed.outer.payload_offset),
+        );
+        train.packets = segs;
+        train.packet_bytes = len.div_ceil(segs);
+        self.dpu.handle_train(now, &train);
+        let delivered = self.dpu.delivered_last();
+        // Forward before queueing the model's messages: a state sync this frame caused then
+        // carries the conntrack entry as this frame left it, not one packet behind.
+        let mut result = None;
+        if delivered == segs {
+            let role = self.dpu.conn(train.conn).map(|c| c.role);
+            let linked = self.dpu.phase().has_plane();
+            let watch = self.sw.watch(now, role, linked, tenant, Some(key));
+            let (r, changed) = self.sw.run(now, port, gso_size, frame, watch);
+            result = Some((r, changed));
+        } else if train.kind == Kind::Close && delivered == 0 {
+            self.sw.pipeline.forget_conn(now, tenant, &key);
+        }
+        let steer = self.sw.drain(&mut self.dpu, Some(train.conn));
+        match (result, steer) {
+            (Some((r, changed)), _) => {
+                self.sw.seal(now, changed);
+                match r {
+                    Ok(out) => self.sw.forwarded(out),
+                    Err(d) => Outcome::Drop(d),
+                }
+            }
+            (None, steer) => {
+                self.sw.seal(now, None);
+                match steer {
+                    Some(msg) => Outcome::Steer { msg },
+                    None if delivered > 0 => self.sw.drop(FrameDrop::PartialGso),
+                    None => self.sw.drop(FrameDrop::Fabric),
+                }
+            }
+        }
+    }
+
+    /// A frame the plane sent on the phy vNIC with `msg`, for port `port`:
+    ///
+    /// - `Packets`: the plane processed it; the model sends it on (to the VM or the wire) as
+    ///   it is, or drops it at a limit;
+    /// - `Punt`: the plane had no state for its connection; the DPU's slow path takes it as
+    ///   the owner would, through this pipeline, if the model knows the connection.
+    pub fn process_from_plane<'a>(
+        &'a mut self,
+        now: Instant,
+        port: PortId,
+        msg: Msg,
+        gso_size: u16,
+        frame: &'a [u8],
+    ) -> Outcome<'a> {
+        let Some(t) = msg.train().copied() else {
+            return self.sw.drop(FrameDrop::Protocol);
+        };
+        self.dpu.handle_msg(now, msg);
+        let served = self.dpu.delivered_last() == t.packets;
+        self.sw.drain(&mut self.dpu, None);
+        let r = match msg {
+            Msg::Punt(_) if served => Some(self.sw.run(now, port, gso_size, frame, None).0),
+            _ => None,
+        };
+        self.sw.seal(now, None);
+        match (msg, r) {
+            (Msg::Packets(_), _) if served => Outcome::Forward {
+                port,
+                bytes: frame,
+                generated: false,
+            },
+            (_, Some(Ok(out))) => self.sw.forwarded(out),
+            (_, Some(Err(d))) => Outcome::Drop(d),
+            _ => self.sw.drop(FrameDrop::Fabric),
+        }
+    }
+
+    /// A flow-vNIC or control message from the plane, with the conntrack snapshot it carried.
+    pub fn handle_msg(&mut self, now: Instant, msg: Msg, snap: Option<CtSnapshot>) {
+        self.sw.handle_msg(&mut self.dpu, now, msg, snap);
+    }
+
+    /// A conntrack change of a connection the plane owns.
+    pub fn handle_conntrack(&mut self, now: Instant, snap: &CtSnapshot) {
+        self.sw.handle_conntrack(&self.dpu, now, snap);
+    }
+
+    /// The next message for the plane, its snapshot attached.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
+        self.sw.poll_transmit(&mut self.dpu, now)
+    }
+
+    /// The model's next command (start or stop the plane's process).
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.dpu.poll_command()
+    }
+
+    /// The model's next lifecycle event.
+    pub fn poll_event(&mut self) -> Option<FabricEvent> {
+        self.dpu.poll_event()
+    }
+
+    /// When the model next needs [`DpuNode::handle_timeout`] (through [`DpuSwitch::dpu_mut`]).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.dpu.poll_timeout()
+    }
+
+    /// Forgets idle connections (classifier records, conntrack entries, flow entries), a
+    /// bounded amount per call; call it every few hundred milliseconds.
+    pub fn expire(&mut self, now: Instant) {
+        self.sw.expire(now);
+    }
+}

@@ -1,0 +1,348 @@
+//! The frame-level nodes (`DpuSwitch`, `PlaneSwitch`) joined back to back with no I/O, as the
+//! real-time driver joins them over rings: every frame goes in by one call and comes out as one
+//! outcome. Proves that a connection steered through the plane leaves with the same bytes as
+//! one the DPU serves alone (path equivalence), that both pipelines hold the same TCP state
+//! after the hand-over rules ran (state continuity: mirrors, conntrack changes and their
+//! order), that a copy's snapshot never replaces the owner's, that records without packets are
+//! refused and counted, and that a forwarding node allocates nothing per frame once warm.
+
+use spillway_fabric::dpu::{Hold, Phase};
+use spillway_fabric::frame::{CONNS_MAX, DpuSwitch, FrameDrop, Outcome, Outgoing, PlaneSwitch};
+use spillway_fabric::params::FabricParams;
+use spillway_fabric::types::{Msg, SyncKind};
+use spillway_vswitch::pipeline::PipelineConfig;
+use spillway_vswitch::policy::Policy;
+use spillway_vswitch::{Instant, PortId, TenantId};
+use spillway_wire::build::FrameBuilder;
+use spillway_wire::{FlowKey, IpAddr16, MacAddr, ip_proto};
+use std::net::Ipv4Addr;
+
+#[global_allocator]
+static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
+
+const POLICY: &str = include_str!("../../../examples/policy-basic.toml");
+const WEB: PortId = PortId(10);
+const WEB2: PortId = PortId(11);
+const ACME: TenantId = TenantId(1);
+const ACME_ROUTER: MacAddr = MacAddr([2, 0, 0, 0, 1, 1]);
+const WEB_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0a]);
+const WEB2_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0b]);
+const WEB_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 10);
+const WEB2_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 11);
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+
+fn policy() -> Policy {
+    Policy::from_toml_str(POLICY, "examples/policy-basic.toml").expect("the example loads")
+}
+
+fn at(ms: u64) -> Instant {
+    Instant(ms * 1_000_000)
+}
+
+fn dpu() -> DpuSwitch {
+    DpuSwitch::new(
+        &FabricParams::default(),
+        policy(),
+        PipelineConfig::default(),
+        CONNS_MAX,
+    )
+    .expect("valid config")
+}
+
+fn plane() -> PlaneSwitch {
+    PlaneSwitch::new(
+        &FabricParams::default(),
+        policy(),
+        PipelineConfig::default(),
+        CONNS_MAX,
+    )
+    .expect("valid config")
+}
+
+/// A TCP segment from `src` to `dst` (each a MAC, an address and a port), through acme's
+/// router.
+fn tcp(src: (MacAddr, Ipv4Addr, u16), dst: (Ipv4Addr, u16), flags: u8, seq: u32) -> Vec<u8> {
+    FrameBuilder::new()
+        .eth(src.0, ACME_ROUTER)
+        .ipv4(src.1, dst.0)
+        .tcp(src.2, dst.1)
+        .tcp_flags(flags)
+        .seq(seq)
+        .ack(if flags & ACK != 0 { 1 } else { 0 })
+        .payload(if flags & SYN != 0 {
+            b""
+        } else {
+            b"GET / HTTP/1.1\r\n\r\n"
+        })
+        .build()
+}
+
+/// WEB2 opening a connection to WEB's port 80: SYN, SYN-ACK, ACK, and data each way, as
+/// (ingress port, frame).
+fn handshake() -> Vec<(PortId, Vec<u8>)> {
+    let c = (WEB2_MAC, WEB2_IP, 40_000);
+    let s = (WEB_MAC, WEB_IP, 80);
+    vec![
+        (WEB2, tcp(c, (WEB_IP, 80), SYN, 100)),
+        (WEB, tcp(s, (WEB2_IP, 40_000), SYN | ACK, 500)),
+        (WEB2, tcp(c, (WEB_IP, 80), ACK, 101)),
+        (WEB2, tcp(c, (WEB_IP, 80), ACK | 0x08, 101)),
+        (WEB, tcp(s, (WEB2_IP, 40_000), ACK | 0x08, 501)),
+    ]
+}
+
+fn key() -> FlowKey {
+    FlowKey {
+        src_ip: IpAddr16::from_v4(WEB2_IP.octets()),
+        dst_ip: IpAddr16::from_v4(WEB_IP.octets()),
+        src_port: 40_000,
+        dst_port: 80,
+        proto: ip_proto::TCP,
+    }
+}
+
+/// Everything each side has for the other, until both are quiet; returns the items the
+/// plane sent, in order.
+fn pump(now: Instant, d: &mut DpuSwitch, p: &mut PlaneSwitch) -> Vec<Outgoing> {
+    let mut from_plane = Vec::new();
+    for _ in 0..64 {
+        let mut quiet = true;
+        while let Some(o) = d.poll_transmit(now) {
+            quiet = false;
+            match o {
+                Outgoing::Msg { msg, snapshot, .. } => p.handle_msg(now, msg, snapshot),
+                Outgoing::Conntrack(s) => p.handle_conntrack(now, &s),
+            }
+        }
+        while let Some(o) = p.poll_transmit(now) {
+            quiet = false;
+            from_plane.push(o);
+            match o {
+                Outgoing::Msg { msg, snapshot, .. } => d.handle_msg(now, msg, snapshot),
+                Outgoing::Conntrack(s) => d.handle_conntrack(now, &s),
+            }
+        }
+        if quiet {
+            return from_plane;
+        }
+    }
+    panic!("the two sides never went quiet");
+}
+
+/// A DPU and a plane with every redirect bucket live.
+fn active_pair() -> (DpuSwitch, PlaneSwitch, Instant) {
+    let (mut d, mut p) = (dpu(), plane());
+    let mut now = at(1);
+    d.dpu_mut().handle_hold(now, Hold::Active);
+    while d.poll_command().is_some() {}
+    p.plane_mut().start(now, 1);
+    d.dpu_mut().handle_plane_up(now);
+    for _ in 0..100 {
+        pump(now, &mut d, &mut p);
+        if matches!(d.dpu().phase(), Phase::Active { .. }) {
+            return (d, p, now);
+        }
+        now = d.poll_timeout().map_or(now, |t| t.max(now));
+        d.dpu_mut().handle_timeout(now);
+    }
+    panic!("never active: {:?}", d.dpu().phase());
+}
+
+/// One frame through the pair: into the DPU, through the plane if steered there, and out.
+/// Returns the port and bytes it left by (None: dropped) and whether the plane carried it.
+fn through(
+    now: Instant,
+    d: &mut DpuSwitch,
+    p: &mut PlaneSwitch,
+    ingress: PortId,
+    frame: &[u8],
+) -> (Option<(PortId, Vec<u8>)>, bool) {
+    let msg = match d.process_vm(now, ingress, 0, frame) {
+        Outcome::Forward { port, bytes, .. } => return (Some((port, bytes.to_vec())), false),
+        Outcome::Steer { msg } => msg,
+        other => panic!("{other:?}"),
+    };
+    let (back, port, bytes) = match p.process(now, ingress, msg, 0, frame) {
+        Outcome::Return {
+            msg, port, bytes, ..
+        } => (msg, port, bytes.to_vec()),
+        Outcome::Punt { msg } => {
+            return match d.process_from_plane(now, ingress, msg, 0, frame) {
+                Outcome::Forward { port, bytes, .. } => (Some((port, bytes.to_vec())), true),
+                other => panic!("{other:?}"),
+            };
+        }
+        other => panic!("{other:?}"),
+    };
+    match d.process_from_plane(now, port, back, 0, &bytes) {
+        Outcome::Forward { port, bytes, .. } => (Some((port, bytes.to_vec())), true),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_connection_through_the_plane_leaves_with_the_bytes_the_dpu_alone_gives_it() {
+    // The DPU alone.
+    let mut alone = dpu();
+    let mut expected = Vec::new();
+    for (i, (port, f)) in handshake().into_iter().enumerate() {
+        match alone.process_vm(at(1 + i as u64), port, 0, &f) {
+            Outcome::Forward {
+                port,
+                bytes,
+                generated,
+            } => {
+                assert!(!generated);
+                expected.push((port, bytes.to_vec()));
+            }
+            other => panic!("frame {i}: {other:?}"),
+        }
+    }
+    assert_eq!(expected[0].0, WEB);
+    assert_eq!(expected[1].0, WEB2);
+
+    // Through the plane.
+    let (mut d, mut p, start) = active_pair();
+    for (i, (port, f)) in handshake().into_iter().enumerate() {
+        let now = Instant(start.0 + i as u64 * 1_000_000);
+        let (out, via_plane) = through(now, &mut d, &mut p, port, &f);
+        assert!(via_plane, "frame {i} stayed on the DPU");
+        assert_eq!(out.as_ref(), Some(&expected[i]), "frame {i}");
+        pump(now, &mut d, &mut p);
+    }
+    // State continuity: the plane owns the connection and the DPU's copy of its conntrack
+    // entry follows every TCP step.
+    let now = Instant(start.0 + 10_000_000);
+    let owner = p
+        .pipeline()
+        .export_conn(now, ACME, &key())
+        .expect("the plane tracks it");
+    let copy = d
+        .pipeline()
+        .export_conn(now, ACME, &key())
+        .expect("the DPU has a copy");
+    assert_eq!(copy.state, owner.state);
+    assert!(d.counters().adopted >= 2, "{:?}", d.counters());
+    assert_eq!(d.counters().orphan + p.counters().orphan, 0);
+}
+
+#[test]
+fn a_conntrack_change_follows_the_mirror_that_creates_the_copy() {
+    let (mut d, mut p, now) = active_pair();
+    let (port, syn) = handshake().remove(0);
+    let msg = match d.process_vm(now, port, 0, &syn) {
+        Outcome::Steer { msg } => msg,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        p.process(now, port, msg, 0, &syn),
+        Outcome::Return { .. }
+    ));
+    let out: Vec<Outgoing> = std::iter::from_fn(|| p.poll_transmit(now)).collect();
+    let mirror = out
+        .iter()
+        .position(|o| {
+            matches!(
+                o,
+                Outgoing::Msg {
+                    msg: Msg::Sync {
+                        kind: SyncKind::Mirror,
+                        ..
+                    },
+                    snapshot: Some(_),
+                    ..
+                }
+            )
+        })
+        .unwrap_or_else(|| panic!("no mirror with its snapshot: {out:?}"));
+    let change = out
+        .iter()
+        .position(|o| matches!(o, Outgoing::Conntrack(_)))
+        .unwrap_or_else(|| panic!("no conntrack change: {out:?}"));
+    assert!(mirror < change, "{out:?}");
+}
+
+#[test]
+fn a_copy_s_snapshot_never_replaces_the_owner_s() {
+    let (mut d, mut p, start) = active_pair();
+    for (i, (port, f)) in handshake().into_iter().take(3).enumerate() {
+        let now = Instant(start.0 + i as u64 * 1_000_000);
+        through(now, &mut d, &mut p, port, &f);
+        pump(now, &mut d, &mut p);
+    }
+    let now = Instant(start.0 + 5_000_000);
+    let owner = p.pipeline().export_conn(now, ACME, &key()).unwrap();
+    let adopted = p.counters().adopted;
+    // The DPU, holding a copy, sends an update with an older snapshot: the plane, the owner,
+    // keeps its own entry; the same snapshot as a bare conntrack change is refused too.
+    let mut stale = owner;
+    stale.state = d.pipeline().export_conn(now, ACME, &key()).unwrap().state;
+    stale.packets = [1, 0];
+    let state = p.plane().conn(p.conns().id_of(ACME, &key())).unwrap().state;
+    p.handle_msg(
+        now,
+        Msg::Sync {
+            colour: spillway_fabric::types::Colour(1),
+            kind: SyncKind::Update,
+            state,
+        },
+        Some(stale),
+    );
+    p.handle_conntrack(now, &stale);
+    assert_eq!(p.counters().adopted, adopted);
+    assert_eq!(p.pipeline().export_conn(now, ACME, &key()), Some(owner));
+}
+
+#[test]
+fn records_without_packets_and_unknown_ports_are_dropped_and_counted() {
+    let mut d = dpu();
+    let (_, syn) = handshake().remove(0);
+    assert_eq!(
+        d.process_from_plane(at(1), WEB, Msg::Absorbing, 0, &syn),
+        Outcome::Drop(FrameDrop::Protocol)
+    );
+    assert_eq!(
+        d.process_vm(at(1), PortId(99), 0, &syn),
+        Outcome::Drop(FrameDrop::NoPort)
+    );
+    assert_eq!(
+        d.process_vm(at(1), WEB2, 0, &syn[..20]),
+        Outcome::Drop(FrameDrop::Parse)
+    );
+    let c = d.counters();
+    assert_eq!((c.drop_protocol, c.drop_no_port, c.drop_parse), (1, 1, 1));
+    let mut p = plane();
+    assert_eq!(
+        p.direct_refused(at(1)),
+        Outcome::Drop(FrameDrop::Protocol),
+        "no direct frame to refuse"
+    );
+}
+
+#[test]
+fn a_forwarding_dpu_allocates_nothing_per_frame_once_warm() {
+    let mut d = dpu();
+    let frames = handshake();
+    for (i, (port, f)) in frames.iter().enumerate() {
+        assert!(matches!(
+            d.process_vm(at(1 + i as u64), *port, 0, f),
+            Outcome::Forward { .. }
+        ));
+    }
+    let (port, data) = &frames[3];
+    // Warm-up: the flow entries, the model's windows.
+    for i in 0..1_000u64 {
+        d.process_vm(at(10 + i / 100), *port, 0, data);
+        while d.poll_transmit(at(10)).is_some() {}
+    }
+    let before = spillway_testkit::allocations();
+    let mut forwarded = 0;
+    for i in 0..10_000u64 {
+        if let Outcome::Forward { .. } = d.process_vm(at(20 + i / 1000), *port, 0, data) {
+            forwarded += 1;
+        }
+    }
+    assert_eq!(spillway_testkit::allocations(), before);
+    assert_eq!(forwarded, 10_000);
+}
