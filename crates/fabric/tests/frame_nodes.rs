@@ -6,8 +6,9 @@
 //! order), that a copy's snapshot never replaces the owner's, that records without packets are
 //! refused and counted, and that a forwarding node allocates nothing per frame once warm.
 
-use spillway_fabric::dpu::{Hold, Phase};
-use spillway_fabric::frame::{CONNS_MAX, DpuSwitch, FrameDrop, Outcome, Outgoing, PlaneSwitch};
+use spillway_fabric::frame::{
+    CONNS_MAX, DpuSwitch, FrameDrop, Outcome, Outgoing, Pair, PlaneSwitch,
+};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::{Msg, SyncKind};
 use spillway_vswitch::pipeline::PipelineConfig;
@@ -102,83 +103,11 @@ fn key() -> FlowKey {
     }
 }
 
-/// Everything each side has for the other, until both are quiet; returns the items the
-/// plane sent, in order.
-fn pump(now: Instant, d: &mut DpuSwitch, p: &mut PlaneSwitch) -> Vec<Outgoing> {
-    let mut from_plane = Vec::new();
-    for _ in 0..64 {
-        let mut quiet = true;
-        while let Some(o) = d.poll_transmit(now) {
-            quiet = false;
-            match o {
-                Outgoing::Msg { msg, snapshot, .. } => p.handle_msg(now, msg, snapshot),
-                Outgoing::Conntrack(s) => p.handle_conntrack(now, &s),
-            }
-        }
-        while let Some(o) = p.poll_transmit(now) {
-            quiet = false;
-            from_plane.push(o);
-            match o {
-                Outgoing::Msg { msg, snapshot, .. } => d.handle_msg(now, msg, snapshot),
-                Outgoing::Conntrack(s) => d.handle_conntrack(now, &s),
-            }
-        }
-        if quiet {
-            return from_plane;
-        }
-    }
-    panic!("the two sides never went quiet");
-}
-
 /// A DPU and a plane with every redirect bucket live.
-fn active_pair() -> (DpuSwitch, PlaneSwitch, Instant) {
-    let (mut d, mut p) = (dpu(), plane());
-    let mut now = at(1);
-    d.dpu_mut().handle_hold(now, Hold::Active);
-    while d.poll_command().is_some() {}
-    p.plane_mut().start(now, 1);
-    d.dpu_mut().handle_plane_up(now);
-    for _ in 0..100 {
-        pump(now, &mut d, &mut p);
-        if matches!(d.dpu().phase(), Phase::Active { .. }) {
-            return (d, p, now);
-        }
-        now = d.poll_timeout().map_or(now, |t| t.max(now));
-        d.dpu_mut().handle_timeout(now);
-    }
-    panic!("never active: {:?}", d.dpu().phase());
-}
-
-/// One frame through the pair: into the DPU, through the plane if steered there, and out.
-/// Returns the port and bytes it left by (None: dropped) and whether the plane carried it.
-fn through(
-    now: Instant,
-    d: &mut DpuSwitch,
-    p: &mut PlaneSwitch,
-    ingress: PortId,
-    frame: &[u8],
-) -> (Option<(PortId, Vec<u8>)>, bool) {
-    let msg = match d.process_vm(now, ingress, 0, frame) {
-        Outcome::Forward { port, bytes, .. } => return (Some((port, bytes.to_vec())), false),
-        Outcome::Steer { msg } => msg,
-        other => panic!("{other:?}"),
-    };
-    let (back, port, bytes) = match p.process(now, ingress, msg, 0, frame) {
-        Outcome::Return {
-            msg, port, bytes, ..
-        } => (msg, port, bytes.to_vec()),
-        Outcome::Punt { msg } => {
-            return match d.process_from_plane(now, ingress, msg, 0, frame) {
-                Outcome::Forward { port, bytes, .. } => (Some((port, bytes.to_vec())), true),
-                other => panic!("{other:?}"),
-            };
-        }
-        other => panic!("{other:?}"),
-    };
-    match d.process_from_plane(now, port, back, 0, &bytes) {
-        Outcome::Forward { port, bytes, .. } => (Some((port, bytes.to_vec())), true),
-        other => panic!("{other:?}"),
-    }
+fn active_pair() -> (Pair, Instant) {
+    let mut pair = Pair::new(dpu(), plane());
+    let now = pair.activate(at(1)).expect("the plane activates");
+    (pair, now)
 }
 
 #[test]
@@ -187,7 +116,7 @@ fn a_connection_through_the_plane_leaves_with_the_bytes_the_dpu_alone_gives_it()
     let mut alone = dpu();
     let mut expected = Vec::new();
     for (i, (port, f)) in handshake().into_iter().enumerate() {
-        match alone.process_vm(at(1 + i as u64), port, 0, &f) {
+        match alone.process(at(1 + i as u64), port, 0, &f) {
             Outcome::Forward {
                 port,
                 bytes,
@@ -203,14 +132,14 @@ fn a_connection_through_the_plane_leaves_with_the_bytes_the_dpu_alone_gives_it()
     assert_eq!(expected[1].0, WEB2);
 
     // Through the plane.
-    let (mut d, mut p, start) = active_pair();
+    let (mut pair, start) = active_pair();
     for (i, (port, f)) in handshake().into_iter().enumerate() {
         let now = Instant(start.0 + i as u64 * 1_000_000);
-        let (out, via_plane) = through(now, &mut d, &mut p, port, &f);
-        assert!(via_plane, "frame {i} stayed on the DPU");
-        assert_eq!(out.as_ref(), Some(&expected[i]), "frame {i}");
-        pump(now, &mut d, &mut p);
+        let t = pair.process(now, port, &f).unwrap();
+        assert!(t.via_plane, "frame {i} stayed on the DPU");
+        assert_eq!(t.out, Ok((expected[i].0, &expected[i].1[..])), "frame {i}");
     }
+    let (d, p) = (&pair.dpu, &pair.plane);
     // State continuity: the plane owns the connection and the DPU's copy of its conntrack
     // entry follows every TCP step.
     let now = Instant(start.0 + 10_000_000);
@@ -229,9 +158,10 @@ fn a_connection_through_the_plane_leaves_with_the_bytes_the_dpu_alone_gives_it()
 
 #[test]
 fn a_conntrack_change_follows_the_mirror_that_creates_the_copy() {
-    let (mut d, mut p, now) = active_pair();
+    let (pair, now) = active_pair();
+    let (mut d, mut p) = (pair.dpu, pair.plane);
     let (port, syn) = handshake().remove(0);
-    let msg = match d.process_vm(now, port, 0, &syn) {
+    let msg = match d.process(now, port, 0, &syn) {
         Outcome::Steer { msg } => msg,
         other => panic!("{other:?}"),
     };
@@ -265,12 +195,12 @@ fn a_conntrack_change_follows_the_mirror_that_creates_the_copy() {
 
 #[test]
 fn a_copy_s_snapshot_never_replaces_the_owner_s() {
-    let (mut d, mut p, start) = active_pair();
+    let (mut pair, start) = active_pair();
     for (i, (port, f)) in handshake().into_iter().take(3).enumerate() {
         let now = Instant(start.0 + i as u64 * 1_000_000);
-        through(now, &mut d, &mut p, port, &f);
-        pump(now, &mut d, &mut p);
+        pair.process(now, port, &f).unwrap();
     }
+    let (d, p) = (&pair.dpu, &mut pair.plane);
     let now = Instant(start.0 + 5_000_000);
     let owner = p.pipeline().export_conn(now, ACME, &key()).unwrap();
     let adopted = p.counters().adopted;
@@ -303,15 +233,15 @@ fn records_without_packets_and_unknown_ports_are_dropped_and_counted() {
         Outcome::Drop(FrameDrop::Protocol)
     );
     assert_eq!(
-        d.process_vm(at(1), PortId(99), 0, &syn),
-        Outcome::Drop(FrameDrop::NoPort)
+        d.process(at(1), PortId(99), 0, &syn),
+        Outcome::Drop(FrameDrop::NoTenant)
     );
     assert_eq!(
-        d.process_vm(at(1), WEB2, 0, &syn[..20]),
+        d.process(at(1), WEB2, 0, &syn[..20]),
         Outcome::Drop(FrameDrop::Parse)
     );
     let c = d.counters();
-    assert_eq!((c.drop_protocol, c.drop_no_port, c.drop_parse), (1, 1, 1));
+    assert_eq!((c.drop_protocol, c.drop_no_tenant, c.drop_parse), (1, 1, 1));
     let mut p = plane();
     assert_eq!(
         p.direct_refused(at(1)),
@@ -326,20 +256,20 @@ fn a_forwarding_dpu_allocates_nothing_per_frame_once_warm() {
     let frames = handshake();
     for (i, (port, f)) in frames.iter().enumerate() {
         assert!(matches!(
-            d.process_vm(at(1 + i as u64), *port, 0, f),
+            d.process(at(1 + i as u64), *port, 0, f),
             Outcome::Forward { .. }
         ));
     }
     let (port, data) = &frames[3];
     // Warm-up: the flow entries, the model's windows.
     for i in 0..1_000u64 {
-        d.process_vm(at(10 + i / 100), *port, 0, data);
+        d.process(at(10 + i / 100), *port, 0, data);
         while d.poll_transmit(at(10)).is_some() {}
     }
     let before = spillway_testkit::allocations();
     let mut forwarded = 0;
     for i in 0..10_000u64 {
-        if let Outcome::Forward { .. } = d.process_vm(at(20 + i / 1000), *port, 0, data) {
+        if let Outcome::Forward { .. } = d.process(at(20 + i / 1000), *port, 0, data) {
             forwarded += 1;
         }
     }

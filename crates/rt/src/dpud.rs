@@ -4,7 +4,7 @@
 //! The loop is the fabric core's polling order with real inputs:
 //!
 //! 1. frames from every TAP (a batch per port): each goes to the core's frame node
-//!    ([`DpuSwitch::process_vm`]), which decides with the DPU's limits in real time whether the
+//!    ([`DpuSwitch::process`]), which decides with the DPU's limits in real time whether the
 //!    hardware fast path or the SoC slow path delivers it (through the DPU's own vSwitch
 //!    pipeline), whether a redirect rule steers it to the spill plane, or whether a limit drops
 //!    it, and says which in one [`Outcome`]: this loop writes a forwarded frame to its port and
@@ -569,7 +569,7 @@ fn on_vm_frame(
     let gso = VnetHdr::parse(vnet).map_or(0, |h| h.gso_segment());
     let port = dp.ports[i].id;
     let mut plane = plane;
-    match sw.process_vm(now, port, gso, frame) {
+    match sw.process(now, port, gso, frame) {
         Outcome::Forward {
             port: out,
             bytes,

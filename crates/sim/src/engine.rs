@@ -13,7 +13,7 @@
 //!
 //! After every event (O(1)): packet conservation (offered = delivered + dropped + in flight),
 //! the DPU's table within capacity. Every sample: inserts within the insertion budget. At every
-//! 1,024th train: path equivalence on the real vSwitch pipeline ([`crate::pathcheck`]). At every
+//! 1,024th train: path equivalence through the real frame nodes ([`crate::pathcheck`]). At every
 //! lifecycle event and every `FULL_CHECK_EVERY` events: each node's full invariants and
 //! ownership across the planes (no connection owned by both). At the end: state continuity (no
 //! packet of a connection whose opening packet was delivered found its plane without state).

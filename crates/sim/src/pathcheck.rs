@@ -2,32 +2,51 @@
 //! (DPU fast path, DPU slow path, spill plane) but does not run the vSwitch on every simulated
 //! packet. This checker does, on a sample: for a sampled train it takes a real frame of the
 //! connection (VXLAN from a remote sender to a VM, from the `spillway_vswitch::workload` policy
-//! with security groups and routes), and runs it through three real `Pipeline` instances that
-//! stand for the three places: the DPU hardware path (flow entries installed, fast path on), the
-//! DPU SoC (fast path off: every packet walks the policy), and the spill plane's own instance
-//! (its own flow cache). The three must give the same verdict and the same output bytes: the
-//! invariant that makes moving a connection between planes invisible to tenants.
+//! with security groups and routes), and sends it three ways, through the same frame-level
+//! nodes the real-time driver runs (`spillway_fabric::frame`):
+//!
+//! - the DPU hardware path: a bare `Pipeline` with flow entries installed and the fast path on
+//!   (what the hardware table applies);
+//! - the DPU alone: a `DpuSwitch` whose vSwitch has the fast path off (the SoC walks the policy
+//!   for every packet) and no plane;
+//! - through the spill plane: a `DpuSwitch` and a `PlaneSwitch` joined back to back
+//!   (`frame::Pair`) with every redirect bucket live, so the frame is steered to the plane,
+//!   processed by the plane's own vSwitch and sent on by the DPU, messages and conntrack
+//!   snapshots crossing between them as over the real rings.
+//!
+//! The three must give the same verdict and the same output bytes: the invariant that makes
+//! moving a connection between planes invisible to tenants.
 //!
 //! All three share one policy (one epoch), as the planes do after a sync. The frame of a train
 //! is chosen by the connection's hash, so the same connection keeps the same frame and the
-//! pipelines see the connection repeatedly (first packet slow path, later packets flow entries).
+//! nodes see the connection repeatedly (first packet slow path, later packets flow entries).
+//! The nodes run on their own clock, the simulator's time after the moment the pair became
+//! active, and see one frame per check: their emulated limits are never the reason a frame is
+//! lost here, and a frame a node drops for any reason but its vSwitch's is a failed check.
 
+use spillway_fabric::frame::{CONNS_MAX, DpuSwitch, FrameDrop, Pair, PlaneSwitch};
+use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::ConnId;
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::workload::{UPLINK_PORT, Workload, WorkloadConfig};
-use spillway_vswitch::{Instant, PacketBuf, Verdict};
+use spillway_vswitch::{Instant, PacketBuf, PortId, Verdict};
 
 /// The checker. See the module doc.
 #[derive(Debug)]
 pub struct PathCheck {
     w: Workload,
     hw: Pipeline,
-    soc: Pipeline,
-    spill: Pipeline,
-    bufs: [PacketBuf; 3],
+    hw_buf: PacketBuf,
+    alone: DpuSwitch,
+    pair: Pair,
+    /// When the pair became active: the nodes' clock is this plus the simulator's.
+    t0: Instant,
     checks: u64,
 }
+
+/// What one way gave: the port the frame left by and its bytes, or the vSwitch's verdict.
+type Way = Result<(PortId, Vec<u8>), String>;
 
 impl PathCheck {
     /// Three pipelines over a small workload policy (256 flows, 8 VM ports, 16 security-group
@@ -62,51 +81,77 @@ impl PathCheck {
         edit(&mut spill_cfg);
         let spill_policy =
             Policy::compile(spill_cfg, "pathcheck-spill").expect("the edited policy compiles");
+        let fabric = FabricParams::default();
         let hw = Pipeline::new(policy.clone(), cfg.clone()).expect("valid pipeline config");
-        let soc = Pipeline::new(policy, soc_cfg).expect("valid pipeline config");
-        let spill = Pipeline::new(spill_policy, cfg).expect("valid pipeline config");
-        let n = 2048;
+        let alone = DpuSwitch::new(&fabric, policy.clone(), soc_cfg, CONNS_MAX)
+            .expect("valid pipeline config");
+        let dpu =
+            DpuSwitch::new(&fabric, policy, cfg.clone(), CONNS_MAX).expect("valid pipeline config");
+        let plane =
+            PlaneSwitch::new(&fabric, spill_policy, cfg, CONNS_MAX).expect("valid pipeline config");
+        let mut pair = Pair::new(dpu, plane);
+        let t0 = pair
+            .activate(Instant::ZERO)
+            .expect("a joined pair activates with the default parameters");
         PathCheck {
             w,
             hw,
-            soc,
-            spill,
-            bufs: [
-                PacketBuf::with_capacity(n),
-                PacketBuf::with_capacity(n),
-                PacketBuf::with_capacity(n),
-            ],
+            hw_buf: PacketBuf::with_capacity(2048),
+            alone,
+            pair,
+            t0,
             checks: 0,
         }
     }
 
-    /// Checks the frame of `conn` at `now` through the three pipelines.
+    /// Checks the frame of `conn` at `now` three ways.
     pub fn check(&mut self, now: Instant, conn: ConnId) -> Result<(), String> {
         let frames = self.w.uplink();
         let i = (conn.hash() % frames.len() as u64) as usize;
         let frame = frames.get(i);
-        let mut v = [Verdict::Drop(spillway_vswitch::DropReason::PolicyDrop); 3];
-        for (k, p) in [&mut self.hw, &mut self.soc, &mut self.spill]
-            .into_iter()
-            .enumerate()
-        {
-            self.bufs[k]
-                .load(frame)
-                .expect("workload frames fit the buffer");
-            v[k] = p.process(now, UPLINK_PORT, &mut self.bufs[k]);
-        }
         self.checks += 1;
-        if v[0] != v[1] || v[0] != v[2] {
+        let t = Instant(self.t0.0 + now.0);
+        self.hw_buf
+            .load(frame)
+            .expect("workload frames fit the buffer");
+        let hw: Way = match self.hw.process(now, UPLINK_PORT, &mut self.hw_buf) {
+            Verdict::Forward(p) => Ok((p, self.hw_buf.data().to_vec())),
+            Verdict::Drop(r) => Err(format!("{r:?}")),
+        };
+        let alone: Way = match self.alone.process(t, UPLINK_PORT, 0, frame) {
+            spillway_fabric::frame::Outcome::Forward { port, bytes, .. } => {
+                Ok((port, bytes.to_vec()))
+            }
+            spillway_fabric::frame::Outcome::Drop(d) => Err(vswitch_drop(d)?),
+            o => return Err(format!("path check: the DPU alone answered {o:?}")),
+        };
+        while self.alone.poll_transmit(t).is_some() {}
+        self.pair.advance(t)?;
+        let through = self.pair.process(t, UPLINK_PORT, frame)?;
+        if !through.via_plane {
             return Err(format!(
-                "path equivalence: {conn} frame {i}: hw {:?}, soc {:?}, spill {:?}",
-                v[0], v[1], v[2]
+                "path check: {conn} frame {i} was not steered to the active plane"
             ));
         }
-        if self.bufs[0].data() != self.bufs[1].data() || self.bufs[0].data() != self.bufs[2].data()
-        {
+        let spill: Way = match through.out {
+            Ok((p, b)) => Ok((p, b.to_vec())),
+            Err(d) => Err(vswitch_drop(d)?),
+        };
+        let name = |w: &Way| match w {
+            Ok((p, _)) => format!("forward to {p:?}"),
+            Err(r) => format!("drop {r}"),
+        };
+        let verdicts = [name(&hw), name(&alone), name(&spill)];
+        if verdicts[0] != verdicts[1] || verdicts[0] != verdicts[2] {
             return Err(format!(
-                "path equivalence: {conn} frame {i}: same verdict {:?}, different bytes",
-                v[0]
+                "path equivalence: {conn} frame {i}: hw {}, soc {}, spill {}",
+                verdicts[0], verdicts[1], verdicts[2]
+            ));
+        }
+        if hw != alone || hw != spill {
+            return Err(format!(
+                "path equivalence: {conn} frame {i}: same verdict {}, different bytes",
+                verdicts[0]
             ));
         }
         Ok(())
@@ -120,6 +165,17 @@ impl PathCheck {
     /// Fast-path hits of the hardware-path pipeline (the check really exercised flow entries).
     pub fn hw_fast_path_hits(&self) -> u64 {
         self.hw.counters().fast_path_hits
+    }
+}
+
+/// The vSwitch's reason for a node's drop; any other drop is not the vSwitch's verdict and
+/// fails the check.
+fn vswitch_drop(d: FrameDrop) -> Result<String, String> {
+    match d {
+        FrameDrop::Vswitch(r) => Ok(format!("{r:?}")),
+        d => Err(format!(
+            "path check: a node dropped the frame outside its vSwitch: {d:?}"
+        )),
     }
 }
 

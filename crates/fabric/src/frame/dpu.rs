@@ -15,7 +15,7 @@ use crate::types::{Dest, Kind, Msg};
 /// slow path, which also stands for what the hardware fast path does to a frame), and the
 /// classifier's [`ConnTable`].
 ///
-/// Inputs: [`DpuSwitch::process_vm`] (a frame from a VM port), [`DpuSwitch::process_from_plane`]
+/// Inputs: [`DpuSwitch::process`] (a frame from a VM port or the uplink), [`DpuSwitch::process_from_plane`]
 /// (a frame the plane sent back or punted), [`DpuSwitch::handle_msg`] and
 /// [`DpuSwitch::handle_conntrack`] (the plane's flow and control records), and the model's own
 /// lifecycle inputs through [`DpuSwitch::dpu_mut`] (timers, the plane's process). Outputs:
@@ -73,10 +73,11 @@ impl DpuSwitch {
         &self.sw.counters
     }
 
-    /// A frame from VM port `port`; `gso_size` is its segment size if it is a GSO frame (0
-    /// if not). ARP and neighbour discovery go to the pipeline's responder, with no
-    /// connection for the model to place; every other frame is offered to the model as a
-    /// train of as many packets as it has segments, and then:
+    /// A frame from one of the DPU's ports: a VM port, or the uplink (VXLAN for our VTEP, whose
+    /// tenant is its VNI's); `gso_size` is its segment size if it is a GSO frame (0 if not).
+    /// ARP and neighbour discovery go to the pipeline's responder, with no connection for the
+    /// model to place; every other frame is offered to the model as a train of as many packets
+    /// as it has segments, and then:
     ///
     /// - served by the DPU (fast or slow path) in full: it runs through the pipeline and is
     ///   forwarded (or dropped by it); a TCP state change of a connection the DPU owns is
@@ -86,7 +87,7 @@ impl DpuSwitch {
     /// - refused by a limit, or of a connection nobody knows: dropped. When that was the
     ///   connection's close, this pipeline's entry (a copy, or the state of a close the plane
     ///   carried) is forgotten: it would refuse the tuple's next SYN.
-    pub fn process_vm<'a>(
+    pub fn process<'a>(
         &'a mut self,
         now: Instant,
         port: PortId,
@@ -94,14 +95,17 @@ impl DpuSwitch {
         frame: &'a [u8],
     ) -> Outcome<'a> {
         let policy = self.sw.pipeline.policy();
-        // Decapsulation by where the frame came from: these are VM ports, whose UDP to the
-        // VXLAN port is tenant traffic, not our underlay.
-        let decap = policy.host().decap_at(port);
-        let Some(tenant) = policy.port(port).map(|p| p.tenant) else {
-            return self.sw.drop(FrameDrop::NoPort);
-        };
-        let Ok(parsed) = parse_frame_decap(frame, decap) else {
+        // Decapsulation by where the frame came from: VXLAN only on the uplink; a VM port's
+        // UDP to the VXLAN port is tenant traffic, not our underlay.
+        let Ok(parsed) = parse_frame_decap(frame, policy.host().decap_at(port)) else {
             return self.sw.drop(FrameDrop::Parse);
+        };
+        let tenant = match parsed.vxlan {
+            Some(v) if port == policy.host().uplink_port => policy.tenant_by_vni(v.vni),
+            _ => policy.port(port).map(|p| p.tenant),
+        };
+        let Some(tenant) = tenant else {
+            return self.sw.drop(FrameDrop::NoTenant);
         };
         if spillway_vswitch::neigh::claims(&parsed) {
             // The SoC's: the pipeline answers in place (out of this port) or consumes it.
@@ -111,19 +115,16 @@ impl DpuSwitch {
                 (Err(d), _) => Outcome::Drop(d),
             };
         }
-        let Some(key) = parsed.outer.key else {
+        let headers = parsed.innermost();
+        let Some(key) = headers.key else {
             return self.sw.drop(FrameDrop::NonIp);
         };
         let len = frame.len() as u32;
-        let mut train =
-            self.sw
-                .conns
-                .classify(now, tenant, &key, parsed.outer.tcp_flags, len, Dest::Vm);
-        let segs = gso_segments(
-            gso_size,
-            frame.len(),
-            usize::from(parsed.outer.payload_offset),
-        );
+        let mut train = self
+            .sw
+            .conns
+            .classify(now, tenant, &key, headers.tcp_flags, len, Dest::Vm);
+        let segs = gso_segments(gso_size, frame.len(), usize::from(headers.payload_offset));
         train.packets = segs;
         train.packet_bytes = len.div_ceil(segs);
         self.dpu.handle_train(now, &train);

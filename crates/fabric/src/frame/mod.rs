@@ -34,6 +34,7 @@
 
 mod conns;
 mod dpu;
+mod pair;
 mod plane;
 
 use std::collections::VecDeque;
@@ -46,6 +47,7 @@ use spillway_wire::{FlowKey, ip_proto};
 
 pub use conns::{ConnRecord, ConnTable, ConnTableCounters, conn_id};
 pub use dpu::DpuSwitch;
+pub use pair::{Pair, Through};
 pub use plane::PlaneSwitch;
 
 use crate::dpu::Role;
@@ -124,8 +126,9 @@ pub enum FrameDrop {
     Parse,
     /// No IP 5-tuple and not ARP or neighbour discovery (`drop.non_ip`).
     NonIp,
-    /// It came in by a port the policy does not have (`drop.no_port`).
-    NoPort,
+    /// No tenant: it came in by a port the policy does not have, or by the uplink without a
+    /// VNI the policy knows (`drop.no_tenant`).
+    NoTenant,
     /// The vSwitch pipeline dropped it (`drop.vswitch`; the pipeline counts the reason).
     Vswitch(DropReason),
     /// A limit of the fabric model dropped it, or the model has no state for it
@@ -165,8 +168,9 @@ pub struct FrameCounters {
     pub drop_parse: u64,
     /// `drop.non_ip`: frames with no IP 5-tuple, other than ARP and neighbour discovery.
     pub drop_non_ip: u64,
-    /// `drop.no_port`: frames from a port the policy does not have.
-    pub drop_no_port: u64,
+    /// `drop.no_tenant`: frames from a port the policy does not have, or from the uplink with
+    /// a VNI it does not know.
+    pub drop_no_tenant: u64,
     /// `drop.vswitch`: frames the vSwitch pipeline dropped (policy, spoofing, no route...).
     pub drop_vswitch: u64,
     /// `drop.fabric`: frames the fabric model dropped (a limit, or no state).
@@ -196,7 +200,7 @@ impl FrameCounters {
         [
             ("drop.parse", self.drop_parse),
             ("drop.non_ip", self.drop_non_ip),
-            ("drop.no_port", self.drop_no_port),
+            ("drop.no_tenant", self.drop_no_tenant),
             ("drop.vswitch", self.drop_vswitch),
             ("drop.fabric", self.drop_fabric),
             ("drop.partial_gso", self.drop_partial_gso),
@@ -218,7 +222,7 @@ impl FrameCounters {
         *match d {
             FrameDrop::Parse => &mut self.drop_parse,
             FrameDrop::NonIp => &mut self.drop_non_ip,
-            FrameDrop::NoPort => &mut self.drop_no_port,
+            FrameDrop::NoTenant => &mut self.drop_no_tenant,
             FrameDrop::Vswitch(_) => &mut self.drop_vswitch,
             FrameDrop::Fabric => &mut self.drop_fabric,
             FrameDrop::PartialGso => &mut self.drop_partial_gso,

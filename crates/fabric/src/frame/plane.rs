@@ -78,7 +78,7 @@ impl PlaneSwitch {
     }
 
     /// A frame the DPU steered here on the phy vNIC with `msg`, from port `port`; `gso_size`
-    /// as in [`super::DpuSwitch::process_vm`]. The model serves it or not; if it does, the
+    /// as in [`super::DpuSwitch::process`]. The model serves it or not; if it does, the
     /// frame runs through the pipeline and goes straight into its VM (vATC) or back to the
     /// DPU, and a TCP state change of a connection the plane owns is mirrored to the DPU's
     /// copy. A frame of a connection the plane has no state for yet is punted back as it came.
