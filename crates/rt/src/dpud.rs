@@ -50,7 +50,8 @@ use crate::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
 use crate::netns::{Ledger, LedgerEntry};
 use crate::signals;
 use crate::tap::Tap;
-use crate::testbed::{InitialHold, Testbed, VmBackend, VmEndpoint};
+use crate::tap_uring::{TapTx, TapUring};
+use crate::testbed::{InitialHold, TapIo, Testbed, VmBackend, VmEndpoint};
 use crate::vmport::{self, ShmPort};
 use crate::vnet::VnetHdr;
 use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
@@ -187,6 +188,8 @@ pub struct Activation {
 struct Port {
     id: PortId,
     io: PortIo,
+    /// A TAP port's file in the io_uring (`testbed.tap_io = "io_uring"`), if the ring runs.
+    file: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -274,6 +277,8 @@ struct PlaneProc {
 #[derive(Debug)]
 struct DataPath {
     ports: Vec<Port>,
+    /// The port slot of each file in the TAP ring.
+    tap_slots: Vec<usize>,
     port_index: BTreeMap<PortId, usize>,
     vnet_hdr: bool,
     counters: RtCounters,
@@ -331,12 +336,42 @@ impl DataPath {
         self.port_index.get(&id).copied()
     }
 
-    fn write_port(&mut self, now: Instant, port: PortId, vnet: &[u8], frame: &[u8]) {
+    /// Sends `frame` (with virtio-net header `vnet`) out of `port`: through the io_uring `tx`
+    /// when the port is a TAP in it, else by a system call or into the VM's queue.
+    fn write_port(
+        &mut self,
+        now: Instant,
+        tx: Option<&mut TapTx>,
+        port: PortId,
+        vnet: &[u8],
+        frame: &[u8],
+    ) {
         let Some(i) = self.port_slot(port) else {
             self.counters.tx_errors += 1;
             return;
         };
-        let r = match &mut self.ports[i].io {
+        let r = match (&self.ports[i].io, self.ports[i].file.zip(tx)) {
+            (PortIo::Tap(_), Some((file, tx))) => {
+                let hdr = match VnetHdr::parse(vnet) {
+                    Ok(h) => h.to_bytes(),
+                    Err(_) => VnetHdr::NONE.to_bytes(),
+                };
+                let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
+                tx.write(file, [hdr, frame])
+            }
+            _ => self.write_io(now, i, vnet, frame),
+        };
+        if r {
+            self.counters.tx_frames += 1;
+        } else {
+            self.counters.tx_errors += 1;
+        }
+    }
+
+    /// [`DataPath::write_port`] without the ring: a system call for a TAP, a copy into the
+    /// VM's receive queue for a shared-memory port.
+    fn write_io(&mut self, now: Instant, i: usize, vnet: &[u8], frame: &[u8]) -> bool {
+        match &mut self.ports[i].io {
             PortIo::Tap(tap) if self.vnet_hdr => match VnetHdr::parse(vnet) {
                 Ok(h) => tap.write_vectored(&h, frame).is_ok(),
                 Err(_) => tap.write_vectored(&VnetHdr::NONE, frame).is_ok(),
@@ -358,11 +393,6 @@ impl DataPath {
                     None => false,
                 }
             }
-        };
-        if r {
-            self.counters.tx_frames += 1;
-        } else {
-            self.counters.tx_errors += 1;
         }
     }
 
@@ -546,7 +576,7 @@ fn spawn_bridge(
 fn on_vm_frame(
     sw: &mut DpuSwitch,
     dp: &mut DataPath,
-    plane: Option<&mut PlaneProc>,
+    (plane, tx): (Option<&mut PlaneProc>, Option<&mut TapTx>),
     now: Instant,
     i: usize,
     buf: &[u8],
@@ -576,7 +606,7 @@ fn on_vm_frame(
             generated,
         } => {
             let vnet = if generated { &PLAIN_VNET } else { vnet };
-            dp.write_port(now, out, vnet, bytes);
+            dp.write_port(now, tx, out, vnet, bytes);
         }
         Outcome::Steer { msg } => {
             let sent = plane
@@ -602,12 +632,56 @@ fn on_vm_frame(
 /// The virtio-net header of a frame with nothing offloaded.
 const PLAIN_VNET: [u8; VnetHdr::LEN] = [0; VnetHdr::LEN];
 
+/// Reads kept armed on each TAP in the ring: at most this many frames of one TAP per loop turn.
+/// 32 measured as well as 64 (docs/adr/0005-tap-io.md).
+const TAP_RING_READS: usize = 32;
+/// Transmit buffers of the ring: writes a loop turn may queue before its `enter`.
+const TAP_RING_TX: usize = 256;
+
+/// Puts the TAP ports of `ports` into one io_uring and marks each with its file; returns the
+/// ring and the port slot of each file. Where the kernel refuses the ring (an old kernel, a
+/// sandbox without io_uring) the TAPs fall back to system calls, with a warning.
+fn tap_ring(ports: &mut [Port]) -> (Option<TapUring>, Vec<usize>) {
+    let slots: Vec<usize> = ports
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p.io, PortIo::Tap(_)))
+        .map(|(i, _)| i)
+        .collect();
+    if slots.is_empty() {
+        return (None, slots);
+    }
+    let fds: Vec<BorrowedFd<'_>> = slots
+        .iter()
+        .filter_map(|&i| match &ports[i].io {
+            PortIo::Tap(tap) => tap.as_fd(0),
+            PortIo::Shm(_) => None,
+        })
+        .collect();
+    match TapUring::new(&fds, TAP_RING_READS, TAP_RING_TX, FRAME_MAX) {
+        Ok(ring) => {
+            for (file, &i) in slots.iter().enumerate() {
+                ports[i].file = Some(file);
+            }
+            tracing::info!(target: "spillway::run", taps = slots.len(), "TAP I/O on io_uring");
+            (Some(ring), slots)
+        }
+        Err(e) => {
+            tracing::warn!(target: "spillway::run", error = %e, "io_uring refused; TAP I/O by system calls");
+            (None, Vec::new())
+        }
+    }
+}
+
 /// The DPU process.
 #[derive(Debug)]
 pub struct DpuDaemon {
     tb: Testbed,
     clock: Clock,
     sw: DpuSwitch,
+    /// The TAPs' io_uring; declared before `dp`, whose TAPs it holds registered, so it goes
+    /// first.
+    taps: Option<TapUring>,
     dp: DataPath,
     plane: Option<PlaneProc>,
     plane_exe: PathBuf,
@@ -702,7 +776,11 @@ impl DpuDaemon {
                     }
                     (VmBackend::Tap, None) => unreachable!("bring_up makes a TAP for a TAP port"),
                 };
-                out.push(Port { id: spec.port, io });
+                out.push(Port {
+                    id: spec.port,
+                    io,
+                    file: None,
+                });
             }
             let mut ports = out;
             // The bridge endpoints: each gets its TAP (this process keeps no copy) and attaches
@@ -714,6 +792,10 @@ impl DpuDaemon {
                 }
             }
             let port_index = ports.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
+            let (taps, tap_slots) = match tb.tap_io {
+                TapIo::Uring => tap_ring(&mut ports),
+                TapIo::Syscalls => (None, Vec::new()),
+            };
             let mut sw = DpuSwitch::new(
                 &tb.fabric,
                 tb.policy.clone(),
@@ -774,9 +856,11 @@ impl DpuDaemon {
             }
             Ok(DpuDaemon {
                 sw,
+                taps,
                 dp: DataPath {
                     ports,
                     port_index,
+                    tap_slots,
                     vnet_hdr: tb.vnet_hdr,
                     counters: RtCounters::default(),
                     authority: RegionTable::new(),
@@ -837,6 +921,8 @@ impl DpuDaemon {
     fn run_loop(&mut self) -> Result<(), RunError> {
         while !signals::stop_requested() {
             let now = self.clock.now();
+            // Last turn's writes go out; the frames that came meanwhile come in.
+            self.enter_ring()?;
             let mut busy = self.poll_taps(now)?;
             busy |= self.poll_plane(now);
             self.dp.flush_irqs();
@@ -868,7 +954,10 @@ impl DpuDaemon {
                     self.manage_plane(now);
                     self.manage_ports(now);
                     self.serve_ctl(now);
-                    self.sleep();
+                    self.enter_ring()?;
+                    if !self.taps.as_ref().is_some_and(TapUring::has_frames) {
+                        self.sleep();
+                    }
                 }
             }
         }
@@ -895,7 +984,10 @@ impl DpuDaemon {
                 if bytes >= PORT_BYTES_PER_TURN {
                     break;
                 }
+                let in_ring = self.dp.ports[i].file.is_some();
                 let n = match &mut self.dp.ports[i].io {
+                    // Read by the ring: its frames come below.
+                    PortIo::Tap(_) if in_ring => break,
                     PortIo::Tap(tap) => match tap.read(&mut self.rx) {
                         Ok(n) => n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -923,7 +1015,7 @@ impl DpuDaemon {
                 let r = on_vm_frame(
                     &mut self.sw,
                     &mut self.dp,
-                    self.plane.as_mut(),
+                    (self.plane.as_mut(), self.taps.as_mut().map(|t| t.tx())),
                     now,
                     i,
                     &buf[..n],
@@ -935,7 +1027,33 @@ impl DpuDaemon {
             }
             self.dp.detach_if_misbehaving(i, now);
         }
+        // The TAPs in the ring: the frames its last `enter` collected, at most
+        // `TAP_RING_READS` a TAP (one per armed read), so no TAP holds the loop.
+        if let Some(taps) = self.taps.as_mut() {
+            let (sw, dp, plane) = (&mut self.sw, &mut self.dp, &mut self.plane);
+            let mut failed = None;
+            let n = taps
+                .drain_frames(|file, frame, tx| {
+                    let i = dp.tap_slots[file];
+                    if let Err(e) = on_vm_frame(sw, dp, (plane.as_mut(), Some(tx)), now, i, frame) {
+                        failed = Some(e);
+                    }
+                })
+                .map_err(io_err("re-arming a TAP read"))?;
+            busy |= n > 0;
+            if let Some(e) = failed {
+                self.plane_failed(now, &e);
+            }
+        }
         Ok(busy)
+    }
+
+    /// Submits the ring's queued writes and re-armed reads and collects what completed.
+    fn enter_ring(&mut self) -> Result<(), RunError> {
+        if let Some(t) = self.taps.as_mut() {
+            t.enter().map_err(io_err("io_uring_enter on the TAPs"))?;
+        }
+        Ok(())
     }
 
     /// Records from the plane; true if there were any.
@@ -946,7 +1064,7 @@ impl DpuDaemon {
         let Some(vnic) = plane.vnic.as_mut() else {
             return false;
         };
-        let (sw, dp) = (&mut self.sw, &mut self.dp);
+        let (sw, dp, taps) = (&mut self.sw, &mut self.dp, &mut self.taps);
         let mut busy = false;
         let r = vnic.recv_frames(RING_BATCH, |rec| {
             dp.counters.from_plane += 1;
@@ -959,7 +1077,7 @@ impl DpuDaemon {
                     generated,
                 } => {
                     let vnet = if generated { &PLAIN_VNET } else { rec.vnet };
-                    dp.write_port(now, out, vnet, bytes);
+                    dp.write_port(now, taps.as_mut().map(|t| t.tx()), out, vnet, bytes);
                 }
                 Outcome::Drop(why) => {
                     tracing::debug!(target: "spillway::drop", ?why, len = rec.frame.len(), "the DPU dropped a frame from the plane");
@@ -1731,9 +1849,11 @@ impl DpuDaemon {
     /// frames inside the DPU node.
     fn rt_counters(&self) -> impl Iterator<Item = (String, u64)> + '_ {
         let node = self.sw.counters().iter(self.sw.conns().counters());
+        let ring = self.taps.iter().flat_map(|t| t.counters().iter());
         self.dp
             .counters
             .iter()
+            .chain(ring)
             .map(|(k, v)| (k.to_string(), v))
             .chain(node.map(|(k, v)| (format!("rt.{k}"), v)))
     }
@@ -1787,7 +1907,9 @@ impl DpuDaemon {
         self.ctl.take();
         self.metrics.take();
         let counters = self.rt_counters().collect();
-        // Close the TAPs before removing the namespaces they live in.
+        // Close the TAPs (the ring first, which holds them) before removing the namespaces
+        // they live in.
+        self.taps.take();
         self.dp.ports.clear();
         self.cgroup.take();
         let cleaned = match self.ledger.take() {

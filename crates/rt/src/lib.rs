@@ -63,6 +63,7 @@ pub mod ring;
 pub(crate) mod service;
 pub mod signals;
 pub mod tap;
+pub mod tap_uring;
 pub mod testbed;
 pub mod unixsock;
 pub mod virtq;

@@ -86,6 +86,8 @@ struct RawTestbed {
     hold: Option<String>,
     #[serde(default)]
     vnet_hdr: Option<bool>,
+    #[serde(default)]
+    tap_io: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -240,6 +242,19 @@ pub struct Testbed {
     pub hold: InitialHold,
     /// Use virtio-net headers on the TAPs (checksum and TSO offload pass-through).
     pub vnet_hdr: bool,
+    /// How the DPU process reads and writes its TAPs.
+    pub tap_io: TapIo,
+}
+
+/// How the DPU process moves frames through its TAPs (`testbed.tap_io`; docs/adr/0005-tap-io.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TapIo {
+    /// io_uring: reads kept armed on every TAP, a turn's writes and re-armed reads submitted in
+    /// one system call (`"io_uring"`, the default). Falls back to `Syscalls`, with a warning,
+    /// where the kernel refuses the ring.
+    Uring,
+    /// One `read` per frame until the TAP is empty, one `write` per frame (`"syscalls"`).
+    Syscalls,
 }
 
 /// A policy compilation error reported as a testbed error: the field under `policy.`, at its
@@ -372,6 +387,13 @@ impl Testbed {
                     "one of auto, active, released",
                     echo(h),
                 ));
+            }
+        };
+        let tap_io = match raw.testbed.tap_io.as_deref() {
+            None | Some("io_uring") => TapIo::Uring,
+            Some("syscalls") => TapIo::Syscalls,
+            Some(v) => {
+                return Err(err("testbed.tap_io", "one of io_uring, syscalls", echo(v)));
             }
         };
         let metrics_addr = match raw.ops.metrics_addr {
@@ -629,6 +651,7 @@ impl Testbed {
             vms,
             hold,
             vnet_hdr: raw.testbed.vnet_hdr.unwrap_or(true),
+            tap_io,
         })
     }
 

@@ -332,3 +332,112 @@ fn tap_names_longer_than_15_bytes_are_refused() {
     let err = Tap::create("a-name-too-long!", TapOptions::default()).unwrap_err();
     assert!(err.to_string().contains("15 bytes"), "{err}");
 }
+
+#[test]
+fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    use spillway_rt::tap_uring::TapUring;
+    let t = tap_in_netns(TapOptions::default());
+    const N: usize = 200;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let receiver = spawn_in_netns(&t.ns, move || {
+        let s = UdpSocket::bind((LOCAL_IP, 9997)).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while got.len() < N {
+            match s.recv_from(&mut buf) {
+                Ok((n, _)) => got.push(buf[..n].to_vec()),
+                Err(_) => break,
+            }
+        }
+        got
+    });
+    ready_rx.recv_timeout(TIMEOUT).unwrap();
+    // Four reads armed: the N datagrams need every buffer re-armed many times over.
+    let fd = t.tap.as_fd(0).unwrap();
+    let mut ring = TapUring::new(&[fd], 4, 64, VnetHdr::LEN + 2048).unwrap();
+    in_netns(&t.ns, || {
+        let s = UdpSocket::bind((LOCAL_IP, 4002)).unwrap();
+        for i in 0..N as u32 {
+            s.send_to(&i.to_be_bytes(), (PEER_IP, 9999)).unwrap();
+            if i % 16 == 15 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+    // Echo each datagram back, as the peer, to the socket on port 9997.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut echoed = 0;
+    while echoed < N && std::time::Instant::now() < deadline {
+        ring.enter().unwrap();
+        ring.drain_frames(|file, frame, tx| {
+            assert_eq!(file, 0);
+            let Some(p) = parse_ipv4(&frame[VnetHdr::LEN..]) else {
+                return;
+            };
+            if p.proto != 17 || p.dport() != 9999 {
+                return;
+            }
+            let back = udp_frame(
+                PEER_MAC,
+                LOCAL_MAC,
+                PEER_IP,
+                LOCAL_IP,
+                5555,
+                9997,
+                &p.l4[8..],
+            );
+            assert!(tx.write(0, [&VnetHdr::NONE.to_bytes(), &back]));
+            echoed += 1;
+        })
+        .unwrap();
+    }
+    ring.enter().unwrap();
+    let got = receiver.join().unwrap();
+    assert_eq!(echoed, N, "{:?}", ring.counters());
+    let want: Vec<Vec<u8>> = (0..N as u32).map(|i| i.to_be_bytes().to_vec()).collect();
+    assert_eq!(got, want, "every datagram, in order");
+    let c = *ring.counters();
+    assert!(
+        c.reads >= N as u64 && c.write_errors == 0 && c.tx_full == 0,
+        "{c:?}"
+    );
+    assert!(
+        c.enters < 2 * N as u64,
+        "far fewer system calls than frames: {c:?}"
+    );
+}
+
+#[test]
+fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    use spillway_rt::tap_uring::TapUring;
+    let t = tap_in_netns(TapOptions::default());
+    let fd = t.tap.as_fd(0).unwrap();
+    let mut ring = TapUring::new(&[fd], 1, 1, VnetHdr::LEN + 2048).unwrap();
+    let f = udp_frame(PEER_MAC, LOCAL_MAC, PEER_IP, LOCAL_IP, 5555, 9, b"x");
+    let hdr = VnetHdr::NONE.to_bytes();
+    assert!(ring.tx().write(0, [&hdr, &f]));
+    assert!(
+        !ring.tx().write(0, [&hdr, &f]),
+        "the one buffer is in flight"
+    );
+    assert_eq!(ring.counters().tx_full, 1);
+    // Once the first write completes its buffer is free again.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while ring.counters().writes == 0 && std::time::Instant::now() < deadline {
+        ring.enter().unwrap();
+    }
+    assert!(ring.tx().write(0, [&hdr, &f]));
+    let too_big = vec![0u8; 3000];
+    assert!(
+        !ring.tx().write(0, [&hdr, &too_big]),
+        "larger than a buffer"
+    );
+}
