@@ -15,9 +15,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use oslab::{Lab, in_netns, parse_ipv4, read_until, spawn_in_netns, tcp_frame, udp_frame, unique};
-use spillway_rt::netns;
-use spillway_rt::tap::{FrameBatch, Tap, TapOptions};
-use spillway_rt::vnet::{VnetHdr, complete_checksum};
+use spillway_rt::host::tap::{FrameBatch, Tap, TapOptions};
+use spillway_rt::host::vnet::{VnetHdr, complete_checksum};
+use spillway_rt::host::{ledger, netns};
 use spillway_wire::MacAddr;
 
 const LOCAL_MAC: MacAddr = MacAddr([0x02, 0x00, 0x00, 0x00, 0x00, 0x01]);
@@ -309,7 +309,7 @@ fn persistent_tap_outlives_its_fd_until_the_ledger_removes_it() {
     let mut lab = Lab::new();
     let name = unique("swp");
     lab.ledger
-        .record(netns::LedgerEntry::Link {
+        .record(ledger::LedgerEntry::Link {
             name: name.clone(),
             ns: None,
         })
