@@ -3,11 +3,11 @@
 
 use crate::flags::{Seconds, ranged};
 use anyhow::{Context, Result, bail};
-use spillway_rt::ctl::{CtlRequest, FLOWS_LIMIT_MAX, FlowOwner, ctl_call};
-use spillway_rt::dpud::{DpuDaemon, RunOptions};
-use spillway_rt::planed::{self, PlaneOptions};
+use spillway_rt::dpu::daemon::{DpuDaemon, RunOptions};
+use spillway_rt::ops::ctl::{CtlRequest, FLOWS_LIMIT_MAX, FlowOwner, ctl_call};
+use spillway_rt::plane::process::{self, PlaneOptions};
+use spillway_rt::shm::virtq::{BUF_BYTES_MAX, BUF_BYTES_MIN, QUEUE_SIZE_MAX, QUEUE_SIZE_MIN};
 use spillway_rt::testbed::{InitialHold, Testbed};
-use spillway_rt::virtq::{BUF_BYTES_MAX, BUF_BYTES_MIN, QUEUE_SIZE_MAX, QUEUE_SIZE_MIN};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -147,9 +147,9 @@ pub struct EndpointArgs {
 
 /// `spillway vm-endpoint`.
 pub fn vm_endpoint(args: &EndpointArgs) -> Result<()> {
-    use spillway_rt::endpoint::{self, EndpointOptions, GenOptions, Mode};
-    spillway_rt::log::init(level(&args.log)?, spillway_rt::log::LogFormat::Text);
-    spillway_rt::signals::install().context("installing signal handlers")?;
+    use spillway_rt::vm::endpoint::{self, EndpointOptions, GenOptions, Mode};
+    spillway_rt::ops::log::init(level(&args.log)?, spillway_rt::ops::log::LogFormat::Text);
+    spillway_rt::host::signals::install().context("installing signal handlers")?;
     let testbed = load_testbed(&args.config)?;
     let mode = match args.mode.as_str() {
         "sink" => Mode::Sink,
@@ -224,7 +224,7 @@ fn level(s: &str) -> Result<tracing::Level> {
 
 /// `spillway run`.
 pub fn run(args: &RunArgs) -> Result<()> {
-    spillway_rt::log::init(level(&args.log)?, spillway_rt::log::LogFormat::Text);
+    spillway_rt::ops::log::init(level(&args.log)?, spillway_rt::ops::log::LogFormat::Text);
     let mut testbed = load_testbed(&args.config)?;
     if let Some(h) = &args.hold {
         testbed.hold = match h.as_str() {
@@ -234,7 +234,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             _ => bail!("--hold: expected auto, active or released, got {h:?}"),
         };
     }
-    spillway_rt::signals::install().context("installing signal handlers")?;
+    spillway_rt::host::signals::install().context("installing signal handlers")?;
     let plane_exe = std::env::current_exe().context("locating the spillway binary")?;
     let daemon = DpuDaemon::start(RunOptions {
         testbed,
@@ -248,9 +248,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
 
 /// `spillway spill-plane`.
 pub fn spill_plane(args: &PlaneArgs) -> Result<()> {
-    spillway_rt::log::init(level(&args.log)?, spillway_rt::log::LogFormat::Text);
-    spillway_rt::signals::install().context("installing signal handlers")?;
-    planed::run(PlaneOptions {
+    spillway_rt::ops::log::init(level(&args.log)?, spillway_rt::ops::log::LogFormat::Text);
+    spillway_rt::host::signals::install().context("installing signal handlers")?;
+    process::run(PlaneOptions {
         config: args.config.clone(),
         vnic_socket: args.vnic_socket.clone(),
         workers: args.workers,

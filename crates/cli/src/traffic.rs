@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use spillway_rt::signals;
+use spillway_rt::host::signals;
 use spillway_vswitch::policy::echo;
 
 use crate::flags::{Seconds, ranged};

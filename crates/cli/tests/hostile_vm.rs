@@ -31,13 +31,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_rt::ring::Doorbell;
-use spillway_rt::testbed::Testbed;
-use spillway_rt::virtq::{
+use spillway_rt::dpu::vmport;
+use spillway_rt::shm::ring::Doorbell;
+use spillway_rt::shm::virtq::{
     DESC_F_NEXT, DESC_F_WRITE, DriverQueue, QUEUE_RX_DPU, QUEUE_RX_PLANE, QUEUE_TX, VmLayout,
     VmMemory,
 };
-use spillway_rt::vmport;
+use spillway_rt::testbed::Testbed;
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 

@@ -15,7 +15,7 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use spillway_rt::ring::{PushError, SharedRing};
+use spillway_rt::shm::ring::{PushError, SharedRing};
 
 const SIZES: [usize; 3] = [64, 1500, 9000];
 const RING_BYTES: usize = 1 << 20;

@@ -14,11 +14,11 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use spillway_fabric::atc::{Atc, AtcConfig, Iova, RegionTable, VmId};
-use spillway_rt::ring::{Doorbell, SharedRing};
-use spillway_rt::virtq::{
+use spillway_rt::dpu::vmport::{Filled, PlaneVm, fill_rx, regions};
+use spillway_rt::shm::ring::{Doorbell, SharedRing};
+use spillway_rt::shm::virtq::{
     DeviceQueue, DriverQueue, QUEUE_RX_DPU, QUEUE_RX_PLANE, VmLayout, VmMemory,
 };
-use spillway_rt::vmport::{Filled, PlaneVm, fill_rx, regions};
 
 const SIZES: [usize; 2] = [64, 1500];
 

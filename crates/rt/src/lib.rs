@@ -2,18 +2,32 @@
 //!
 //! The real-time driver of the fabric core, and the only crate that talks to the operating
 //! system: `spillway run` brings up tenant VMs as network namespaces on TAP devices
-//! ([`testbed`], [`bringup`], [`tap`], [`netns`]), runs the emulated DPU in real time between
-//! them ([`dpud`]), starts the spill plane as a separate process in its own cgroup
-//! ([`planed`], [`cgroup`]) connected by shared-memory rings ([`ring`], [`vnic`], [`fdpass`]),
-//! and serves `spillway ctl` ([`ctl`]) and a Prometheus endpoint ([`metrics`]).
+//! ([`testbed`], [`dpu::bringup`], [`host::tap`], [`host::netns`]), runs the emulated DPU in
+//! real time between them ([`dpu::daemon`]), starts the spill plane as a separate process in
+//! its own cgroup ([`plane::process`], [`host::cgroup`]) connected by shared-memory rings
+//! ([`shm::ring`], [`shm::vnic`], [`shm::fdpass`]), and serves `spillway ctl` ([`ops::ctl`])
+//! and a Prometheus endpoint ([`ops::metrics`]).
+//!
+//! ## Layout
+//!
+//! - [`host`]: the operating system: TAP, namespaces and links, cgroups, the cleanup ledger,
+//!   signals, clock, privileges, Unix sockets, the virtio-net header.
+//! - [`shm`]: the shared-memory protocol between processes: rings, virtio queues, the record
+//!   codec, the vNIC set, fd passing.
+//! - [`ops`]: operator interfaces: control socket, metrics endpoint, logging.
+//! - [`dpu`]: the DPU process: daemon loop, VM bring-up, shared-memory VM ports.
+//! - [`plane`]: the spill-plane process.
+//! - [`vm`]: the VM side of a shared-memory port (`spillway vm-endpoint`).
+//! - [`testbed`]: the testbed description all of them read.
 //!
 //! ## Main types
 //!
-//! - [`dpud::DpuDaemon`]: the DPU process, an I/O shell around the core's frame node
+//! - [`dpu::daemon::DpuDaemon`]: the DPU process, an I/O shell around the core's frame node
 //!   `spillway_fabric::frame::DpuSwitch` (the `DpuNode` model and the DPU's vSwitch).
-//! - [`planed::run`]: the spill-plane process, the same around `PlaneSwitch`.
-//! - [`vnic::VnicSet`]: one end of the vNIC set; [`ring::SharedRing`] the memfd ring under it.
-//! - [`netns::Ledger`]: the crash-safe record of everything a testbed creates.
+//! - [`plane::process::run`]: the spill-plane process, the same around `PlaneSwitch`.
+//! - [`shm::vnic::VnicSet`]: one end of the vNIC set; [`shm::ring::SharedRing`] the memfd ring
+//!   under it.
+//! - [`host::ledger::Ledger`]: the crash-safe record of everything a testbed creates.
 //!
 //! ## Invariants
 //!
@@ -24,18 +38,18 @@
 //! - Everything created is recorded in the ledger before it exists, and removed on exit, on
 //!   Ctrl-C, and by the next start after a crash.
 //! - Shared memory from the other process is untrusted: every length read from a ring is
-//!   bounds-checked, every record decoded with typed errors ([`codec`]).
+//!   bounds-checked, every record decoded with typed errors ([`shm::codec`]).
 //!
 //! `README.md` beside this crate explains the processes, the rings and the cleanup rules.
 //!
 //! ## Example
 //!
 //! ```no_run
-//! use spillway_rt::dpud::{DpuDaemon, RunOptions};
+//! use spillway_rt::dpu::daemon::{DpuDaemon, RunOptions};
 //! use spillway_rt::testbed::Testbed;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let testbed = Testbed::load("examples/testbed-two-vms.toml".as_ref())?;
-//! spillway_rt::signals::install()?;
+//! spillway_rt::host::signals::install()?;
 //! let daemon = DpuDaemon::start(RunOptions {
 //!     testbed,
 //!     plane_exe: std::env::current_exe()?,
@@ -46,30 +60,13 @@
 //! # Ok(()) }
 //! ```
 
-pub mod bringup;
-pub mod cgroup;
-pub mod clock;
-pub mod codec;
-pub mod ctl;
-pub mod dpud;
-pub mod endpoint;
-pub mod fdpass;
-pub mod log;
-pub mod metrics;
-pub mod netns;
-pub mod planed;
-pub mod privilege;
-pub mod ring;
-pub(crate) mod service;
-pub mod signals;
-pub mod tap;
-pub mod tap_uring;
+pub mod dpu;
+pub mod host;
+pub mod ops;
+pub mod plane;
+pub mod shm;
 pub mod testbed;
-pub mod unixsock;
-pub mod virtq;
-pub mod vmport;
-pub mod vnet;
-pub mod vnic;
+pub mod vm;
 
 #[cfg(test)]
 pub(crate) mod test_support {

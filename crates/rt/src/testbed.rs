@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::privilege::{PlanePrivileges, SeccompMode};
+use crate::host::privilege::{PlanePrivileges, SeccompMode};
 use spillway_fabric::params::FabricParams;
 use spillway_vswitch::PortId;
 use spillway_vswitch::policy::{
@@ -153,7 +153,7 @@ pub enum InitialHold {
 pub enum VmBackend {
     /// A TAP device the DPU process holds (the kernel's memory; no vATC).
     Tap,
-    /// A shared-memory port ([`crate::virtq`]): the VM's memory holds virtio queues, which the
+    /// A shared-memory port ([`crate::shm::virtq`]): the VM's memory holds virtio queues, which the
     /// DPU process and, through the vATC, the spill plane serve.
     Shm(VmEndpoint),
 }
@@ -430,7 +430,7 @@ impl Testbed {
             }
         };
         let spill_id = |field: &str, v: Option<i64>| match v {
-            None => Ok(crate::privilege::NOBODY),
+            None => Ok(crate::host::privilege::NOBODY),
             Some(v) => u32::try_from(v)
                 .ok()
                 .filter(|v| (1..u32::MAX).contains(v))

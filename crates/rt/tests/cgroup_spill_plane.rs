@@ -12,7 +12,7 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 use oslab::unique;
-use spillway_rt::cgroup::{Cgroup, CgroupError, CgroupSpec, CgroupVersion, parse_cpu_list};
+use spillway_rt::host::cgroup::{Cgroup, CgroupError, CgroupSpec, CgroupVersion, parse_cpu_list};
 
 /// A `sleep 30` that is killed and reaped when the guard drops, whatever happened.
 struct Sleeper(Child);
@@ -145,7 +145,7 @@ fn a_cpuset_the_kernel_rejects_names_file_and_value_and_leaves_nothing() {
         other => panic!("expected a write error, got {other}"),
     }
     assert!(err.to_string().contains("cpuset.cpus") && err.to_string().contains("4000"));
-    let hierarchy = spillway_rt::cgroup::Hierarchy::detect().unwrap();
+    let hierarchy = spillway_rt::host::cgroup::Hierarchy::detect().unwrap();
     for d in hierarchy.dirs_for(&name) {
         assert!(
             !d.exists(),

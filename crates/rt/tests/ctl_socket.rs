@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use spillway_rt::ctl::{
+use spillway_rt::ops::ctl::{
     CtlConfig, CtlError, CtlRequest, CtlResponse, CtlServer, FlowOwner, ctl_call,
 };
 

@@ -20,7 +20,7 @@ use loom::cell::UnsafeCell as LoomUnsafeCell;
 use loom::sync::Notify;
 use loom::sync::atomic::{AtomicU32, AtomicU64, fence};
 use loom::thread;
-use spillway_rt::ring::{Consumer, Producer, PushError, RingMemory};
+use spillway_rt::shm::ring::{Consumer, Producer, PushError, RingMemory};
 
 /// A ring in heap memory whose shared words are `loom` atomics.
 struct LoomRing {

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 
 use loom::sync::atomic::{AtomicBool, AtomicU16, fence};
 use loom::thread;
-use spillway_rt::virtq::{NoticeWords, USED_F_NO_NOTIFY, announce_sleep, peer_wants_notice};
+use spillway_rt::shm::virtq::{NoticeWords, USED_F_NO_NOTIFY, announce_sleep, peer_wants_notice};
 
 /// Two words: the sleeper's flags (offset 0) and the publisher's index (offset 2).
 struct Words {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use spillway_rt::metrics::{
+use spillway_rt::ops::metrics::{
     CONTENT_TYPE, Exposition, MetricsConfig, MetricsError, MetricsServer, MetricsSource, Sample,
     SampleKind, Snapshot, exposed_name,
 };
@@ -216,7 +216,11 @@ fn by_series(lines: &[Line]) -> BTreeMap<String, String> {
 
 const PHASES: &[&str] = &["idle", "shadow", "active", "draining"];
 
-fn publish_dpu(publisher: &mut spillway_rt::metrics::SnapshotPublisher, packets: u64, phase: &str) {
+fn publish_dpu(
+    publisher: &mut spillway_rt::ops::metrics::SnapshotPublisher,
+    packets: u64,
+    phase: &str,
+) {
     assert!(publisher.publish(|out| {
         out.push(
             Sample::counter("dpu.hw.packets", packets)
@@ -721,9 +725,9 @@ fn arb_sample() -> impl Strategy<Value = Sample> {
         any::<bool>(),
         proptest::collection::vec((text, text), 0..3),
         prop_oneof![
-            any::<u64>().prop_map(spillway_rt::metrics::SampleValue::U64),
-            any::<i64>().prop_map(spillway_rt::metrics::SampleValue::I64),
-            any::<f64>().prop_map(spillway_rt::metrics::SampleValue::F64),
+            any::<u64>().prop_map(spillway_rt::ops::metrics::SampleValue::U64),
+            any::<i64>().prop_map(spillway_rt::ops::metrics::SampleValue::I64),
+            any::<f64>().prop_map(spillway_rt::ops::metrics::SampleValue::F64),
         ],
     )
         .prop_map(|(name, help, counter, labels, value)| Sample {

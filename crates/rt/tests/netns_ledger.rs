@@ -15,8 +15,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use oslab::{Lab, in_netns, unique};
-use spillway_rt::cgroup::CgroupSpec;
-use spillway_rt::netns::{self, Ledger, LedgerEntry, LedgerScope, NetnsError};
+use spillway_rt::host::cgroup::CgroupSpec;
+use spillway_rt::host::ledger::{Ledger, LedgerEntry, LedgerScope};
+use spillway_rt::host::netns::{self, NetnsError};
 use spillway_wire::MacAddr;
 
 /// Recovers a leaked ledger when dropped, so a failed assertion after the simulated crash does
@@ -195,7 +196,7 @@ fn recover_removes_everything_a_crashed_run_left() {
     ledger.veth_add(&va, &vb).unwrap();
     ledger.link_set_netns(&vb, &ns).unwrap();
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
-    let cpu = spillway_rt::cgroup::parse_cpu_list(&online).unwrap()[0].to_string();
+    let cpu = spillway_rt::host::cgroup::parse_cpu_list(&online).unwrap()[0].to_string();
     let cg = ledger
         .create_cgroup(&cg_name, &CgroupSpec::new(cpu))
         .unwrap();
@@ -218,7 +219,7 @@ fn recover_removes_everything_a_crashed_run_left() {
     // The next run starts by recovering.
     assert!(matches!(
         Ledger::open(dir.path(), &instance),
-        Err(spillway_rt::netns::LedgerError::Stale { .. })
+        Err(spillway_rt::host::ledger::LedgerError::Stale { .. })
     ));
     let scope = LedgerScope::new(dir.path(), &instance).allow_exe(&sleep_exe);
     let report = Ledger::recover_in(dir.path(), &instance, &scope)

@@ -5,7 +5,7 @@
 //! and the doorbell itself, across many wrap-arounds, after one warm-up round. The count must
 //! stay at zero.
 
-use spillway_rt::ring::{Doorbell, SharedRing};
+use spillway_rt::shm::ring::{Doorbell, SharedRing};
 
 #[global_allocator]
 static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
@@ -21,8 +21,8 @@ fn push_pop_and_doorbell_do_not_allocate() {
     let header = [1u8; 12];
     let mut sum = 0usize;
 
-    let mut round = |producer: &mut spillway_rt::ring::Producer,
-                     consumer: &mut spillway_rt::ring::Consumer| {
+    let mut round = |producer: &mut spillway_rt::shm::ring::Producer,
+                     consumer: &mut spillway_rt::shm::ring::Consumer| {
         for i in 0..2_000usize {
             let len = (i * 131) % frame.len();
             producer.try_push(&frame[..len]).unwrap();

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use proptest::prelude::*;
 use rustix::fs::{MemfdFlags, SealFlags};
-use spillway_rt::ring::{
+use spillway_rt::shm::ring::{
     Consumer, HEADER_BYTES, LAYOUT_VERSION, Producer, PushError, RingError, RingField, SharedRing,
     WRAP_MARKER, layout,
 };

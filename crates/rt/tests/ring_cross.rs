@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
-use spillway_rt::ring::{Doorbell, PushError, SharedRing};
+use spillway_rt::shm::ring::{Doorbell, PushError, SharedRing};
 
 const RECORDS: u64 = 1_000_000;
 const HEADER: usize = 16;

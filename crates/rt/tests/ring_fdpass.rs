@@ -15,8 +15,8 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
-use spillway_rt::fdpass::{recv_with_fds, send_with_fds};
-use spillway_rt::ring::{Consumer, Doorbell, Producer, PushError, SharedRing};
+use spillway_rt::shm::fdpass::{recv_with_fds, send_with_fds};
+use spillway_rt::shm::ring::{Consumer, Doorbell, Producer, PushError, SharedRing};
 
 const RECORDS: u32 = 20_000;
 const CHILD_FD_VAR: &str = "SPILLWAY_RING_FDPASS_CHILD_FD";

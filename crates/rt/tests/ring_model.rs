@@ -1,5 +1,5 @@
 //! Proves that the ring behaves exactly like a queue of byte strings with the byte accounting
-//! rule documented in `ring.rs`: a differential test (proptest) runs arbitrary sequences of
+//! rule documented in `shm/ring.rs`: a differential test (proptest) runs arbitrary sequences of
 //! pushes (single, from parts, and batched; lengths from 0 to past `record_max`, biased towards
 //! sizes that force wrap-around), pops and batch pops against a reference model, a
 //! `VecDeque<Vec<u8>>` plus head/tail byte counters that apply the rule, and checks after every
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use proptest::prelude::*;
-use spillway_rt::ring::{
+use spillway_rt::shm::ring::{
     Consumer, Producer, PushError, RingMemory, SharedRing, record_bytes, record_max_limit,
 };
 

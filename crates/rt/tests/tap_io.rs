@@ -15,9 +15,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use oslab::{Lab, in_netns, parse_ipv4, read_until, spawn_in_netns, tcp_frame, udp_frame, unique};
-use spillway_rt::netns;
-use spillway_rt::tap::{FrameBatch, Tap, TapOptions};
-use spillway_rt::vnet::{VnetHdr, complete_checksum};
+use spillway_rt::host::tap::{FrameBatch, Tap, TapOptions};
+use spillway_rt::host::vnet::{VnetHdr, complete_checksum};
+use spillway_rt::host::{ledger, netns};
 use spillway_wire::MacAddr;
 
 const LOCAL_MAC: MacAddr = MacAddr([0x02, 0x00, 0x00, 0x00, 0x00, 0x01]);
@@ -309,7 +309,7 @@ fn persistent_tap_outlives_its_fd_until_the_ledger_removes_it() {
     let mut lab = Lab::new();
     let name = unique("swp");
     lab.ledger
-        .record(netns::LedgerEntry::Link {
+        .record(ledger::LedgerEntry::Link {
             name: name.clone(),
             ns: None,
         })
@@ -338,7 +338,7 @@ fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there()
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
     }
-    use spillway_rt::tap_uring::TapUring;
+    use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     const N: usize = 200;
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -417,7 +417,7 @@ fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it() {
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
     }
-    use spillway_rt::tap_uring::TapUring;
+    use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     let fd = t.tap.as_fd(0).unwrap();
     let mut ring = TapUring::new(&[fd], 1, 1, VnetHdr::LEN + 2048).unwrap();

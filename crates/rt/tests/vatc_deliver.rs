@@ -8,9 +8,9 @@
 //! repost) allocates nothing per frame after warm-up.
 
 use spillway_fabric::atc::{Atc, AtcConfig, AtcEpoch, RegionTable, VmId};
-use spillway_rt::ring::Doorbell;
-use spillway_rt::virtq::{DriverQueue, QUEUE_RX_PLANE, QUEUE_TX, VmLayout, VmMemory};
-use spillway_rt::vmport::{DirectRefused, PlaneVm, regions};
+use spillway_rt::dpu::vmport::{DirectRefused, PlaneVm, regions};
+use spillway_rt::shm::ring::Doorbell;
+use spillway_rt::shm::virtq::{DriverQueue, QUEUE_RX_PLANE, QUEUE_TX, VmLayout, VmMemory};
 
 #[global_allocator]
 static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;

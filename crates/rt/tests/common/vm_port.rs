@@ -19,12 +19,12 @@
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 
-use spillway_rt::ring::Doorbell;
-use spillway_rt::virtq::{QUEUE_RX_DPU, QUEUE_TX, VmLayout, VmMemory};
-use spillway_rt::vmport::{
+use spillway_rt::dpu::vmport::{
     self, Accepted, BAD_DESC_PER_TURN, BAD_DESC_WINDOW_MAX, BAD_DESC_WINDOW_NS, Misbehaviour,
     SOCKET_BYTES_MAX, SOCKET_READ_PER_TURN, ShmPort,
 };
+use spillway_rt::shm::ring::Doorbell;
+use spillway_rt::shm::virtq::{QUEUE_RX_DPU, QUEUE_TX, VmLayout, VmMemory};
 
 /// What a run saw (for the replay test's coverage check).
 #[derive(Clone, Copy, Debug, Default)]

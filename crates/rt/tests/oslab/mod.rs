@@ -1,7 +1,7 @@
 //! Shared helpers for the OS-level tests (TAP, netns, cgroup): the root check, names unique per
 //! test and process, a ledger-backed lab that removes everything on drop (also on panic),
 //! running code inside a namespace on a helper thread, and tiny frame builders/parsers with
-//! their own checksum code (independent of `spillway_rt::vnet`, so they can check it).
+//! their own checksum code (independent of `spillway_rt::host::vnet`, so they can check it).
 
 // Each test binary includes this module and uses a different part of it.
 #![allow(dead_code)]
@@ -12,9 +12,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_rt::netns::Ledger;
-use spillway_rt::tap::TapQueue;
-use spillway_rt::vnet::VnetHdr;
+use spillway_rt::host::ledger::Ledger;
+use spillway_rt::host::tap::TapQueue;
+use spillway_rt::host::vnet::VnetHdr;
 use spillway_wire::MacAddr;
 
 /// True when the test can run. Without root it panics under `CI=true` (a CI job that cannot
@@ -282,7 +282,7 @@ pub fn read_until(
     mut want: impl FnMut(&VnetHdr, &[u8]) -> bool,
 ) -> Vec<u8> {
     let deadline = Instant::now() + timeout;
-    let mut buf = vec![0u8; spillway_rt::tap::Tap::FRAME_LEN_MAX];
+    let mut buf = vec![0u8; spillway_rt::host::tap::Tap::FRAME_LEN_MAX];
     let mut seen = 0;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

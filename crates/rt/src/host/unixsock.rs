@@ -114,7 +114,7 @@ mod tests {
     #[test]
     fn bind_sets_the_mode_whatever_the_umask_and_never_replaces_a_file() {
         if !crate::test_support::in_own_process(
-            "unixsock::tests::bind_sets_the_mode_whatever_the_umask_and_never_replaces_a_file",
+            "host::unixsock::tests::bind_sets_the_mode_whatever_the_umask_and_never_replaces_a_file",
         ) {
             return;
         }

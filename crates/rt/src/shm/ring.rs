@@ -8,7 +8,7 @@
 //!
 //! - [`SharedRing`]: the memfd and its mapping. [`SharedRing::create`] makes one,
 //!   [`SharedRing::from_fd`] maps one received from a peer (validating it), [`SharedRing::fd`]
-//!   hands it over (see [`crate::fdpass`]), [`SharedRing::split`] gives the two ends.
+//!   hands it over (see [`crate::shm::fdpass`]), [`SharedRing::split`] gives the two ends.
 //! - [`Producer`] and [`Consumer`]: the two ends. They are generic over [`RingMemory`], the
 //!   shared words and data area, so that the very same index protocol runs on the memfd mapping
 //!   in production and on `loom` atomics over a heap buffer in `tests/loom_ring.rs`.
@@ -137,7 +137,7 @@
 //! ## Example
 //!
 //! ```
-//! use spillway_rt::ring::{Doorbell, SharedRing};
+//! use spillway_rt::shm::ring::{Doorbell, SharedRing};
 //!
 //! let ring = SharedRing::create("vnic0-rx", 256 * 1024)?;
 //! // ... hand `ring.fd()` and a doorbell's fd to the peer with `fdpass::send_with_fds` ...
@@ -155,7 +155,7 @@
 //! assert!(rx.prepare_sleep());
 //! bell.drain()?;
 //! rx.woke();
-//! # Ok::<(), spillway_rt::ring::RingError>(())
+//! # Ok::<(), spillway_rt::shm::ring::RingError>(())
 //! ```
 
 use std::fmt;
@@ -1048,7 +1048,7 @@ impl<M: RingMemory> Consumer<M> {
 // ---------------------------------------------------------------------------------------------
 
 /// A `MAP_SHARED` mapping of a whole memfd; unmapped on drop. Rings use it, and so does the
-/// VM memory of shared-memory ports ([`crate::virtq`]).
+/// VM memory of shared-memory ports ([`crate::shm::virtq`]).
 pub(crate) struct Mapping {
     pub(crate) base: NonNull<u8>,
     pub(crate) len: usize,
@@ -1262,7 +1262,7 @@ impl SharedRing {
         })
     }
 
-    /// The memfd, to hand to the peer (e.g. with [`crate::fdpass::send_with_fds`]).
+    /// The memfd, to hand to the peer (e.g. with [`crate::shm::fdpass::send_with_fds`]).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.map.fd.as_fd()
     }

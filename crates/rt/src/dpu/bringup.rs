@@ -15,8 +15,9 @@
 
 use std::net::IpAddr;
 
-use crate::netns::{self, Ledger};
-use crate::tap::{Tap, TapOptions};
+use crate::host::ledger::Ledger;
+use crate::host::netns;
+use crate::host::tap::{Tap, TapOptions};
 use crate::testbed::{Testbed, VmBackend, VmEndpoint, VmSpec};
 
 /// GSO super-frames from the VMs are capped below the 65,535-byte IP datagram limit so that

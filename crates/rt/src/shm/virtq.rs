@@ -42,11 +42,11 @@
 //! ## Notifications
 //!
 //! Virtio's flag-based event suppression, made race-free the same way as the vNIC rings (see
-//! [`crate::ring`]): a side about to sleep clears its "do not notify me" flag
+//! [`crate::shm::ring`]): a side about to sleep clears its "do not notify me" flag
 //! (`VIRTQ_USED_F_NO_NOTIFY` for the device, `VIRTQ_AVAIL_F_NO_INTERRUPT` for the driver),
 //! issues a `SeqCst` fence and checks the ring again; a side that published issues a `SeqCst`
 //! fence and then reads the other's flag. Kicks (driver to device) and interrupts (device to
-//! driver) are eventfds ([`crate::ring::Doorbell`]).
+//! driver) are eventfds ([`crate::shm::ring::Doorbell`]).
 //!
 //! ## Trust
 //!
@@ -62,7 +62,7 @@ use std::sync::atomic::{AtomicU16, Ordering, fence};
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::io::Errno;
 
-use crate::ring::{Mapping, RingError};
+use crate::shm::ring::{Mapping, RingError};
 
 #[cfg(not(target_endian = "little"))]
 compile_error!(
@@ -317,11 +317,11 @@ impl VmMemory {
             Err(Errno::INVAL) => rustix::fs::memfd_create(name, flags),
             other => other,
         }
-        .map_err(crate::ring::os("memfd_create"))?;
+        .map_err(crate::shm::ring::os("memfd_create"))?;
         let len = layout.total_bytes();
-        rustix::fs::ftruncate(&fd, len as u64).map_err(crate::ring::os("ftruncate"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(crate::shm::ring::os("ftruncate"))?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
-            .map_err(crate::ring::os("fcntl(F_ADD_SEALS)"))?;
+            .map_err(crate::shm::ring::os("fcntl(F_ADD_SEALS)"))?;
         let map = Mapping::map(fd, len)?;
         let mem = VmMemory {
             map: Arc::new(map),
@@ -341,12 +341,12 @@ impl VmMemory {
     /// that the file is as large as the layout says.
     pub fn from_fd(fd: OwnedFd) -> Result<VmMemory, VirtqError> {
         let seals =
-            rustix::fs::fcntl_get_seals(&fd).map_err(crate::ring::os("fcntl(F_GET_SEALS)"))?;
+            rustix::fs::fcntl_get_seals(&fd).map_err(crate::shm::ring::os("fcntl(F_GET_SEALS)"))?;
         if !seals.contains(SealFlags::SHRINK) {
             return Err(VirtqError::Unsealed);
         }
         let size = rustix::fs::fstat(&fd)
-            .map_err(crate::ring::os("fstat"))?
+            .map_err(crate::shm::ring::os("fstat"))?
             .st_size as u64;
         if size < HEADER_BYTES as u64 {
             return Err(VirtqError::BadHeader {
@@ -399,7 +399,7 @@ impl VmMemory {
             });
         }
         let map = Arc::into_inner(peek.map).expect("the only reference");
-        let fd = rustix::io::dup(&map.fd).map_err(crate::ring::os("dup"))?;
+        let fd = rustix::io::dup(&map.fd).map_err(crate::shm::ring::os("dup"))?;
         drop(map);
         let map = Mapping::map(fd, layout.total_bytes())?;
         Ok(VmMemory {

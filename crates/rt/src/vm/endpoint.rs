@@ -6,7 +6,7 @@
 //! Per loop turn: used receive buffers of both receive queues (the DPU's and the spill plane's)
 //! are handed to the mode and posted again; used transmit buffers are reclaimed; the mode
 //! transmits. When there is nothing to do it sleeps in `poll` on its interrupt eventfd (and the
-//! TAP), after the race-free announcement of [`crate::virtq`].
+//! TAP), after the race-free announcement of [`crate::shm::virtq`].
 //!
 //! The generator stamps every UDP payload with a magic word, a sequence number, the flow and the
 //! `CLOCK_MONOTONIC` time of sending; the sink (another endpoint on the same host, so the same
@@ -20,13 +20,13 @@ use std::time::Duration;
 use serde::Serialize;
 use spillway_wire::build::FrameBuilder;
 
-use crate::ring::Doorbell;
-use crate::signals;
-use crate::testbed::{Testbed, VmSpec};
-use crate::virtq::{
+use crate::dpu::vmport;
+use crate::host::signals;
+use crate::shm::ring::Doorbell;
+use crate::shm::virtq::{
     DriverQueue, NET_HDR_BYTES, QUEUE_RX_DPU, QUEUE_RX_PLANE, QUEUE_TX, VmLayout, VmMemory,
 };
-use crate::vmport;
+use crate::testbed::{Testbed, VmSpec};
 
 /// What the endpoint does with its queues.
 #[derive(Clone, Debug, PartialEq)]

@@ -4,7 +4,7 @@
 //! ## Attach
 //!
 //! The DPU process listens on one Unix socket per shared-memory VM
-//! ([`port_socket`]). The VM's endpoint creates its memory ([`VmMemory`], see [`crate::virtq`]
+//! ([`port_socket`]). The VM's endpoint creates its memory ([`VmMemory`], see [`crate::shm::virtq`]
 //! for the layout) and two eventfds, and sends [`HELLO`], a JSON line `{"vm": NAME}` and the
 //! three fds (memory, kick, interrupt) in one message; the DPU maps the memory, checks it and
 //! answers `ok` (or `error: ...`). The connection stays open: its end is the port's end, as a
@@ -14,7 +14,7 @@
 //! ## Who writes where
 //!
 //! - The DPU process reads the transmit queue and fills receive queue 1 ([`ShmPort`]); it checks
-//!   each descriptor against the VM's memory map itself ([`crate::virtq::check_desc`]).
+//!   each descriptor against the VM's memory map itself ([`crate::shm::virtq::check_desc`]).
 //! - The spill plane fills receive queue 2 ([`PlaneVm::deliver`]): it translates the buffer's
 //!   IOVA through its [`Atc`] (write permission needed: only receive areas grant it), at the
 //!   epoch the DPU last announced for the VM, and copies into the mapping at the translated
@@ -47,13 +47,13 @@ use std::time::Duration;
 
 use spillway_fabric::atc::{Atc, AtcEpoch, AtcError, AtcMiss, HostAddr, Iova, Mapping, Perm, VmId};
 
-use crate::fdpass;
-use crate::ring::Doorbell;
-use crate::testbed::Testbed;
-use crate::virtq::{
+use crate::shm::fdpass;
+use crate::shm::ring::Doorbell;
+use crate::shm::virtq::{
     self, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE, DeviceQueue, NET_HDR_BYTES, QUEUE_RX_DPU,
     QUEUE_RX_PLANE, QUEUE_TX, VirtqError, VmLayout, VmMemory,
 };
+use crate::testbed::Testbed;
 
 /// The first bytes of an attach message.
 pub const HELLO: &str = "spillway-vm-v1";
@@ -560,7 +560,7 @@ pub fn await_answer(stream: &UnixStream) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::virtq::DriverQueue;
+    use crate::shm::virtq::DriverQueue;
     use std::time::Instant;
 
     /// A VM's memory and doorbells, attached to a [`ShmPort`] over a socket pair.

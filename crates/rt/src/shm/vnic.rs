@@ -15,7 +15,7 @@
 //! Inserts ride the data path (the flow ring), deletions the reliable control channel, as the
 //! design asks: a lost delete would leave a stale rule forwarding traffic. The DPU process
 //! creates the rings and eventfds and hands them over the control socket with `SCM_RIGHTS`
-//! ([`crate::fdpass`]); the plane maps them. A full ring drops the record and counts it (the
+//! ([`crate::shm::fdpass`]); the plane maps them. A full ring drops the record and counts it (the
 //! fabric model has already charged the vNIC's rate; a full ring means the plane is not keeping
 //! up, which is the phy vNIC's overflow); a control socket that stays blocked past its buffer
 //! means the peer is stalled, which the caller treats as a failed plane.
@@ -29,7 +29,7 @@
 //!
 //! Records: phy = `msg port:u32 vnet:12B frame`, flow = `msg snapshot`, control =
 //! `len:u32 kind:u8 body` where the body is `msg snapshot` or a JSON document (see
-//! [`crate::codec`]).
+//! [`crate::shm::codec`]).
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -38,9 +38,9 @@ use std::os::unix::net::UnixStream;
 use spillway_fabric::types::Msg;
 use spillway_vswitch::conntrack::CtSnapshot;
 
-use crate::codec::{self, CodecError, Reader};
-use crate::fdpass;
-use crate::ring::{Consumer, Doorbell, Producer, SharedRing};
+use crate::shm::codec::{self, CodecError, Reader};
+use crate::shm::fdpass;
+use crate::shm::ring::{Consumer, Doorbell, Producer, SharedRing};
 
 /// Bytes of each phy ring: room for a few hundred 64 KiB TSO frames or tens of thousands of
 /// small ones.
@@ -241,7 +241,7 @@ pub struct VnicSet {
 /// peer, which the caller treats as a failed plane).
 fn popped(
     ring: &'static str,
-    n: Result<usize, crate::ring::RingError>,
+    n: Result<usize, crate::shm::ring::RingError>,
     bad: Option<CodecError>,
 ) -> Result<usize, VnicError> {
     let n = n.map_err(|e| VnicError::Ring {
@@ -342,7 +342,7 @@ impl VnicSet {
         )
         .map_err(io_err("handing the rings to the plane"))?;
         let e = |ring: &'static str| {
-            move |e: crate::ring::RingError| VnicError::Ring {
+            move |e: crate::shm::ring::RingError| VnicError::Ring {
                 ring,
                 detail: e.to_string(),
             }
@@ -377,7 +377,7 @@ impl VnicSet {
                 VnicError::Handshake(format!("expected 6 descriptors, got {}", v.len()))
             })?;
         let e = |ring: &'static str| {
-            move |e: crate::ring::RingError| VnicError::Ring {
+            move |e: crate::shm::ring::RingError| VnicError::Ring {
                 ring,
                 detail: e.to_string(),
             }
@@ -523,7 +523,7 @@ impl VnicSet {
             self.control
                 .write_all(&pending)
                 .map_err(io_err("writing the control socket"))?;
-            crate::fdpass::send_with_fds(&self.control, &rec, fds)
+            crate::shm::fdpass::send_with_fds(&self.control, &rec, fds)
                 .map_err(io_err("handing a VM's memory to the peer"))
         })();
         self.control
@@ -679,7 +679,7 @@ impl VnicSet {
         let mut buf = [0u8; 16 << 10];
         loop {
             // recvmsg, not read: a VM attach record carries fds, which a plain read would close.
-            match crate::fdpass::recv_with_fds(&self.control, &mut buf, 4) {
+            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, 4) {
                 Ok((0, _)) => return Err(VnicError::Closed),
                 Ok((n, fds)) => {
                     self.control_in.extend_from_slice(&buf[..n]);

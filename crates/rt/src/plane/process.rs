@@ -22,12 +22,12 @@ use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 
-use crate::clock::Clock;
-use crate::signals;
+use crate::dpu::vmport::{DirectRefused, PlaneVm};
+use crate::host::clock::Clock;
+use crate::host::signals;
+use crate::host::vnet::VnetHdr;
+use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use crate::testbed::Testbed;
-use crate::vmport::{DirectRefused, PlaneVm};
-use crate::vnet::VnetHdr;
-use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use spillway_fabric::atc::{Atc, AtcConfig, AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -118,7 +118,7 @@ impl Vatc {
         }
     }
 
-    /// A [`crate::vnic::CONTROL_VM`] record from the DPU process.
+    /// A [`crate::shm::vnic::CONTROL_VM`] record from the DPU process.
     fn on_control(
         &mut self,
         doc: &serde_json::Value,
@@ -142,14 +142,14 @@ impl Vatc {
                     tracing::warn!(target: "spillway::plane", vm = vm.0, "attach without its fds; ignored");
                     return;
                 };
-                let mem = match crate::virtq::VmMemory::from_fd(mem) {
+                let mem = match crate::shm::virtq::VmMemory::from_fd(mem) {
                     Ok(m) => m,
                     Err(e) => {
                         tracing::warn!(target: "spillway::plane", vm = vm.0, error = %e, "VM memory refused");
                         return;
                     }
                 };
-                let Ok(irq) = crate::ring::Doorbell::from_fd(irq) else {
+                let Ok(irq) = crate::shm::ring::Doorbell::from_fd(irq) else {
                     return;
                 };
                 // New memory: whatever was cached for the VM is dead. Ask for the translation
@@ -157,7 +157,7 @@ impl Vatc {
                 // does not have to go the DPU way for want of it.
                 self.atc.invalidate_vm(vm);
                 let l = *mem.layout();
-                let queue2 = crate::virtq::QUEUE_RX_PLANE;
+                let queue2 = crate::shm::virtq::QUEUE_RX_PLANE;
                 self.pending.insert(vm.0);
                 self.requests
                     .push((vm, Iova(l.iova(l.bufs_off(queue2))), l.bufs_len() as u64));
@@ -266,7 +266,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         let frames = p.on_frames(now).map_err(|e| e.to_string())?;
         let records = match p.on_records(now) {
             Ok(n) => n,
-            Err(crate::vnic::VnicError::Closed) => {
+            Err(crate::shm::vnic::VnicError::Closed) => {
                 tracing::info!(target: "spillway::plane", "DPU process closed the control socket; exiting");
                 return Ok(());
             }
@@ -291,7 +291,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
 /// on stdin, a pipe from the DPU process that started us, and is handed only to that process
 /// (checked by the socket peer's pid), not to whoever listens at the path.
 fn connect(opts: &PlaneOptions) -> Result<VnicSet, String> {
-    let mut secret = [0u8; crate::vnic::SECRET_LEN];
+    let mut secret = [0u8; crate::shm::vnic::SECRET_LEN];
     std::io::Read::read_exact(&mut std::io::stdin().lock(), &mut secret).map_err(|e| {
         format!(
             "reading the vNIC handshake secret from stdin: {e} (the spill plane is started by \
@@ -300,7 +300,7 @@ fn connect(opts: &PlaneOptions) -> Result<VnicSet, String> {
     })?;
     let stream = UnixStream::connect(&opts.vnic_socket)
         .map_err(|e| format!("connecting to {}: {e}", opts.vnic_socket.display()))?;
-    let server = crate::unixsock::peer_cred(&stream)
+    let server = crate::host::unixsock::peer_cred(&stream)
         .map_err(|e| format!("credentials of {}: {e}", opts.vnic_socket.display()))?;
     let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
     if server.pid != parent {
@@ -311,7 +311,7 @@ fn connect(opts: &PlaneOptions) -> Result<VnicSet, String> {
             server.uid
         ));
     }
-    crate::vnic::send_auth(&stream, &secret).map_err(|e| e.to_string())?;
+    crate::shm::vnic::send_auth(&stream, &secret).map_err(|e| e.to_string())?;
     let (vnic, hello) = VnicSet::accept(stream).map_err(|e| e.to_string())?;
     tracing::info!(target: "spillway::plane", pid = std::process::id(), hello = %hello, "vNIC set mapped");
     Ok(vnic)
@@ -323,7 +323,7 @@ const PLAIN_VNET: [u8; 12] = [0; 12];
 impl PlaneProcess {
     /// Frames the DPU steered here, each through the node and on, from the receive ring
     /// straight onto the send ring (or into the VM's memory); returns how many.
-    fn on_frames(&mut self, now: Instant) -> Result<usize, crate::vnic::VnicError> {
+    fn on_frames(&mut self, now: Instant) -> Result<usize, crate::shm::vnic::VnicError> {
         let (sw, vatc, c) = (&mut self.sw, &mut self.vatc, &mut self.c);
         let n = self.vnic.recv_frames_tx(256, |rec, tx| {
             c.frames_in += 1;
@@ -383,7 +383,7 @@ impl PlaneProcess {
 
     /// Records from the flow ring and the control socket, handed to the node in the order they
     /// came; commands and VM records are the driver's own. Returns how many.
-    fn on_records(&mut self, now: Instant) -> Result<usize, crate::vnic::VnicError> {
+    fn on_records(&mut self, now: Instant) -> Result<usize, crate::shm::vnic::VnicError> {
         let records = &mut self.records;
         let flow_n = self.vnic.recv_flow(256, |rec| records.push(rec))?;
         let (commands, vatc, c) = (&mut self.commands, &mut self.vatc, &mut self.c);
@@ -406,7 +406,7 @@ impl PlaneProcess {
     }
 
     /// The node's messages to the DPU (snapshots attached), then the doorbell.
-    fn send_outgoing(&mut self, now: Instant) -> Result<(), crate::vnic::VnicError> {
+    fn send_outgoing(&mut self, now: Instant) -> Result<(), crate::shm::vnic::VnicError> {
         while let Some(o) = self.sw.poll_transmit(now) {
             match o {
                 Outgoing::Msg {
@@ -427,7 +427,7 @@ impl PlaneProcess {
     }
 
     /// The plane's counters and state to the DPU process, for its metrics and `ctl status`.
-    fn send_stats(&mut self) -> Result<(), crate::vnic::VnicError> {
+    fn send_stats(&mut self) -> Result<(), crate::shm::vnic::VnicError> {
         let (sw, c) = (&self.sw, &self.c);
         let plane = sw.plane();
         let mut counters = serde_json::Map::new();
@@ -486,10 +486,10 @@ impl PlaneProcess {
 
 /// Set-up is done (rings mapped, pipeline and model built, clock read): from here on the plane
 /// works only on descriptors it holds, so it gives up root, every capability and every system
-/// call it does not use ([`crate::privilege`]). A plane that cannot do so does not run.
+/// call it does not use ([`crate::host::privilege`]). A plane that cannot do so does not run.
 fn drop_privileges(tb: &Testbed) -> Result<(), String> {
     let p = tb.spill_privileges;
-    crate::privilege::drop_privileges(&p).map_err(|e| e.to_string())?;
+    crate::host::privilege::drop_privileges(&p).map_err(|e| e.to_string())?;
     tracing::info!(
         target: "spillway::plane",
         uid = p.uid,
@@ -552,10 +552,10 @@ fn sleep(vnic: &mut VnicSet, sw: &PlaneSwitch, now: Instant) -> Result<(), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::virtq::{DESC_F_WRITE, DriverQueue, QUEUE_RX_PLANE, VmLayout, VmMemory};
+    use crate::shm::virtq::{DESC_F_WRITE, DriverQueue, QUEUE_RX_PLANE, VmLayout, VmMemory};
     use spillway_fabric::atc::{AtcConfig, RegionTable};
 
-    /// The DPU process's answer to a translation request (as `dpud` builds it).
+    /// The DPU process's answer to a translation request (as `dpu::daemon` builds it).
     fn answer(table: &RegionTable, vm: VmId, iova: Iova, len: u64) -> serde_json::Value {
         let regions: Vec<serde_json::Value> = table
             .regions(vm)
@@ -575,7 +575,7 @@ mod tests {
         let mem = VmMemory::create("t", layout).unwrap();
         let vm = VmId(4);
         let mut table = RegionTable::new();
-        for m in crate::vmport::regions(&layout) {
+        for m in crate::dpu::vmport::regions(&layout) {
             table.map(vm, m).unwrap();
         }
         let mut v = Vatc {
@@ -585,7 +585,7 @@ mod tests {
             requests: Vec::new(),
         };
         let mut c = PlaneCounters::default();
-        let irq = crate::ring::Doorbell::new().unwrap();
+        let irq = crate::shm::ring::Doorbell::new().unwrap();
         let fds = vec![
             rustix::io::dup(mem.fd()).unwrap(),
             rustix::io::dup(irq.as_fd()).unwrap(),

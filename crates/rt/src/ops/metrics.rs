@@ -27,7 +27,7 @@
 //! server.
 //!
 //! ```no_run
-//! use spillway_rt::metrics::{MetricsServer, Sample, Snapshot};
+//! use spillway_rt::ops::metrics::{MetricsServer, Sample, Snapshot};
 //!
 //! let snapshot = Snapshot::new("dpu");
 //! let mut publisher = snapshot.publisher();
@@ -46,7 +46,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::OwnedFd;
 use std::thread::JoinHandle;
 
-use crate::service::{Readiness, ServiceThread, StopWatch};
+use crate::ops::service::{Readiness, ServiceThread, StopWatch};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! The rt servers' service threads: a stop signal every thread of a server watches, and the
 //! handle that fires it and joins the server's accept thread, once, on shutdown or drop. Used by
-//! the control socket ([`crate::ctl`]) and the metrics endpoint ([`crate::metrics`]), which
+//! the control socket ([`crate::ops::ctl`]) and the metrics endpoint ([`crate::ops::metrics`]), which
 //! used to carry their own copies of the stop-and-join.
 
 use std::io;

@@ -7,7 +7,7 @@
 //! is what makes the TAP path cheap, so the header is parsed and emitted here byte for byte.
 //!
 //! The layout is `struct virtio_net_hdr_v1` (virtio 1.x, section 5.1.6 "Device Operation"),
-//! 12 bytes, every multi-byte field little-endian. [`crate::tap`] sets `TUNSETVNETLE` so the
+//! 12 bytes, every multi-byte field little-endian. [`crate::host::tap`] sets `TUNSETVNETLE` so the
 //! kernel uses little-endian on any host, and `TUNSETVNETHDRSZ` = 12 so `num_buffers` is present.
 //!
 //! ```text

@@ -41,20 +41,20 @@ use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 
-use crate::cgroup::{Cgroup, CgroupSpec};
-use crate::clock::Clock;
-use crate::ctl::{
+use crate::dpu::vmport::{self, ShmPort};
+use crate::host::cgroup::{Cgroup, CgroupSpec};
+use crate::host::clock::Clock;
+use crate::host::ledger::{Ledger, LedgerEntry};
+use crate::host::signals;
+use crate::host::tap::Tap;
+use crate::host::tap_uring::{TapTx, TapUring};
+use crate::host::vnet::VnetHdr;
+use crate::ops::ctl::{
     CtlCall, CtlRequest, CtlResponse, CtlServer, FLOWS_LIMIT_DEFAULT, FLOWS_LIMIT_MAX, FlowOwner,
 };
-use crate::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
-use crate::netns::{Ledger, LedgerEntry};
-use crate::signals;
-use crate::tap::Tap;
-use crate::tap_uring::{TapTx, TapUring};
+use crate::ops::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
+use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use crate::testbed::{InitialHold, TapIo, Testbed, VmBackend, VmEndpoint};
-use crate::vmport::{self, ShmPort};
-use crate::vnet::VnetHdr;
-use crate::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use spillway_fabric::atc::{RegionTable, VmId};
 
 /// Frames read from one port (TAP or shared-memory) per loop turn before the next port gets
@@ -125,7 +125,7 @@ pub struct RtCounters {
     /// [`vmport::SOCKET_BYTES_MAX`] on their socket.
     pub vm_detached_socket_flood: u64,
     /// `rt.vm.attach.quarantined`: manage ticks in which a port detached for misbehaviour
-    /// left a waiting connection unaccepted ([`QUARANTINE_NS`]).
+    /// left a waiting connection unaccepted (`QUARANTINE_NS`, 1 s).
     pub vm_attach_quarantined: u64,
     /// `rt.atc.requests`: vATC translation requests from the plane answered.
     pub atc_requests: u64,
@@ -264,7 +264,7 @@ fn vm_id(port: PortId) -> VmId {
 struct PlaneProc {
     child: Child,
     /// The handshake secret handed to `child` on its stdin.
-    secret: [u8; crate::vnic::SECRET_LEN],
+    secret: [u8; crate::shm::vnic::SECRET_LEN],
     vnic: Option<VnicSet>,
     up: bool,
     workers: u32,
@@ -469,11 +469,11 @@ impl DataPath {
     }
 }
 
-fn sample_f64(v: &crate::metrics::SampleValue) -> f64 {
+fn sample_f64(v: &crate::ops::metrics::SampleValue) -> f64 {
     match *v {
-        crate::metrics::SampleValue::U64(x) => x as f64,
-        crate::metrics::SampleValue::I64(x) => x as f64,
-        crate::metrics::SampleValue::F64(x) => x,
+        crate::ops::metrics::SampleValue::U64(x) => x as f64,
+        crate::ops::metrics::SampleValue::I64(x) => x as f64,
+        crate::ops::metrics::SampleValue::F64(x) => x,
     }
 }
 
@@ -518,8 +518,9 @@ fn bind_and_record(
     path: &Path,
     owner: Option<u32>,
 ) -> Result<UnixListener, RunError> {
-    crate::unixsock::remove_stale(path).map_err(io_err(format!("socket {}", path.display())))?;
-    let listener = crate::unixsock::bind(path, 0o600, owner)
+    crate::host::unixsock::remove_stale(path)
+        .map_err(io_err(format!("socket {}", path.display())))?;
+    let listener = crate::host::unixsock::bind(path, 0o600, owner)
         .map_err(io_err(format!("binding {}", path.display())))?;
     if let Err(e) = ledger.record(LedgerEntry::File(path.to_owned())) {
         drop(listener);
@@ -722,11 +723,11 @@ impl DpuDaemon {
     /// endpoint.
     pub fn start(opts: RunOptions) -> Result<DpuDaemon, RunError> {
         let tb = opts.testbed;
-        crate::netns::secure_state_dir(&tb.state_dir)
+        crate::host::ledger::secure_state_dir(&tb.state_dir)
             .map_err(|e| RunError::Setup(format!("state directory: {e}")))?;
         // What a crashed predecessor of this testbed could have created, and nothing else.
-        let mut scope =
-            crate::netns::LedgerScope::new(&tb.state_dir, &tb.name).allow_exe(&opts.plane_exe);
+        let mut scope = crate::host::ledger::LedgerScope::new(&tb.state_dir, &tb.name)
+            .allow_exe(&opts.plane_exe);
         for vm in &tb.vms {
             scope = scope.allow_netns(&vm.netns).allow_link(&vm.tap);
         }
@@ -739,7 +740,7 @@ impl DpuDaemon {
         }
         let mut ledger = Ledger::open(&tb.state_dir, &tb.name)
             .map_err(|e| RunError::Setup(format!("opening the ledger: {e}")))?;
-        let ports = match crate::bringup::bring_up(&tb, &mut ledger) {
+        let ports = match crate::dpu::bringup::bring_up(&tb, &mut ledger) {
             Ok(p) => p,
             Err(e) => {
                 ledger.cleanup();
@@ -1229,7 +1230,7 @@ impl DpuDaemon {
             .arg(self.clock.origin_ns().to_string());
         // The handshake secret goes to the child on its stdin, a pipe only it inherits: argv
         // and the environment are readable by other users.
-        let handed = crate::vnic::new_secret().and_then(|secret| {
+        let handed = crate::shm::vnic::new_secret().and_then(|secret| {
             let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
             cmd.stdin(Stdio::from(r));
             Ok((secret, w))
@@ -1326,7 +1327,7 @@ impl DpuDaemon {
                 .as_ref()
                 .filter(|p| p.vnic.is_none())
                 .map(|p| p.child.id());
-            let peer = crate::unixsock::peer_cred(&stream);
+            let peer = crate::host::unixsock::peer_cred(&stream);
             match (want, &peer) {
                 (Some(pid), Ok(c)) if c.pid == pid => {}
                 _ => {
@@ -1340,8 +1341,11 @@ impl DpuDaemon {
                 }
             }
             let p = self.plane.as_mut().expect("checked above");
-            let checked =
-                crate::vnic::check_auth(&stream, &p.secret, std::time::Duration::from_millis(1000));
+            let checked = crate::shm::vnic::check_auth(
+                &stream,
+                &p.secret,
+                std::time::Duration::from_millis(1000),
+            );
             if let Err(e) = checked {
                 self.dp.counters.vnic_rejected += 1;
                 let e = format!("vNIC handshake: {e}");
@@ -1482,7 +1486,7 @@ impl DpuDaemon {
                     Ok((s, _)) => {
                         // The uid the testbed names for this VM, or the bridge we started.
                         let bridge = slot.bridge.as_ref().map(Child::id);
-                        match crate::unixsock::peer_cred(&s) {
+                        match crate::host::unixsock::peer_cred(&s) {
                             Ok(c) if c.uid == slot.uid || Some(c.pid) == bridge => (s, now),
                             peer => {
                                 self.dp.counters.vm_rejected += 1;

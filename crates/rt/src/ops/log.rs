@@ -3,15 +3,15 @@
 //! Everything logs through `tracing`; this module installs the one global subscriber: a
 //! `tracing-subscriber` fmt layer writing to stderr (stdout stays free for command output such as
 //! `spillway ctl status` JSON), filtered by [`filter::Targets`]: the chosen level for the
-//! project's own targets (every target starting with `spillway`, which covers `spillway_rt::ctl`
+//! project's own targets (every target starting with `spillway`, which covers `spillway_rt::ops::ctl`
 //! and the `spillway` binary) and `warn` for dependencies. `Targets` is used instead of
 //! `EnvFilter` because the latter needs the `env-filter` feature and its regex build; `Targets`
-//! still parses directive strings such as `spillway_rt::ctl=trace,info` (see
+//! still parses directive strings such as `spillway_rt::ops::ctl=trace,info` (see
 //! [`LogConfig::directives`]).
 //!
 //! Two formats: [`LogFormat::Text`], tracing's usual human-readable lines (coloured only when
 //! stderr is a terminal), and [`LogFormat::Logfmt`], one `key=value` line per event for machines
-//! (`ts=... level=info target=spillway_rt::ctl msg="control socket listening" path=/run/x`).
+//! (`ts=... level=info target=spillway_rt::ops::ctl msg="control socket listening" path=/run/x`).
 //! JSON output would need tracing-subscriber's `json` feature and serde glue, which logfmt avoids
 //! while staying trivially parseable.
 //!
@@ -52,7 +52,7 @@ pub struct LogConfig {
     /// Output format.
     pub format: LogFormat,
     /// Extra `Targets` directives layered over the defaults, e.g.
-    /// `spillway_rt::ring=trace,hyper=info`. A bare level (`debug`) sets the default for other
+    /// `spillway_rt::shm::ring=trace,hyper=info`. A bare level (`debug`) sets the default for other
     /// targets.
     pub directives: Option<String>,
 }
@@ -330,10 +330,10 @@ mod tests {
     fn logfmt_writes_keys_values_and_quotes_only_when_needed() {
         let config = LogConfig::new(Level::INFO, LogFormat::Logfmt);
         let out = captured(&config, || {
-            let span = tracing::info_span!(target: "spillway_rt::ctl", "conn", peer = 7);
+            let span = tracing::info_span!(target: "spillway_rt::ops::ctl", "conn", peer = 7);
             let _guard = span.enter();
             tracing::info!(
-                target: "spillway_rt::ctl",
+                target: "spillway_rt::ops::ctl",
                 path = "/run/s.sock",
                 n = 3u64,
                 neg = -2i64,
@@ -343,7 +343,10 @@ mod tests {
             );
         });
         assert!(out.starts_with("ts="), "{out}");
-        assert!(out.contains(" level=info target=spillway_rt::ctl"), "{out}");
+        assert!(
+            out.contains(" level=info target=spillway_rt::ops::ctl"),
+            "{out}"
+        );
         assert!(out.contains(" span=conn peer=7"), "{out}");
         assert!(out.contains(r#" msg="socket up""#), "{out}");
         assert!(out.contains(" path=/run/s.sock"), "{out}");
@@ -370,10 +373,10 @@ mod tests {
     #[test]
     fn directives_override_defaults() {
         let mut config = LogConfig::new(Level::INFO, LogFormat::Logfmt);
-        config.directives = Some("spillway_rt::ring=trace,error".into());
+        config.directives = Some("spillway_rt::shm::ring=trace,error".into());
         let out = captured(&config, || {
-            tracing::trace!(target: "spillway_rt::ring", "ring trace");
-            tracing::debug!(target: "spillway_rt::ctl", "ctl debug");
+            tracing::trace!(target: "spillway_rt::shm::ring", "ring trace");
+            tracing::debug!(target: "spillway_rt::ops::ctl", "ctl debug");
             tracing::warn!(target: "other", "other warn");
             tracing::error!(target: "other", "other error");
         });

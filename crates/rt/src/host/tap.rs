@@ -3,10 +3,10 @@
 //! A [`Tap`] is an Ethernet interface whose "wire" is a file descriptor: frames the kernel
 //! sends out of the interface are read from the fd, frames written to the fd arrive on the
 //! interface. The driver puts one end of each VM port here, usually moved into a network
-//! namespace (see [`crate::netns`]) that plays the VM.
+//! namespace (see [`crate::host::netns`]) that plays the VM.
 //!
 //! Why raw ioctls and not a crate: we need full control of the virtio-net header
-//! (`IFF_VNET_HDR`, [`crate::vnet`]) and of offloads (`TUNSETOFFLOAD`), because passing partial
+//! (`IFF_VNET_HDR`, [`crate::host::vnet`]) and of offloads (`TUNSETOFFLOAD`), because passing partial
 //! checksums and GSO super-frames through untouched is what keeps the TAP path cheap; and of
 //! multiqueue (`IFF_MULTI_QUEUE`, one fd per queue) so that queues can be spread over threads.
 //! That is five ioctls and one `struct ifreq`, defined below.
@@ -14,7 +14,7 @@
 //! Lifetime: devices are created non-persistent, so the interface disappears when the last
 //! queue fd closes, including when the process crashes. Cleanup relies on exactly that; a
 //! caller that makes a device persistent with [`Tap::set_persist`] must record it for removal
-//! (a [`crate::netns::LedgerEntry::Link`]).
+//! (a [`crate::host::ledger::LedgerEntry::Link`]).
 //!
 //! All fds are non-blocking: reads return [`io::ErrorKind::WouldBlock`] when no frame is
 //! queued, and a driver waits with `poll`/`epoll` (or [`TapQueue::wait_readable`]).
@@ -28,7 +28,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::fs::{Mode, OFlags};
 use thiserror::Error;
 
-use crate::vnet::VnetHdr;
+use crate::host::vnet::VnetHdr;
 
 /// Errors from creating or configuring a TAP device. Each names the device and the step.
 #[derive(Debug, Error)]
@@ -584,7 +584,7 @@ impl FrameBatch {
         })
     }
 
-    /// Frame `index`, mutable (e.g. for [`crate::vnet::complete_checksum`] in place).
+    /// Frame `index`, mutable (e.g. for [`crate::host::vnet::complete_checksum`] in place).
     pub fn get_mut(&mut self, index: usize) -> Option<&mut [u8]> {
         (index < self.len).then(|| {
             let start = index * self.slot_len;

@@ -23,14 +23,14 @@
 //! binding it removes a leftover socket file only if nothing answers on it. Two daemons on one
 //! path therefore fail cleanly ("another instance is running"), even when they start at the same
 //! moment next to a stale socket file. A file that is not a socket is never removed or replaced.
-//! The socket is created with mode 0600 whatever the umask ([`crate::unixsock::bind`]: it
+//! The socket is created with mode 0600 whatever the umask ([`crate::host::unixsock::bind`]: it
 //! appears at its path only with that mode), and every connection's peer is checked with
 //! `SO_PEERCRED`: only root and the socket's owner (our effective uid) are served; anyone else
 //! is closed at once and logged.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use spillway_rt::ctl::{ctl_call, CtlRequest, CtlResponse, CtlServer};
+//! use spillway_rt::ops::ctl::{ctl_call, CtlRequest, CtlResponse, CtlServer};
 //!
 //! let server = CtlServer::bind("/run/spillway/ctl.sock".as_ref()).unwrap();
 //! // In the data-plane loop, between batches:
@@ -59,7 +59,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::service::{Readiness, ServiceThread, StopWatch};
+use crate::ops::service::{Readiness, ServiceThread, StopWatch};
 
 /// Longest response line [`ctl_call`] accepts (flow dumps can be large, but not unbounded).
 pub const RESPONSE_LINE_MAX: usize = 64 * 1024 * 1024;
@@ -367,7 +367,7 @@ impl CtlServer {
             source,
         };
         // Mode 0600 from the moment it has its name; never replaces a file that appeared since.
-        let listener = crate::unixsock::bind(path, 0o600, None).map_err(bind_error)?;
+        let listener = crate::host::unixsock::bind(path, 0o600, None).map_err(bind_error)?;
         // From here on the socket file exists; remove it again if the rest of the setup fails.
         let refused = Arc::new(Refusals::default());
         match start(listener, path, config, refused.clone()) {
@@ -581,7 +581,7 @@ fn accept_loop(
         // Root and the socket's owner only: the mode already keeps others out, this holds
         // even if the mode is changed or the socket is reached through an inherited fd.
         let euid = rustix::process::geteuid().as_raw();
-        match crate::unixsock::peer_cred(&stream) {
+        match crate::host::unixsock::peer_cred(&stream) {
             Ok(c) if c.uid == 0 || c.uid == euid => {}
             Ok(c) => {
                 if Refusals::count(&refused.peer) {

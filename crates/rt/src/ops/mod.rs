@@ -1,0 +1,7 @@
+//! Operator interfaces: the `spillway ctl` control socket, the Prometheus metrics endpoint,
+//! structured logging, and the service thread the two servers share.
+
+pub mod ctl;
+pub mod log;
+pub mod metrics;
+pub(crate) mod service;
