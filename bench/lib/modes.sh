@@ -146,6 +146,12 @@ mode_missing_spillway() {
 
 mode_up_spillway() { spillway_up "$SPILLWAY_CONFIG"; }
 
+# spillway-syscalls: the same with the DPU process's TAP I/O by a read and a write per frame
+# instead of io_uring (docs/adr/0005-tap-io.md), to measure one against the other.
+mode_missing_spillway-syscalls() { mode_missing_spillway; }
+mode_up_spillway-syscalls() { spillway_up "$SPILLWAY_CONFIG" --tap-io syscalls; }
+mode_down_spillway-syscalls() { mode_down_spillway; }
+
 # ---- dpu-only / elastic: Spillway with the DPU's limits scaled down ---------------------------
 #
 # bench/testbed-apps-vs.toml gives the emulated DPU limits the applications saturate (a slow path

@@ -7,7 +7,7 @@ use spillway_rt::dpu::daemon::{DpuDaemon, RunOptions};
 use spillway_rt::ops::ctl::{CtlRequest, FLOWS_LIMIT_MAX, FlowOwner, ctl_call};
 use spillway_rt::plane::process::{self, PlaneOptions};
 use spillway_rt::shm::virtq::{BUF_BYTES_MAX, BUF_BYTES_MIN, QUEUE_SIZE_MAX, QUEUE_SIZE_MIN};
-use spillway_rt::testbed::{InitialHold, Testbed};
+use spillway_rt::testbed::{InitialHold, TapIo, Testbed};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,6 +24,10 @@ pub struct RunArgs {
     /// active), released (DPU only).
     #[arg(long)]
     pub hold: Option<String>,
+    /// Override the testbed's `tap_io`: io_uring (batched, the default) or syscalls (a read
+    /// and a write per frame), for measuring one against the other.
+    #[arg(long)]
+    pub tap_io: Option<String>,
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     pub log: String,
@@ -232,6 +236,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "active" => InitialHold::Active,
             "released" => InitialHold::Released,
             _ => bail!("--hold: expected auto, active or released, got {h:?}"),
+        };
+    }
+    if let Some(t) = &args.tap_io {
+        testbed.tap_io = match t.as_str() {
+            "io_uring" => TapIo::Uring,
+            "syscalls" => TapIo::Syscalls,
+            _ => bail!("--tap-io: expected io_uring or syscalls, got {t:?}"),
         };
     }
     spillway_rt::host::signals::install().context("installing signal handlers")?;
