@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# flood-per-core: packets per second per forwarding core of Spillway's DPU process, for each of
+# its TAP I/O paths (`--tap-io io_uring` and `syscalls`, docs/adr/0005-tap-io.md). Each run brings
+# up bench/testbed-vs-ovs.toml (plane released: the DPU process alone forwards), floods 64-byte
+# UDP from swvs-a to swvs-b with `spillway traffic gen|sink`, and reads the DPU process's CPU time
+# from /proc/<pid>/stat over the generator's run. Runs are interleaved (the mode order rotates
+# each run); the table gives medians [min-max]. With --perf DIR, the last run of each mode also
+# records a call-graph profile of the DPU process (perf record -g) into DIR.
+#
+# Needs root, iproute2, python3, target/release/spillway (or SPILLWAY=path); perf for --perf.
+# Exit status: 0 done; 1 a run failed (the reason is printed); 2 bad usage.
+set -u -o pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SPILLWAY_BIN=${SPILLWAY:-$ROOT/target/release/spillway}
+CONFIG=${SPILLWAY_CONFIG:-$ROOT/bench/testbed-vs-ovs.toml}
+RUNS=5 DURATION=5 FLOWS=8 PERF_DIR='' JSON_OUT=''
+MODES=(io_uring syscalls)
+
+usage() {
+    cat <<EOF
+usage: bash bench/flood-per-core.sh [--runs N] [--duration S] [--perf DIR] [--json FILE]
+EOF
+}
+while (($#)); do
+    case $1 in
+    --runs) RUNS=${2:?}; shift ;;
+    --duration) DURATION=${2:?}; shift ;;
+    --perf) PERF_DIR=${2:?}; shift ;;
+    --json) JSON_OUT=${2:?}; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+    esac
+    shift
+done
+[[ $RUNS =~ ^[1-9][0-9]?$ && $DURATION =~ ^[1-9][0-9]?$ ]] || { echo "--runs and --duration: 1..99" >&2; exit 2; }
+[[ $(id -u) == 0 ]] || { echo "needs root (network namespaces, TAP devices)" >&2; exit 2; }
+[[ -x $SPILLWAY_BIN ]] || { echo "$SPILLWAY_BIN not found (cargo build --release -p spillway)" >&2; exit 2; }
+if [[ -n $PERF_DIR ]]; then
+    command -v perf >/dev/null || { echo "--perf needs perf (Debian: linux-perf)" >&2; exit 2; }
+    mkdir -p "$PERF_DIR"
+fi
+
+WORK=$(mktemp -d /tmp/swvs-flood.XXXXXX)
+SPW_PID=''
+cleanup() {
+    if [[ -n $SPW_PID ]] && kill -0 "$SPW_PID" 2>/dev/null; then
+        kill -INT "$SPW_PID"
+        for _ in $(seq 200); do kill -0 "$SPW_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$SPW_PID" 2>/dev/null
+    fi
+    SPW_PID=''
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# One run of mode $1 (run number $2): prints "mode rx_kpps tx_kpps dpu_cores".
+one_run() {
+    local mode=$1 run=$2 ready=$WORK/ready log=$WORK/spillway.log
+    rm -f "$ready"
+    (cd "$ROOT" && exec "$SPILLWAY_BIN" run --config "$CONFIG" --hold released --tap-io "$mode" \
+        --ready-file "$ready" --log warn) >"$log" 2>&1 &
+    SPW_PID=$!
+    for _ in $(seq 300); do [[ -s $ready ]] && break; sleep 0.1; done
+    [[ -s $ready ]] || { echo "spillway not ready: $(tail -3 "$log")" >&2; return 1; }
+    local dpu
+    dpu=$(cat "$ready")
+    ip netns exec swvs-b "$SPILLWAY_BIN" traffic sink --bind 10.77.0.2:9000 --json --idle 2 \
+        --wait $((DURATION + 30)) >"$WORK/sink.json" 2>&1 &
+    local sink=$!
+    sleep 0.5
+    local t0 c0 t1 c1 perf_pid=''
+    t0=$(date +%s%N) c0=$(ticks "$dpu")
+    if [[ -n $PERF_DIR && $run == "$RUNS" ]]; then
+        perf record -g -o "$PERF_DIR/dpu-$mode.data" -p "$dpu" -- sleep $((DURATION - 1)) \
+            >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
+    ip netns exec swvs-a "$SPILLWAY_BIN" traffic gen --dst 10.77.0.2:9000 --size 18 \
+        --flows "$FLOWS" --duration "$DURATION" --json >"$WORK/gen.json" 2>&1
+    t1=$(date +%s%N) c1=$(ticks "$dpu")
+    [[ -n $perf_pid ]] && wait "$perf_pid"
+    wait "$sink"
+    kill -INT "$SPW_PID"
+    wait "$SPW_PID" 2>/dev/null
+    SPW_PID=''
+    python3 - "$mode" "$WORK/gen.json" "$WORK/sink.json" "$((c1 - c0))" "$((t1 - t0))" \
+        "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+mode, gen_f, sink_f, ticks, ns, hz = sys.argv[1:]
+def last(path):
+    with open(path) as f:
+        return json.loads([l for l in f if l.startswith("{")][-1])
+gen, sink = last(gen_f), last(sink_f)
+cores = int(ticks) / int(hz) / (int(ns) / 1e9)
+print(mode, sink["pps"] / 1e3, gen["pps"] / 1e3, cores)
+PY
+}
+
+: >"$WORK/results"
+for ((r = 1; r <= RUNS; r++)); do
+    for ((k = 0; k < ${#MODES[@]}; k++)); do
+        mode=${MODES[$(((k + r) % ${#MODES[@]}))]}
+        echo "[flood-per-core] run $r/$RUNS $mode" >&2
+        one_run "$mode" "$r" >>"$WORK/results" || exit 1
+    done
+done
+
+python3 - "$WORK/results" "$JSON_OUT" "$RUNS" "$DURATION" <<'PY'
+import json, statistics, sys
+path, json_out, runs, duration = sys.argv[1:]
+rows = {}
+for line in open(path):
+    mode, rx, tx, cores = line.split()
+    rows.setdefault(mode, []).append((float(rx), float(tx), float(cores), float(rx) / float(cores)))
+def fmt(xs, f="{:.0f}"):
+    return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}-{f.format(max(xs))}]"
+print(f"flood-per-core: medians of {runs} interleaved runs, {duration} s each [min-max]; plane released")
+print(f"{'tap_io':10} {'rx kpps':>18} {'tx kpps':>18} {'DPU cores':>18} {'kpps per DPU core':>20}")
+out = {}
+for mode, v in rows.items():
+    cols = list(zip(*v))
+    print(f"{mode:10} {fmt(cols[0]):>18} {fmt(cols[1]):>18} {fmt(cols[2], '{:.2f}'):>18} {fmt(cols[3]):>20}")
+    out[mode] = {k: {"median": statistics.median(c), "min": min(c), "max": max(c), "runs": list(c)}
+                 for k, c in zip(["rx_kpps", "tx_kpps", "dpu_cores", "kpps_per_dpu_core"], cols)}
+if json_out:
+    with open(json_out, "w") as f:
+        json.dump(out, f, indent=1)
+PY
