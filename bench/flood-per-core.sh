@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # flood-per-core: packets per second per forwarding core of Spillway's DPU process, for each of
-# its TAP I/O paths (`--tap-io io_uring` and `syscalls`, docs/adr/0005-tap-io.md). Each run brings
-# up bench/testbed-vs-ovs.toml (plane released: the DPU process alone forwards), floods 64-byte
-# UDP from swvs-a to swvs-b with `spillway traffic gen|sink`, and reads the DPU process's CPU time
-# from /proc/<pid>/stat over the generator's run. Runs are interleaved (the mode order rotates
-# each run); the table gives medians [min-max]. With --perf DIR, the last run of each mode also
-# records a call-graph profile of the DPU process (perf record -g) into DIR.
+# its TAP I/O paths (`--tap-io io_uring` and `syscalls`, docs/adr/0005-tap-io.md), and what the
+# spill plane costs when it carries the flood (`plane`: held active, every redirect bucket live,
+# so every packet goes DPU -> plane -> DPU). Each run brings up bench/testbed-vs-ovs.toml, floods
+# 64-byte UDP from swvs-a to swvs-b with `spillway traffic gen|sink`, and reads the DPU process's
+# (and the plane's) CPU time from /proc/<pid>/stat over the generator's run, and the plane's
+# resident memory (VmRSS) once it is active, before any traffic, and at the end. Runs are
+# interleaved (the mode order rotates each run); the table gives medians [min-max]. With
+# --perf DIR, the last run of each mode also records a call-graph profile of the DPU process
+# (perf record -g) into DIR.
 #
 # Needs root, iproute2, python3, target/release/spillway (or SPILLWAY=path); perf for --perf.
 # Exit status: 0 done; 1 a run failed (the reason is printed); 2 bad usage.
@@ -14,7 +17,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SPILLWAY_BIN=${SPILLWAY:-$ROOT/target/release/spillway}
 CONFIG=${SPILLWAY_CONFIG:-$ROOT/bench/testbed-vs-ovs.toml}
 RUNS=5 DURATION=5 FLOWS=8 PERF_DIR='' JSON_OUT=''
-MODES=(io_uring syscalls)
+MODES=(io_uring syscalls plane)
 
 usage() {
     cat <<EOF
@@ -54,25 +57,39 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
-# One run of mode $1 (run number $2): prints "mode rx_kpps tx_kpps dpu_cores".
+# One run of mode $1 (run number $2): prints "mode rx_kpps tx_kpps dpu_cores plane_cores
+# plane_rss_cold_kb plane_rss_end_kb" (the plane's figures 0 without a plane).
 one_run() {
     local mode=$1 run=$2 ready=$WORK/ready log=$WORK/spillway.log
+    local args=(--hold released --tap-io "$mode")
+    [[ $mode == plane ]] && args=(--hold active --tap-io io_uring)
     rm -f "$ready"
-    (cd "$ROOT" && exec "$SPILLWAY_BIN" run --config "$CONFIG" --hold released --tap-io "$mode" \
+    (cd "$ROOT" && exec "$SPILLWAY_BIN" run --config "$CONFIG" "${args[@]}" \
         --ready-file "$ready" --log warn) >"$log" 2>&1 &
     SPW_PID=$!
     for _ in $(seq 300); do [[ -s $ready ]] && break; sleep 0.1; done
     [[ -s $ready ]] || { echo "spillway not ready: $(tail -3 "$log")" >&2; return 1; }
-    local dpu
+    local dpu plane=0 rss_cold=0 rss_end=0 p0=0 p1=0
     dpu=$(cat "$ready")
+    if [[ $mode == plane ]]; then
+        for _ in $(seq 200); do
+            "$SPILLWAY_BIN" ctl --config "$CONFIG" status 2>/dev/null | grep -q '"phase": *"active"' && break
+            sleep 0.1
+        done
+        plane=$(pgrep -P "$dpu" -f spill-plane | head -1)
+        [[ -n $plane ]] || { echo "no plane under $dpu: $(tail -3 "$log")" >&2; return 1; }
+        rss_cold=$(rss_kb "$plane")
+    fi
     ip netns exec swvs-b "$SPILLWAY_BIN" traffic sink --bind 10.77.0.2:9000 --json --idle 2 \
         --wait $((DURATION + 30)) >"$WORK/sink.json" 2>&1 &
     local sink=$!
     sleep 0.5
     local t0 c0 t1 c1 perf_pid=''
     t0=$(date +%s%N) c0=$(ticks "$dpu")
+    ((plane)) && p0=$(ticks "$plane")
     if [[ -n $PERF_DIR && $run == "$RUNS" ]]; then
         perf record -g -o "$PERF_DIR/dpu-$mode.data" -p "$dpu" -- sleep $((DURATION - 1)) \
             >/dev/null 2>&1 &
@@ -81,21 +98,26 @@ one_run() {
     ip netns exec swvs-a "$SPILLWAY_BIN" traffic gen --dst 10.77.0.2:9000 --size 18 \
         --flows "$FLOWS" --duration "$DURATION" --json >"$WORK/gen.json" 2>&1
     t1=$(date +%s%N) c1=$(ticks "$dpu")
+    if ((plane)); then
+        p1=$(ticks "$plane")
+        rss_end=$(rss_kb "$plane")
+    fi
     [[ -n $perf_pid ]] && wait "$perf_pid"
     wait "$sink"
     kill -INT "$SPW_PID"
     wait "$SPW_PID" 2>/dev/null
     SPW_PID=''
     python3 - "$mode" "$WORK/gen.json" "$WORK/sink.json" "$((c1 - c0))" "$((t1 - t0))" \
-        "$(getconf CLK_TCK)" <<'PY'
+        "$(getconf CLK_TCK)" "$((p1 - p0))" "$rss_cold" "$rss_end" <<'PY'
 import json, sys
-mode, gen_f, sink_f, ticks, ns, hz = sys.argv[1:]
+mode, gen_f, sink_f, ticks, ns, hz, pticks, rss_cold, rss_end = sys.argv[1:]
 def last(path):
     with open(path) as f:
         return json.loads([l for l in f if l.startswith("{")][-1])
 gen, sink = last(gen_f), last(sink_f)
-cores = int(ticks) / int(hz) / (int(ns) / 1e9)
-print(mode, sink["pps"] / 1e3, gen["pps"] / 1e3, cores)
+secs = int(ns) / 1e9
+print(mode, sink["pps"] / 1e3, gen["pps"] / 1e3, int(ticks) / int(hz) / secs,
+      int(pticks) / int(hz) / secs, rss_cold, rss_end)
 PY
 }
 
@@ -112,19 +134,24 @@ python3 - "$WORK/results" "$JSON_OUT" "$RUNS" "$DURATION" <<'PY'
 import json, statistics, sys
 path, json_out, runs, duration = sys.argv[1:]
 rows = {}
+names = ["rx_kpps", "tx_kpps", "dpu_cores", "kpps_per_dpu_core", "plane_cores",
+         "plane_rss_cold_mib", "plane_rss_end_mib"]
 for line in open(path):
-    mode, rx, tx, cores = line.split()
-    rows.setdefault(mode, []).append((float(rx), float(tx), float(cores), float(rx) / float(cores)))
+    mode, rx, tx, cores, pcores, cold, end = line.split()
+    rows.setdefault(mode, []).append((float(rx), float(tx), float(cores), float(rx) / float(cores),
+                                      float(pcores), int(cold) / 1024, int(end) / 1024))
 def fmt(xs, f="{:.0f}"):
     return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}-{f.format(max(xs))}]"
-print(f"flood-per-core: medians of {runs} interleaved runs, {duration} s each [min-max]; plane released")
-print(f"{'tap_io':10} {'rx kpps':>18} {'tx kpps':>18} {'DPU cores':>18} {'kpps per DPU core':>20}")
+print(f"flood-per-core: medians of {runs} interleaved runs, {duration} s each [min-max]")
+print(f"{'mode':9} {'rx kpps':>15} {'tx kpps':>15} {'DPU cores':>17} {'kpps/DPU core':>15}"
+      f" {'plane cores':>17} {'plane RSS MiB: cold':>20} {'end':>15}")
 out = {}
 for mode, v in rows.items():
-    cols = list(zip(*v))
-    print(f"{mode:10} {fmt(cols[0]):>18} {fmt(cols[1]):>18} {fmt(cols[2], '{:.2f}'):>18} {fmt(cols[3]):>20}")
-    out[mode] = {k: {"median": statistics.median(c), "min": min(c), "max": max(c), "runs": list(c)}
-                 for k, c in zip(["rx_kpps", "tx_kpps", "dpu_cores", "kpps_per_dpu_core"], cols)}
+    c = list(zip(*v))
+    print(f"{mode:9} {fmt(c[0]):>15} {fmt(c[1]):>15} {fmt(c[2], '{:.2f}'):>17} {fmt(c[3]):>15}"
+          f" {fmt(c[4], '{:.2f}'):>17} {fmt(c[5], '{:.1f}'):>20} {fmt(c[6], '{:.1f}'):>15}")
+    out[mode] = {k: {"median": statistics.median(x), "min": min(x), "max": max(x), "runs": list(x)}
+                 for k, x in zip(names, c)}
 if json_out:
     with open(json_out, "w") as f:
         json.dump(out, f, indent=1)

@@ -1,19 +1,18 @@
 //! The DPU side of a frame: [`DpuSwitch`].
 
-use spillway_vswitch::conntrack::CtSnapshot;
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 use spillway_wire::parse_frame_decap;
 
-use super::{ConnTable, FrameCounters, FrameDrop, Outcome, Outgoing, SwitchCore, gso_segments};
+use super::{FrameDrop, Outcome, SwitchCore, gso_segments};
 use crate::dpu::{Command, DpuNode, FabricEvent};
 use crate::params::FabricParams;
 use crate::types::{Dest, Kind, Msg};
 
 /// The DPU with real frames: the [`DpuNode`] model, the DPU's vSwitch [`Pipeline`] (its SoC's
 /// slow path, which also stands for what the hardware fast path does to a frame), and the
-/// classifier's [`ConnTable`].
+/// classifier's [`ConnTable`](super::ConnTable).
 ///
 /// Inputs: [`DpuSwitch::process`] (a frame from a VM port or the uplink), [`DpuSwitch::process_from_plane`]
 /// (a frame the plane sent back or punted), [`DpuSwitch::handle_msg`] and
@@ -53,25 +52,7 @@ impl DpuSwitch {
         &mut self.dpu
     }
 
-    /// The DPU's vSwitch pipeline.
-    pub fn pipeline(&self) -> &Pipeline {
-        &self.sw.pipeline
-    }
-
-    /// Replaces the vSwitch policy (a new epoch).
-    pub fn set_policy(&mut self, policy: Policy) {
-        self.sw.pipeline.set_policy(policy);
-    }
-
-    /// The classifier's connections.
-    pub fn conns(&self) -> &ConnTable {
-        &self.sw.conns
-    }
-
-    /// Counters.
-    pub fn counters(&self) -> &FrameCounters {
-        &self.sw.counters
-    }
+    switch_api!(dpu, "plane");
 
     /// A frame from one of the DPU's ports: a VM port, or the uplink (VXLAN for our VTEP, whose
     /// tenant is its VNI's); `gso_size` is its segment size if it is a GSO frame (0 if not).
@@ -198,21 +179,6 @@ impl DpuSwitch {
         }
     }
 
-    /// A flow-vNIC or control message from the plane, with the conntrack snapshot it carried.
-    pub fn handle_msg(&mut self, now: Instant, msg: Msg, snap: Option<CtSnapshot>) {
-        self.sw.handle_msg(&mut self.dpu, now, msg, snap);
-    }
-
-    /// A conntrack change of a connection the plane owns.
-    pub fn handle_conntrack(&mut self, now: Instant, snap: &CtSnapshot) {
-        self.sw.handle_conntrack(&self.dpu, now, snap);
-    }
-
-    /// The next message for the plane, its snapshot attached.
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
-        self.sw.poll_transmit(&mut self.dpu, now)
-    }
-
     /// The model's next command (start or stop the plane's process).
     pub fn poll_command(&mut self) -> Option<Command> {
         self.dpu.poll_command()
@@ -221,16 +187,5 @@ impl DpuSwitch {
     /// The model's next lifecycle event.
     pub fn poll_event(&mut self) -> Option<FabricEvent> {
         self.dpu.poll_event()
-    }
-
-    /// When the model next needs [`DpuNode::handle_timeout`] (through [`DpuSwitch::dpu_mut`]).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.dpu.poll_timeout()
-    }
-
-    /// Forgets idle connections (classifier records, conntrack entries, flow entries), a
-    /// bounded amount per call; call it every few hundred milliseconds.
-    pub fn expire(&mut self, now: Instant) {
-        self.sw.expire(now);
     }
 }

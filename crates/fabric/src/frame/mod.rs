@@ -1,7 +1,8 @@
 //! Frame-level nodes: the fabric model and the vSwitch joined, one call per frame.
 //!
-//! The model nodes ([`DpuNode`], [`SpillPlane`]) reason about connections and packet trains;
-//! the vSwitch [`Pipeline`] about bytes. A driver that moves real frames needs both, and every
+//! The model nodes ([`DpuNode`](crate::dpu::DpuNode),
+//! [`SpillPlane`](crate::spill::SpillPlane)) reason about connections and packet trains; the
+//! vSwitch [`Pipeline`] about bytes. A driver that moves real frames needs both, and every
 //! rule that joins them (which frame is which train, which conntrack snapshot a message
 //! carries, whose snapshot is adopted, when a TCP state change is mirrored, when a stale entry
 //! is forgotten) lives here, once, tested without I/O:
@@ -31,6 +32,67 @@
 //! messages a frame caused, the conntrack change it made ([`Outgoing::Conntrack`]). A snapshot
 //! is taken when the node queues the message, after the frame that caused it went through the
 //! pipeline, so a state sync carries the entry as that frame left it.
+
+/// The part of a frame node's API both nodes share, written once: `$model` is the node's
+/// model field, `$other` names the other side in the docs.
+macro_rules! switch_api {
+    ($model:ident, $other:literal) => {
+        /// The node's vSwitch pipeline.
+        pub fn pipeline(&self) -> &spillway_vswitch::pipeline::Pipeline {
+            &self.sw.pipeline
+        }
+
+        /// Replaces the vSwitch policy (a new epoch).
+        pub fn set_policy(&mut self, policy: spillway_vswitch::policy::Policy) {
+            self.sw.pipeline.set_policy(policy);
+        }
+
+        /// The classifier's connections.
+        pub fn conns(&self) -> &super::ConnTable {
+            &self.sw.conns
+        }
+
+        /// Counters.
+        pub fn counters(&self) -> &super::FrameCounters {
+            &self.sw.counters
+        }
+
+        #[doc = concat!("A flow-vNIC or control message from the ", $other, ", with the conntrack snapshot it carried.")]
+        pub fn handle_msg(
+            &mut self,
+            now: spillway_vswitch::Instant,
+            msg: crate::types::Msg,
+            snap: Option<spillway_vswitch::conntrack::CtSnapshot>,
+        ) {
+            self.sw.handle_msg(&mut self.$model, now, msg, snap);
+        }
+
+        #[doc = concat!("A conntrack change of a connection the ", $other, " owns.")]
+        pub fn handle_conntrack(
+            &mut self,
+            now: spillway_vswitch::Instant,
+            snap: &spillway_vswitch::conntrack::CtSnapshot,
+        ) {
+            self.sw.handle_conntrack(&self.$model, now, snap);
+        }
+
+        #[doc = concat!("The next message for the ", $other, ", its snapshot attached.")]
+        pub fn poll_transmit(&mut self, now: spillway_vswitch::Instant) -> Option<super::Outgoing> {
+            self.sw.poll_transmit(&mut self.$model, now)
+        }
+
+        /// When the model next needs its `handle_timeout` (through the model accessor).
+        pub fn poll_timeout(&self) -> Option<spillway_vswitch::Instant> {
+            self.$model.poll_timeout()
+        }
+
+        /// Forgets idle connections (classifier records, conntrack entries, flow entries), a
+        /// bounded amount per call; call it every few hundred milliseconds.
+        pub fn expire(&mut self, now: spillway_vswitch::Instant) {
+            self.sw.expire(now);
+        }
+    };
+}
 
 mod conns;
 mod dpu;

@@ -1,18 +1,17 @@
 //! The spill plane's side of a frame: [`PlaneSwitch`].
 
-use spillway_vswitch::conntrack::CtSnapshot;
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 use spillway_wire::parse_frame_decap;
 
-use super::{ConnTable, FrameCounters, FrameDrop, Outcome, Outgoing, SwitchCore};
+use super::{FrameDrop, Outcome, SwitchCore};
 use crate::params::FabricParams;
 use crate::spill::SpillPlane;
 use crate::types::{Kind, Msg, Train};
 
 /// The spill plane with real frames: the [`SpillPlane`] model, the plane's own vSwitch
-/// [`Pipeline`] (the same code as the DPU's, its own state) and its [`ConnTable`].
+/// [`Pipeline`] (the same code as the DPU's, its own state) and its [`ConnTable`](super::ConnTable).
 ///
 /// Inputs: [`PlaneSwitch::process`] (a frame the DPU steered here),
 /// [`PlaneSwitch::direct_refused`] (a frame sent the vATC way could not be delivered so),
@@ -57,25 +56,7 @@ impl PlaneSwitch {
         &mut self.plane
     }
 
-    /// The plane's vSwitch pipeline.
-    pub fn pipeline(&self) -> &Pipeline {
-        &self.sw.pipeline
-    }
-
-    /// Replaces the vSwitch policy (a new epoch).
-    pub fn set_policy(&mut self, policy: Policy) {
-        self.sw.pipeline.set_policy(policy);
-    }
-
-    /// The classifier's connections.
-    pub fn conns(&self) -> &ConnTable {
-        &self.sw.conns
-    }
-
-    /// Counters.
-    pub fn counters(&self) -> &FrameCounters {
-        &self.sw.counters
-    }
+    switch_api!(plane, "DPU");
 
     /// A frame the DPU steered here on the phy vNIC with `msg`, from port `port`; `gso_size`
     /// as in [`super::DpuSwitch::process`]. The model serves it or not; if it does, the
@@ -180,32 +161,5 @@ impl PlaneSwitch {
             },
             None => self.sw.drop(FrameDrop::Fabric),
         }
-    }
-
-    /// A flow-vNIC or control message from the DPU, with the conntrack snapshot it carried.
-    pub fn handle_msg(&mut self, now: Instant, msg: Msg, snap: Option<CtSnapshot>) {
-        self.sw.handle_msg(&mut self.plane, now, msg, snap);
-    }
-
-    /// A conntrack change of a connection the DPU owns.
-    pub fn handle_conntrack(&mut self, now: Instant, snap: &CtSnapshot) {
-        self.sw.handle_conntrack(&self.plane, now, snap);
-    }
-
-    /// The next message for the DPU, its snapshot attached.
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
-        self.sw.poll_transmit(&mut self.plane, now)
-    }
-
-    /// When the model next needs [`SpillPlane::handle_timeout`] (through
-    /// [`PlaneSwitch::plane_mut`]).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.plane.poll_timeout()
-    }
-
-    /// Forgets idle connections, a bounded amount per call (see
-    /// [`super::DpuSwitch::expire`]).
-    pub fn expire(&mut self, now: Instant) {
-        self.sw.expire(now);
     }
 }

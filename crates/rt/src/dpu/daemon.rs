@@ -34,9 +34,8 @@ use std::process::{Child, Command, Stdio};
 use serde_json::json;
 use spillway_fabric::dpu::Role;
 use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent, Hold};
-use spillway_fabric::frame::{CONNS_MAX, DpuSwitch, Outcome, Outgoing};
+use spillway_fabric::frame::{CONNS_MAX, DpuSwitch, Outcome};
 use spillway_fabric::params::PlacementKind;
-use spillway_fabric::types::Channel;
 use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
@@ -486,21 +485,8 @@ fn send_outgoing(
 ) -> Result<(), String> {
     let mut vnic = plane.and_then(|p| p.vnic.as_mut());
     while let Some(o) = sw.poll_transmit(now) {
-        let Some(v) = vnic.as_deref_mut() else {
-            continue;
-        };
-        match o {
-            Outgoing::Msg {
-                channel,
-                msg,
-                snapshot,
-            } => {
-                v.send_msg(channel == Channel::Control, &msg, snapshot.as_ref())
-                    .map_err(|e| e.to_string())?;
-            }
-            Outgoing::Conntrack(s) => {
-                v.send_ct(&s);
-            }
+        if let Some(v) = vnic.as_deref_mut() {
+            v.send_outgoing(&o).map_err(|e| e.to_string())?;
         }
     }
     if let Some(v) = vnic {

@@ -15,9 +15,8 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use serde_json::json;
-use spillway_fabric::frame::{CONNS_MAX, Outcome, Outgoing, PlaneSwitch};
+use spillway_fabric::frame::{CONNS_MAX, Outcome, PlaneSwitch};
 use spillway_fabric::params::PlacementKind;
-use spillway_fabric::types::Channel;
 use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
@@ -408,19 +407,7 @@ impl PlaneProcess {
     /// The node's messages to the DPU (snapshots attached), then the doorbell.
     fn send_outgoing(&mut self, now: Instant) -> Result<(), crate::shm::vnic::VnicError> {
         while let Some(o) = self.sw.poll_transmit(now) {
-            match o {
-                Outgoing::Msg {
-                    channel,
-                    msg,
-                    snapshot,
-                } => {
-                    self.vnic
-                        .send_msg(channel == Channel::Control, &msg, snapshot.as_ref())?;
-                }
-                Outgoing::Conntrack(s) => {
-                    self.vnic.send_ct(&s);
-                }
-            }
+            self.vnic.send_outgoing(&o)?;
         }
         self.vnic.kick();
         Ok(())

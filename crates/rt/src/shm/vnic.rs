@@ -35,7 +35,8 @@ use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use spillway_fabric::types::Msg;
+use spillway_fabric::frame::Outgoing;
+use spillway_fabric::types::{Channel, Msg};
 use spillway_vswitch::conntrack::CtSnapshot;
 
 use crate::shm::codec::{self, CodecError, Reader};
@@ -652,6 +653,25 @@ impl VnicSet {
         let n = popped("flow", n, bad)?;
         self.counters.flow_rx += n as u64;
         Ok(n)
+    }
+
+    /// Sends what a frame node has for the other side: a fabric message with its snapshot (on
+    /// the control channel or the flow ring, as the node says), or a conntrack change (on the
+    /// flow ring; a full ring drops it, counted, as [`VnicSet::send_ct`] says).
+    pub fn send_outgoing(&mut self, o: &Outgoing) -> Result<(), VnicError> {
+        match o {
+            Outgoing::Msg {
+                channel,
+                msg,
+                snapshot,
+            } => {
+                self.send_msg(*channel == Channel::Control, msg, snapshot.as_ref())?;
+            }
+            Outgoing::Conntrack(s) => {
+                self.send_ct(s);
+            }
+        }
+        Ok(())
     }
 
     /// Sends the owner's current conntrack entry of a connection whose real TCP state changed
