@@ -908,10 +908,11 @@ impl DpuDaemon {
     fn run_loop(&mut self) -> Result<(), RunError> {
         while !signals::stop_requested() {
             let now = self.clock.now();
-            // Last turn's writes go out; the frames that came meanwhile come in.
-            self.enter_ring()?;
             let mut busy = self.poll_taps(now)?;
             busy |= self.poll_plane(now);
+            // This turn's writes go out at once; the frames that came meanwhile come in, for
+            // the next turn.
+            self.enter_ring()?;
             self.dp.flush_irqs();
             let due = self.sw.poll_timeout().is_some_and(|t| t <= now);
             if due {
