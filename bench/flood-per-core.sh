@@ -16,12 +16,16 @@ set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SPILLWAY_BIN=${SPILLWAY:-$ROOT/target/release/spillway}
 CONFIG=${SPILLWAY_CONFIG:-$ROOT/bench/testbed-vs-ovs.toml}
-RUNS=5 DURATION=5 FLOWS=8 PERF_DIR='' JSON_OUT=''
+RUNS=5 DURATION=5 FLOWS=8 PERF_DIR='' JSON_OUT='' RATE='' KEEP=''
 MODES=(io_uring syscalls plane)
 
 usage() {
     cat <<EOF
-usage: bash bench/flood-per-core.sh [--runs N] [--duration S] [--perf DIR] [--json FILE]
+usage: bash bench/flood-per-core.sh [--runs N] [--duration S] [--modes LIST] [--rate PPS]
+                                    [--perf DIR] [--json FILE] [--keep-logs DIR]
+  --modes LIST   comma-separated, out of io_uring, syscalls, plane (default: all three)
+  --rate PPS     pace the generator (default: flat out)
+  --keep-logs D  keep each run's spillway log and status under D
 EOF
 }
 while (($#)); do
@@ -30,6 +34,9 @@ while (($#)); do
     --duration) DURATION=${2:?}; shift ;;
     --perf) PERF_DIR=${2:?}; shift ;;
     --json) JSON_OUT=${2:?}; shift ;;
+    --modes) IFS=, read -r -a MODES <<<"${2:?}"; shift ;;
+    --rate) RATE=${2:?}; shift ;;
+    --keep-logs) KEEP=${2:?}; mkdir -p "$KEEP"; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; exit 2 ;;
     esac
@@ -68,7 +75,7 @@ one_run() {
     [[ $mode == plane ]] && args=(--hold active --tap-io io_uring)
     rm -f "$ready"
     (cd "$ROOT" && exec "$SPILLWAY_BIN" run --config "$CONFIG" "${args[@]}" \
-        --ready-file "$ready" --log warn) >"$log" 2>&1 &
+        --ready-file "$ready" --log info) >"$log" 2>&1 &
     SPW_PID=$!
     for _ in $(seq 300); do [[ -s $ready ]] && break; sleep 0.1; done
     [[ -s $ready ]] || { echo "spillway not ready: $(tail -3 "$log")" >&2; return 1; }
@@ -96,7 +103,7 @@ one_run() {
         perf_pid=$!
     fi
     ip netns exec swvs-a "$SPILLWAY_BIN" traffic gen --dst 10.77.0.2:9000 --size 18 \
-        --flows "$FLOWS" --duration "$DURATION" --json >"$WORK/gen.json" 2>&1
+        --flows "$FLOWS" --duration "$DURATION" ${RATE:+--rate "$RATE"} --json >"$WORK/gen.json" 2>&1
     t1=$(date +%s%N) c1=$(ticks "$dpu")
     if ((plane)); then
         p1=$(ticks "$plane")
@@ -104,9 +111,13 @@ one_run() {
     fi
     [[ -n $perf_pid ]] && wait "$perf_pid"
     wait "$sink"
+    if [[ -n $KEEP ]]; then
+        "$SPILLWAY_BIN" ctl --config "$CONFIG" status >"$KEEP/status-$mode-$run.json" 2>&1
+    fi
     kill -INT "$SPW_PID"
     wait "$SPW_PID" 2>/dev/null
     SPW_PID=''
+    [[ -n $KEEP ]] && cp "$log" "$KEEP/spillway-$mode-$run.log"
     python3 - "$mode" "$WORK/gen.json" "$WORK/sink.json" "$((c1 - c0))" "$((t1 - t0))" \
         "$(getconf CLK_TCK)" "$((p1 - p0))" "$rss_cold" "$rss_end" <<'PY'
 import json, sys
