@@ -276,3 +276,72 @@ fn a_forwarding_dpu_allocates_nothing_per_frame_once_warm() {
     assert_eq!(spillway_testkit::allocations(), before);
     assert_eq!(forwarded, 10_000);
 }
+
+/// An echo request from WEB2 to WEB with identifier `id`.
+fn ping(id: u16, seq: u16) -> Vec<u8> {
+    FrameBuilder::new()
+        .eth(WEB2_MAC, ACME_ROUTER)
+        .ipv4(WEB2_IP, WEB_IP)
+        .icmp_echo(id, seq, false)
+        .payload(b"ping")
+        .build()
+}
+
+/// Sends `frame` into the DPU, through the plane (which opens its connection there), and
+/// loses the plane before its mirror reaches the DPU: the classifier knows the connection,
+/// neither model does.
+fn open_on_a_plane_that_dies(pair: &mut Pair, now: Instant, frame: &[u8]) {
+    let msg = match pair.dpu.process(now, WEB2, 0, frame) {
+        Outcome::Steer { msg } => msg,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        pair.plane.process(now, WEB2, msg, 0, frame),
+        Outcome::Return { .. }
+    ));
+    pair.dpu.dpu_mut().handle_plane_failed(now, "killed before its mirror left");
+    while pair.dpu.poll_transmit(now).is_some() {}
+    while pair.dpu.poll_command().is_some() {}
+}
+
+#[test]
+fn a_datagram_nobody_holds_opens_again_rather_than_being_dropped_until_it_idles_out() {
+    let (mut pair, start) = active_pair();
+    let t = |ms: u64| Instant(start.0 + ms * 1_000_000);
+    // With no plane: the DPU alone opens it again.
+    open_on_a_plane_that_dies(&mut pair, t(1), &ping(7, 1));
+    assert!(pair.dpu.dpu().conn(pair.dpu.conns().id_of(ACME, &echo_key(7))).is_none());
+    match pair.dpu.process(t(2), WEB2, 0, &ping(7, 2)) {
+        Outcome::Forward { port, .. } => assert_eq!(port, WEB),
+        other => panic!("the second echo request: {other:?}"),
+    }
+    // With a new plane that has no state either: it punts, and the DPU opens it.
+    pair.plane = plane();
+    let now = pair.activate(t(3)).expect("a new plane activates");
+    open_on_a_plane_that_dies(&mut pair, now, &ping(8, 1));
+    pair.plane = plane();
+    let now = pair.activate(Instant(now.0 + 1_000_000)).expect("and another");
+    let through = pair.process(now, WEB2, &ping(8, 2)).unwrap();
+    assert!(through.via_plane);
+    assert_eq!(through.out.map(|(p, _)| p), Ok(WEB));
+    // A TCP segment of a connection nobody holds is not a new connection.
+    let (port, syn) = handshake().remove(0);
+    let mut d2 = Pair::new(dpu(), plane());
+    let now = d2.activate(at(1)).unwrap();
+    open_on_a_plane_that_dies(&mut d2, now, &syn);
+    let (_, ack) = handshake().remove(2);
+    assert_eq!(
+        d2.dpu.process(Instant(now.0 + 1), port, 0, &ack),
+        Outcome::Drop(FrameDrop::Fabric)
+    );
+}
+
+fn echo_key(id: u16) -> FlowKey {
+    FlowKey {
+        src_ip: IpAddr16::from_v4(WEB2_IP.octets()),
+        dst_ip: IpAddr16::from_v4(WEB_IP.octets()),
+        src_port: id,
+        dst_port: 0x0800,
+        proto: ip_proto::ICMP,
+    }
+}

@@ -10,6 +10,21 @@ use crate::dpu::{Command, DpuNode, FabricEvent};
 use crate::params::FabricParams;
 use crate::types::{Dest, Kind, Msg};
 
+/// A datagram (anything but TCP) of a connection the classifier knows but no model holds (its
+/// first packet was dropped at a limit, or lost with a plane that failed before its mirror
+/// arrived) opens it again, as conntrack makes state from any UDP datagram: otherwise every
+/// later datagram of the flow would be dropped for want of state until the classifier forgot
+/// it. A TCP segment does not: without a SYN there is nothing to open. The caller knows that
+/// no plane holds it either.
+fn reopen_if_stateless(dpu: &DpuNode, t: &mut crate::types::Train, key: &spillway_wire::FlowKey) {
+    if t.kind == Kind::Data
+        && key.proto != spillway_wire::ip_proto::TCP
+        && dpu.conn(t.conn).is_none()
+    {
+        t.kind = Kind::Open;
+    }
+}
+
 /// The DPU with real frames: the [`DpuNode`] model, the DPU's vSwitch [`Pipeline`] (its SoC's
 /// slow path, which also stands for what the hardware fast path does to a frame), and the
 /// classifier's [`ConnTable`](super::ConnTable).
@@ -105,6 +120,10 @@ impl DpuSwitch {
             .sw
             .conns
             .classify(now, tenant, &key, headers.tcp_flags, len, Dest::Vm);
+        if !self.dpu.phase().has_plane() {
+            // No plane that could hold the connection: whether the model does is the truth.
+            reopen_if_stateless(&self.dpu, &mut train, &key);
+        }
         let segs = gso_segments(gso_size, frame.len(), usize::from(headers.payload_offset));
         train.packets = segs;
         train.packet_bytes = len.div_ceil(segs);
@@ -156,9 +175,21 @@ impl DpuSwitch {
         gso_size: u16,
         frame: &'a [u8],
     ) -> Outcome<'a> {
-        let Some(t) = msg.train().copied() else {
+        let Some(mut t) = msg.train().copied() else {
             return self.sw.drop(FrameDrop::Protocol);
         };
+        let mut msg = msg;
+        if let Msg::Punt(_) = msg {
+            // The plane has no state for it; if the DPU has none either, nobody does.
+            let decap = self.sw.pipeline.policy().host().decap_at(port);
+            if let Some(key) = parse_frame_decap(frame, decap)
+                .ok()
+                .and_then(|p| p.innermost().key)
+            {
+                reopen_if_stateless(&self.dpu, &mut t, &key);
+                msg = Msg::Punt(t);
+            }
+        }
         self.dpu.handle_msg(now, msg);
         let served = self.dpu.delivered_last() == t.packets;
         self.sw.drain(&mut self.dpu, None);
