@@ -299,7 +299,9 @@ fn open_on_a_plane_that_dies(pair: &mut Pair, now: Instant, frame: &[u8]) {
         pair.plane.process(now, WEB2, msg, 0, frame),
         Outcome::Return { .. }
     ));
-    pair.dpu.dpu_mut().handle_plane_failed(now, "killed before its mirror left");
+    pair.dpu
+        .dpu_mut()
+        .handle_plane_failed(now, "killed before its mirror left");
     while pair.dpu.poll_transmit(now).is_some() {}
     while pair.dpu.poll_command().is_some() {}
 }
@@ -310,7 +312,12 @@ fn a_datagram_nobody_holds_opens_again_rather_than_being_dropped_until_it_idles_
     let t = |ms: u64| Instant(start.0 + ms * 1_000_000);
     // With no plane: the DPU alone opens it again.
     open_on_a_plane_that_dies(&mut pair, t(1), &ping(7, 1));
-    assert!(pair.dpu.dpu().conn(pair.dpu.conns().id_of(ACME, &echo_key(7))).is_none());
+    assert!(
+        pair.dpu
+            .dpu()
+            .conn(pair.dpu.conns().id_of(ACME, &echo_key(7)))
+            .is_none()
+    );
     match pair.dpu.process(t(2), WEB2, 0, &ping(7, 2)) {
         Outcome::Forward { port, .. } => assert_eq!(port, WEB),
         other => panic!("the second echo request: {other:?}"),
@@ -320,7 +327,9 @@ fn a_datagram_nobody_holds_opens_again_rather_than_being_dropped_until_it_idles_
     let now = pair.activate(t(3)).expect("a new plane activates");
     open_on_a_plane_that_dies(&mut pair, now, &ping(8, 1));
     pair.plane = plane();
-    let now = pair.activate(Instant(now.0 + 1_000_000)).expect("and another");
+    let now = pair
+        .activate(Instant(now.0 + 1_000_000))
+        .expect("and another");
     let through = pair.process(now, WEB2, &ping(8, 2)).unwrap();
     assert!(through.via_plane);
     assert_eq!(through.out.map(|(p, _)| p), Ok(WEB));
