@@ -394,88 +394,125 @@ impl Pipeline {
         verdicts: &mut [Verdict],
     ) {
         assert_eq!(pkts.len(), verdicts.len(), "one verdict per packet");
-        let uplink = ingress == self.policy.host().uplink_port;
-        let vtep = self.policy.host().vtep_ip;
         // VXLAN is decapsulated only on the uplink and only for our VTEP: on a VM port, UDP to
         // the VXLAN port is the tenant's own traffic, judged like any other UDP.
         let decap = self.policy.host().decap_at(ingress);
-        // Every slot below `n` is overwritten by stage 1 before it is read.
+        // Every slot a group reads is written first.
         let mut parsed = [UNPARSED; BATCH_GROUP];
-        let mut keys = [FlowMatch::EMPTY; BATCH_GROUP];
-        let mut bytes = [0u32; BATCH_GROUP];
-        let mut which = [0usize; BATCH_GROUP];
-        let mut found = [None::<EntryIdx>; BATCH_GROUP];
         for (pkts, verdicts) in pkts
             .chunks_mut(BATCH_GROUP)
             .zip(verdicts.chunks_mut(BATCH_GROUP))
         {
-            let n = pkts.len();
-            self.counters.rx_packets += n as u64;
-            // Stage 1: parse and classify; gather the lookups.
-            let mut m = 0;
+            for (slot, pkt) in parsed.iter_mut().zip(pkts.iter()) {
+                *slot = parse_frame_decap(pkt.data(), decap);
+            }
+            self.process_group(now, ingress, pkts, verdicts, &parsed[..pkts.len()]);
+        }
+    }
+
+    /// [`Pipeline::process`] for a frame the caller has parsed already (a frame node classifies
+    /// it before the vSwitch runs): `parsed` must be `parse_frame_decap(pkt.data(),
+    /// self.policy().host().decap_at(ingress))`, so the frame is parsed once, not twice.
+    pub fn process_parsed(
+        &mut self,
+        now: Instant,
+        ingress: PortId,
+        pkt: &mut PacketBuf,
+        parsed: &ParsedFrame,
+    ) -> Verdict {
+        let mut v = [Verdict::Drop(DropReason::PolicyDrop)];
+        self.process_group(
+            now,
+            ingress,
+            core::slice::from_mut(pkt),
+            &mut v,
+            &[Ok(*parsed)],
+        );
+        v[0]
+    }
+
+    /// At most [`BATCH_GROUP`] frames from `ingress` with their parses: classify, look up in
+    /// one batch, run the hits, walk the policy for the rest, answer what a router answers.
+    fn process_group(
+        &mut self,
+        now: Instant,
+        ingress: PortId,
+        pkts: &mut [PacketBuf],
+        verdicts: &mut [Verdict],
+        parsed: &[Result<ParsedFrame, WireError>],
+    ) {
+        debug_assert!(pkts.len() <= BATCH_GROUP && parsed.len() == pkts.len());
+        let uplink = ingress == self.policy.host().uplink_port;
+        let vtep = self.policy.host().vtep_ip;
+        let mut keys = [FlowMatch::EMPTY; BATCH_GROUP];
+        let mut bytes = [0u32; BATCH_GROUP];
+        let mut which = [0usize; BATCH_GROUP];
+        let mut found = [None::<EntryIdx>; BATCH_GROUP];
+        let n = pkts.len();
+        self.counters.rx_packets += n as u64;
+        // Stage 1: classify; gather the lookups.
+        let mut m = 0;
+        for i in 0..n {
+            let fm = match (&parsed[i], self.fast_path_enabled) {
+                (Ok(p), true) => cacheable_match(ingress, uplink, vtep, p),
+                _ => None,
+            };
+            if let Some(fm) = fm {
+                keys[m] = fm;
+                bytes[m] = pkts[i].len() as u32;
+                which[m] = i;
+                m += 1;
+            }
+        }
+        // Stage 2: batched, prefetched lookup.
+        self.flows
+            .lookup_batch(now, &keys[..m], &bytes[..m], &mut found[..m]);
+        // Stage 3: execute hits; everything else takes the slow path.
+        let mut hit = [false; BATCH_GROUP];
+        for j in 0..m {
+            let i = which[j];
+            if let (Some(idx), Ok(p)) = (found[j], &parsed[i])
+                && let Some(v) = self.fast_path(now, idx, &mut pkts[i], p)
+            {
+                verdicts[i] = v;
+                hit[i] = true;
+            }
+        }
+        // Before the slow path runs frame by frame, prefetch the bucket of the reverse entry
+        // each new overlay connection will install: no lookup has touched it, so otherwise
+        // every new connection pays that DRAM miss in full, one after another.
+        if uplink && self.fast_path_enabled {
             for i in 0..n {
-                parsed[i] = parse_frame_decap(pkts[i].data(), decap);
-                let fm = match (&parsed[i], self.fast_path_enabled) {
-                    (Ok(p), true) => cacheable_match(ingress, uplink, vtep, p),
-                    _ => None,
-                };
-                if let Some(fm) = fm {
-                    keys[m] = fm;
-                    bytes[m] = pkts[i].len() as u32;
-                    which[m] = i;
-                    m += 1;
+                if !hit[i] {
+                    self.prefetch_reverse_bucket(parsed[i].as_ref().ok());
                 }
             }
-            // Stage 2: batched, prefetched lookup.
-            self.flows
-                .lookup_batch(now, &keys[..m], &bytes[..m], &mut found[..m]);
-            // Stage 3: execute hits; everything else takes the slow path.
-            let mut hit = [false; BATCH_GROUP];
-            for j in 0..m {
-                let i = which[j];
-                if let (Some(idx), Ok(p)) = (found[j], &parsed[i])
-                    && let Some(v) = self.fast_path(now, idx, &mut pkts[i], p)
-                {
-                    verdicts[i] = v;
-                    hit[i] = true;
-                }
+        }
+        for i in 0..n {
+            if hit[i] {
+                continue;
             }
-            // Before the slow path runs frame by frame, prefetch the bucket of the reverse entry
-            // each new overlay connection will install: no lookup has touched it, so otherwise
-            // every new connection pays that DRAM miss in full, one after another.
-            if uplink && self.fast_path_enabled {
-                for i in 0..n {
-                    if !hit[i] {
-                        self.prefetch_reverse_bucket(parsed[i].as_ref().ok());
-                    }
-                }
+            verdicts[i] = match &parsed[i] {
+                Err(e) => Verdict::Drop(DropReason::Malformed(*e)),
+                Ok(p) => self.slow_path(now, ingress, &mut pkts[i], p),
+            };
+        }
+        // Drops a router answers become ICMP errors back out of the ingress port. Both paths
+        // leave a refused frame as it arrived, so this is one step for hits and misses.
+        for i in 0..n {
+            if let (Verdict::Drop(r), Ok(p)) = (verdicts[i], &parsed[i])
+                && let Some(err) = IcmpError::for_drop(&r)
+                && self.answer(now, ingress, &mut pkts[i], p, err)
+            {
+                verdicts[i] = Verdict::Forward(ingress);
             }
-            for i in 0..n {
-                if hit[i] {
-                    continue;
-                }
-                verdicts[i] = match &parsed[i] {
-                    Err(e) => Verdict::Drop(DropReason::Malformed(*e)),
-                    Ok(p) => self.slow_path(now, ingress, &mut pkts[i], p),
-                };
-            }
-            // Drops a router answers become ICMP errors back out of the ingress port. Both paths
-            // leave a refused frame as it arrived, so this is one step for hits and misses.
-            for i in 0..n {
-                if let (Verdict::Drop(r), Ok(p)) = (verdicts[i], &parsed[i])
-                    && let Some(err) = IcmpError::for_drop(&r)
-                    && self.answer(now, ingress, &mut pkts[i], p, err)
-                {
-                    verdicts[i] = Verdict::Forward(ingress);
-                }
-            }
-            for v in verdicts.iter() {
-                match v {
-                    Verdict::Forward(_) => self.counters.forwarded += 1,
-                    Verdict::Drop(r) => {
-                        self.counters.dropped += 1;
-                        self.drops.add(r);
-                    }
+        }
+        for v in verdicts.iter() {
+            match v {
+                Verdict::Forward(_) => self.counters.forwarded += 1,
+                Verdict::Drop(r) => {
+                    self.counters.dropped += 1;
+                    self.drops.add(r);
                 }
             }
         }

@@ -3,7 +3,6 @@
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
-use spillway_wire::parse_frame_decap;
 
 use super::{FrameDrop, Outcome, SwitchCore, gso_segments};
 use crate::dpu::{Command, DpuNode, FabricEvent};
@@ -90,12 +89,13 @@ impl DpuSwitch {
         gso_size: u16,
         frame: &'a [u8],
     ) -> Outcome<'a> {
-        let policy = self.sw.pipeline.policy();
         // Decapsulation by where the frame came from: VXLAN only on the uplink; a VM port's
         // UDP to the VXLAN port is tenant traffic, not our underlay.
-        let Ok(parsed) = parse_frame_decap(frame, policy.host().decap_at(port)) else {
-            return self.sw.drop(FrameDrop::Parse);
+        let parsed = match self.sw.parse(port, frame) {
+            Ok(p) => p,
+            Err(d) => return Outcome::Drop(d),
         };
+        let policy = self.sw.pipeline.policy();
         let tenant = match parsed.vxlan {
             Some(v) if port == policy.host().uplink_port => policy.tenant_by_vni(v.vni),
             _ => policy.port(port).map(|p| p.tenant),
@@ -106,7 +106,7 @@ impl DpuSwitch {
         if spillway_vswitch::neigh::claims(&parsed) {
             // The SoC's: the pipeline answers in place (out of this port) or consumes it.
             self.sw.counters.neigh_frames += 1;
-            return match self.sw.run(now, port, 0, frame, None) {
+            return match self.sw.run(now, port, (0, frame, &parsed), None) {
                 (Ok(out), _) => self.sw.forwarded(out),
                 (Err(d), _) => Outcome::Drop(d),
             };
@@ -136,7 +136,7 @@ impl DpuSwitch {
             let role = self.dpu.conn(train.conn).map(|c| c.role);
             let linked = self.dpu.phase().has_plane();
             let watch = self.sw.watch(now, role, linked, tenant, Some(key));
-            let (r, changed) = self.sw.run(now, port, gso_size, frame, watch);
+            let (r, changed) = self.sw.run(now, port, (gso_size, frame, &parsed), watch);
             result = Some((r, changed));
         } else if train.kind == Kind::Close && delivered == 0 {
             self.sw.pipeline.forget_conn(now, tenant, &key);
@@ -179,22 +179,24 @@ impl DpuSwitch {
             return self.sw.drop(FrameDrop::Protocol);
         };
         let mut msg = msg;
-        if let Msg::Punt(_) = msg {
+        // A punted frame goes through this pipeline: parsed once, for that and for the key.
+        let parsed = match msg {
+            Msg::Punt(_) => match self.sw.parse(port, frame) {
+                Ok(p) => Some(p),
+                Err(d) => return Outcome::Drop(d),
+            },
+            _ => None,
+        };
+        if let Some(key) = parsed.as_ref().and_then(|p| p.innermost().key) {
             // The plane has no state for it; if the DPU has none either, nobody does.
-            let decap = self.sw.pipeline.policy().host().decap_at(port);
-            if let Some(key) = parse_frame_decap(frame, decap)
-                .ok()
-                .and_then(|p| p.innermost().key)
-            {
-                reopen_if_stateless(&self.dpu, &mut t, &key);
-                msg = Msg::Punt(t);
-            }
+            reopen_if_stateless(&self.dpu, &mut t, &key);
+            msg = Msg::Punt(t);
         }
         self.dpu.handle_msg(now, msg);
         let served = self.dpu.delivered_last() == t.packets;
         self.sw.drain(&mut self.dpu, None);
-        let r = match msg {
-            Msg::Punt(_) if served => Some(self.sw.run(now, port, gso_size, frame, None).0),
+        let r = match &parsed {
+            Some(p) if served => Some(self.sw.run(now, port, (gso_size, frame, p), None).0),
             _ => None,
         };
         self.sw.seal(now, None);

@@ -105,7 +105,7 @@ use spillway_vswitch::conntrack::CtSnapshot;
 use spillway_vswitch::packet::HEADROOM;
 use spillway_vswitch::pipeline::Pipeline;
 use spillway_vswitch::{DropReason, Instant, PacketBuf, PortId, TenantId, Verdict};
-use spillway_wire::{FlowKey, ip_proto};
+use spillway_wire::{FlowKey, ParsedFrame, ip_proto, parse_frame_decap};
 
 pub use conns::{ConnRecord, ConnTable, ConnTableCounters, conn_id};
 pub use dpu::DpuSwitch;
@@ -397,14 +397,29 @@ impl SwitchCore {
         Some(Watch { zone, key, before })
     }
 
-    /// Runs the pipeline on `frame` from `ingress`: the egress port, or why it was dropped
-    /// (counted), and the conntrack change to mirror if `watch` saw one.
+    /// `frame` from `ingress` parsed as the pipeline parses it (VXLAN only on the uplink, for
+    /// our VTEP): the node classifies on this parse and hands it to [`SwitchCore::run`], so a
+    /// frame is parsed once. A frame that does not parse is counted and dropped.
+    pub(crate) fn parse(
+        &mut self,
+        ingress: PortId,
+        frame: &[u8],
+    ) -> Result<ParsedFrame, FrameDrop> {
+        let decap = self.pipeline.policy().host().decap_at(ingress);
+        parse_frame_decap(frame, decap).map_err(|_| {
+            self.counters.count(FrameDrop::Parse);
+            FrameDrop::Parse
+        })
+    }
+
+    /// Runs the pipeline on `frame` from `ingress`, `parsed` by [`SwitchCore::parse`]: the
+    /// egress port, or why it was dropped (counted), and the conntrack change to mirror if
+    /// `watch` saw one.
     pub(crate) fn run(
         &mut self,
         now: Instant,
         ingress: PortId,
-        gso_size: u16,
-        frame: &[u8],
+        (gso_size, frame, parsed): (u16, &[u8], &ParsedFrame),
         watch: Option<Watch>,
     ) -> (Result<PortId, FrameDrop>, Option<CtSnapshot>) {
         if self.pkt.load(frame).is_err() {
@@ -412,7 +427,9 @@ impl SwitchCore {
             return (Err(FrameDrop::Parse), None);
         }
         self.pkt.set_gso_size(gso_size);
-        let verdict = self.pipeline.process(now, ingress, &mut self.pkt);
+        let verdict = self
+            .pipeline
+            .process_parsed(now, ingress, &mut self.pkt, parsed);
         let changed = watch.and_then(|w| {
             let after = self.pipeline.export_conn(now, w.zone, &w.key)?;
             (Some(after.state) != w.before).then_some(after)

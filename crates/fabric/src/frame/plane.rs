@@ -3,7 +3,6 @@
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
-use spillway_wire::parse_frame_decap;
 
 use super::{FrameDrop, Outcome, SwitchCore};
 use crate::params::FabricParams;
@@ -75,11 +74,13 @@ impl PlaneSwitch {
         let Msg::Packets(t) = msg else {
             return self.sw.drop(FrameDrop::Protocol);
         };
-        // As the pipeline parses it: VXLAN only on the uplink, for our VTEP.
-        let decap = self.sw.pipeline.policy().host().decap_at(port);
-        let key = parse_frame_decap(frame, decap)
-            .ok()
-            .and_then(|p| p.outer.key);
+        // Classified on the headers the pipeline decides on (the inner frame of VXLAN), as the
+        // DPU classified it.
+        let parsed = match self.sw.parse(port, frame) {
+            Ok(p) => p,
+            Err(d) => return Outcome::Drop(d),
+        };
+        let key = parsed.innermost().key;
         if t.kind == Kind::Open
             && let Some(key) = key
         {
@@ -92,7 +93,7 @@ impl PlaneSwitch {
         if direct > 0 {
             // Sent the vATC way: processed here, then copied into the VM's memory.
             let watch = self.sw.watch(now, role, true, t.tenant, key);
-            let (r, changed) = self.sw.run(now, port, gso_size, frame, watch);
+            let (r, changed) = self.sw.run(now, port, (gso_size, frame, &parsed), watch);
             if let Ok(out) = r {
                 let mut back = t;
                 back.packets = direct;
@@ -119,7 +120,7 @@ impl PlaneSwitch {
             }
             (None, Some(done)) => {
                 let watch = self.sw.watch(now, role, true, t.tenant, key);
-                let (r, changed) = self.sw.run(now, port, gso_size, frame, watch);
+                let (r, changed) = self.sw.run(now, port, (gso_size, frame, &parsed), watch);
                 self.sw.seal(now, changed);
                 match r {
                     Ok(out) => Outcome::Return {
