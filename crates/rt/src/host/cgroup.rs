@@ -336,14 +336,17 @@ impl Cgroup {
             }
         }
         // The shared parent may vanish anywhere between our mkdir of it and of our own
-        // directory (its last other user removed it): the mkdir below it, or a read or write of
-        // its cpuset files, then finds nothing. Start over (create_once removed what it made),
-        // a bounded number of times.
+        // directory (its last other user removed it): the mkdir below it then finds nothing
+        // (ENOENT), and a read or write of the files of a directory being removed fails with
+        // ENODEV (kernfs). Start over (create_once removed what it made), a bounded number of
+        // times.
         let mut attempt = 0;
         loop {
             match Cgroup::create_once(hierarchy, name, spec) {
                 Err(CgroupError::Io { source, .. })
-                    if source.kind() == io::ErrorKind::NotFound && attempt < 3 =>
+                    if (source.kind() == io::ErrorKind::NotFound
+                        || source.raw_os_error() == Some(libc::ENODEV))
+                        && attempt < 3 =>
                 {
                     attempt += 1;
                 }
