@@ -343,6 +343,30 @@ impl Msg {
         }
     }
 
+    /// The connection a message is about: the train's, the state's, or the one named. `None`
+    /// for lifecycle, heartbeat and budget messages, which concern the plane as a whole.
+    pub fn conn(&self) -> Option<ConnId> {
+        match self {
+            Msg::Packets(t) | Msg::Punt(t) => Some(t.conn),
+            Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
+            Msg::DeleteAck { state, .. } => state.map(|s| s.conn),
+            Msg::RecallDone { conn, .. }
+            | Msg::Delete { conn, .. }
+            | Msg::Adopted { conn }
+            | Msg::OffloadStats { conn, .. } => Some(*conn),
+            Msg::SyncDone { .. }
+            | Msg::Activated { .. }
+            | Msg::Release { .. }
+            | Msg::Released { .. }
+            | Msg::Drain { .. }
+            | Msg::Drained { .. }
+            | Msg::Absorbing
+            | Msg::Budget { .. }
+            | Msg::Heartbeat { .. }
+            | Msg::SetWorkers { .. } => None,
+        }
+    }
+
     /// The connection whose state the message carries (a sync, a recall, a delete's ack with
     /// the state): the one whose conntrack entry travels with it.
     pub fn state_conn(&self) -> Option<ConnId> {
