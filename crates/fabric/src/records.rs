@@ -6,13 +6,23 @@ use std::collections::VecDeque;
 
 use spillway_vswitch::Instant;
 
-use crate::dpu::Role;
 use crate::params::FabricParams;
 use crate::types::{Channel, Colour, ConnId, ConnState, Msg, SyncKind, Transmit};
 use crate::vnic::FlowVnic;
 
-/// A per-connection record with a role.
-pub(crate) trait Roled: Copy {
+/// A plane's relation to a connection's state. Exactly one plane is `Owner`, or the state is in
+/// a handover message on its way (then no plane is, and the sender holds a `Copy`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Role {
+    /// This plane owns the state.
+    Owner,
+    /// A mirror kept to fail open (DPU) or to serve misses (plane); the owner is the other side.
+    Copy,
+}
+
+/// A per-connection record: whatever else a node keeps, it has a [`Role`], which only
+/// [`Records::set_role`] changes.
+pub(crate) trait Record: Copy {
     fn role(&self) -> Role;
     fn set_role(&mut self, role: Role);
 }
@@ -27,7 +37,7 @@ pub(crate) struct Records<V> {
     owned: u64,
 }
 
-impl<V: Roled> Records<V> {
+impl<V: Record> Records<V> {
     /// An empty map hashing with `seed` (fixed, so runs are reproducible).
     pub(crate) fn new(seed: u64) -> Records<V> {
         Records {

@@ -41,11 +41,11 @@ use std::collections::BTreeMap;
 use spillway_sketch::features::FlowCounters;
 use spillway_vswitch::Instant;
 
-use crate::dpu::Role;
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::placement::{self, Budget, Candidate, Move, Offloaded, PlacementPolicy};
-use crate::records::{Outbox, Records, Roled};
+use crate::records::Role;
+use crate::records::{Outbox, Record, Records};
 use crate::server::{PS_PER_NS, Server};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
@@ -70,7 +70,7 @@ pub struct SpillConn {
     pub since: Instant,
 }
 
-impl Roled for SpillConn {
+impl Record for SpillConn {
     fn role(&self) -> Role {
         self.role
     }

@@ -112,7 +112,7 @@ pub use dpu::DpuSwitch;
 pub use pair::{Pair, Through};
 pub use plane::PlaneSwitch;
 
-use crate::dpu::Role;
+use crate::records::Role;
 use crate::types::{Channel, ConnId, Msg, SyncKind, Transmit};
 
 /// The largest frame a node takes: a 64 KiB GSO frame with its Ethernet and VLAN headers.

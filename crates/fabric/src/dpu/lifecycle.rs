@@ -1,0 +1,294 @@
+//! The DPU's lifecycle as data: the phase (see the diagram in the [`crate::dpu`] module doc),
+//! the operator's hold, the activation's colour and overflow quota, what the DPU last heard
+//! from the plane, and the events and plane commands a transition emits.
+//!
+//! The transitions themselves are the node's (they move connection records and send sync
+//! messages); this object owns the state they move between and answers the questions the data
+//! path asks of it (is this bucket redirected?) without reaching into the rest of the node.
+
+use std::collections::VecDeque;
+
+use spillway_vswitch::Instant;
+
+use crate::types::Colour;
+use crate::ursched::PlaneView;
+
+/// A lifecycle change, with its reason (URSched's, or the protocol step's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FabricEvent {
+    /// When.
+    pub at: Instant,
+    /// The phase entered, or what changed.
+    pub what: EventKind,
+    /// Why.
+    pub reason: String,
+    /// For [`EventKind::Active`] and [`EventKind::Absorbing`]: when the decision that led to
+    /// it was taken (URSched's or the operator's; the prepare decision of a cold start, the
+    /// activate decision of a warm plane).
+    pub since: Option<Instant>,
+}
+
+/// What a [`FabricEvent`] records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventKind {
+    /// Plane requested (Idle -> Preparing).
+    Preparing,
+    /// Plane up; bulk sync started (Preparing -> Shadow).
+    Shadow,
+    /// Bulk sync acknowledged.
+    Synced,
+    /// Redirect rules requested (Shadow -> Activating).
+    Activating,
+    /// Redirect rules live (Activating -> Active).
+    Active,
+    /// First redirected packet served by the plane (the overflow is being absorbed).
+    Absorbing,
+    /// Overflow quota changed.
+    Quota,
+    /// Worker count changed.
+    Workers,
+    /// Release started (Active -> Draining).
+    Draining,
+    /// Redirect rules removed.
+    RedirectRemoved,
+    /// Back to Idle, host resources released.
+    Idle,
+    /// The plane failed or stalled; traffic fell back to the DPU.
+    FailOpen,
+    /// Pressure but no safe host capacity.
+    Fallback,
+    /// An operator set or cleared a hold on the lifecycle ([`crate::dpu::DpuNode::handle_hold`]).
+    Hold,
+}
+
+impl EventKind {
+    /// Lowercase name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Preparing => "preparing",
+            EventKind::Shadow => "shadow",
+            EventKind::Synced => "synced",
+            EventKind::Activating => "activating",
+            EventKind::Active => "active",
+            EventKind::Absorbing => "absorbing",
+            EventKind::Quota => "quota",
+            EventKind::Workers => "workers",
+            EventKind::Draining => "draining",
+            EventKind::RedirectRemoved => "redirect_removed",
+            EventKind::Idle => "idle",
+            EventKind::FailOpen => "fail_open",
+            EventKind::Fallback => "fallback",
+            EventKind::Hold => "hold",
+        }
+    }
+}
+
+/// A command to the driver about the plane's process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Start the plane with `workers` workers on isolated cores; report
+    /// [`crate::dpu::DpuNode::handle_plane_up`] when it runs.
+    StartPlane {
+        /// Workers.
+        workers: u32,
+    },
+    /// Stop the plane and release its cores.
+    StopPlane,
+}
+
+/// An operator's hold on the lifecycle (`spillway ctl activate | release | auto`). While a hold
+/// is set, URSched's decisions against it are dropped and the DPU moves towards the held state
+/// by the same transitions URSched would use; a fail-open under `Active` is followed by a fresh
+/// plane at the next window (the fabric recovers without the operator).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hold {
+    /// No hold: URSched decides.
+    #[default]
+    Auto,
+    /// Keep a plane active with every bucket redirected.
+    Active,
+    /// Keep the plane released.
+    Released,
+    /// Keep a plane prepared (started, bulk-synced, in shadow) but not active: a pre-warm, so
+    /// that a later activation only installs the redirect rules.
+    Shadow,
+}
+
+impl Hold {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hold::Auto => "auto",
+            Hold::Active => "active",
+            Hold::Released => "released",
+            Hold::Shadow => "shadow",
+        }
+    }
+}
+
+/// Lifecycle phase. See the module doc's diagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// No plane. Entered at start, from `Draining` when the plane drained, from `Shadow` when
+    /// it is released before activation, and from every state with a plane on a fail-open.
+    Idle,
+    /// Plane starting (URSched's or an operator's prepare). Entered only from `Idle`.
+    Preparing {
+        /// Colour of this activation.
+        colour: Colour,
+    },
+    /// Plane up, bulk sync running or done; forwarding untouched. Entered only from
+    /// `Preparing`, at the plane's first heartbeat (or the driver's report that it runs).
+    Shadow {
+        /// Colour.
+        colour: Colour,
+        /// The plane acknowledged the bulk sync of this colour.
+        synced: bool,
+    },
+    /// Redirect rules being installed. Entered only from a synced `Shadow`.
+    Activating {
+        /// Colour.
+        colour: Colour,
+        /// When they are live.
+        live_at: Instant,
+    },
+    /// Redirect rules live. Entered only from `Activating`, when the rules are.
+    Active {
+        /// Colour.
+        colour: Colour,
+    },
+    /// Releasing: hand back, remove the redirect rules, drain. Entered only from `Active`.
+    Draining {
+        /// Colour.
+        colour: Colour,
+        /// Where the release is.
+        step: DrainStep,
+    },
+}
+
+/// Steps of a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainStep {
+    /// Waiting for the plane to hand every connection back.
+    HandBack,
+    /// Redirect rules being removed; live until `done_at`.
+    RemoveRedirect {
+        /// When they are gone.
+        done_at: Instant,
+    },
+    /// Waiting for the plane's in-flight packets.
+    Drain,
+}
+
+impl Phase {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Preparing { .. } => "preparing",
+            Phase::Shadow { .. } => "shadow",
+            Phase::Activating { .. } => "activating",
+            Phase::Active { .. } => "active",
+            Phase::Draining { .. } => "draining",
+        }
+    }
+
+    pub(crate) fn has_plane(self) -> bool {
+        !matches!(self, Phase::Idle | Phase::Preparing { .. })
+    }
+
+    /// Redirect rules steer packets.
+    pub fn redirect_live(self) -> bool {
+        matches!(
+            self,
+            Phase::Active { .. }
+                | Phase::Draining {
+                    step: DrainStep::HandBack | DrainStep::RemoveRedirect { .. },
+                    ..
+                }
+        )
+    }
+}
+
+/// The lifecycle's state. See the module doc.
+#[derive(Debug)]
+pub(crate) struct Lifecycle {
+    pub(crate) phase: Phase,
+    pub(crate) hold: Hold,
+    /// The colour of the latest activation (bumped at every prepare).
+    pub(crate) colour: Colour,
+    /// Redirected buckets (the overflow quota).
+    pub(crate) quota: u16,
+    /// When the decision behind the activation under way was taken (for the time to absorb).
+    pub(crate) trigger: Option<Instant>,
+    /// The plane reported its first redirected packet in this activation.
+    pub(crate) absorbed: bool,
+    /// The plane's last heartbeat (or start).
+    pub(crate) last_heartbeat: Instant,
+    /// Workers the plane runs (its last heartbeat, or what was asked of it).
+    pub(crate) plane_workers: u32,
+    /// The plane's utilisation in its last heartbeat.
+    pub(crate) plane_util: f64,
+    pub(crate) events: VecDeque<FabricEvent>,
+    pub(crate) commands: VecDeque<Command>,
+}
+
+impl Lifecycle {
+    pub(crate) fn new() -> Lifecycle {
+        Lifecycle {
+            phase: Phase::Idle,
+            hold: Hold::Auto,
+            colour: Colour(0),
+            quota: 0,
+            trigger: None,
+            absorbed: false,
+            last_heartbeat: Instant::ZERO,
+            plane_workers: 0,
+            plane_util: 0.0,
+            events: VecDeque::new(),
+            commands: VecDeque::new(),
+        }
+    }
+
+    /// Records a lifecycle event.
+    pub(crate) fn event(&mut self, at: Instant, what: EventKind, reason: impl Into<String>) {
+        self.events.push_back(FabricEvent {
+            at,
+            what,
+            reason: reason.into(),
+            since: None,
+        });
+    }
+
+    /// True when bucket `b` is redirected to the plane now.
+    pub(crate) fn redirects(&self, b: u16) -> bool {
+        self.phase.redirect_live() && b < self.quota
+    }
+
+    /// The plane as URSched sees it.
+    pub(crate) fn plane_view(&self) -> PlaneView {
+        match self.phase {
+            Phase::Idle => PlaneView::Idle,
+            Phase::Preparing { .. } => PlaneView::Preparing { synced: false },
+            Phase::Shadow { synced, .. } => PlaneView::Preparing { synced },
+            Phase::Activating { .. } | Phase::Draining { .. } => PlaneView::Busy,
+            Phase::Active { .. } => PlaneView::Active,
+        }
+    }
+
+    /// The lifecycle's next timer: redirect rules going live or gone.
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Activating { live_at, .. } => Some(live_at),
+            Phase::Draining {
+                step: DrainStep::RemoveRedirect { done_at },
+                ..
+            } => Some(done_at),
+            Phase::Idle
+            | Phase::Preparing { .. }
+            | Phase::Shadow { .. }
+            | Phase::Active { .. }
+            | Phase::Draining { .. } => None,
+        }
+    }
+}

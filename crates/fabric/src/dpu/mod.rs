@@ -1,0 +1,569 @@
+//! The emulated DPU: hardware fast path, SoC slow path, redirect rules, memory, the DPU side of
+//! the vNIC set, and the fabric lifecycle that URSched drives.
+//!
+//! # Polling order
+//!
+//! A driver calls, for each event at `now`: one `handle_*` input ([`DpuNode::handle_train`] for a
+//! packet train from a VM or the uplink, [`DpuNode::handle_msg`] for a message from the spill
+//! plane, [`DpuNode::handle_timeout`] when [`DpuNode::poll_timeout`] is due, [`DpuNode::handle_plane_up`]
+//! and [`DpuNode::handle_plane_failed`] for the plane's process); then drains
+//! [`DpuNode::poll_transmit`] (messages to the plane), [`DpuNode::poll_command`] (start/stop the
+//! plane) and [`DpuNode::poll_event`] (lifecycle events with reasons), and re-reads
+//! [`DpuNode::poll_timeout`].
+//!
+//! # The lifecycle
+//!
+//! ```text
+//!            Prepare (URSched)          plane up                 bulk sync acked
+//!   Idle ----------------------> Preparing ------> Shadow --------------------+
+//!    ^                                              |  ^                      |
+//!    | plane drained           shadow idle (release)|  | (synced)             | Activate (URSched)
+//!    |                                              v  |                      v
+//!  Draining <---- Release (URSched) ---- Active <---- Activating (redirect rules, ~10 ms)
+//!    (hand back, remove redirect, drain in flight)
+//!   any state with a plane --(heartbeat lost / plane failed)--> FailOpen --> Idle
+//! ```
+//!
+//! Idle is entered at start, from Draining when the plane drained, from Shadow when it idled out,
+//! and from a fail-open. Preparing only from Idle; Shadow only from Preparing; Activating only
+//! from Shadow; Active only from Activating; Draining from Active.
+//!
+//! # Layout
+//!
+//! [`DpuNode`] composes owned parts, each a leaf module that knows nothing of the node:
+//! `resources` (everything the DPU can run out of: fast path, SoC, steering, phy vNIC, PCIe,
+//! memory), `inserts` (the rate-limited insertion queue), `lifecycle` (phase, hold, colour,
+//! quota, the plane's last report, events and commands), `window` (measurement windows and
+//! URSched) and `deletes` (duplicate suppression for the reliable channel). The node's own
+//! methods are the protocol between those parts, by input: `datapath` (trains), `protocol`
+//! (the plane's messages and insert completions) and `transitions` (lifecycle steps, timers,
+//! windows, the operator's hold).
+//!
+//! # What the model charges
+//!
+//! - A train whose connection has live hardware entries is served by the fast path: a FIFO
+//!   server at `hw_pps_limit` with a `hw_queue_packets` queue; the excess is `dpu.hw.overload`.
+//! - A miss in a redirected bucket is steered to the spill plane (line-rate steering, then the
+//!   phy vNIC toward the host at `phy_vnic_pps_limit`, then the PCIe link toward the host).
+//! - Every packet the DPU writes into a VM crosses the PCIe link toward the host: it pays
+//!   `pcie.latency` and occupies that direction's bandwidth (`(bytes + overhead_bytes) /
+//!   bandwidth_bytes`, one FIFO shared with the steered packets). A packet the plane sends back
+//!   (no vATC) also passes the steering engine again, and for a VM crosses the link a third
+//!   time: `pcie.crossings` counts 1 for the steer, 1 back, 1 into the VM.
+//! - Any other miss takes the SoC: `soc_new_conn_cost` for a new connection (then two insert
+//!   commands), `soc_miss_cost` for a packet of a known connection, `soc_sync_cost` per state
+//!   message ingested from the plane. All on `soc_cores` behind one bounded queue.
+//! - Inserts go through an insertion server at `insert_rate_limit` with `insert_latency`; the
+//!   entry serves packets only once live. The table refuses inserts when full.
+
+mod datapath;
+mod deletes;
+mod inserts;
+mod lifecycle;
+mod protocol;
+mod resources;
+mod transitions;
+mod window;
+
+use spillway_vswitch::Instant;
+
+pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
+pub use crate::records::Role;
+pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
+
+use crate::metrics::{Drops, LatencyHist};
+use crate::params::FabricParams;
+use crate::records::{Outbox, Record, Records};
+use crate::types::{Channel, ConnId, ConnState, Msg, Owner, SyncKind, Transmit};
+use crate::ursched::Load;
+use deletes::DeleteLog;
+use inserts::InsertQueue;
+use lifecycle::Lifecycle;
+use resources::Resources;
+use window::Windows;
+
+/// The DPU's record of a connection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DpuConn {
+    /// The state (authoritative when `role` is `Owner`, a mirror otherwise).
+    pub state: ConnState,
+    /// Owner, copy or in transit.
+    pub role: Role,
+    /// Live hardware entries (0..=2).
+    pub hw_live: u8,
+    /// Inserts queued for it.
+    pub inserts_pending: u8,
+    /// Came back from the plane by recall (its rate is reported to the plane's placement).
+    pub recalled: bool,
+    /// Hardware packet count at the last stats report.
+    pub hw_pkts_mark: u64,
+    /// When `hw_pkts_mark` was taken (the last report, or the recall that installed the
+    /// entries): a flow recalled in the middle of a stats period is reported over the time it
+    /// has been on the fast path, not over the whole period.
+    pub hw_mark_at: Instant,
+    /// Where placement has moved it so far (for counting flaps).
+    pub history: RecallHistory,
+}
+
+/// Where placement has moved a connection so far: what `dpu.placement.flap` counts from.
+///
+/// A **flap** is a reversal of an earlier placement of the same connection: after its first
+/// recall to the fast path, every move of the connection between the fast path and the host
+/// counts once, whichever way it goes and whoever makes it. Leaving the fast path is a
+/// demotion by the policy or a shed by the DPU (its fast path overflowed, as when a recalled
+/// flow bursts); coming back is a recall. A flow recalled once and kept has no flap; recalled,
+/// shed and recalled again has two. Counting sheds makes the figure meaningful for policies
+/// that never demote (first come, threshold): what they recall badly, the DPU takes back.
+/// Moves of a connection never recalled (a shed of a flow the SoC opened) are not flaps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RecallHistory {
+    /// Never recalled.
+    #[default]
+    Never,
+    /// Recalled, and on the fast path since.
+    Recalled,
+    /// Recalled once, and left the fast path for the host since (it may be recalled again).
+    Left,
+}
+
+impl Record for DpuConn {
+    fn role(&self) -> Role {
+        self.role
+    }
+    fn set_role(&mut self, role: Role) {
+        self.role = role;
+    }
+}
+
+/// DPU counters (dotted names in [`DpuCounters::iter`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DpuCounters {
+    /// `dpu.rx.packets`: packets offered by VMs and the uplink.
+    pub offered: u64,
+    /// `dpu.hw.packets`: delivered by the hardware fast path.
+    pub hw_delivered: u64,
+    /// `dpu.soc.packets`: delivered by the SoC slow path.
+    pub soc_delivered: u64,
+    /// `dpu.host_out.packets`: spill-plane packets the DPU sent on to VMs or the uplink.
+    pub host_out: u64,
+    /// `dpu.steer.packets`: packets steered to the spill plane by redirect rules.
+    pub steered: u64,
+    /// `spill.redirect.new_conn`: new connections steered to the plane.
+    pub steered_new_conn: u64,
+    /// `dpu.soc.new_conn`: connections opened on the SoC.
+    pub soc_new_conn: u64,
+    /// `dpu.hw.insert`: entries that went live.
+    pub inserts: u64,
+    /// `dpu.hw.insert_rejected`: inserts refused (table full or insert queue full).
+    pub insert_rejected: u64,
+    /// `dpu.hw.delete`: entries removed.
+    pub deletes: u64,
+    /// `dpu.recall.ok`: recalls whose entries went live.
+    pub recalls_ok: u64,
+    /// `dpu.recall.refused`: recalls refused.
+    pub recalls_refused: u64,
+    /// `dpu.demote`: entries demoted back to the plane (rebalance swaps).
+    pub demotes: u64,
+    /// `dpu.hw.delete.to_host`: entries removed because their connection moved to the host
+    /// plane (demoted by placement or shed under overload), not because it closed. Part of
+    /// `dpu.hw.delete`.
+    pub deletes_to_host: u64,
+    /// `dpu.placement.flap`: placement reversals (see [`RecallHistory`]).
+    pub flaps: u64,
+    /// `dpu.sync.tx`: state messages sent to the plane.
+    pub sync_tx: u64,
+    /// `dpu.sync.rx`: state messages received from the plane.
+    pub sync_rx: u64,
+    /// `pcie.crossings`: packet crossings of the PCIe link (each delivered packet, each way).
+    pub pcie_crossings: u64,
+    /// `dpu.failopen`: fail-opens.
+    pub fail_opens: u64,
+    /// `control.delete.dup`: duplicate deletes (retransmissions) ignored.
+    pub delete_dups: u64,
+    /// `dpu.mirror.skipped`: plane state not mirrored for lack of DPU memory.
+    pub mirror_skipped: u64,
+    /// `dpu.punt_in`: packets the plane handed back for lack of state.
+    pub punted_in: u64,
+    /// `dpu.shed`: established connections handed to the plane because the fast path was over
+    /// capacity.
+    pub shed: u64,
+    /// `fabric.conn.closed`: connections whose last packet was delivered (by either plane).
+    pub closed: u64,
+    /// `dpu.open_dropped`: opening packets the DPU dropped (their connection never starts).
+    pub open_dropped: u64,
+}
+
+impl DpuCounters {
+    /// `(metric, value)` pairs in a stable order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("dpu.rx.packets", self.offered),
+            ("dpu.hw.packets", self.hw_delivered),
+            ("dpu.soc.packets", self.soc_delivered),
+            ("dpu.host_out.packets", self.host_out),
+            ("dpu.steer.packets", self.steered),
+            ("spill.redirect.new_conn", self.steered_new_conn),
+            ("dpu.soc.new_conn", self.soc_new_conn),
+            ("dpu.hw.insert", self.inserts),
+            ("dpu.hw.insert_rejected", self.insert_rejected),
+            ("dpu.hw.delete", self.deletes),
+            ("dpu.recall.ok", self.recalls_ok),
+            ("dpu.recall.refused", self.recalls_refused),
+            ("dpu.demote", self.demotes),
+            ("dpu.hw.delete.to_host", self.deletes_to_host),
+            ("dpu.placement.flap", self.flaps),
+            ("dpu.sync.tx", self.sync_tx),
+            ("dpu.sync.rx", self.sync_rx),
+            ("pcie.crossings", self.pcie_crossings),
+            ("dpu.failopen", self.fail_opens),
+            ("control.delete.dup", self.delete_dups),
+            ("dpu.mirror.skipped", self.mirror_skipped),
+            ("dpu.punt_in", self.punted_in),
+            ("dpu.shed", self.shed),
+            ("fabric.conn.closed", self.closed),
+            ("dpu.open_dropped", self.open_dropped),
+        ]
+        .into_iter()
+    }
+}
+
+/// The emulated DPU node. See the module doc.
+///
+/// The node is a composition of owned parts, each in its own module: [`Resources`] (what the
+/// DPU can run out of), [`InsertQueue`], [`Lifecycle`] (phase, hold, colour, quota, what the
+/// plane last reported), [`Windows`] (measurement windows and URSched), the connection
+/// records, the outbox toward the plane and the delete log. The node's methods are the
+/// protocol between them: `datapath.rs` serves trains, `protocol.rs` the plane's messages and
+/// the hardware's completions, `transitions.rs` the lifecycle's steps.
+#[derive(Debug)]
+pub struct DpuNode {
+    f: FabricParams,
+    /// Packets the current input delivered (see [`DpuNode::delivered_last`]).
+    delivered_last: u32,
+    res: Resources,
+    inserts: InsertQueue,
+    life: Lifecycle,
+    win: Windows,
+    conns: Records<DpuConn>,
+    deletes: DeleteLog,
+    out: Outbox,
+    insert_refused_at_completion: u64,
+    first_no_state: Option<ConnId>,
+    /// Packets matched by recalled entries that are gone or no longer recalled (see
+    /// [`DpuNode::recalled_hw_packets`]).
+    recalled_hw_retired: u64,
+    counters: DpuCounters,
+    drops: Drops,
+    latency: LatencyHist,
+    latency_window: LatencyHist,
+}
+
+impl DpuNode {
+    /// A DPU with the limits in `f` (validated by the caller with [`FabricParams::validate`]).
+    pub fn new(f: &FabricParams) -> DpuNode {
+        DpuNode::with_hardware(f, Box::new(EmulatedHardware::new(f)))
+    }
+
+    /// A DPU node over other hardware (a real backend, or a test double).
+    pub fn with_hardware(f: &FabricParams, hw: Box<dyn DpuHardware>) -> DpuNode {
+        DpuNode {
+            res: Resources::new(f, hw),
+            inserts: InsertQueue::new(f),
+            life: Lifecycle::new(),
+            win: Windows::new(f),
+            conns: Records::new(7),
+            deletes: DeleteLog::default(),
+            out: Outbox::new(f),
+            insert_refused_at_completion: 0,
+            first_no_state: None,
+            delivered_last: 0,
+            recalled_hw_retired: 0,
+            counters: DpuCounters::default(),
+            drops: Drops::default(),
+            latency: LatencyHist::default(),
+            latency_window: LatencyHist::default(),
+            f: f.clone(),
+        }
+    }
+
+    // ---- getters -------------------------------------------------------------------------
+
+    /// The lifecycle phase.
+    pub fn phase(&self) -> Phase {
+        self.life.phase
+    }
+    /// The operator's hold.
+    pub fn hold(&self) -> Hold {
+        self.life.hold
+    }
+    /// Counters.
+    pub fn counters(&self) -> &DpuCounters {
+        &self.counters
+    }
+    /// Drops by reason.
+    pub fn drops(&self) -> &Drops {
+        &self.drops
+    }
+    /// Latency of every packet the DPU delivered (its own and the plane's), ns.
+    pub fn latency(&self) -> &LatencyHist {
+        &self.latency
+    }
+    /// Latency since the last [`DpuNode::take_window_latency`].
+    pub fn take_window_latency(&mut self) -> LatencyHist {
+        let h = self.latency_window.clone();
+        self.latency_window.clear();
+        h
+    }
+    /// Hardware entries in use.
+    pub fn hw_entries(&self) -> usize {
+        self.res.entries()
+    }
+    /// Hardware table capacity.
+    pub fn hw_capacity(&self) -> usize {
+        self.res.capacity()
+    }
+    /// DPU memory in use, bytes.
+    pub fn mem_used(&self) -> u64 {
+        self.res.mem_used()
+    }
+    /// Redirected buckets (the overflow quota).
+    pub fn quota(&self) -> u16 {
+        self.life.quota
+    }
+    /// The load URSched saw in the last window.
+    pub fn last_load(&self) -> &Load {
+        self.win.last_load()
+    }
+    /// Packets the fast path has matched for connections while they were recalled from the
+    /// plane: the hardware counters of live recalled entries plus those of recalled entries
+    /// removed (or demoted) before. O(connections): for reports at a window's edges, not per
+    /// packet. The entries' counters count matches, so under fast-path overload (a full input
+    /// queue) this includes packets the queue then dropped.
+    pub fn recalled_hw_packets(&self) -> u64 {
+        let live: u64 = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.recalled && c.hw_live > 0)
+            .map(|(k, _)| self.res.entry_packets(*k))
+            .sum();
+        self.recalled_hw_retired + live
+    }
+
+    /// `conn` stops being recalled (demoted, stripped, rolled back, closed): its entries'
+    /// counts so far stay in [`DpuNode::recalled_hw_packets`].
+    fn retire_recalled(&mut self, conn: ConnId) {
+        if self.conns.get(&conn).is_some_and(|c| c.recalled) {
+            self.recalled_hw_retired += self.res.entry_packets(conn);
+        }
+    }
+
+    /// Insert commands the hardware has executed (live or refused by a full table); the
+    /// insertion-budget checker reads it.
+    pub fn inserts_total(&self) -> u64 {
+        self.counters.inserts + self.insert_refused_at_completion
+    }
+    /// The first connection a packet of which found no state here (for diagnosing a failed
+    /// continuity check).
+    pub fn first_no_state(&self) -> Option<ConnId> {
+        self.first_no_state
+    }
+    /// The DPU's record of `conn`.
+    pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
+        self.conns.get(&conn)
+    }
+    /// Connections the DPU has a record of.
+    pub fn conns_len(&self) -> usize {
+        self.conns.len()
+    }
+    /// Connections the DPU owns.
+    pub fn conns_owned(&self) -> u64 {
+        self.conns.owned()
+    }
+    /// Every record, sorted by connection (for checkers and dumps; O(n log n)).
+    pub fn conns_sorted(&self) -> Vec<(ConnId, DpuConn)> {
+        self.conns.sorted()
+    }
+    /// Where `conn` is served: `None` if the DPU has no record.
+    pub fn owner_view(&self, conn: ConnId) -> Option<Owner> {
+        self.conns.get(&conn).map(|c| match c.role {
+            Role::Owner if c.hw_live == 2 => Owner::DpuHw,
+            Role::Owner => Owner::DpuSoc,
+            Role::Copy => Owner::Spill,
+        })
+    }
+
+    // ---- outputs ---------------------------------------------------------------------------
+
+    /// The next message for the plane.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop()
+    }
+    /// The next command for the driver.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.life.commands.pop_front()
+    }
+    /// The next lifecycle event.
+    pub fn poll_event(&mut self) -> Option<FabricEvent> {
+        self.life.events.pop_front()
+    }
+    /// When [`DpuNode::handle_timeout`] must next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = self.win.next_edge();
+        if let Some(due) = self.inserts.next_due() {
+            t = t.min(due);
+        }
+        if let Some(at) = self.life.next_timer() {
+            t = t.min(at);
+        }
+        Some(t)
+    }
+
+    fn event(&mut self, at: Instant, what: EventKind, reason: impl Into<String>) {
+        self.life.event(at, what, reason);
+    }
+
+    fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
+        self.out.send(at, channel, msg);
+    }
+
+    /// Sends a state message on the flow vNIC (rate-limited; never refused: the sync queue is
+    /// sized for a bulk sync and a full one only delays).
+    fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
+        self.counters.sync_tx += 1;
+        self.out.sync(now, self.life.colour, kind, state);
+    }
+
+    fn add_conn(&mut self, conn: ConnId, rec: DpuConn) {
+        if self.conns.insert(conn, rec).is_none() {
+            self.res.conn_added();
+        }
+    }
+
+    fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
+        self.retire_recalled(conn);
+        let rec = self.conns.remove(conn)?;
+        self.res.conn_removed();
+        self.counters.deletes += self.res.remove_entries(conn);
+        Some(rec)
+    }
+
+    fn set_role(&mut self, conn: ConnId, role: Role) {
+        self.conns.set_role(conn, role);
+    }
+
+    /// The driver's report of how many host cores the tenants use (isolation input).
+    pub fn set_tenant_cores(&mut self, cores: u32) {
+        self.win.set_tenant_cores(cores);
+    }
+
+    /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.
+    /// O(connections).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.res.check_invariants(self.conns.len())?;
+        self.inserts.check_invariants()?;
+        self.conns.check("dpu")
+    }
+
+    /// Cheap checks after every event: table within capacity, queues within bounds.
+    pub fn check_cheap(&self) -> Result<(), String> {
+        self.res.check_cheap(self.conns_len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_vswitch::TenantId;
+
+    use super::*;
+    use crate::types::{ConnPhase, Dest, Kind, Side, Train};
+
+    fn data(conn: ConnId, at: Instant, packets: u32) -> Train {
+        Train {
+            conn,
+            tenant: TenantId(1),
+            side: Side::Orig,
+            dest: Dest::Wire,
+            kind: Kind::Data,
+            packets,
+            packet_bytes: 64,
+            born: at,
+            denied: false,
+        }
+    }
+
+    #[test]
+    fn recall_demote_recall_is_two_flaps_and_recalled_packets_are_counted() {
+        let mut dpu = DpuNode::new(&FabricParams::default());
+        let conn = ConnId(5);
+        let state = ConnState {
+            conn,
+            tenant: TenantId(1),
+            phase: ConnPhase::Established,
+            packets: 10,
+            version: 2,
+            opened: Instant(0),
+        };
+        let recall = Msg::Recall {
+            state,
+            pps: 0.0,
+            replaces_pps: 0.0,
+        };
+        let ms = |m: u64| Instant(m * 1_000_000);
+        // Recalled: entries live after the insert latency. Not a flap.
+        dpu.handle_msg(ms(1), recall);
+        dpu.handle_timeout(ms(2));
+        assert_eq!(dpu.owner_view(conn), Some(Owner::DpuHw));
+        assert_eq!(dpu.counters().flaps, 0);
+        dpu.handle_train(ms(3), &data(conn, ms(3), 40));
+        assert_eq!(dpu.recalled_hw_packets(), 40);
+        // Demoted: a flap; its entries go when the plane has adopted it.
+        dpu.handle_msg(ms(4), Msg::Delete { seq: 1, conn });
+        assert_eq!(dpu.counters().flaps, 1);
+        assert_eq!(dpu.counters().demotes, 1);
+        dpu.handle_msg(ms(5), Msg::Adopted { conn });
+        assert_eq!(dpu.counters().deletes_to_host, 2);
+        assert_eq!(dpu.counters().deletes, 2);
+        // Recalled again: the second flap. Packets of the first stint stay counted.
+        dpu.handle_msg(ms(6), recall);
+        dpu.handle_timeout(ms(7));
+        assert_eq!(dpu.counters().flaps, 2);
+        assert_eq!(dpu.counters().recalls_ok, 2);
+        dpu.handle_train(ms(8), &data(conn, ms(8), 2));
+        assert_eq!(dpu.recalled_hw_packets(), 42);
+        assert_eq!(dpu.counters().hw_delivered, 42);
+        dpu.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_shed_counts_as_a_flap_only_for_a_recalled_connection() {
+        let mut dpu = DpuNode::new(&FabricParams::default());
+        // A connection the SoC opened, with live entries (what a shed picks).
+        dpu.conns.insert(
+            ConnId(1),
+            DpuConn {
+                state: ConnState {
+                    conn: ConnId(1),
+                    tenant: TenantId(1),
+                    phase: ConnPhase::Established,
+                    packets: 0,
+                    version: 1,
+                    opened: Instant(0),
+                },
+                role: Role::Owner,
+                hw_live: 2,
+                inserts_pending: 0,
+                recalled: false,
+                hw_pkts_mark: 0,
+                hw_mark_at: Instant::ZERO,
+                history: RecallHistory::Never,
+            },
+        );
+        dpu.left_fast_path(ConnId(1));
+        assert_eq!(dpu.counters().flaps, 0);
+        assert_eq!(dpu.conns[&ConnId(1)].history, RecallHistory::Never);
+        dpu.conns.get_mut(&ConnId(1)).unwrap().history = RecallHistory::Recalled;
+        dpu.left_fast_path(ConnId(1));
+        assert_eq!(dpu.counters().flaps, 1);
+        assert_eq!(dpu.conns[&ConnId(1)].history, RecallHistory::Left);
+    }
+}

@@ -1,0 +1,411 @@
+//! The DPU's side of the sync protocol: the plane's messages (state sync, recalls, deletes on
+//! the reliable channel, adoptions, lifecycle replies, heartbeats), the hardware's insert
+//! completions that finish a recall, and the stats and budget the DPU reports back.
+
+use spillway_vswitch::Instant;
+use spillway_vswitch::flow_table::Inserted;
+
+use super::inserts::PendingInsert;
+use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase};
+use super::resources::SocWork;
+use super::{DpuConn, DpuNode, RecallHistory, Role};
+use crate::hw::{HwKey, HwRule};
+use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
+
+impl DpuNode {
+    /// A message from the spill plane.
+    pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        self.delivered_last = 0;
+        match msg {
+            Msg::Packets(t) => self.handle_returned(now, &t),
+            Msg::Punt(t) => {
+                // The plane had no state for it: the slow path serves it as the owner. It
+                // crossed the link back.
+                self.counters.pcie_crossings += u64::from(t.packets);
+                self.counters.punted_in += u64::from(t.packets);
+                self.slow_path(now, &t, true);
+            }
+            Msg::Sync {
+                kind,
+                state,
+                colour,
+            } => {
+                self.counters.sync_rx += 1;
+                self.res.soc(now, SocWork::Sync, 1);
+                // A message of an older colour comes from a plane that has since failed or
+                // been released: nobody but the DPU can own what it carries.
+                let orphan = !self.life.phase.has_plane() || colour < self.life.colour;
+                self.ingest_sync(kind, state, orphan);
+            }
+            Msg::SyncDone { colour, count } => {
+                if let Phase::Shadow {
+                    colour: c,
+                    synced: false,
+                } = self.life.phase
+                    && c == colour
+                {
+                    self.life.phase = Phase::Shadow {
+                        colour,
+                        synced: true,
+                    };
+                    self.event(
+                        now,
+                        EventKind::Synced,
+                        format!(
+                            "bulk sync of colour {} acknowledged: {count} connections",
+                            colour.0
+                        ),
+                    );
+                    self.enforce_hold(now);
+                }
+            }
+            Msg::Recall {
+                state,
+                pps,
+                replaces_pps,
+            } => self.handle_recall(now, state, pps, replaces_pps),
+            Msg::Adopted { conn } => {
+                // The plane has the state now: its packets may miss the fast path.
+                if self.conns.get(&conn).is_some_and(|c| c.role == Role::Copy) {
+                    self.strip_entries(conn);
+                }
+            }
+            Msg::Delete { seq, conn } => self.handle_delete(now, seq, conn),
+            Msg::Released { colour, count } => {
+                if let Phase::Draining {
+                    colour: c,
+                    step: DrainStep::HandBack,
+                } = self.life.phase
+                    && c == colour
+                {
+                    let done_at = now + self.f.dpu.redirect_latency;
+                    self.life.phase = Phase::Draining {
+                        colour,
+                        step: DrainStep::RemoveRedirect { done_at },
+                    };
+                    self.event(
+                        now,
+                        EventKind::Draining,
+                        format!("{count} connections handed back; removing redirect rules"),
+                    );
+                }
+            }
+            Msg::Heartbeat { workers, util } => {
+                self.life.last_heartbeat = now;
+                self.life.plane_workers = workers;
+                self.life.plane_util = util;
+                if let Phase::Preparing { colour } = self.life.phase {
+                    self.enter_shadow(now, colour);
+                }
+            }
+            Msg::Absorbing => {
+                if !self.life.absorbed {
+                    self.life.absorbed = true;
+                    let since = self.life.trigger.take();
+                    let reason = match since {
+                        Some(t) => format!(
+                            "first redirected packet served by the plane, {:.1} ms after the trigger",
+                            (now - t).as_secs_f64() * 1e3
+                        ),
+                        None => "first redirected packet served by the plane".to_string(),
+                    };
+                    self.life.events.push_back(FabricEvent {
+                        at: now,
+                        what: EventKind::Absorbing,
+                        reason,
+                        since,
+                    });
+                }
+            }
+            // DPU-to-plane messages never come back this way.
+            Msg::RecallDone { .. }
+            | Msg::DeleteAck { .. }
+            | Msg::Release { .. }
+            | Msg::SetWorkers { .. }
+            | Msg::Activated { .. }
+            | Msg::OffloadStats { .. }
+            | Msg::Budget { .. } => {}
+            Msg::Drained { colour } => {
+                if let Phase::Draining {
+                    colour: c,
+                    step: DrainStep::Drain,
+                } = self.life.phase
+                    && c == colour
+                {
+                    self.go_idle(now, "plane drained; host cores released".into());
+                }
+            }
+            Msg::Drain { .. } => {}
+        }
+    }
+
+    pub(super) fn ingest_sync(&mut self, kind: SyncKind, state: ConnState, orphan: bool) {
+        if kind == SyncKind::Closed {
+            // The connection's last packet went through the plane: forget it, entries and all.
+            self.remove_conn(state.conn);
+            return;
+        }
+        match (self.conns.get_mut(&state.conn), kind) {
+            (None, SyncKind::Update) => {}
+            (Some(c), SyncKind::Mirror | SyncKind::Update) => {
+                if state.version >= c.state.version {
+                    c.state = state;
+                }
+                if orphan {
+                    self.set_role(state.conn, Role::Owner);
+                }
+            }
+            (Some(c), SyncKind::Handover) => {
+                if state.version >= c.state.version {
+                    c.state = state;
+                }
+                self.set_role(state.conn, Role::Owner);
+            }
+            (_, SyncKind::Closed) => unreachable!("handled above"),
+            (None, kind) => {
+                // With no plane running (a late message from a plane that failed or was
+                // released) the DPU is the only possible owner.
+                let role = if kind == SyncKind::Handover || orphan {
+                    Role::Owner
+                } else {
+                    Role::Copy
+                };
+                // A mirror needs memory like any connection. Without room the DPU keeps no
+                // copy and could not fail this connection open (`dpu.mirror.skipped`); a
+                // handover is taken regardless, since refusing it would lose the state.
+                if role == Role::Copy && !self.res.conn_fits() {
+                    self.counters.mirror_skipped += 1;
+                    return;
+                }
+                self.add_conn(
+                    state.conn,
+                    DpuConn {
+                        state,
+                        role,
+                        hw_live: 0,
+                        inserts_pending: 0,
+                        recalled: false,
+                        hw_pkts_mark: 0,
+                        hw_mark_at: Instant::ZERO,
+                        history: RecallHistory::Never,
+                    },
+                );
+            }
+        }
+    }
+
+    pub(super) fn handle_recall(
+        &mut self,
+        now: Instant,
+        state: ConnState,
+        pps: f64,
+        replaces_pps: f64,
+    ) {
+        let free = self.free_entries();
+        // URSched's headroom binds every policy: a recall may not push the fast path past its
+        // target utilisation. A swap is charged only what it adds.
+        let charge = (pps - replaces_pps).max(0.0);
+        let fits_pps = self.win.recall_fits(charge);
+        let known = self.conns.contains_key(&state.conn);
+        if free < 2 || !fits_pps || (!known && !self.res.conn_fits()) {
+            self.counters.recalls_refused += 1;
+            self.send(
+                now,
+                Channel::FlowVnic,
+                Msg::RecallDone {
+                    conn: state.conn,
+                    ok: false,
+                },
+            );
+            return;
+        }
+        self.win.grant(charge);
+        match self.conns.get_mut(&state.conn) {
+            Some(c) => {
+                if state.version >= c.state.version {
+                    c.state = state;
+                }
+                c.recalled = true;
+                // The entries are new: their counters start from zero now.
+                c.hw_pkts_mark = 0;
+                c.hw_mark_at = now;
+            }
+            None => self.add_conn(
+                state.conn,
+                DpuConn {
+                    state,
+                    role: Role::Copy,
+                    hw_live: 0,
+                    inserts_pending: 0,
+                    recalled: true,
+                    hw_pkts_mark: 0,
+                    hw_mark_at: now,
+                    history: RecallHistory::Never,
+                },
+            ),
+        }
+        let queued = self.queue_inserts(now, state.conn, true);
+        if let Some(c) = self.conns.get_mut(&state.conn) {
+            c.inserts_pending = queued;
+        }
+        if queued < 2 {
+            // Half-queued: the completion of the queued one finishes the recall (as refused).
+            if queued == 0 {
+                self.finish_recall(now, state.conn, false);
+            }
+        }
+    }
+
+    pub(super) fn handle_delete(&mut self, now: Instant, seq: u64, conn: ConnId) {
+        if let Some(state) = self.deletes.answered(seq) {
+            // A retransmission: the first copy already took effect; ack again.
+            self.counters.delete_dups += 1;
+            self.send(now, Channel::Control, Msg::DeleteAck { seq, state });
+            return;
+        }
+        let state = match self.conns.get(&conn).copied() {
+            Some(c) if c.role == Role::Owner => {
+                // The entries stay live until the plane has adopted the connection
+                // (`Msg::Adopted`): removed now, its next packets would be redirected to a
+                // plane that may not have the state yet (the ack travels on another channel).
+                self.retire_recalled(conn);
+                if let Some(r) = self.conns.get_mut(&conn) {
+                    r.recalled = false;
+                }
+                self.set_role(conn, Role::Copy);
+                self.counters.demotes += 1;
+                self.left_fast_path(conn);
+                Some(c.state)
+            }
+            _ => None,
+        };
+        self.deletes.record(seq, state);
+        self.send(now, Channel::Control, Msg::DeleteAck { seq, state });
+    }
+
+    /// `conn` leaves the fast path for the host (demoted or shed): a flap if it had been
+    /// recalled (see [`RecallHistory`]).
+    pub(super) fn left_fast_path(&mut self, conn: ConnId) {
+        if let Some(r) = self.conns.get_mut(&conn)
+            && r.history != RecallHistory::Never
+        {
+            r.history = RecallHistory::Left;
+            self.counters.flaps += 1;
+        }
+    }
+
+    pub(super) fn finish_recall(&mut self, now: Instant, conn: ConnId, ok: bool) {
+        if ok {
+            self.set_role(conn, Role::Owner);
+            self.counters.recalls_ok += 1;
+            if let Some(r) = self.conns.get_mut(&conn) {
+                if r.history == RecallHistory::Left {
+                    self.counters.flaps += 1;
+                }
+                r.history = RecallHistory::Recalled;
+            }
+        } else {
+            // Roll back whatever went in; the plane keeps the connection.
+            self.retire_recalled(conn);
+            self.counters.deletes += self.res.remove_entries(conn);
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.hw_live = 0;
+                c.recalled = false;
+            }
+            self.counters.recalls_refused += 1;
+        }
+        self.send(now, Channel::FlowVnic, Msg::RecallDone { conn, ok });
+    }
+
+    pub(super) fn complete_insert(&mut self, now: Instant, p: PendingInsert) {
+        // A completion for a record that expects none is stale: the connection was closed and
+        // its id's record re-created (say by a late mirror) while the insert was queued.
+        let Some(c) = self.conns.get(&p.key.conn).copied() else {
+            return; // closed while the insert was queued
+        };
+        if c.inserts_pending == 0 {
+            return;
+        }
+        let outcome = self
+            .res
+            .insert_entry(now, p.key, HwRule { recalled: p.recall });
+        let rec = self.conns.get_mut(&p.key.conn).expect("checked above");
+        rec.inserts_pending -= 1;
+        match outcome {
+            Some(Inserted::Fresh) => {
+                rec.hw_live += 1;
+                self.counters.inserts += 1;
+            }
+            // The entry was already live (an insert raced a re-insert): it stays one entry.
+            Some(Inserted::Replaced) => self.counters.inserts += 1,
+            Some(Inserted::Evicted { .. }) => {
+                unreachable!("the hardware table rejects when full, it never evicts")
+            }
+            None => {
+                self.counters.insert_rejected += 1;
+                self.insert_refused_at_completion += 1;
+            }
+        }
+        let rec = *rec;
+        if p.recall && rec.inserts_pending == 0 {
+            self.finish_recall(now, p.key.conn, rec.hw_live == 2);
+        }
+    }
+
+    /// Removes the entries of a connection the plane has adopted (demoted, shed, or handed
+    /// over by bucket).
+    pub(super) fn strip_entries(&mut self, conn: ConnId) {
+        self.retire_recalled(conn);
+        let removed = self.res.remove_entries(conn);
+        self.counters.deletes += removed;
+        self.counters.deletes_to_host += removed;
+        if let Some(r) = self.conns.get_mut(&conn) {
+            r.hw_live = 0;
+            r.recalled = false;
+        }
+    }
+
+    /// The hardware flow-stats dump: the rate of every recalled entry over the last period,
+    /// in connection order.
+    pub(super) fn send_offload_stats(&mut self, now: Instant) {
+        let mut v: Vec<(ConnId, u64)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.recalled && c.role == Role::Owner && c.hw_live == 2)
+            .filter_map(|(k, _)| {
+                self.res
+                    .entry(&HwKey {
+                        conn: *k,
+                        side: Side::Orig,
+                    })
+                    .map(|e| (*k, e.packets))
+            })
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        for (conn, pkts) in v {
+            let c = self.conns.get_mut(&conn).expect("collected from the map");
+            let delta = pkts.saturating_sub(c.hw_pkts_mark);
+            let secs = now.saturating_since(c.hw_mark_at).as_secs_f64();
+            c.hw_pkts_mark = pkts;
+            c.hw_mark_at = now;
+            if secs <= 0.0 {
+                continue;
+            }
+            let pps = delta as f64 / secs;
+            self.send(now, Channel::Control, Msg::OffloadStats { conn, pps });
+        }
+    }
+
+    /// Queues the two insert commands of `conn`; returns how many were queued.
+    pub(super) fn queue_inserts(&mut self, now: Instant, conn: ConnId, recall: bool) -> u8 {
+        let mut queued = 0;
+        for side in [Side::Orig, Side::Reply] {
+            if self.inserts.push(now, HwKey { conn, side }, recall) {
+                queued += 1;
+            } else {
+                self.counters.insert_rejected += 1;
+            }
+        }
+        queued
+    }
+}

@@ -1,0 +1,234 @@
+//! The DPU's finite resources, in one owned object: the hardware fast path (behind
+//! [`DpuHardware`]), the SoC cores that run the slow path, the steering engine that sends
+//! redirected packets to the host, the phy vNIC and PCIe link toward the host, and memory.
+//!
+//! Everything the emulated DPU can run out of lives here and nowhere else in the node, so the
+//! limits are charged in one place: the node's logic asks ("may this connection get a record?",
+//! "what did the SoC admit?") and the answer carries the cost. Keeping them together is also
+//! the seam for a driver that forwards on several threads: the budgets are one object, not
+//! fields spread over the state machine.
+
+use spillway_vswitch::Instant;
+use spillway_vswitch::flow_table::Inserted;
+
+use crate::hw::{DpuHardware, EntryStats, HwKey, HwRule};
+use crate::params::{FabricParams, ns};
+use crate::server::{Admitted, PS_PER_NS, Server};
+use crate::types::{ConnId, Side, Train};
+use crate::vnic::{PcieLink, PhyVnic, ps};
+
+/// What a packet asks of the SoC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SocWork {
+    /// A policy walk for a new connection (`soc_new_conn_cost`), also paid by a denied one.
+    NewConn,
+    /// A packet of a known connection that missed the fast path (`soc_miss_cost`).
+    Miss,
+    /// A state message ingested from the plane (`soc_sync_cost`).
+    Sync,
+}
+
+/// The DPU's resources. See the module doc.
+#[derive(Debug)]
+pub(crate) struct Resources {
+    hw: Box<dyn DpuHardware>,
+    soc: Server,
+    soc_new_ps: u64,
+    soc_miss_ps: u64,
+    soc_sync_ps: u64,
+    steer: Server,
+    steer_ps: u64,
+    /// The phy vNIC toward the host (steered packets).
+    pub(crate) to_host: PhyVnic,
+    /// The PCIe link toward the host: steered packets and every write into a VM.
+    pub(crate) link_down: PcieLink,
+    mem_used: u64,
+    mem_bytes: u64,
+    mem_per_conn: u64,
+    mem_per_entry: u64,
+    /// `pcie.latency`, converted once rather than per train.
+    pub(crate) pcie_latency_ns: u64,
+    /// `dpu.hw_latency` in picoseconds.
+    pub(crate) hw_latency_ps: u64,
+}
+
+impl Resources {
+    pub(crate) fn new(f: &FabricParams, hw: Box<dyn DpuHardware>) -> Resources {
+        let d = &f.dpu;
+        let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
+        Resources {
+            hw,
+            soc: Server::new(d.soc_cores, d.soc_queue_packets),
+            soc_new_ps: per_ps(d.soc_new_conn_cost),
+            soc_miss_ps: per_ps(d.soc_miss_cost),
+            soc_sync_ps: per_ps(d.soc_sync_cost),
+            steer: Server::new(1, 1 << 16),
+            steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
+            to_host: PhyVnic::new(f),
+            link_down: PcieLink::new(f),
+            mem_used: 0,
+            mem_bytes: d.mem_bytes,
+            mem_per_conn: d.mem_per_conn,
+            mem_per_entry: d.mem_per_entry,
+            pcie_latency_ns: ns(f.pcie.latency),
+            hw_latency_ps: ns(d.hw_latency) * PS_PER_NS,
+        }
+    }
+
+    /// Offers a train to the fast path: `None` on a miss (nothing charged).
+    pub(crate) fn offer_fast_path(&mut self, now: Instant, t: &Train) -> Option<Admitted> {
+        let key = HwKey {
+            conn: t.conn,
+            side: t.side,
+        };
+        let bytes = u64::from(t.packets) * u64::from(t.packet_bytes);
+        self.hw.offer(now, &key, t.packets, bytes)
+    }
+
+    /// Offers `packets` packets of `work` to the SoC's cores.
+    pub(crate) fn soc(&mut self, now: Instant, work: SocWork, packets: u32) -> Admitted {
+        let cost = match work {
+            SocWork::NewConn => self.soc_new_ps,
+            SocWork::Miss => self.soc_miss_ps,
+            SocWork::Sync => self.soc_sync_ps,
+        };
+        self.soc.offer(ps(now), packets, cost)
+    }
+
+    /// Offers `packets` packets to the steering engine (redirected, or returned by the plane).
+    pub(crate) fn steer(&mut self, now: Instant, packets: u32) -> Admitted {
+        self.steer.offer(ps(now), packets, self.steer_ps)
+    }
+
+    /// When everything queued toward the host has left (the phy vNIC and the PCIe link), not
+    /// before `now`, in picoseconds.
+    pub(crate) fn host_idle_ps(&self, now: Instant) -> u64 {
+        self.to_host
+            .busy_until_ps()
+            .max(self.link_down.busy_until_ps())
+            .max(ps(now))
+    }
+
+    /// Room for one more connection record.
+    pub(crate) fn conn_fits(&self) -> bool {
+        self.mem_used + self.mem_per_conn <= self.mem_bytes
+    }
+
+    /// A connection record was created.
+    pub(crate) fn conn_added(&mut self) {
+        self.mem_used += self.mem_per_conn;
+    }
+
+    /// A connection record was removed.
+    pub(crate) fn conn_removed(&mut self) {
+        self.mem_used -= self.mem_per_conn;
+    }
+
+    /// Removes both hardware entries of `conn`; returns how many there were.
+    pub(crate) fn remove_entries(&mut self, conn: ConnId) -> u64 {
+        let mut removed = 0;
+        for side in [Side::Orig, Side::Reply] {
+            if self.hw.remove(&HwKey { conn, side }) {
+                removed += 1;
+                self.mem_used -= self.mem_per_entry;
+            }
+        }
+        removed
+    }
+
+    /// Installs an entry if memory and the table have room; `None` when refused.
+    pub(crate) fn insert_entry(
+        &mut self,
+        now: Instant,
+        key: HwKey,
+        rule: HwRule,
+    ) -> Option<Inserted<HwKey>> {
+        if self.mem_used + self.mem_per_entry > self.mem_bytes {
+            return None;
+        }
+        let outcome = self.hw.insert(now, key, rule).ok()?;
+        if matches!(outcome, Inserted::Fresh) {
+            self.mem_used += self.mem_per_entry;
+        }
+        Some(outcome)
+    }
+
+    /// An entry's hardware counters.
+    pub(crate) fn entry(&self, key: &HwKey) -> Option<EntryStats> {
+        self.hw.stats(key)
+    }
+
+    /// Packets both of `conn`'s hardware entries have matched since they were installed.
+    pub(crate) fn entry_packets(&self, conn: ConnId) -> u64 {
+        [Side::Orig, Side::Reply]
+            .iter()
+            .filter_map(|side| self.hw.stats(&HwKey { conn, side: *side }))
+            .map(|e| e.packets)
+            .sum()
+    }
+
+    /// Entries installed.
+    pub(crate) fn entries(&self) -> usize {
+        self.hw.len()
+    }
+
+    /// Entries the table holds at most.
+    pub(crate) fn capacity(&self) -> usize {
+        self.hw.capacity()
+    }
+
+    /// Entries neither installed nor promised to one of `pending` queued inserts.
+    pub(crate) fn free_entries(&self, pending: usize) -> usize {
+        let free = self.hw.capacity() - self.hw.len();
+        free - pending.min(free)
+    }
+
+    /// Memory in use, bytes.
+    pub(crate) fn mem_used(&self) -> u64 {
+        self.mem_used
+    }
+
+    /// Utilisation of the fast path, the SoC and the phy vNIC since the last call, and of the
+    /// table and memory now: `(hw, soc, table, mem)`. Starts the next measurement window.
+    pub(crate) fn take_utils(&mut self, now: Instant) -> (f64, f64, f64, f64) {
+        let hw = self.hw.take_util(now);
+        let soc = self.soc.take_util(ps(now));
+        let table = self.hw.len() as f64 / self.hw.capacity() as f64;
+        let mem = self.mem_used as f64 / self.mem_bytes as f64;
+        self.to_host.take_util(ps(now));
+        (hw, soc, table, mem)
+    }
+
+    /// Checks the table and queue bounds, and that memory in use is what `conns` records and
+    /// the installed entries cost.
+    pub(crate) fn check_invariants(&self, conns: usize) -> Result<(), String> {
+        self.check_table()?;
+        self.hw.check_invariants()?;
+        self.soc.check_invariants()?;
+        let mem = conns as u64 * self.mem_per_conn + self.hw.len() as u64 * self.mem_per_entry;
+        if mem != self.mem_used {
+            return Err(format!("dpu: memory {} != recomputed {mem}", self.mem_used));
+        }
+        Ok(())
+    }
+
+    /// Cheap checks: table within capacity, memory within what `conns` records could use.
+    pub(crate) fn check_cheap(&self, conns: usize) -> Result<(), String> {
+        self.check_table()?;
+        if self.mem_used > self.mem_bytes + self.mem_per_conn * conns as u64 {
+            return Err("dpu: memory accounting ran away".into());
+        }
+        Ok(())
+    }
+
+    fn check_table(&self) -> Result<(), String> {
+        if self.hw.len() > self.hw.capacity() {
+            return Err(format!(
+                "dpu: hw table {} > capacity {}",
+                self.hw.len(),
+                self.hw.capacity()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,478 @@
+//! The DPU's lifecycle transitions (the diagram is in the [`crate::dpu`] module doc): the
+//! plane coming up or failing, the timers of the redirect rules, the measurement window that
+//! feeds URSched and applies its decisions, the operator's hold, and shedding an overloaded
+//! fast path. The state they move between is [`super::lifecycle::Lifecycle`]'s.
+
+use spillway_vswitch::Instant;
+
+use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
+use super::window::{Totals, Utils};
+use super::{DpuNode, Role};
+use crate::hw::HwKey;
+use crate::metrics::FabricDrop;
+use crate::params::ns;
+use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind};
+use crate::ursched::{Decision, Load};
+use crate::vnic::at_ps;
+
+impl DpuNode {
+    /// The plane's process runs (the driver's report after [`Command::StartPlane`]).
+    pub fn handle_plane_up(&mut self, now: Instant) {
+        self.life.last_heartbeat = now;
+        if let Phase::Preparing { colour } = self.life.phase {
+            self.enter_shadow(now, colour);
+        }
+    }
+
+    pub(super) fn enter_shadow(&mut self, now: Instant, colour: Colour) {
+        self.life.phase = Phase::Shadow {
+            colour,
+            synced: false,
+        };
+        // Bulk sync: every connection the DPU owns, in connection order, then the end marker.
+        let mut v: Vec<(ConnId, ConnState)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.role == Role::Owner)
+            .map(|(k, c)| (*k, c.state))
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        let count = v.len() as u64;
+        for (_, st) in v {
+            self.send_sync(now, SyncKind::Mirror, st);
+        }
+        let at = self.out.flow_idle_at(now);
+        self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
+        self.event(
+            now,
+            EventKind::Shadow,
+            format!(
+                "plane up; bulk sync of {count} connections (colour {})",
+                colour.0
+            ),
+        );
+    }
+
+    /// The plane's process died (the driver saw it exit). Same as a lost heartbeat.
+    pub fn handle_plane_failed(&mut self, now: Instant, reason: &str) {
+        self.fail_open(now, reason.to_string());
+    }
+
+    pub(super) fn fail_open(&mut self, now: Instant, reason: String) {
+        if matches!(self.life.phase, Phase::Idle) {
+            return;
+        }
+        self.counters.fail_opens += 1;
+        // Every copy becomes owned: the mirror is the state. Redirect rules go at once (a
+        // fail-open is local to the DPU, no handshake).
+        let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
+        let n = copies.len();
+        for c in copies {
+            self.set_role(c, Role::Owner);
+            self.retire_recalled(c);
+            if let Some(r) = self.conns.get_mut(&c) {
+                r.recalled = false;
+            }
+        }
+        self.event(
+            now,
+            EventKind::FailOpen,
+            format!("{reason}; redirect rules removed, {n} connections taken over from mirrors"),
+        );
+        self.go_idle(now, "fail-open: plane stopped".into());
+    }
+
+    pub(super) fn go_idle(&mut self, now: Instant, reason: String) {
+        self.life.phase = Phase::Idle;
+        self.life.quota = 0;
+        self.life.absorbed = false;
+        self.win.clear_headroom();
+        // Copies of connections the plane owned are owned now (release handed them back; a
+        // fail-open promoted them). Drop any stale copy flags.
+        self.life.commands.push_back(Command::StopPlane);
+        self.life.plane_workers = 0;
+        self.event(now, EventKind::Idle, reason);
+    }
+
+    /// Timers: insert completions, redirect install/removal, URSched windows.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(p) = self.inserts.pop_due(now) {
+            self.complete_insert(now, p);
+        }
+        match self.life.phase {
+            Phase::Activating { colour, live_at } if now >= live_at => {
+                self.life.phase = Phase::Active { colour };
+                self.life.events.push_back(FabricEvent {
+                    at: now,
+                    what: EventKind::Active,
+                    reason: format!(
+                        "redirect rules live for {} of {} buckets",
+                        self.life.quota, self.f.dpu.redirect_buckets
+                    ),
+                    since: self.life.trigger,
+                });
+                self.send(now, Channel::Control, Msg::Activated { colour });
+                self.hand_over_buckets(now, 0, self.life.quota);
+                self.enforce_hold(now);
+            }
+            Phase::Draining {
+                colour,
+                step: DrainStep::RemoveRedirect { done_at },
+            } if now >= done_at => {
+                self.life.phase = Phase::Draining {
+                    colour,
+                    step: DrainStep::Drain,
+                };
+                self.life.quota = 0;
+                self.event(
+                    now,
+                    EventKind::RedirectRemoved,
+                    "redirect rules removed; draining in-flight packets",
+                );
+                // After the last redirected packet has left for the plane: the channels are
+                // separate, so the drain request must not overtake packets still queued on the
+                // phy vNIC.
+                let at = at_ps(self.res.host_idle_ps(now));
+                self.send(at, Channel::Control, Msg::Drain { colour });
+            }
+            _ => {}
+        }
+        if self.win.window_due(now) {
+            self.window(now);
+        }
+        self.win.roll_variance(now);
+    }
+
+    /// At activation or a quota increase: connections of buckets `[from, to)` the DPU serves on
+    /// the SoC (no live entries, none pending) move to the plane, which serves those buckets now.
+    pub(super) fn hand_over_buckets(&mut self, now: Instant, from: u16, to: u16) {
+        let buckets = self.f.dpu.redirect_buckets;
+        let moving = self.conns.keys_where(|k, c| {
+            let b = k.bucket(buckets);
+            b >= from && b < to && c.role == Role::Owner && c.hw_live == 0 && c.inserts_pending == 0
+        });
+        for conn in moving {
+            let st = self.conns[&conn].state;
+            self.set_role(conn, Role::Copy);
+            self.send_sync(now, SyncKind::Handover, st);
+        }
+    }
+
+    pub(super) fn window(&mut self, now: Instant) {
+        let totals = Totals {
+            drops: self.drops.get(FabricDrop::HwOverload)
+                + self.drops.get(FabricDrop::SocQueueFull),
+            steered: self.counters.steered,
+            steered_new: self.counters.steered_new_conn,
+            soc_new: self.counters.soc_new_conn,
+        };
+        let (hw, soc, table, mem) = self.res.take_utils(now);
+        let load = self.win.close(
+            totals,
+            Utils {
+                hw,
+                soc,
+                table,
+                mem,
+            },
+            self.life.plane_util,
+            self.life.plane_workers,
+            self.f.sched.dpu_target_util,
+            self.f.dpu.hw_pps_limit,
+        );
+        // Fail-open on a stalled plane: three heartbeats missed.
+        if self.life.phase.has_plane()
+            && now.0.saturating_sub(self.life.last_heartbeat.0) > 3 * ns(self.f.host.heartbeat)
+        {
+            let late = (now - self.life.last_heartbeat).as_secs_f64() * 1e3;
+            self.fail_open(now, format!("no heartbeat from the plane for {late:.1} ms"));
+            return;
+        }
+        if self.f.dpu_only {
+            return;
+        }
+        if let Phase::Active { .. } = self.life.phase {
+            if load.hw_util > 1.0
+                || (load.dpu_drops > 0 && load.hw_util > self.f.sched.dpu_target_util)
+            {
+                self.shed(now, &load);
+            }
+            let (free, headroom) = self.recall_budget();
+            self.send(
+                now,
+                Channel::Control,
+                Msg::Budget {
+                    free_entries: free as u64,
+                    headroom_pps: headroom,
+                },
+            );
+            if self.win.stats_due(now) {
+                self.send_offload_stats(now);
+            }
+        }
+        let mut decisions = self.win.decide(&load, self.life.plane_view());
+        for d in decisions.drain(..) {
+            let against_hold = matches!(
+                (self.life.hold, &d),
+                (
+                    Hold::Active,
+                    Decision::Release { .. } | Decision::Quota { .. }
+                ) | (
+                    Hold::Released,
+                    Decision::Prepare { .. } | Decision::Activate { .. } | Decision::Quota { .. }
+                ) | (
+                    Hold::Shadow,
+                    Decision::Activate { .. } | Decision::Quota { .. } | Decision::Release { .. }
+                )
+            );
+            if !against_hold {
+                self.apply(now, d);
+            }
+        }
+        self.win.give_back(decisions);
+        self.enforce_hold(now);
+    }
+
+    /// An operator sets (or clears, with [`Hold::Auto`]) a hold on the lifecycle. The DPU takes
+    /// the next step towards it at once where one is possible (prepare a plane, activate a
+    /// synced one, release an active one), and the rest as the protocol completes.
+    pub fn handle_hold(&mut self, now: Instant, hold: Hold) {
+        if hold != self.life.hold {
+            self.life.hold = hold;
+            self.event(
+                now,
+                EventKind::Hold,
+                format!(
+                    "operator set hold {} in {}",
+                    hold.name(),
+                    self.life.phase.name()
+                ),
+            );
+        }
+        self.enforce_hold(now);
+    }
+
+    /// The one step the hold asks for in the current phase, if any.
+    pub(super) fn enforce_hold(&mut self, now: Instant) {
+        let buckets = self.f.dpu.redirect_buckets;
+        let reason = |what: &str| format!("operator hold: {what}");
+        match (self.life.hold, self.life.phase) {
+            (Hold::Active, Phase::Idle) => self.apply(
+                now,
+                Decision::Prepare {
+                    workers: self.f.host.workers_initial,
+                    cause: crate::ursched::Cause::Operator,
+                    reason: reason("activate"),
+                },
+            ),
+            (Hold::Shadow, Phase::Idle) => self.apply(
+                now,
+                Decision::Prepare {
+                    workers: self.f.host.workers_initial,
+                    // A pre-warm is not a trigger: the activation that follows is.
+                    cause: crate::ursched::Cause::Memory,
+                    reason: reason("prepare (shadow)"),
+                },
+            ),
+            (Hold::Active, Phase::Shadow { synced: true, .. }) => {
+                // The operator's command is the trigger of a warm activation.
+                self.life.trigger.get_or_insert(now);
+                self.life.quota = buckets;
+                self.apply(
+                    now,
+                    Decision::Activate {
+                        reason: reason("activate"),
+                    },
+                );
+            }
+            (Hold::Active, Phase::Active { .. }) if self.life.quota < buckets => self.apply(
+                now,
+                Decision::Quota {
+                    buckets,
+                    reason: reason("every bucket"),
+                },
+            ),
+            (Hold::Released, Phase::Active { .. } | Phase::Shadow { .. }) => self.apply(
+                now,
+                Decision::Release {
+                    reason: reason("release"),
+                },
+            ),
+            (
+                Hold::Auto | Hold::Active | Hold::Released | Hold::Shadow,
+                Phase::Idle
+                | Phase::Preparing { .. }
+                | Phase::Shadow { .. }
+                | Phase::Activating { .. }
+                | Phase::Active { .. }
+                | Phase::Draining { .. },
+            ) => {}
+        }
+    }
+
+    /// The fast path is over its capacity while the plane is active (established flows grew,
+    /// or the DPU took a failed plane's connections back): hand connections of redirected
+    /// buckets, entries and all, to the plane until the measured excess is covered. Redirect
+    /// rules only catch misses, so without this an overloaded fast path would stay overloaded.
+    /// Highest rate first (fewest entries moved), ties by connection id; the recall headroom
+    /// is zero afterwards, so placement does not bring them straight back.
+    pub(super) fn shed(&mut self, now: Instant, load: &Load) {
+        let secs = self.f.sched.window.as_secs_f64();
+        let target = self.f.sched.dpu_target_util * self.f.dpu.hw_pps_limit;
+        let excess = load.hw_util * self.f.dpu.hw_pps_limit - target;
+        if excess <= 0.0 {
+            return;
+        }
+        let buckets = self.f.dpu.redirect_buckets;
+        let quota = self.life.quota;
+        // Each entry's rate over its life in the table (hardware counters since install).
+        let mut v: Vec<(u64, ConnId)> = self
+            .conns
+            .iter()
+            .filter(|(k, c)| c.role == Role::Owner && c.hw_live == 2 && k.bucket(buckets) < quota)
+            .map(|(k, _)| {
+                let pps: f64 = [Side::Orig, Side::Reply]
+                    .iter()
+                    .filter_map(|side| {
+                        self.res.entry(&HwKey {
+                            conn: *k,
+                            side: *side,
+                        })
+                    })
+                    .map(|e| e.packets as f64 / (now - e.installed).as_secs_f64().max(secs))
+                    .sum();
+                (pps as u64, *k)
+            })
+            .collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        let mut shed = 0.0;
+        let mut moved = 0u64;
+        for (pps, conn) in &v {
+            if shed >= excess || *pps == 0 {
+                break;
+            }
+            shed += *pps as f64;
+            moved += 1;
+            let st = self.conns[conn].state;
+            // Entries stay until the plane adopts it (see `Msg::Adopted`).
+            self.set_role(*conn, Role::Copy);
+            self.counters.shed += 1;
+            self.left_fast_path(*conn);
+            self.send_sync(now, SyncKind::Handover, st);
+        }
+        if moved > 0 {
+            self.event(
+                now,
+                EventKind::Quota,
+                format!(
+                    "fast path over capacity (util {:.2}): {moved} established connections ({:.2} Mpps) handed to the plane",
+                    load.hw_util,
+                    shed / 1e6
+                ),
+            );
+        }
+    }
+
+    pub(super) fn apply(&mut self, now: Instant, d: Decision) {
+        match (self.life.phase, d) {
+            (
+                Phase::Idle,
+                Decision::Prepare {
+                    workers,
+                    cause,
+                    reason,
+                },
+            ) => {
+                self.life.trigger = matches!(
+                    cause,
+                    crate::ursched::Cause::Load | crate::ursched::Cause::Operator
+                )
+                .then_some(now);
+                self.life.colour = Colour(self.life.colour.0 + 1);
+                self.life.phase = Phase::Preparing {
+                    colour: self.life.colour,
+                };
+                self.life.plane_workers = workers;
+                self.life
+                    .commands
+                    .push_back(Command::StartPlane { workers });
+                self.event(
+                    now,
+                    EventKind::Preparing,
+                    format!("{reason}; starting plane with {workers} workers"),
+                );
+            }
+            (_, Decision::Fallback { reason }) => {
+                self.event(now, EventKind::Fallback, reason);
+            }
+            (
+                Phase::Shadow {
+                    colour,
+                    synced: true,
+                },
+                Decision::Activate { reason },
+            ) => {
+                // A warm plane: the activation's trigger is this decision.
+                self.life.trigger.get_or_insert(now);
+                let live_at = now + self.f.dpu.redirect_latency;
+                self.life.phase = Phase::Activating { colour, live_at };
+                self.event(now, EventKind::Activating, format!("activated: {reason}"));
+            }
+            (Phase::Activating { .. }, Decision::Quota { buckets, reason }) => {
+                self.life.quota = buckets;
+                self.event(
+                    now,
+                    EventKind::Quota,
+                    format!("{buckets} buckets: {reason}"),
+                );
+            }
+            (Phase::Active { .. }, Decision::Quota { buckets, reason }) => {
+                let old = self.life.quota;
+                self.life.quota = buckets;
+                self.event(
+                    now,
+                    EventKind::Quota,
+                    format!("{old} -> {buckets} buckets: {reason}"),
+                );
+                self.hand_over_buckets(now, old, buckets);
+            }
+            (Phase::Active { .. }, Decision::Workers { workers, reason }) => {
+                self.life.plane_workers = workers;
+                self.send(now, Channel::Control, Msg::SetWorkers { workers });
+                self.event(
+                    now,
+                    EventKind::Workers,
+                    format!("{workers} workers: {reason}"),
+                );
+            }
+            (Phase::Active { colour }, Decision::Release { reason }) => {
+                self.life.phase = Phase::Draining {
+                    colour,
+                    step: DrainStep::HandBack,
+                };
+                self.send(now, Channel::Control, Msg::Release { colour });
+                self.event(now, EventKind::Draining, format!("release: {reason}"));
+            }
+            (Phase::Shadow { .. }, Decision::Release { reason }) => {
+                // Nothing was redirected: drop the copies the plane sent and stop it.
+                self.go_idle(now, format!("release: {reason}"));
+            }
+            (phase, d) => {
+                // URSched only proposes what fits the phase it was shown; anything else is a
+                // bug in the scheduler.
+                debug_assert!(false, "decision {d:?} in phase {phase:?}");
+            }
+        }
+    }
+
+    /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
+    /// entries and the fast-path headroom left, pps.
+    pub fn recall_budget(&self) -> (usize, f64) {
+        (self.free_entries(), self.win.headroom_left())
+    }
+
+    /// Hardware entries neither installed nor promised to a queued insert.
+    pub(super) fn free_entries(&self) -> usize {
+        self.res.free_entries(self.inserts.len())
+    }
+}

@@ -1,0 +1,200 @@
+//! The DPU's measurement windows: every `sched.window` the node closes a window, turns what it
+//! counted into a [`Load`] for URSched, and resets the recall headroom; every
+//! `sched.variance_window` URSched rolls its per-tenant variance; every
+//! `placement.rebalance_period` the plane gets the recalled entries' rates.
+//!
+//! This object owns the clocks of those periods, the counter values at the last window's edge
+//! (a window's figures are differences), the last [`Load`], the recall headroom the placement
+//! may spend in the current window, and URSched itself. What a window *does* (fail open on a
+//! silent plane, shed, apply URSched's decisions) is the node's.
+
+use std::time::Duration;
+
+use spillway_vswitch::{Instant, TenantId};
+
+use crate::params::FabricParams;
+use crate::ursched::{Decision, Load, PlaneView, URSched};
+
+/// Cumulative counts a window's rates are differences of.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Totals {
+    /// Fast-path and slow-path drops.
+    pub(crate) drops: u64,
+    /// Packets steered to the plane.
+    pub(crate) steered: u64,
+    /// New connections steered to the plane.
+    pub(crate) steered_new: u64,
+    /// Connections opened on the SoC.
+    pub(crate) soc_new: u64,
+}
+
+/// Utilisations measured at a window's edge (see `Resources::take_utils`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Utils {
+    pub(crate) hw: f64,
+    pub(crate) soc: f64,
+    pub(crate) table: f64,
+    pub(crate) mem: f64,
+}
+
+/// The measurement windows. See the module doc.
+#[derive(Debug)]
+pub(crate) struct Windows {
+    sched: URSched,
+    decisions: Vec<Decision>,
+    window: Duration,
+    variance_window: Duration,
+    rebalance_period: Duration,
+    next_window: Instant,
+    next_variance: Instant,
+    next_stats: Instant,
+    base: Totals,
+    last_load: Load,
+    /// Fast-path headroom for recalls in this window, packets/s.
+    headroom_pps: f64,
+    /// Headroom already granted to recalls in this window, packets/s.
+    recalled_pps: f64,
+    tenant_cores: u32,
+}
+
+impl Windows {
+    pub(crate) fn new(f: &FabricParams) -> Windows {
+        Windows {
+            sched: URSched::new(f),
+            decisions: Vec::new(),
+            window: f.sched.window,
+            variance_window: f.sched.variance_window,
+            rebalance_period: f.placement.rebalance_period,
+            next_window: Instant::ZERO + f.sched.window,
+            next_variance: Instant::ZERO + f.sched.variance_window,
+            next_stats: Instant::ZERO + f.placement.rebalance_period,
+            base: Totals::default(),
+            last_load: Load::default(),
+            headroom_pps: 0.0,
+            recalled_pps: 0.0,
+            tenant_cores: f.host.tenant_cores,
+        }
+    }
+
+    /// Counts a tenant's packets for URSched's variance.
+    pub(crate) fn count_tenant(&mut self, tenant: TenantId, packets: u32) {
+        self.sched.count_tenant(tenant, packets);
+    }
+
+    /// The driver's report of the host cores the tenants use.
+    pub(crate) fn set_tenant_cores(&mut self, cores: u32) {
+        self.tenant_cores = cores;
+    }
+
+    /// The next window or variance edge.
+    pub(crate) fn next_edge(&self) -> Instant {
+        self.next_window.min(self.next_variance)
+    }
+
+    /// The window's length, seconds.
+    pub(crate) fn secs(&self) -> f64 {
+        self.window.as_secs_f64()
+    }
+
+    /// True (once) when a measurement window ends at `now`; the next one starts.
+    pub(crate) fn window_due(&mut self, now: Instant) -> bool {
+        if now < self.next_window {
+            return false;
+        }
+        self.next_window = self.next_window + self.window;
+        true
+    }
+
+    /// Rolls URSched's variance window when it is due at `now`.
+    pub(crate) fn roll_variance(&mut self, now: Instant) {
+        if now >= self.next_variance {
+            self.next_variance = self.next_variance + self.variance_window;
+            self.sched
+                .variance_window(self.variance_window.as_secs_f64());
+        }
+    }
+
+    /// True (once per period) when the recalled entries' rates are due to the plane.
+    pub(crate) fn stats_due(&mut self, now: Instant) -> bool {
+        if now < self.next_stats {
+            return false;
+        }
+        self.next_stats = now + self.rebalance_period;
+        true
+    }
+
+    /// Closes the window: the load it measured from `totals` (cumulative) and `utils`, with
+    /// the plane's last report. Resets the recall headroom to what the fast path can still
+    /// take below `target_util` of `hw_pps_limit`.
+    pub(crate) fn close(
+        &mut self,
+        totals: Totals,
+        utils: Utils,
+        plane_util: f64,
+        workers: u32,
+        target_util: f64,
+        hw_pps_limit: f64,
+    ) -> Load {
+        let secs = self.secs();
+        let load = Load {
+            hw_util: utils.hw,
+            soc_util: utils.soc,
+            dpu_drops: totals.drops - self.base.drops,
+            table_util: utils.table,
+            mem_util: utils.mem,
+            host_pps: (totals.steered - self.base.steered) as f64 / secs,
+            host_cps: (totals.steered_new - self.base.steered_new) as f64 / secs,
+            dpu_cps: (totals.soc_new - self.base.soc_new) as f64 / secs,
+            plane_util,
+            workers,
+            tenant_cores: self.tenant_cores,
+        };
+        self.base = totals;
+        self.last_load = load;
+        // Recall headroom for the next window: what the fast path can still take below the
+        // target utilisation. Recalls granted in the last window are now in the measurement.
+        self.headroom_pps = ((target_util - load.hw_util) * hw_pps_limit).max(0.0);
+        self.recalled_pps = 0.0;
+        load
+    }
+
+    /// URSched's decisions for `load` with the plane in `plane`, into a buffer the caller
+    /// hands back with [`Windows::give_back`] (no allocation per window).
+    pub(crate) fn decide(&mut self, load: &Load, plane: PlaneView) -> Vec<Decision> {
+        let mut decisions = core::mem::take(&mut self.decisions);
+        decisions.clear();
+        self.sched.window(load, plane, &mut decisions);
+        decisions
+    }
+
+    /// Returns the decisions buffer.
+    pub(crate) fn give_back(&mut self, decisions: Vec<Decision>) {
+        self.decisions = decisions;
+    }
+
+    /// True when a recall adding `charge` packets/s fits the headroom left in this window.
+    pub(crate) fn recall_fits(&self, charge: f64) -> bool {
+        charge <= self.headroom_pps - self.recalled_pps
+    }
+
+    /// A recall was granted `charge` packets/s of headroom.
+    pub(crate) fn grant(&mut self, charge: f64) {
+        self.recalled_pps += charge;
+    }
+
+    /// Headroom left in this window, packets/s.
+    pub(crate) fn headroom_left(&self) -> f64 {
+        (self.headroom_pps - self.recalled_pps).max(0.0)
+    }
+
+    /// No plane: no recall headroom.
+    pub(crate) fn clear_headroom(&mut self) {
+        self.headroom_pps = 0.0;
+        self.recalled_pps = 0.0;
+    }
+
+    /// The load of the last window.
+    pub(crate) fn last_load(&self) -> &Load {
+        &self.last_load
+    }
+}
