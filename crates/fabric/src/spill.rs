@@ -1,6 +1,51 @@
 //! The host spill plane (the paper's Elastic VM): the vSwitch on N elastic host workers, its
 //! flow cache, the host side of the vNIC set, the reliable delete channel, and placement.
 //!
+//! # The lifecycle
+//!
+//! The plane follows the DPU's lifecycle (see [`crate::dpu`]); it never decides a transition
+//! itself. Its state is not an enum: it is read off three flags (`up`, `active`,
+//! `releasing`), and only the four combinations below occur.
+//!
+//! ```text
+//!            start               Msg::Activated          Msg::Release
+//!   Down -------------> Shadow -----------------> Active ---------------> Releasing
+//!    ^                    |                         |                       | Msg::Drain:
+//!    |                    |                         |                       | answers Drained,
+//!    |                    |                         |                       | stays Releasing
+//!    +--------------------+-------------------------+-----------------------+
+//!          stop: the DPU went Idle (Command::StopPlane), or the process died
+//! ```
+//!
+//! - **Down** (`!up`): messages and timers are ignored and [`SpillPlane::poll_timeout`] is
+//!   `None`. Entered at [`SpillPlane::new`], and from Shadow, Active and Releasing by
+//!   [`SpillPlane::stop`], which forgets every record, pending delete and queued message and
+//!   gives the plane a fresh placement policy.
+//! - **Shadow** (`up`, `!active`): heartbeats every `host.heartbeat`; takes the DPU's bulk
+//!   sync as copies and echoes its `Msg::SyncDone`, which arrives on the flow vNIC after every
+//!   state of the sync. Placement ticks measure flows but move none. Entered from Down only,
+//!   by [`SpillPlane::start`] (the driver started the process after `Command::StartPlane`).
+//! - **Active** (`active`, `!releasing`): serves the packets the redirect rules steer here,
+//!   opens new connections as their owner and mirrors them to the DPU, reports its first
+//!   served packet once (`Msg::Absorbing`), applies `Msg::SetWorkers` after
+//!   `host.worker_start`, and sends recalls and demotions on placement ticks. Entered from
+//!   Shadow only, by `Msg::Activated` (the DPU sends it once per colour, when its redirect rules
+//!   go live, and before any `Msg::Release` on the same control channel).
+//! - **Releasing** (`releasing`): hands every connection it owns back to the DPU
+//!   (`SyncKind::Handover`; it keeps a copy), then sends `Msg::Released` on the flow vNIC behind
+//!   them. A connection it opens or is handed from here on goes straight back. Placement moves
+//!   nothing. `Msg::Drain` is answered with `Msg::Drained` once its workers, its flow vNIC and
+//!   its phy vNIC toward the DPU are idle; the plane stays Releasing until the DPU stops it.
+//!   Entered from Active only, by `Msg::Release` (the DPU sends it only from its own Active
+//!   phase; a plane released from Shadow is stopped without it).
+//!
+//! A fail-open (lost heartbeats, or the process died) is local to the DPU: the plane is
+//! stopped from whatever state it was in, and a state message of its still in flight is owned
+//! by the DPU when it arrives (its colour is older than the DPU's, or the DPU has no plane).
+//! In the simulator `stop` and `start` are calls on one `SpillPlane`; in the real-time driver
+//! Down is a process that has exited, and each start is a new process with a new
+//! `SpillPlane` (`spillway_rt::plane::process`).
+//!
 //! # Polling order
 //!
 //! Per event at `now`: one input ([`SpillPlane::handle_msg`] for a message from the DPU,
