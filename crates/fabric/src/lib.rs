@@ -69,7 +69,7 @@ pub mod placement;
 mod records;
 pub mod server;
 pub mod spill;
-pub mod stability;
+pub mod stable_placement;
 pub mod types;
 pub mod ursched;
 mod vnic;

@@ -322,7 +322,7 @@ pub enum PlacementKind {
     Threshold,
     /// Stability-based Top-K: recall the flows with the best recent bandwidth x (1 -
     /// instability), judged by per-flow Frequent Directions sketches; swap with hysteresis
-    /// when the table is full (`crate::stability`).
+    /// when the table is full (`crate::stable_placement`).
     Stability,
     /// Never recall (the host keeps what it absorbed).
     None,
@@ -414,7 +414,7 @@ pub struct StabilityConfig {
 impl Default for StabilityConfig {
     fn default() -> Self {
         let c = spillway_sketch::stability::StabilityParams::default();
-        let p = crate::stability::StabilityPlacementParams::default();
+        let p = crate::stable_placement::StabilityPlacementParams::default();
         StabilityConfig {
             dwell_min: p.dwell_min,
             cooldown: p.cooldown,
@@ -437,12 +437,29 @@ impl StabilityConfig {
     }
 
     /// The policy's parameters.
-    pub fn policy(&self) -> crate::stability::StabilityPlacementParams {
-        crate::stability::StabilityPlacementParams {
+    pub fn policy(&self) -> crate::stable_placement::StabilityPlacementParams {
+        crate::stable_placement::StabilityPlacementParams {
             dwell_min: self.dwell_min,
             cooldown: self.cooldown,
             swap_margin: self.swap_margin,
             swaps_per_tick_max: self.swaps_per_tick_max,
+        }
+    }
+}
+
+impl PlacementParams {
+    /// The policy these settings name, ready to run.
+    pub fn build(&self) -> Box<dyn crate::placement::PlacementPolicy + Send> {
+        use crate::placement::{FirstCome, NoRecall, OvsRebalance, Threshold};
+        match self.policy {
+            PlacementKind::FirstCome => Box::new(FirstCome::default()),
+            PlacementKind::OvsRebalance => Box::new(OvsRebalance::new(self.rebalance_period)),
+            PlacementKind::Threshold => Box::new(Threshold::new(self.threshold_pps)),
+            PlacementKind::Stability => Box::new(crate::stable_placement::StabilityPlacement::new(
+                self.stability.classifier(),
+                self.stability.policy(),
+            )),
+            PlacementKind::None => Box::new(NoRecall),
         }
     }
 }

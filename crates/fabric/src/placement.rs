@@ -17,14 +17,13 @@
 //!   measured usage exceeds a threshold: recall every flow above `threshold_pps`, fastest
 //!   first, while entries and headroom last. Like Hoverboard it never evicts: an entry comes
 //!   back when its flow ends.
-//! - [`crate::stability::StabilityPlacement`]: Top-K on recent bandwidth × (1 − instability),
+//! - [`crate::stable_placement::StabilityPlacement`]: Top-K on recent bandwidth × (1 − instability),
 //!   judged by per-flow Frequent Directions sketches, with hysteresis when swapping.
 //! - [`NoRecall`]: never recall.
 
 use spillway_sketch::features::FeatureTick;
 use spillway_vswitch::Instant;
 
-use crate::params::{PlacementKind, PlacementParams};
 use crate::types::ConnId;
 
 /// A host flow that could be recalled.
@@ -293,20 +292,6 @@ impl PlacementPolicy for NoRecall {
         "none"
     }
     fn tick(&mut self, _: Instant, _: &[Candidate], _: &[Offloaded], _: Budget, _: &mut Vec<Move>) {
-    }
-}
-
-/// The policy `p` names.
-pub fn from_params(p: &PlacementParams) -> Box<dyn PlacementPolicy + Send> {
-    match p.policy {
-        PlacementKind::FirstCome => Box::new(FirstCome::default()),
-        PlacementKind::OvsRebalance => Box::new(OvsRebalance::new(p.rebalance_period)),
-        PlacementKind::Threshold => Box::new(Threshold::new(p.threshold_pps)),
-        PlacementKind::Stability => Box::new(crate::stability::StabilityPlacement::new(
-            p.stability.classifier(),
-            p.stability.policy(),
-        )),
-        PlacementKind::None => Box::new(NoRecall),
     }
 }
 

@@ -88,7 +88,7 @@ use spillway_vswitch::Instant;
 
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
-use crate::placement::{self, Budget, Candidate, Move, Offloaded, PlacementPolicy};
+use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
 use crate::records::Role;
 use crate::records::{Outbox, Record, Records};
 use crate::server::{PS_PER_NS, Server};
@@ -279,7 +279,7 @@ impl SpillPlane {
             offloaded: BTreeMap::new(),
             deletes: BTreeMap::new(),
             next_seq: 1,
-            policy: placement::from_params(&f.placement),
+            policy: f.placement.build(),
             moves: Vec::new(),
             cands: Vec::new(),
             offl: Vec::new(),
@@ -419,7 +419,7 @@ impl SpillPlane {
         self.pending_workers = None;
         self.out.clear();
         // A new process starts with a new policy: nothing it learnt about flows survives.
-        self.policy = placement::from_params(&self.f.placement);
+        self.policy = self.f.placement.build();
         lost
     }
 
@@ -428,7 +428,7 @@ impl SpillPlane {
     /// there until it decides otherwise.
     pub fn set_placement(&mut self, kind: crate::params::PlacementKind) {
         self.f.placement.policy = kind;
-        self.policy = placement::from_params(&self.f.placement);
+        self.policy = self.f.placement.build();
     }
 
     /// Switches the delivery path of VM-bound packets at run time (`spillway ctl vatc on|off`):
