@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Write};
 
 use super::row::{FlowClass, LabelledRow, TraceRow};
+use crate::classifier::FlowId;
 use crate::features::FeatureTick;
-use crate::stability::FlowId;
 
 /// The columns a trace must have, in the order [`write_csv`] writes them.
 pub const COLUMNS: [&str; 6] = [

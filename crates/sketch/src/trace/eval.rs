@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::rank::{RankError, rank_trace};
 use super::row::{FlowClass, LabelledRow};
-use crate::stability::{FlowId, StabilityParams};
+use crate::classifier::{FlowId, StabilityParams};
 
 /// Per-class counts in [`FlowClass::ALL`] order as text: `steady 16, periodic 4, ...`.
 pub fn class_counts(counts: &[usize; 5]) -> String {

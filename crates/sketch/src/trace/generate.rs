@@ -3,9 +3,9 @@
 //! the same trace on every platform and release.
 
 use super::row::{FlowClass, LabelledRow, TICK_S, TraceRow};
+use crate::classifier::FlowId;
 use crate::features::FeatureTick;
 use crate::rng::{SplitMix64, mix64};
-use crate::stability::FlowId;
 
 /// Ticks per second (the inverse of [`TICK_S`], exact).
 const TICKS_PER_S: f64 = 10.0;

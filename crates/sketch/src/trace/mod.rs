@@ -67,7 +67,7 @@
 //! many other flows there are. Rankings break ties by flow id.
 //!
 //! [`FeatureTick`]: crate::features::FeatureTick
-//! [`Classifier`]: crate::stability::Classifier
+//! [`Classifier`]: crate::classifier::Classifier
 
 mod csv;
 mod eval;

@@ -2,7 +2,7 @@
 //! tick, the stability ranking next to the two bandwidth rankings it is compared with.
 
 use super::row::TraceRow;
-use crate::stability::{Classifier, FlowId, ParamError, Score, StabilityParams};
+use crate::classifier::{Classifier, FlowId, ParamError, Score, StabilityParams};
 
 /// One flow's bandwidth in the ranked tick (the last-tick ranking's entry).
 #[derive(Clone, Copy, Debug, PartialEq)]

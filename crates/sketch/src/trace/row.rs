@@ -6,8 +6,8 @@
 use core::fmt;
 use core::str::FromStr;
 
+use crate::classifier::FlowId;
 use crate::features::FeatureTick;
-use crate::stability::FlowId;
 
 /// Length of a tick, seconds.
 pub const TICK_S: f64 = 0.1;
