@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::flags::ranged;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use spillway_sketch::stability::StabilityParams;
+use spillway_sketch::classifier::StabilityParams;
 use spillway_sketch::trace::{
     self, Evaluation, FlowClass, GenSpec, LabelledRow, Ranking, TopK, Trace,
 };

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
-use spillway_sketch::stability::StabilityParams;
+use spillway_sketch::classifier::StabilityParams;
 use spillway_sketch::trace::{GenSpec, generate, rank_trace, to_csv_string};
 
 fn spillway<S: AsRef<OsStr>>(args: &[S]) -> Output {

@@ -15,9 +15,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use spillway_sketch::classifier::{Classifier, Score, StabilityParams};
 use spillway_sketch::features::FlowCounters;
 use spillway_sketch::rng::SplitMix64;
-use spillway_sketch::stability::{Classifier, Score, StabilityParams};
 
 const FLOWS: usize = 100_000;
 const TICK: Duration = Duration::from_millis(100);

@@ -3,11 +3,11 @@
 //! [`FlowCounters`] is what a data plane keeps for **every** flow: a few integers and floats
 //! updated per arrival, turned into one [`FeatureTick`] at the end of a tick. It costs tens of
 //! nanoseconds per flow per tick, so it can run for every one of 100,000 flows; the sketch work
-//! of [`crate::stability`] is spent only on the flows worth an entry.
+//! of [`crate::classifier`] is spent only on the flows worth an entry.
 //!
 //! The four features are the seed's: bandwidth, packet rate, control-packet ratio (SYN, FIN, RST
 //! and pure ACK share of the packets) and inter-packet jitter (standard deviation of the gaps
-//! between packets in the tick). They are raw here; [`crate::stability`] normalises them.
+//! between packets in the tick). They are raw here; [`crate::classifier`] normalises them.
 
 use core::time::Duration;
 

@@ -4,7 +4,7 @@
 //! resource of the fabric: the spill plane hands back to the DPU the flows that will keep paying
 //! for their entry (stable, high-bandwidth ones) and keeps bursty, short or erratic flows on the
 //! host. This crate judges flows; the placement policy that spends entries on its judgement is
-//! `spillway_fabric::stability`.
+//! the fabric's `stability` placement (`spillway sim --placement stability`).
 //!
 //! ## Main types
 //!
@@ -13,7 +13,7 @@
 //!   rate, control-packet ratio, inter-packet jitter).
 //! - [`fd::FrequentDirections`]: the Frequent Directions sketch (basic, fast, buffered and
 //!   time-decayed variants) with its error guarantee.
-//! - [`stability::Classifier`]: two tiers, cheap state for every flow and a decayed FD sketch
+//! - [`classifier::Classifier`]: two tiers, cheap state for every flow and a decayed FD sketch
 //!   for a bounded set of candidates; instability in `[0, 1)` from the sketch's residual, the
 //!   level drift and the control ratio; `score = gain × (1 − instability)`; ranking.
 //! - [`trace`]: the CSV trace format of `spillway stability rank`, a labelled trace generator
@@ -30,7 +30,7 @@
 //!
 //! ```
 //! use spillway_sketch::features::FeatureTick;
-//! use spillway_sketch::stability::{Classifier, StabilityParams};
+//! use spillway_sketch::classifier::{Classifier, StabilityParams};
 //!
 //! let mut c = Classifier::new(StabilityParams::default()).unwrap();
 //! for t in 0..40 {
@@ -47,8 +47,12 @@
 
 #![deny(unsafe_code)]
 
+pub mod classifier;
 pub mod fd;
 pub mod features;
 pub mod rng;
-pub mod stability;
 pub mod trace;
+
+/// The classifier under its former name. `spillway-fabric` names its types by this path, so
+/// the alias keeps that crate compiling unchanged; new code uses [`classifier`].
+pub use classifier as stability;

@@ -8,9 +8,9 @@
 
 use core::time::Duration;
 
+use spillway_sketch::classifier::{Classifier, StabilityParams};
 use spillway_sketch::features::FlowCounters;
 use spillway_sketch::rng::SplitMix64;
-use spillway_sketch::stability::{Classifier, StabilityParams};
 
 #[global_allocator]
 static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;

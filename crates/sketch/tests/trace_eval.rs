@@ -12,7 +12,7 @@
 //! above each baseline at every K of 50, 100, 200) leave room for other seeds. Each seed is its
 //! own test so they run in parallel; each prints its table (`--nocapture`).
 
-use spillway_sketch::stability::StabilityParams;
+use spillway_sketch::classifier::StabilityParams;
 use spillway_sketch::trace::{EvalRow, Evaluation, GenSpec, class_counts, evaluate, generate};
 
 const KS: [usize; 4] = [25, 50, 100, 200];
