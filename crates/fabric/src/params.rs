@@ -389,7 +389,7 @@ pub struct PlacementParams {
 
 /// Settings of the `stability` placement policy (`[fabric.placement.stability]`); the
 /// classifier's other parameters keep their documented defaults
-/// (`spillway_sketch::stability::StabilityParams`).
+/// (`spillway_sketch::classifier::StabilityParams`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StabilityConfig {
@@ -413,7 +413,7 @@ pub struct StabilityConfig {
 
 impl Default for StabilityConfig {
     fn default() -> Self {
-        let c = spillway_sketch::stability::StabilityParams::default();
+        let c = spillway_sketch::classifier::StabilityParams::default();
         let p = crate::stable_placement::StabilityPlacementParams::default();
         StabilityConfig {
             dwell_min: p.dwell_min,
@@ -428,8 +428,8 @@ impl Default for StabilityConfig {
 
 impl StabilityConfig {
     /// The classifier's parameters.
-    pub fn classifier(&self) -> spillway_sketch::stability::StabilityParams {
-        spillway_sketch::stability::StabilityParams {
+    pub fn classifier(&self) -> spillway_sketch::classifier::StabilityParams {
+        spillway_sketch::classifier::StabilityParams {
             sketched_max: self.sketched_max,
             min_ticks: self.min_ticks,
             ..Default::default()

@@ -22,7 +22,7 @@ use core::fmt;
 use core::time::Duration;
 use std::collections::BTreeMap;
 
-use spillway_sketch::stability::{Classifier, Score, StabilityParams, Status};
+use spillway_sketch::classifier::{Classifier, Score, StabilityParams, Status};
 use spillway_vswitch::Instant;
 
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};

@@ -52,7 +52,3 @@ pub mod fd;
 pub mod features;
 pub mod rng;
 pub mod trace;
-
-/// The classifier under its former name. `spillway-fabric` names its types by this path, so
-/// the alias keeps that crate compiling unchanged; new code uses [`classifier`].
-pub use classifier as stability;
