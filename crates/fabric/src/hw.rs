@@ -14,10 +14,10 @@ use spillway_vswitch::flow_table::{
     EvictBy, FlowTable, FlowTableConfig, FullPolicy, Inserted, TableFull,
 };
 
+use crate::links::ps;
 use crate::params::FabricParams;
 use crate::server::{Admitted, Server};
 use crate::types::{ConnId, Side};
-use crate::vnic::ps;
 
 /// A hardware table key: one direction of a connection.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]

@@ -6,9 +6,9 @@ use std::collections::VecDeque;
 
 use spillway_vswitch::Instant;
 
+use crate::links::FlowVnic;
 use crate::params::FabricParams;
 use crate::types::{Channel, Colour, ConnId, ConnState, Msg, SyncKind, Transmit};
-use crate::vnic::FlowVnic;
 
 /// A plane's relation to a connection's state. Exactly one plane is `Owner`, or the state is in
 /// a handover message on its way (then no plane is, and the sender holds a `Copy`).

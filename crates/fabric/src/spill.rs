@@ -86,6 +86,7 @@ use std::collections::BTreeMap;
 use spillway_sketch::features::FlowCounters;
 use spillway_vswitch::Instant;
 
+use crate::links::{PcieLink, PhyVnic, at_ps, ps};
 use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
@@ -95,7 +96,6 @@ use crate::server::{PS_PER_NS, Server};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
 };
-use crate::vnic::{PcieLink, PhyVnic, at_ps, ps};
 
 /// The plane's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]

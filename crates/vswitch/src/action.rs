@@ -17,7 +17,8 @@ use crate::verdict::{DropKind, DropReason, Verdict};
 use core::net::IpAddr;
 use spillway_wire::build::VxlanOuter;
 use spillway_wire::checksum;
-use spillway_wire::icmp::{self, IcmpKind};
+use spillway_wire::icmp::IcmpKind;
+use spillway_wire::icmp_error;
 use spillway_wire::{Fragment, Headers, IpAddr16, MacAddr, ParsedFrame, Vni, ip_proto};
 
 /// Which end of the 5-tuple a NAT action rewrites.
@@ -501,7 +502,7 @@ fn rewrite_nat_embedded(
     new_ip: &[u8; 4],
     port: u16,
 ) -> bool {
-    let Some(e) = icmp::embedded(false, &frame[l4..end]) else {
+    let Some(e) = icmp_error::embedded(false, &frame[l4..end]) else {
         return false;
     };
     let (eip, el4) = (l4 + e.ip_offset, l4 + e.l4_offset);

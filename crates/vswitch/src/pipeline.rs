@@ -900,7 +900,7 @@ impl Pipeline {
         let unrelated = DropReason::IcmpErrorUnrelated;
         let end = usize::from(h.l3_offset) + usize::from(h.l3_len);
         let msg = frame.get(usize::from(h.l4_offset)..end).ok_or(unrelated)?;
-        let e = spillway_wire::icmp::embedded(!key.src_ip.is_v4(), msg).ok_or(unrelated)?;
+        let e = spillway_wire::icmp_error::embedded(!key.src_ip.is_v4(), msg).ok_or(unrelated)?;
         let (handle, dir) = self
             .ct
             .lookup(now, tenant, &e.key.reversed())

@@ -198,7 +198,7 @@ fn assert_error(
     let p = parse_frame(out, &Default::default()).expect("the error parses");
     let key = p.outer.key.expect("IP");
     assert_eq!(key.icmp_kind(), Some(icmp::IcmpKind::Error));
-    let e = icmp::embedded(v6, msg).expect("the quoted header is whole");
+    let e = spillway_wire::icmp_error::embedded(v6, msg).expect("the quoted header is whole");
     let sent_key = parse_frame(sent, &Default::default())
         .unwrap()
         .outer

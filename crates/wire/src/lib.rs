@@ -74,6 +74,7 @@ pub mod checksum;
 pub mod ethernet;
 mod field;
 pub mod icmp;
+pub mod icmp_error;
 pub mod ipv4;
 pub mod ipv6;
 pub mod nd;

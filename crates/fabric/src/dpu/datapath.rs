@@ -8,10 +8,10 @@ use spillway_vswitch::Instant;
 use super::lifecycle::{DrainStep, Phase};
 use super::resources::SocWork;
 use super::{DpuConn, DpuNode, RecallHistory, Role};
+use crate::links::{at_ps, ps};
 use crate::metrics::FabricDrop;
 use crate::server::PS_PER_NS;
 use crate::types::{Channel, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train};
-use crate::vnic::{at_ps, ps};
 
 impl DpuNode {
     /// A train from a VM or the uplink.

@@ -10,9 +10,9 @@ use std::time::Duration;
 use spillway_vswitch::Instant;
 
 use crate::hw::HwKey;
+use crate::links::{at_ps, ps};
 use crate::params::FabricParams;
 use crate::server::Server;
-use crate::vnic::{at_ps, ps};
 
 /// An insert on its way to the hardware.
 #[derive(Clone, Copy, Debug)]

@@ -12,10 +12,10 @@ use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::Inserted;
 
 use crate::hw::{DpuHardware, EntryStats, HwKey, HwRule};
+use crate::links::{PcieLink, PhyVnic, ps};
 use crate::params::{FabricParams, ns};
 use crate::server::{Admitted, PS_PER_NS, Server};
 use crate::types::{ConnId, Side, Train};
-use crate::vnic::{PcieLink, PhyVnic, ps};
 
 /// What a packet asks of the SoC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,11 +9,11 @@ use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
 use super::window::{Totals, Utils};
 use super::{DpuNode, Role};
 use crate::hw::HwKey;
+use crate::links::at_ps;
 use crate::metrics::FabricDrop;
 use crate::params::ns;
 use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind};
 use crate::ursched::{Decision, Load};
-use crate::vnic::at_ps;
 
 impl DpuNode {
     /// The plane's process runs (the driver's report after [`Command::StartPlane`]).
