@@ -2,14 +2,17 @@
 //! from. Nothing in the model has a result written in: throughput, loss and latency emerge from
 //! these numbers.
 //!
-//! Sources, cited per field: **[seed]** is the Spillway paper (Zhejiang University and Alibaba Cloud; testbed:
+//! Sources, cited per field: **[paper]** is the Spillway paper (Zhejiang University and Alibaba Cloud; testbed:
 //! CPU/FPGA DPU with 2x100 Gbps, 64-core host; DPU saturates near 7.0 Mpps and still processes
 //! 7.2 Mpps under 9.2 Mpps offered; Elastic VM start 200 ms, rule injection ~10 ms; 2.0 Mpps of
 //! overflow on ~2.3 physical cores; CPS doubled with seven physical cores). **[assumed]** marks a
-//! value chosen for this model where the seed gives none, with the reasoning beside it; change it
+//! value chosen for this model where the paper gives none, with the reasoning beside it; change it
 //! in a scenario file to explore.
 //!
 //! [`FabricParams::validate`] checks every field against a range; `docs/CONFIG.md` lists them.
+//!
+//! Over 1,000 lines because every field carries its default, its source and its reasoning, and
+//! `validate` its range, in one place a reader can check against `docs/CONFIG.md`.
 
 use core::time::Duration;
 use serde::Deserialize;
@@ -24,7 +27,7 @@ pub(crate) fn ns(d: Duration) -> u64 {
 #[serde(deny_unknown_fields, default)]
 pub struct DpuParams {
     /// Packets per second the hardware fast path can process with a flow entry's actions
-    /// (lookup, conntrack update, rewrite, encap). [seed]: saturates near 7.0 Mpps and carries
+    /// (lookup, conntrack update, rewrite, encap). [paper]: saturates near 7.0 Mpps and carries
     /// 7.2 Mpps under a 9.2 Mpps burst, so 7.2 Mpps.
     pub hw_pps_limit: f64,
     /// Packets the fast path's input queue holds before it drops (`dpu.hw.overload`).
@@ -46,14 +49,14 @@ pub struct DpuParams {
     /// [assumed]: 65,536.
     pub insert_queue_max: u32,
     /// Latency of installing or removing the redirect rules (a small, high-priority table
-    /// written by the control plane). [seed]: rule injection takes about 10 ms.
+    /// written by the control plane). [paper]: rule injection takes about 10 ms.
     #[serde(with = "humantime_us")]
     pub redirect_latency: Duration,
     /// Hash buckets the redirect rules split the 5-tuple space into (the overflow quota is a
     /// number of buckets). [assumed]: 256, an RSS indirection table's size.
     pub redirect_buckets: u16,
     /// Packets per second the hardware can steer by a redirect rule or pass from the host back
-    /// out (parse + match, no rewrite). [seed]: 2x100 Gbps line rate at 64 B, 297.6 Mpps.
+    /// out (parse + match, no rewrite). [paper]: 2x100 Gbps line rate at 64 B, 297.6 Mpps.
     pub steer_pps_limit: f64,
     /// SoC cores running the slow path. [assumed]: 8 (a BlueField-2-class ARM complex).
     pub soc_cores: u32,
@@ -156,7 +159,7 @@ impl Default for PcieParams {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HostParams {
-    /// Host cores. [seed]: a 64-core host.
+    /// Host cores. [paper]: a 64-core host.
     pub cores: u32,
     /// Cores the tenants use (not isolatable). [assumed]: 48, leaving 16 idle.
     pub tenant_cores: u32,
@@ -165,10 +168,10 @@ pub struct HostParams {
     pub reserve_cores: u32,
     /// Most workers the spill plane may have. [assumed]: 16.
     pub workers_max: u32,
-    /// Workers the plane starts with. [assumed]: 2 ([seed]: 2.0 Mpps on ~2.3 cores).
+    /// Workers the plane starts with. [assumed]: 2 ([paper]: 2.0 Mpps on ~2.3 cores).
     pub workers_initial: u32,
     /// Host core time per packet of an established connection on the spill plane, vNIC I/O
-    /// included. [seed]: 2.0 Mpps on ~2.3 physical cores, ~1.15 us per packet.
+    /// included. [paper]: 2.0 Mpps on ~2.3 physical cores, ~1.15 us per packet.
     #[serde(with = "humantime_us")]
     pub pkt_cost: Duration,
     /// Host core time for a new connection (policy walk, conntrack create, flow-cache entries,
@@ -176,7 +179,7 @@ pub struct HostParams {
     /// for the walk alone on the development VM; see the README's benchmark table).
     #[serde(with = "humantime_us")]
     pub new_conn_cost: Duration,
-    /// Plane start latency (Idle -> Preparing -> up). [seed]: the Elastic VM activates within
+    /// Plane start latency (Idle -> Preparing -> up). [paper]: the Elastic VM activates within
     /// 200 ms.
     #[serde(with = "humantime_us")]
     pub plane_start: Duration,
@@ -246,7 +249,7 @@ pub struct SchedParams {
     /// Utilisation (fast path or SoC) above which the DPU is under pressure. [assumed]: 0.85.
     pub pressure_util: f64,
     /// Utilisation (fast path or SoC) above which the plane is prepared (shadow mode, no
-    /// forwarding change). Default = `pressure_util`: a cold start at pressure, as in the seed.
+    /// forwarding change). Default = `pressure_util`: a cold start at pressure, as in the paper.
     pub prepare_util: f64,
     /// Windows of pressure (N of the last M) before preparing and activating. [assumed]: 3 of 5.
     pub pressure_windows: u32,
@@ -262,19 +265,19 @@ pub struct SchedParams {
     /// Spill-plane utilisation that adds a worker. [assumed]: 0.80.
     pub worker_add_util: f64,
     /// A tenant is noisy when its variance exceeds the cluster average by this factor.
-    /// [seed]: ~25% above, so 1.25.
+    /// [paper]: ~25% above, so 1.25.
     pub variance_factor: f64,
     /// Squared coefficient of variation below which no tenant counts as noisy, however quiet
     /// the others are. [assumed]: 0.05 (a rate that varies by less than ~22%).
     pub variance_floor: f64,
     /// Windows of noise (N of the last M) before preparing. [assumed]: 3 of 5.
     pub variance_windows: u32,
-    /// Length of a variance sample window. [seed]: 100 ms.
+    /// Length of a variance sample window. [paper]: 100 ms.
     #[serde(with = "humantime_us")]
     pub variance_window: Duration,
     /// Rate samples per variance estimate. [assumed]: 10 (one second of history).
     pub variance_samples: u32,
-    /// DPU memory utilisation that prepares the plane. [seed]: "a threshold"; [assumed]: 0.80.
+    /// DPU memory utilisation that prepares the plane. [paper]: "a threshold"; [assumed]: 0.80.
     pub mem_util: f64,
     /// A prepared (shadow) plane with no pressure for this long is released. [assumed]: 2 s.
     #[serde(with = "humantime_us")]
@@ -368,7 +371,7 @@ impl core::str::FromStr for PlacementKind {
 pub struct PlacementParams {
     /// The policy.
     pub policy: PlacementKind,
-    /// Sampling tick of the spill plane's per-flow rates. [seed]: 100 ms.
+    /// Sampling tick of the spill plane's per-flow rates. [paper]: 100 ms.
     #[serde(with = "humantime_us")]
     pub tick: Duration,
     /// Period of OVS's rebalance. [OVS]: 3 s (`other_config:offload-rebalance`).

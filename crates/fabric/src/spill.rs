@@ -80,6 +80,9 @@
 //! share, jitter), asks its [`PlacementPolicy`] for moves within the DPU's last
 //! [`Msg::Budget`], and sends recalls on the flow vNIC and demotions (deletes) on the reliable
 //! control channel, retransmitted every `control_rto` until acknowledged.
+//!
+//! Just over 1,000 lines with its tests and this doc; the node's code is under 1,000. A split
+//! like `DpuNode`'s (`crate::dpu`) is the way to go when it grows.
 
 use std::collections::BTreeMap;
 

@@ -18,7 +18,7 @@
 //! - **Prepare vs activate**: load above `prepare_util` (N of M windows) starts the plane in
 //!   shadow mode; load above `pressure_util` activates it. With `prepare_util` below
 //!   `pressure_util` a rising load finds the plane warm and activation costs only the redirect
-//!   rules; by default both are 0.85 (the seed's cold start: plane start + rule injection).
+//!   rules; by default both are 0.85 (the paper's cold start: plane start + rule injection).
 //! - **Memory**: DPU memory utilisation above `mem_util` prepares the plane.
 //! - **Release**: the whole load (DPU plus what the host carries) would fit the DPU under
 //!   `release_util` for `release_windows` consecutive windows.

@@ -15,6 +15,10 @@
 //! names with the instance's prefix, files inside the state directory, processes whose start
 //! time *and* executable match and whose executable is one we start) before it removes
 //! anything. One foreign or corrupt entry fails the whole recovery, which then touches nothing.
+//!
+//! Over 1,000 lines only with its tests (about 300), which attack exactly the rules above:
+//! foreign names, reused pids, replaced executables, corrupt entries. They stay beside the rules
+//! they check.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, Write as _};

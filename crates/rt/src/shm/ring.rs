@@ -157,6 +157,14 @@
 //! rx.woke();
 //! # Ok::<(), spillway_rt::shm::ring::RingError>(())
 //! ```
+//!
+//! ## Why one file
+//!
+//! About 1,450 lines before its tests, on purpose: it is one lock-free protocol over shared
+//! memory. The index rules, the layout the offsets point into and every `unsafe` block's
+//! `SAFETY` argument refer to each other; kept together, one argument can be checked without
+//! holding several files. The loom model (`tests/loom_ring.rs`) runs the same `Producer` and
+//! `Consumer` code through [`RingMemory`].
 
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
