@@ -9,9 +9,14 @@
 //! `madvise(MADV_HUGEPAGE)` before anyone touches it. The core crates stay free of syscalls; only
 //! this binary decides. [`set_enabled`]`(false)` (the `--no-huge-pages` flag) turns the advice
 //! off for allocations made afterwards, so both settings can be measured in one session.
+//!
+//! It also counts allocations per thread ([`spillway_rt::host::allocs`]), so the DPU process
+//! can report how often its forwarding thread allocates.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use spillway_rt::host::allocs;
 
 /// Allocations of at least this many bytes get huge-page advice: one 2 MiB huge page.
 pub const HUGE_MIN: usize = 2 << 20;
@@ -74,6 +79,7 @@ fn advise(ptr: *mut u8, layout: Layout) {
 // at least as large and as aligned as the caller's, so the returned block satisfies `layout`.
 unsafe impl GlobalAlloc for HugePageAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        allocs::note();
         let l = adjusted(layout);
         // SAFETY: `l` has non-zero size because `layout` does (GlobalAlloc's contract).
         let p = unsafe { System.alloc(l) };
@@ -82,6 +88,7 @@ unsafe impl GlobalAlloc for HugePageAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        allocs::note();
         let l = adjusted(layout);
         // SAFETY: as in `alloc`.
         let p = unsafe { System.alloc_zeroed(l) };
@@ -99,6 +106,7 @@ unsafe impl GlobalAlloc for HugePageAlloc {
         let new_layout = Layout::from_size_align(new_size, layout.align())
             .expect("GlobalAlloc::realloc's contract: new_size fits the alignment");
         if layout.size() < HUGE_MIN && new_size < HUGE_MIN {
+            allocs::note();
             // SAFETY: small in and out: the layouts are unadjusted, exactly what `System` saw.
             return unsafe { System.realloc(ptr, layout, new_size) };
         }

@@ -4,6 +4,8 @@
 //! the lifecycle with `spillway ctl`, and checks what the applications saw (requests served,
 //! every reply received, transfers completed) and what the fabric reports; on the way out it
 //! stops the daemon with SIGINT and checks that no namespace, cgroup, process or ledger is left.
+//! One test floods the bed with `spillway traffic gen` and checks that the DPU process's
+//! forwarding thread allocates nothing per frame (`forwarding_allocs` in `ctl status`).
 //!
 //! Needs root and the programs (`.ci/run` installs them). Under `CI=true` a missing one fails
 //! the test; elsewhere the test prints why it skips. The tests take a global lock so their
@@ -698,6 +700,65 @@ fn iperf3_udp_small_packets_cross_the_spill_plane() {
         plane_in > 1000,
         "the datagrams were steered to the plane: {s:#}"
     );
+    bed.stop_and_check_clean();
+}
+
+/// The DPU process's forwarding thread allocates nothing per frame in steady state. The
+/// binary's allocator counts allocations per thread and `ctl status` reports the forwarding
+/// thread's (`forwarding_allocs`). With the plane held off, the test compares two windows of
+/// the same length: two idle seconds, then two seconds of a paced UDP flood of 8 flows that
+/// has been running for a second and a half (flows, conntrack entries and table slots warm).
+/// Both windows contain the same periodic work (metrics publishing, one `ctl status`); the
+/// flood window may allocate at most one more per thousand frames it forwarded.
+#[test]
+fn the_forwarding_thread_allocates_nothing_per_frame() {
+    if !spillway_testkit::prerequisites(&["ip"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start("released", 2000);
+    bed.server(
+        "b",
+        BIN,
+        &["traffic", "sink", "--bind", "10.66.0.2:9000", "--idle", "30"],
+    );
+    let allocs = |s: &serde_json::Value| {
+        s["forwarding_allocs"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("ctl status reports forwarding_allocs: {s:#}"))
+    };
+    let idle0 = bed.status();
+    std::thread::sleep(Duration::from_secs(2));
+    let idle1 = bed.status();
+    let flood = bed
+        .exec("a", BIN)
+        .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
+        .args(["--rate", "20000", "--duration", "5", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn traffic gen");
+    std::thread::sleep(Duration::from_millis(1500));
+    let busy0 = bed.status();
+    std::thread::sleep(Duration::from_secs(2));
+    let busy1 = bed.status();
+    let sent = finish(flood, "traffic gen");
+    let idle = allocs(&idle1) - allocs(&idle0);
+    let busy = allocs(&busy1) - allocs(&busy0);
+    let frames = counter(&busy1, "rt.rx.frames") - counter(&busy0, "rt.rx.frames");
+    eprintln!(
+        "forwarding thread: {idle} allocations idle, {busy} over {frames} frames (2 s each)"
+    );
+    assert!(
+        frames >= 10_000,
+        "the flood went through the DPU process: {frames} frames; gen said {sent}"
+    );
+    assert!(
+        busy <= idle + frames / 1000,
+        "the forwarding thread allocates per frame: {busy} allocations over {frames} frames, \
+         {idle} in an idle window of the same length"
+    );
+    assert_eq!(busy1["phase"], "idle", "the plane stayed off: {busy1:#}");
     bed.stop_and_check_clean();
 }
 

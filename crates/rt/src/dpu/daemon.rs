@@ -1685,6 +1685,9 @@ impl DpuDaemon {
                 "stats": p.stats,
             })),
             "rates_per_s": self.rates.per_sec,
+            // `ctl` is answered on the forwarding thread, so this is that thread's count
+            // (see `host::allocs`); it includes the allocations of building this answer.
+            "forwarding_allocs": crate::host::allocs::this_thread(),
             "counters": counters,
             "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "vswitch_drops": self.sw.pipeline().drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),

@@ -3,6 +3,7 @@
 //! virtio-net header. Everything here is a thin, typed wrapper over a kernel interface or a
 //! system tool; nothing here knows about the fabric core.
 
+pub mod allocs;
 pub mod cgroup;
 pub mod clock;
 pub mod ledger;
