@@ -43,22 +43,35 @@ pub struct PlaneOptions {
     pub clock_origin_ns: u64,
 }
 
-/// Plane-process counters (`plane.*`, sent to the DPU process for its metrics): what the
-/// driver moved. What became of each frame inside the plane is the node's
-/// ([`spillway_fabric::frame::FrameCounters`], also sent under `plane.`).
-#[derive(Clone, Copy, Debug, Default)]
-struct PlaneCounters {
-    frames_in: u64,
-    frames_out: u64,
-    punted: u64,
-    drop_ring_full: u64,
-    vatc_delivered: u64,
-    vatc_miss: u64,
-    vatc_no_buffer: u64,
-    vatc_bad_desc: u64,
-    vatc_no_port: u64,
-    vatc_broken: u64,
-    vatc_invalidations: u64,
+spillway_vswitch::counters! {
+    /// Plane-process counters (`plane.*`, sent to the DPU process for its metrics): what the
+    /// driver moved. What became of each frame inside the plane is the node's
+    /// ([`spillway_fabric::frame::FrameCounters`], also sent under `plane.`).
+    #[derive(Copy)]
+    struct PlaneCounters {
+        /// Frames the DPU steered to the plane.
+        frames_in => "plane.frames.in",
+        /// Frames sent back on the phy ring.
+        frames_out => "plane.frames.out",
+        /// Frames punted back whole to the DPU.
+        punted => "plane.frames.punted",
+        /// Frames not sent back because the phy ring was full.
+        drop_ring_full => "plane.drop.ring_full",
+        /// Frames delivered straight into a VM's memory.
+        vatc_delivered => "plane.vatc.delivered",
+        /// Direct deliveries refused for want of a translation (a request is queued).
+        vatc_miss => "plane.vatc.miss",
+        /// Direct deliveries refused because the VM had no receive buffer posted.
+        vatc_no_buffer => "plane.vatc.no_buffer",
+        /// Direct deliveries refused for a bad receive descriptor.
+        vatc_bad_desc => "plane.vatc.bad_desc",
+        /// Direct deliveries to a port whose memory the plane does not hold.
+        vatc_no_port => "plane.vatc.no_port",
+        /// VMs whose receive queue was broken; their memory was dropped.
+        vatc_broken => "plane.vatc.broken",
+        /// vATC invalidations (detaches) received from the DPU process.
+        vatc_invalidations => "plane.vatc.invalidations",
+    }
 }
 
 /// The plane's side of the vATC: the VMs whose memory it holds (by the port they are), the
@@ -440,19 +453,7 @@ impl PlaneProcess {
         {
             put(format!("plane.{k}"), v);
         }
-        for (k, v) in [
-            ("plane.frames.in", c.frames_in),
-            ("plane.frames.out", c.frames_out),
-            ("plane.frames.punted", c.punted),
-            ("plane.drop.ring_full", c.drop_ring_full),
-            ("plane.vatc.delivered", c.vatc_delivered),
-            ("plane.vatc.miss", c.vatc_miss),
-            ("plane.vatc.no_buffer", c.vatc_no_buffer),
-            ("plane.vatc.bad_desc", c.vatc_bad_desc),
-            ("plane.vatc.no_port", c.vatc_no_port),
-            ("plane.vatc.broken", c.vatc_broken),
-            ("plane.vatc.invalidations", c.vatc_invalidations),
-        ] {
+        for (k, v) in c.iter() {
             put(k.to_string(), v);
         }
         let doc = json!({
