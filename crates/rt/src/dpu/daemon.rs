@@ -52,6 +52,7 @@ use crate::ops::ctl::{
     CtlCall, CtlRequest, CtlResponse, CtlServer, FLOWS_LIMIT_DEFAULT, FLOWS_LIMIT_MAX, FlowOwner,
 };
 use crate::ops::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
+use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use crate::testbed::{InitialHold, TapIo, Testbed, VmBackend, VmEndpoint};
 use spillway_fabric::atc::{RegionTable, VmId};
@@ -1057,27 +1058,25 @@ impl DpuDaemon {
             Err(e) => failure = Some(e.to_string()),
         }
         let mut stats = None;
-        let mut vm_docs = Vec::new();
+        let mut vm_msgs = Vec::new();
         let r = vnic.recv_control(|c| match c {
             Control::Msg(m, s) => inbox.push((m, s)),
             Control::Json(CONTROL_STATS, doc) => stats = Some(doc),
             Control::Json(..) => {}
-            Control::Vm(doc, _) => vm_docs.push(doc),
+            Control::Vm(msg, _) => vm_msgs.push(msg),
         });
-        for doc in vm_docs {
-            // A translation request: the VM's regions and epoch, as the authority has them.
-            if doc["op"] == "translate"
-                && let Some(vm) = doc["vm"].as_u64().and_then(|v| u32::try_from(v).ok())
-            {
-                let vm = VmId(vm);
+        for msg in vm_msgs {
+            // A translation request: the VM's regions and epoch, as the authority has them. The
+            // plane sends nothing else of this kind; anything else is ignored, as before.
+            if let VatcMsg::Translate { vm, iova, len } = msg {
                 dp.counters.atc_requests += 1;
-                let regions: Vec<serde_json::Value> = dp
-                    .authority
-                    .regions(vm)
-                    .map(|m| json!([m.iova.0, m.len, m.host.0, m.perm.read, m.perm.write]))
-                    .collect();
-                let answer = json!({"op": "regions", "vm": vm.0, "epoch": dp.authority.epoch(vm).0,
-                                    "iova": doc["iova"], "len": doc["len"], "regions": regions});
+                let answer = VatcMsg::Regions {
+                    vm,
+                    epoch: dp.authority.epoch(vm),
+                    iova,
+                    len,
+                    regions: dp.authority.regions(vm).copied().collect(),
+                };
                 if let Err(e) = vnic.send_vm(&answer, &[]) {
                     failure = Some(e.to_string());
                 }
@@ -1496,8 +1495,11 @@ impl DpuDaemon {
                     };
                     let vm = vm_id(id);
                     v.send_vm(
-                        &json!({"op": "attach", "vm": vm.0, "port": id.0,
-                                "epoch": self.dp.authority.epoch(vm).0, "fds": 2}),
+                        &VatcMsg::Attach {
+                            vm,
+                            port: id.0,
+                            epoch: self.dp.authority.epoch(vm),
+                        },
                         &[port.mem.fd(), port.irq_fd()],
                     )
                 }
@@ -1505,7 +1507,10 @@ impl DpuDaemon {
                     let vm = vm_id(id);
                     self.dp.counters.atc_invalidations += 1;
                     v.send_vm(
-                        &json!({"op": "detach", "vm": vm.0, "epoch": self.dp.authority.epoch(vm).0}),
+                        &VatcMsg::Detach {
+                            vm,
+                            epoch: self.dp.authority.epoch(vm),
+                        },
                         &[],
                     )
                 }
