@@ -720,7 +720,14 @@ fn the_forwarding_thread_allocates_nothing_per_frame() {
     bed.server(
         "b",
         BIN,
-        &["traffic", "sink", "--bind", "10.66.0.2:9000", "--idle", "30"],
+        &[
+            "traffic",
+            "sink",
+            "--bind",
+            "10.66.0.2:9000",
+            "--idle",
+            "30",
+        ],
     );
     let allocs = |s: &serde_json::Value| {
         s["forwarding_allocs"]
@@ -746,9 +753,7 @@ fn the_forwarding_thread_allocates_nothing_per_frame() {
     let idle = allocs(&idle1) - allocs(&idle0);
     let busy = allocs(&busy1) - allocs(&busy0);
     let frames = counter(&busy1, "rt.rx.frames") - counter(&busy0, "rt.rx.frames");
-    eprintln!(
-        "forwarding thread: {idle} allocations idle, {busy} over {frames} frames (2 s each)"
-    );
+    eprintln!("forwarding thread: {idle} allocations idle, {busy} over {frames} frames (2 s each)");
     assert!(
         frames >= 10_000,
         "the flood went through the DPU process: {frames} frames; gen said {sent}"

@@ -547,50 +547,32 @@ pub struct AtcEntry {
     pub used: u64,
 }
 
-/// vATC counters (dotted names in [`AtcCounters::iter`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AtcCounters {
-    /// `atc.hit`: translations served from the cache.
-    pub hit: u64,
-    /// `atc.miss`: translations that returned [`AtcError::Miss`].
-    pub miss: u64,
-    /// `atc.stale`: entries dropped because their epoch was no longer the VM's.
-    pub stale: u64,
-    /// `atc.evict`: entries evicted to make room.
-    pub evict: u64,
-    /// `atc.perm_denied`: translations that returned [`AtcError::Permission`].
-    pub perm_denied: u64,
-    /// `atc.segments_exceeded`: translations that returned [`AtcError::TooManySegments`].
-    pub segments_exceeded: u64,
-    /// `atc.invalid`: translations refused for a zero-length or overflowing range.
-    pub invalid: u64,
-    /// `atc.fill`: entries inserted by fills.
-    pub fill: u64,
-    /// `atc.invalidated`: entries dropped by explicit invalidation.
-    pub invalidated: u64,
-    /// `atc.unmapped`: translations that returned [`AtcError::Unmapped`] (a known gap).
-    pub unmapped: u64,
-    /// `atc.unmapped_fill`: known-unmapped gaps learned by [`Atc::fill_map`].
-    pub unmapped_fill: u64,
-}
-
-impl AtcCounters {
-    /// Every counter with its dotted name, in a fixed order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("atc.hit", self.hit),
-            ("atc.miss", self.miss),
-            ("atc.stale", self.stale),
-            ("atc.evict", self.evict),
-            ("atc.perm_denied", self.perm_denied),
-            ("atc.segments_exceeded", self.segments_exceeded),
-            ("atc.invalid", self.invalid),
-            ("atc.fill", self.fill),
-            ("atc.invalidated", self.invalidated),
-            ("atc.unmapped", self.unmapped),
-            ("atc.unmapped_fill", self.unmapped_fill),
-        ]
-        .into_iter()
+spillway_vswitch::counters! {
+    /// vATC counters (dotted names in [`AtcCounters::iter`]).
+    #[derive(Copy, PartialEq, Eq)]
+    pub struct AtcCounters {
+        /// Translations served from the cache.
+        hit => "atc.hit",
+        /// Translations that returned [`AtcError::Miss`].
+        miss => "atc.miss",
+        /// Entries dropped because their epoch was no longer the VM's.
+        stale => "atc.stale",
+        /// Entries evicted to make room.
+        evict => "atc.evict",
+        /// Translations that returned [`AtcError::Permission`].
+        perm_denied => "atc.perm_denied",
+        /// Translations that returned [`AtcError::TooManySegments`].
+        segments_exceeded => "atc.segments_exceeded",
+        /// Translations refused for a zero-length or overflowing range.
+        invalid => "atc.invalid",
+        /// Entries inserted by fills.
+        fill => "atc.fill",
+        /// Entries dropped by explicit invalidation.
+        invalidated => "atc.invalidated",
+        /// Translations that returned [`AtcError::Unmapped`] (a known gap).
+        unmapped => "atc.unmapped",
+        /// Known-unmapped gaps learned by [`Atc::fill_map`].
+        unmapped_fill => "atc.unmapped_fill",
     }
 }
 

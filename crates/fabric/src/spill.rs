@@ -127,77 +127,51 @@ impl Record for SpillConn {
     }
 }
 
-/// Plane counters (dotted names in [`SpillCounters::iter`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SpillCounters {
-    /// `spill.rx.packets`: packets received from the DPU.
-    pub rx: u64,
-    /// `spill.processed`: packets the workers processed.
-    pub processed: u64,
-    /// `spill.new_conn`: connections opened on the plane.
-    pub new_conn: u64,
-    /// `spill.tx.dpu`: packets sent back to the DPU.
-    pub to_dpu: u64,
-    /// `atc.direct`: packets delivered straight into VM memory (vATC).
-    pub direct: u64,
-    /// `atc.direct_refused`: packets sent the vATC way that the driver could not deliver (no
-    /// translation yet, no receive buffer) and that went back through the DPU instead.
-    pub direct_refused: u64,
-    /// `spill.atc.miss`: vATC translation misses the cost model charged (the expectation at
-    /// `host.vatc_hit_ratio`, accumulated and counted whole).
-    pub atc_miss: u64,
-    /// `spill.recall.sent`: recalls sent.
-    pub recalls_sent: u64,
-    /// `spill.recall.ok`: recalls acknowledged live.
-    pub recalls_ok: u64,
-    /// `spill.recall.refused`: recalls refused.
-    pub recalls_refused: u64,
-    /// `spill.delete.sent`: deletes sent (first transmissions).
-    pub deletes_sent: u64,
-    /// `spill.delete.retx`: delete retransmissions.
-    pub delete_retx: u64,
-    /// `spill.delete.acked`: deletes acknowledged.
-    pub deletes_acked: u64,
-    /// `spill.sync.tx`: state messages sent.
-    pub sync_tx: u64,
-    /// `spill.handover`: connections handed to the DPU.
-    pub handovers: u64,
-    /// `spill.punt`: packets handed back to the DPU for lack of state.
-    pub punted: u64,
-    /// `spill.open_dropped`: opening packets the plane dropped.
-    pub open_dropped: u64,
-    /// `spill.conn.closed_direct`: connections whose last packet the plane delivered itself.
-    pub closed_direct: u64,
-    /// `spill.busy_ns`: core-nanoseconds of work the workers were given (packets admitted
-    /// times their cost): the host CPU the plane spends. Per second of a window, cores busy.
-    pub busy_ns: u64,
-}
-
-impl SpillCounters {
-    /// `(metric, value)` pairs in a stable order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("spill.rx.packets", self.rx),
-            ("spill.processed", self.processed),
-            ("spill.new_conn", self.new_conn),
-            ("spill.tx.dpu", self.to_dpu),
-            ("atc.direct", self.direct),
-            ("atc.direct_refused", self.direct_refused),
-            ("spill.atc.miss", self.atc_miss),
-            ("spill.recall.sent", self.recalls_sent),
-            ("spill.recall.ok", self.recalls_ok),
-            ("spill.recall.refused", self.recalls_refused),
-            ("spill.delete.sent", self.deletes_sent),
-            ("spill.delete.retx", self.delete_retx),
-            ("spill.delete.acked", self.deletes_acked),
-            ("spill.sync.tx", self.sync_tx),
-            ("spill.handover", self.handovers),
-            ("spill.punt", self.punted),
-            ("spill.open_dropped", self.open_dropped),
-            ("spill.conn.closed_direct", self.closed_direct),
-            ("spill.busy_ns", self.busy_ns),
-        ]
-        .into_iter()
+spillway_vswitch::counters! {
+    /// Plane counters (dotted names in [`SpillCounters::iter`]).
+    #[derive(Copy, PartialEq)]
+    pub struct SpillCounters {
+        /// Packets received from the DPU.
+        rx => "spill.rx.packets",
+        /// Packets the workers processed.
+        processed => "spill.processed",
+        /// Connections opened on the plane.
+        new_conn => "spill.new_conn",
+        /// Packets sent back to the DPU.
+        to_dpu => "spill.tx.dpu",
+        /// Packets delivered straight into VM memory (vATC).
+        direct => "atc.direct",
+        /// Packets sent the vATC way that the driver could not deliver (no translation yet, no
+        /// receive buffer) and that went back through the DPU instead.
+        direct_refused => "atc.direct_refused",
+        /// vATC translation misses the cost model charged (the expectation at
+        /// `host.vatc_hit_ratio`, accumulated and counted whole).
+        atc_miss => "spill.atc.miss",
+        /// Recalls sent.
+        recalls_sent => "spill.recall.sent",
+        /// Recalls acknowledged live.
+        recalls_ok => "spill.recall.ok",
+        /// Recalls refused.
+        recalls_refused => "spill.recall.refused",
+        /// Deletes sent (first transmissions).
+        deletes_sent => "spill.delete.sent",
+        /// Delete retransmissions.
+        delete_retx => "spill.delete.retx",
+        /// Deletes acknowledged.
+        deletes_acked => "spill.delete.acked",
+        /// State messages sent.
+        sync_tx => "spill.sync.tx",
+        /// Connections handed to the DPU.
+        handovers => "spill.handover",
+        /// Packets handed back to the DPU for lack of state.
+        punted => "spill.punt",
+        /// Opening packets the plane dropped.
+        open_dropped => "spill.open_dropped",
+        /// Connections whose last packet the plane delivered itself.
+        closed_direct => "spill.conn.closed_direct",
+        /// Core-nanoseconds of work the workers were given (packets admitted times their cost): the
+        /// host CPU the plane spends. Per second of a window, cores busy.
+        busy_ns => "spill.busy_ns",
     }
 }
 

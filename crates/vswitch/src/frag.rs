@@ -210,29 +210,18 @@ impl FragConfig {
     }
 }
 
-/// Event counters (`vswitch.frag.*`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FragCounters {
-    /// `vswitch.frag.tracked`: first fragments whose datagram is now tracked.
-    pub tracked: u64,
-    /// `vswitch.frag.followed`: later fragments admitted under their first fragment's verdict.
-    pub followed: u64,
-    /// `vswitch.frag.completed`: datagrams released because every byte was seen.
-    pub completed: u64,
-    /// `vswitch.frag.expired`: datagrams released by timeout (reclaimed or found expired).
-    pub expired: u64,
-}
-
-impl FragCounters {
-    /// `(metric name, value)` pairs in a stable order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("vswitch.frag.tracked", self.tracked),
-            ("vswitch.frag.followed", self.followed),
-            ("vswitch.frag.completed", self.completed),
-            ("vswitch.frag.expired", self.expired),
-        ]
-        .into_iter()
+crate::counters! {
+    /// Event counters (`vswitch.frag.*`).
+    #[derive(Copy, PartialEq, Eq)]
+    pub struct FragCounters {
+        /// First fragments whose datagram is now tracked.
+        tracked => "vswitch.frag.tracked",
+        /// Later fragments admitted under their first fragment's verdict.
+        followed => "vswitch.frag.followed",
+        /// Datagrams released because every byte was seen.
+        completed => "vswitch.frag.completed",
+        /// Datagrams released by timeout (reclaimed or found expired).
+        expired => "vswitch.frag.expired",
     }
 }
 

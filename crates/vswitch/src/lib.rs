@@ -91,6 +91,7 @@
 
 pub mod action;
 pub mod conntrack;
+pub mod counters;
 pub mod flow;
 pub mod flow_table;
 pub mod frag;

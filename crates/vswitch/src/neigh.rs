@@ -68,48 +68,33 @@ use crate::packet::PacketBuf;
 use crate::policy::{Policy, RouteTarget, Tenant, VmPort};
 use crate::verdict::{DropReason, Verdict};
 
-/// Responder counters (dotted names in [`NeighCounters::iter`]). Every frame the responder
-/// takes is counted once here or under a drop reason (malformed, spoofed, unknown port).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NeighCounters {
-    /// `vswitch.neigh.arp_reply`: ARP requests answered.
-    pub arp_reply: u64,
-    /// `vswitch.neigh.na_reply`: Neighbor Solicitations answered.
-    pub na_reply: u64,
-    /// `vswitch.neigh.consumed`: frames taken without a reply (the sum of the next six).
-    pub consumed: u64,
-    /// `vswitch.neigh.announce`: gratuitous ARP, ARP replies and unsolicited NAs for the port's
-    /// own addresses.
-    pub announce: u64,
-    /// `vswitch.neigh.own_target`: requests, probes and DAD for the asker's own address.
-    pub own_target: u64,
-    /// `vswitch.neigh.unanswered`: requests for addresses the responder does not answer for.
-    pub unanswered: u64,
-    /// `vswitch.neigh.router_solicit`: Router Solicitations (no advertisement is sent).
-    pub router_solicit: u64,
-    /// `vswitch.neigh.router_msg`: Router Advertisements and redirects sent by a VM.
-    pub router_msg: u64,
-    /// `vswitch.neigh.mld`: MLD queries, reports and dones.
-    pub mld: u64,
+crate::counters! {
+    /// Responder counters (dotted names in [`NeighCounters::iter`]). Every frame the responder
+    /// takes is counted once here or under a drop reason (malformed, spoofed, unknown port).
+    #[derive(PartialEq, Eq)]
+    pub struct NeighCounters {
+        /// ARP requests answered.
+        arp_reply => "vswitch.neigh.arp_reply",
+        /// Neighbor Solicitations answered.
+        na_reply => "vswitch.neigh.na_reply",
+        /// Frames taken without a reply (the sum of the next six).
+        consumed => "vswitch.neigh.consumed",
+        /// Gratuitous ARP, ARP replies and unsolicited NAs for the port's own addresses.
+        announce => "vswitch.neigh.announce",
+        /// Requests, probes and DAD for the asker's own address.
+        own_target => "vswitch.neigh.own_target",
+        /// Requests for addresses the responder does not answer for.
+        unanswered => "vswitch.neigh.unanswered",
+        /// Router Solicitations (no advertisement is sent).
+        router_solicit => "vswitch.neigh.router_solicit",
+        /// Router Advertisements and redirects sent by a VM.
+        router_msg => "vswitch.neigh.router_msg",
+        /// MLD queries, reports and dones.
+        mld => "vswitch.neigh.mld",
+    }
 }
 
 impl NeighCounters {
-    /// `(metric name, value)` pairs in a stable order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("vswitch.neigh.arp_reply", self.arp_reply),
-            ("vswitch.neigh.na_reply", self.na_reply),
-            ("vswitch.neigh.consumed", self.consumed),
-            ("vswitch.neigh.announce", self.announce),
-            ("vswitch.neigh.own_target", self.own_target),
-            ("vswitch.neigh.unanswered", self.unanswered),
-            ("vswitch.neigh.router_solicit", self.router_solicit),
-            ("vswitch.neigh.router_msg", self.router_msg),
-            ("vswitch.neigh.mld", self.mld),
-        ]
-        .into_iter()
-    }
-
     fn consume(&mut self, which: fn(&mut NeighCounters) -> &mut u64) -> Verdict {
         *which(self) += 1;
         self.consumed += 1;

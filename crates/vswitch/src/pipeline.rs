@@ -109,55 +109,36 @@ impl Default for PipelineConfig {
     }
 }
 
-/// Pipeline counters (dotted names in [`PipelineCounters::iter`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PipelineCounters {
-    /// `vswitch.rx.packets`: frames offered.
-    pub rx_packets: u64,
-    /// `vswitch.fast_path.hit`: frames handled by a flow entry.
-    pub fast_path_hits: u64,
-    /// `vswitch.slow_path.packets`: frames that walked the policy.
-    pub slow_path_packets: u64,
-    /// `vswitch.slow_path.stale_epoch`: hits on an entry of an older epoch (recomputed).
-    pub stale_epoch: u64,
-    /// `vswitch.slow_path.new_conn`: connections created.
-    pub new_connections: u64,
-    /// `vswitch.flow.installed`: flow entries installed.
-    pub flows_installed: u64,
-    /// `vswitch.flow.evicted`: flow entries evicted to make room.
-    pub flows_evicted: u64,
-    /// `vswitch.flow.install_rejected`: entries not installed because the table was full
-    /// (the packet is still forwarded; later packets take the slow path).
-    pub flows_rejected: u64,
-    /// `vswitch.slow_path.icmp_related`: ICMP errors admitted as related to a connection.
-    pub icmp_related: u64,
-    /// `vswitch.policy.conn_cut`: established connections cut because a policy change revoked
-    /// them (tenants with `on_policy_change = "recheck"`).
-    pub conn_cut: u64,
-    /// `vswitch.tx.forwarded`: frames forwarded.
-    pub forwarded: u64,
-    /// `vswitch.tx.dropped`: frames dropped (by reason in [`Pipeline::drops`]).
-    pub dropped: u64,
-}
-
-impl PipelineCounters {
-    /// `(metric name, value)` pairs in a stable order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("vswitch.rx.packets", self.rx_packets),
-            ("vswitch.fast_path.hit", self.fast_path_hits),
-            ("vswitch.slow_path.packets", self.slow_path_packets),
-            ("vswitch.slow_path.stale_epoch", self.stale_epoch),
-            ("vswitch.slow_path.new_conn", self.new_connections),
-            ("vswitch.flow.installed", self.flows_installed),
-            ("vswitch.flow.evicted", self.flows_evicted),
-            ("vswitch.flow.install_rejected", self.flows_rejected),
-            ("vswitch.slow_path.icmp_related", self.icmp_related),
-            ("vswitch.policy.conn_cut", self.conn_cut),
-            ("vswitch.tx.forwarded", self.forwarded),
-            ("vswitch.tx.dropped", self.dropped),
-        ]
-        .into_iter()
+crate::counters! {
+    /// Pipeline counters (dotted names in [`PipelineCounters::iter`]).
+    #[derive(PartialEq, Eq)]
+    pub struct PipelineCounters {
+        /// Frames offered.
+        rx_packets => "vswitch.rx.packets",
+        /// Frames handled by a flow entry.
+        fast_path_hits => "vswitch.fast_path.hit",
+        /// Frames that walked the policy.
+        slow_path_packets => "vswitch.slow_path.packets",
+        /// Hits on an entry of an older epoch (recomputed).
+        stale_epoch => "vswitch.slow_path.stale_epoch",
+        /// Connections created.
+        new_connections => "vswitch.slow_path.new_conn",
+        /// Flow entries installed.
+        flows_installed => "vswitch.flow.installed",
+        /// Flow entries evicted to make room.
+        flows_evicted => "vswitch.flow.evicted",
+        /// Entries not installed because the table was full (the packet is still forwarded; later
+        /// packets take the slow path).
+        flows_rejected => "vswitch.flow.install_rejected",
+        /// ICMP errors admitted as related to a connection.
+        icmp_related => "vswitch.slow_path.icmp_related",
+        /// Established connections cut because a policy change revoked them (tenants with
+        /// `on_policy_change = "recheck"`).
+        conn_cut => "vswitch.policy.conn_cut",
+        /// Frames forwarded.
+        forwarded => "vswitch.tx.forwarded",
+        /// Frames dropped (by reason in [`Pipeline::drops`]).
+        dropped => "vswitch.tx.dropped",
     }
 }
 

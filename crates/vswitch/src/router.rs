@@ -123,33 +123,21 @@ pub struct ErrorOrigin {
     pub src_ip: IpAddr16,
 }
 
-/// Counters of the router's ICMP errors (dotted names in [`IcmpErrorCounters::iter`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct IcmpErrorCounters {
-    /// `vswitch.icmp_error.time_exceeded`: time-exceeded errors sent.
-    pub time_exceeded: u64,
-    /// `vswitch.icmp_error.too_big`: fragmentation-needed / packet-too-big errors sent.
-    pub too_big: u64,
-    /// `vswitch.icmp_error.unreachable`: destination-unreachable errors sent.
-    pub unreachable: u64,
-    /// `vswitch.icmp_error.rate_limited`: errors not sent because the port's budget was spent.
-    pub rate_limited: u64,
-    /// `vswitch.icmp_error.suppressed`: errors not sent because the packet may not be
-    /// answered (see the module doc) or its tenant has no router address of its family.
-    pub suppressed: u64,
-}
-
-impl IcmpErrorCounters {
-    /// `(metric name, value)` pairs in a stable order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("vswitch.icmp_error.time_exceeded", self.time_exceeded),
-            ("vswitch.icmp_error.too_big", self.too_big),
-            ("vswitch.icmp_error.unreachable", self.unreachable),
-            ("vswitch.icmp_error.rate_limited", self.rate_limited),
-            ("vswitch.icmp_error.suppressed", self.suppressed),
-        ]
-        .into_iter()
+crate::counters! {
+    /// Counters of the router's ICMP errors (dotted names in [`IcmpErrorCounters::iter`]).
+    #[derive(PartialEq, Eq)]
+    pub struct IcmpErrorCounters {
+        /// Time-exceeded errors sent.
+        time_exceeded => "vswitch.icmp_error.time_exceeded",
+        /// Fragmentation-needed / packet-too-big errors sent.
+        too_big => "vswitch.icmp_error.too_big",
+        /// Destination-unreachable errors sent.
+        unreachable => "vswitch.icmp_error.unreachable",
+        /// Errors not sent because the port's budget was spent.
+        rate_limited => "vswitch.icmp_error.rate_limited",
+        /// Errors not sent because the packet may not be answered (see the module doc) or its
+        /// tenant has no router address of its family.
+        suppressed => "vswitch.icmp_error.suppressed",
     }
 }
 

@@ -135,95 +135,61 @@ impl Record for DpuConn {
     }
 }
 
-/// DPU counters (dotted names in [`DpuCounters::iter`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct DpuCounters {
-    /// `dpu.rx.packets`: packets offered by VMs and the uplink.
-    pub offered: u64,
-    /// `dpu.hw.packets`: delivered by the hardware fast path.
-    pub hw_delivered: u64,
-    /// `dpu.soc.packets`: delivered by the SoC slow path.
-    pub soc_delivered: u64,
-    /// `dpu.host_out.packets`: spill-plane packets the DPU sent on to VMs or the uplink.
-    pub host_out: u64,
-    /// `dpu.steer.packets`: packets steered to the spill plane by redirect rules.
-    pub steered: u64,
-    /// `spill.redirect.new_conn`: new connections steered to the plane.
-    pub steered_new_conn: u64,
-    /// `dpu.soc.new_conn`: connections opened on the SoC.
-    pub soc_new_conn: u64,
-    /// `dpu.hw.insert`: entries that went live.
-    pub inserts: u64,
-    /// `dpu.hw.insert_rejected`: inserts refused (table full or insert queue full).
-    pub insert_rejected: u64,
-    /// `dpu.hw.delete`: entries removed.
-    pub deletes: u64,
-    /// `dpu.recall.ok`: recalls whose entries went live.
-    pub recalls_ok: u64,
-    /// `dpu.recall.refused`: recalls refused.
-    pub recalls_refused: u64,
-    /// `dpu.demote`: entries demoted back to the plane (rebalance swaps).
-    pub demotes: u64,
-    /// `dpu.hw.delete.to_host`: entries removed because their connection moved to the host
-    /// plane (demoted by placement or shed under overload), not because it closed. Part of
-    /// `dpu.hw.delete`.
-    pub deletes_to_host: u64,
-    /// `dpu.placement.flap`: placement reversals (see [`RecallHistory`]).
-    pub flaps: u64,
-    /// `dpu.sync.tx`: state messages sent to the plane.
-    pub sync_tx: u64,
-    /// `dpu.sync.rx`: state messages received from the plane.
-    pub sync_rx: u64,
-    /// `pcie.crossings`: packet crossings of the PCIe link (each delivered packet, each way).
-    pub pcie_crossings: u64,
-    /// `dpu.failopen`: fail-opens.
-    pub fail_opens: u64,
-    /// `control.delete.dup`: duplicate deletes (retransmissions) ignored.
-    pub delete_dups: u64,
-    /// `dpu.mirror.skipped`: plane state not mirrored for lack of DPU memory.
-    pub mirror_skipped: u64,
-    /// `dpu.punt_in`: packets the plane handed back for lack of state.
-    pub punted_in: u64,
-    /// `dpu.shed`: established connections handed to the plane because the fast path was over
-    /// capacity.
-    pub shed: u64,
-    /// `fabric.conn.closed`: connections whose last packet was delivered (by either plane).
-    pub closed: u64,
-    /// `dpu.open_dropped`: opening packets the DPU dropped (their connection never starts).
-    pub open_dropped: u64,
-}
-
-impl DpuCounters {
-    /// `(metric, value)` pairs in a stable order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("dpu.rx.packets", self.offered),
-            ("dpu.hw.packets", self.hw_delivered),
-            ("dpu.soc.packets", self.soc_delivered),
-            ("dpu.host_out.packets", self.host_out),
-            ("dpu.steer.packets", self.steered),
-            ("spill.redirect.new_conn", self.steered_new_conn),
-            ("dpu.soc.new_conn", self.soc_new_conn),
-            ("dpu.hw.insert", self.inserts),
-            ("dpu.hw.insert_rejected", self.insert_rejected),
-            ("dpu.hw.delete", self.deletes),
-            ("dpu.recall.ok", self.recalls_ok),
-            ("dpu.recall.refused", self.recalls_refused),
-            ("dpu.demote", self.demotes),
-            ("dpu.hw.delete.to_host", self.deletes_to_host),
-            ("dpu.placement.flap", self.flaps),
-            ("dpu.sync.tx", self.sync_tx),
-            ("dpu.sync.rx", self.sync_rx),
-            ("pcie.crossings", self.pcie_crossings),
-            ("dpu.failopen", self.fail_opens),
-            ("control.delete.dup", self.delete_dups),
-            ("dpu.mirror.skipped", self.mirror_skipped),
-            ("dpu.punt_in", self.punted_in),
-            ("dpu.shed", self.shed),
-            ("fabric.conn.closed", self.closed),
-            ("dpu.open_dropped", self.open_dropped),
-        ]
-        .into_iter()
+spillway_vswitch::counters! {
+    /// DPU counters (dotted names in [`DpuCounters::iter`]).
+    #[derive(Copy, PartialEq)]
+    pub struct DpuCounters {
+        /// Packets offered by VMs and the uplink.
+        offered => "dpu.rx.packets",
+        /// Delivered by the hardware fast path.
+        hw_delivered => "dpu.hw.packets",
+        /// Delivered by the SoC slow path.
+        soc_delivered => "dpu.soc.packets",
+        /// Spill-plane packets the DPU sent on to VMs or the uplink.
+        host_out => "dpu.host_out.packets",
+        /// Packets steered to the spill plane by redirect rules.
+        steered => "dpu.steer.packets",
+        /// New connections steered to the plane.
+        steered_new_conn => "spill.redirect.new_conn",
+        /// Connections opened on the SoC.
+        soc_new_conn => "dpu.soc.new_conn",
+        /// Entries that went live.
+        inserts => "dpu.hw.insert",
+        /// Inserts refused (table full or insert queue full).
+        insert_rejected => "dpu.hw.insert_rejected",
+        /// Entries removed.
+        deletes => "dpu.hw.delete",
+        /// Recalls whose entries went live.
+        recalls_ok => "dpu.recall.ok",
+        /// Recalls refused.
+        recalls_refused => "dpu.recall.refused",
+        /// Entries demoted back to the plane (rebalance swaps).
+        demotes => "dpu.demote",
+        /// Entries removed because their connection moved to the host plane (demoted by placement
+        /// or shed under overload), not because it closed. Part of `dpu.hw.delete`.
+        deletes_to_host => "dpu.hw.delete.to_host",
+        /// Placement reversals (see [`RecallHistory`]).
+        flaps => "dpu.placement.flap",
+        /// State messages sent to the plane.
+        sync_tx => "dpu.sync.tx",
+        /// State messages received from the plane.
+        sync_rx => "dpu.sync.rx",
+        /// Packet crossings of the PCIe link (each delivered packet, each way).
+        pcie_crossings => "pcie.crossings",
+        /// Fail-opens.
+        fail_opens => "dpu.failopen",
+        /// Duplicate deletes (retransmissions) ignored.
+        delete_dups => "control.delete.dup",
+        /// Plane state not mirrored for lack of DPU memory.
+        mirror_skipped => "dpu.mirror.skipped",
+        /// Packets the plane handed back for lack of state.
+        punted_in => "dpu.punt_in",
+        /// Established connections handed to the plane because the fast path was over capacity.
+        shed => "dpu.shed",
+        /// Connections whose last packet was delivered (by either plane).
+        closed => "fabric.conn.closed",
+        /// Opening packets the DPU dropped (their connection never starts).
+        open_dropped => "dpu.open_dropped",
     }
 }
 

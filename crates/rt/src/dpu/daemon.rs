@@ -52,6 +52,7 @@ use crate::ops::ctl::{
     CtlCall, CtlRequest, CtlResponse, CtlServer, FLOWS_LIMIT_DEFAULT, FLOWS_LIMIT_MAX, FlowOwner,
 };
 use crate::ops::metrics::{MetricsServer, Sample, Snapshot, SnapshotPublisher};
+use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use crate::testbed::{InitialHold, TapIo, Testbed, VmBackend, VmEndpoint};
 use spillway_fabric::atc::{RegionTable, VmId};
@@ -76,98 +77,64 @@ const SPIN_TURNS: u32 = 64;
 /// Lifecycle events kept for `ctl status`.
 const EVENTS_KEPT: usize = 64;
 
-/// Driver counters (`rt.*`): what it moved and could not move. What became of each frame
-/// inside the DPU is the node's ([`spillway_fabric::frame::FrameCounters`], also under `rt.`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RtCounters {
-    /// `rt.rx.frames`: frames read from the TAPs.
-    pub rx_frames: u64,
-    /// `rt.tx.frames`: frames written to the TAPs.
-    pub tx_frames: u64,
-    /// `rt.tx.errors`: TAP writes that failed (the VM's queue was full, or it is gone).
-    pub tx_errors: u64,
-    /// `rt.drop.vnet_hdr`: frames shorter than their virtio-net header.
-    pub drop_vnet_hdr: u64,
-    /// `rt.drop.plane_gone`: frames steered while no plane was connected.
-    pub drop_plane_gone: u64,
-    /// `rt.steered.frames`: frames sent to the spill plane.
-    pub steered: u64,
-    /// `rt.from_plane.frames`: frames the plane sent back.
-    pub from_plane: u64,
-    /// `rt.plane.starts`: spill-plane processes started.
-    pub plane_starts: u64,
-    /// `rt.plane.failures`: plane processes that died or broke the protocol.
-    pub plane_failures: u64,
-    /// `rt.vm.attached`: shared-memory VM ports attached (endpoint connected).
-    pub vm_attached: u64,
-    /// `rt.vm.detached`: shared-memory VM ports detached (endpoint gone or queue broken).
-    pub vm_detached: u64,
-    /// `rt.vm.rx.no_buffer`: frames for a shared-memory VM that had no receive buffer posted.
-    pub vm_rx_no_buffer: u64,
-    /// `rt.vm.desc.bad`: descriptors of a shared-memory VM refused (bad address, flags, size).
-    pub vm_desc_bad: u64,
-    /// `rt.vm.desc.turn_budget`: loop turns in which a VM's transmit queue hit the bad
-    /// descriptor budget ([`vmport::BAD_DESC_PER_TURN`]) and was left for the next turn.
-    pub vm_desc_turn_budget: u64,
-    /// `rt.vm.socket.bytes`: bytes VMs wrote on their port sockets after attaching (the
-    /// protocol has them write none).
-    pub vm_socket_bytes: u64,
-    /// `rt.vm.detached.gone`: ports detached because the endpoint closed its socket.
-    pub vm_detached_gone: u64,
-    /// `rt.vm.detached.broken`: ports detached because the VM broke a queue (an index or id
-    /// out of range).
-    pub vm_detached_broken: u64,
-    /// `rt.vm.detached.bad_desc`: ports detached for too many bad descriptors
-    /// ([`vmport::BAD_DESC_WINDOW_MAX`] in [`vmport::BAD_DESC_WINDOW_NS`]).
-    pub vm_detached_bad_desc: u64,
-    /// `rt.vm.detached.socket_flood`: ports detached for writing more than
-    /// [`vmport::SOCKET_BYTES_MAX`] on their socket.
-    pub vm_detached_socket_flood: u64,
-    /// `rt.vm.attach.quarantined`: manage ticks in which a port detached for misbehaviour
-    /// left a waiting connection unaccepted (`QUARANTINE_NS`, 1 s).
-    pub vm_attach_quarantined: u64,
-    /// `rt.atc.requests`: vATC translation requests from the plane answered.
-    pub atc_requests: u64,
-    /// `rt.atc.invalidations`: vATC invalidations sent to the plane (a VM's memory changed).
-    pub atc_invalidations: u64,
-    /// `rt.vnic.rejected`: connections to the vNIC socket refused (not the plane we started,
-    /// or a wrong handshake secret).
-    pub vnic_rejected: u64,
-    /// `rt.vm.rejected`: connections to a VM port socket refused (a uid the testbed does not
-    /// name for that VM).
-    pub vm_rejected: u64,
-}
-
-impl RtCounters {
-    /// Dotted names and values.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("rt.rx.frames", self.rx_frames),
-            ("rt.tx.frames", self.tx_frames),
-            ("rt.tx.errors", self.tx_errors),
-            ("rt.drop.vnet_hdr", self.drop_vnet_hdr),
-            ("rt.drop.plane_gone", self.drop_plane_gone),
-            ("rt.steered.frames", self.steered),
-            ("rt.from_plane.frames", self.from_plane),
-            ("rt.plane.starts", self.plane_starts),
-            ("rt.plane.failures", self.plane_failures),
-            ("rt.vm.attached", self.vm_attached),
-            ("rt.vm.detached", self.vm_detached),
-            ("rt.vm.rx.no_buffer", self.vm_rx_no_buffer),
-            ("rt.vm.desc.bad", self.vm_desc_bad),
-            ("rt.vm.desc.turn_budget", self.vm_desc_turn_budget),
-            ("rt.vm.socket.bytes", self.vm_socket_bytes),
-            ("rt.vm.detached.gone", self.vm_detached_gone),
-            ("rt.vm.detached.broken", self.vm_detached_broken),
-            ("rt.vm.detached.bad_desc", self.vm_detached_bad_desc),
-            ("rt.vm.detached.socket_flood", self.vm_detached_socket_flood),
-            ("rt.vm.attach.quarantined", self.vm_attach_quarantined),
-            ("rt.atc.requests", self.atc_requests),
-            ("rt.atc.invalidations", self.atc_invalidations),
-            ("rt.vnic.rejected", self.vnic_rejected),
-            ("rt.vm.rejected", self.vm_rejected),
-        ]
-        .into_iter()
+spillway_vswitch::counters! {
+    /// Driver counters (`rt.*`): what it moved and could not move. What became of each frame
+    /// inside the DPU is the node's ([`spillway_fabric::frame::FrameCounters`], also under `rt.`).
+    #[derive(Copy, PartialEq, Eq)]
+    pub struct RtCounters {
+        /// Frames read from the TAPs.
+        rx_frames => "rt.rx.frames",
+        /// Frames written to the TAPs.
+        tx_frames => "rt.tx.frames",
+        /// TAP writes that failed (the VM's queue was full, or it is gone).
+        tx_errors => "rt.tx.errors",
+        /// Frames shorter than their virtio-net header.
+        drop_vnet_hdr => "rt.drop.vnet_hdr",
+        /// Frames steered while no plane was connected.
+        drop_plane_gone => "rt.drop.plane_gone",
+        /// Frames sent to the spill plane.
+        steered => "rt.steered.frames",
+        /// Frames the plane sent back.
+        from_plane => "rt.from_plane.frames",
+        /// Spill-plane processes started.
+        plane_starts => "rt.plane.starts",
+        /// Plane processes that died or broke the protocol.
+        plane_failures => "rt.plane.failures",
+        /// Shared-memory VM ports attached (endpoint connected).
+        vm_attached => "rt.vm.attached",
+        /// Shared-memory VM ports detached (endpoint gone or queue broken).
+        vm_detached => "rt.vm.detached",
+        /// Frames for a shared-memory VM that had no receive buffer posted.
+        vm_rx_no_buffer => "rt.vm.rx.no_buffer",
+        /// Descriptors of a shared-memory VM refused (bad address, flags, size).
+        vm_desc_bad => "rt.vm.desc.bad",
+        /// Loop turns in which a VM's transmit queue hit the bad descriptor budget
+        /// ([`vmport::BAD_DESC_PER_TURN`]) and was left for the next turn.
+        vm_desc_turn_budget => "rt.vm.desc.turn_budget",
+        /// Bytes VMs wrote on their port sockets after attaching (the protocol has them write
+        /// none).
+        vm_socket_bytes => "rt.vm.socket.bytes",
+        /// Ports detached because the endpoint closed its socket.
+        vm_detached_gone => "rt.vm.detached.gone",
+        /// Ports detached because the VM broke a queue (an index or id out of range).
+        vm_detached_broken => "rt.vm.detached.broken",
+        /// Ports detached for too many bad descriptors ([`vmport::BAD_DESC_WINDOW_MAX`] in
+        /// [`vmport::BAD_DESC_WINDOW_NS`]).
+        vm_detached_bad_desc => "rt.vm.detached.bad_desc",
+        /// Ports detached for writing more than [`vmport::SOCKET_BYTES_MAX`] on their socket.
+        vm_detached_socket_flood => "rt.vm.detached.socket_flood",
+        /// Manage ticks in which a port detached for misbehaviour left a waiting connection
+        /// unaccepted (`QUARANTINE_NS`, 1 s).
+        vm_attach_quarantined => "rt.vm.attach.quarantined",
+        /// vATC translation requests from the plane answered.
+        atc_requests => "rt.atc.requests",
+        /// vATC invalidations sent to the plane (a VM's memory changed).
+        atc_invalidations => "rt.atc.invalidations",
+        /// Connections to the vNIC socket refused (not the plane we started, or a wrong handshake
+        /// secret).
+        vnic_rejected => "rt.vnic.rejected",
+        /// Connections to a VM port socket refused (a uid the testbed does not name for that VM).
+        vm_rejected => "rt.vm.rejected",
     }
 }
 
@@ -1091,27 +1058,25 @@ impl DpuDaemon {
             Err(e) => failure = Some(e.to_string()),
         }
         let mut stats = None;
-        let mut vm_docs = Vec::new();
+        let mut vm_msgs = Vec::new();
         let r = vnic.recv_control(|c| match c {
             Control::Msg(m, s) => inbox.push((m, s)),
             Control::Json(CONTROL_STATS, doc) => stats = Some(doc),
             Control::Json(..) => {}
-            Control::Vm(doc, _) => vm_docs.push(doc),
+            Control::Vm(msg, _) => vm_msgs.push(msg),
         });
-        for doc in vm_docs {
-            // A translation request: the VM's regions and epoch, as the authority has them.
-            if doc["op"] == "translate"
-                && let Some(vm) = doc["vm"].as_u64().and_then(|v| u32::try_from(v).ok())
-            {
-                let vm = VmId(vm);
+        for msg in vm_msgs {
+            // A translation request: the VM's regions and epoch, as the authority has them. The
+            // plane sends nothing else of this kind; anything else is ignored, as before.
+            if let VatcMsg::Translate { vm, iova, len } = msg {
                 dp.counters.atc_requests += 1;
-                let regions: Vec<serde_json::Value> = dp
-                    .authority
-                    .regions(vm)
-                    .map(|m| json!([m.iova.0, m.len, m.host.0, m.perm.read, m.perm.write]))
-                    .collect();
-                let answer = json!({"op": "regions", "vm": vm.0, "epoch": dp.authority.epoch(vm).0,
-                                    "iova": doc["iova"], "len": doc["len"], "regions": regions});
+                let answer = VatcMsg::Regions {
+                    vm,
+                    epoch: dp.authority.epoch(vm),
+                    iova,
+                    len,
+                    regions: dp.authority.regions(vm).copied().collect(),
+                };
                 if let Err(e) = vnic.send_vm(&answer, &[]) {
                     failure = Some(e.to_string());
                 }
@@ -1530,8 +1495,11 @@ impl DpuDaemon {
                     };
                     let vm = vm_id(id);
                     v.send_vm(
-                        &json!({"op": "attach", "vm": vm.0, "port": id.0,
-                                "epoch": self.dp.authority.epoch(vm).0, "fds": 2}),
+                        &VatcMsg::Attach {
+                            vm,
+                            port: id.0,
+                            epoch: self.dp.authority.epoch(vm),
+                        },
                         &[port.mem.fd(), port.irq_fd()],
                     )
                 }
@@ -1539,7 +1507,10 @@ impl DpuDaemon {
                     let vm = vm_id(id);
                     self.dp.counters.atc_invalidations += 1;
                     v.send_vm(
-                        &json!({"op": "detach", "vm": vm.0, "epoch": self.dp.authority.epoch(vm).0}),
+                        &VatcMsg::Detach {
+                            vm,
+                            epoch: self.dp.authority.epoch(vm),
+                        },
                         &[],
                     )
                 }

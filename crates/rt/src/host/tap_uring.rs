@@ -27,35 +27,22 @@ use io_uring::{IoUring, opcode, squeue, types};
 /// A completion's `user_data`: bit 63 marks a write; bits 16..32 the file, 0..16 the buffer.
 const WRITE: u64 = 1 << 63;
 
-/// What the ring counted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TapUringCounters {
-    /// `rt.uring.enters`: `io_uring_enter` calls (one per loop turn).
-    pub enters: u64,
-    /// `rt.uring.reads`: frames read.
-    pub reads: u64,
-    /// `rt.uring.writes`: frames written.
-    pub writes: u64,
-    /// `rt.uring.read_errors`: reads that failed (other than "try again"); re-armed.
-    pub read_errors: u64,
-    /// `rt.uring.write_errors`: writes the kernel refused (the VM's queue full, or it is gone).
-    pub write_errors: u64,
-    /// `rt.uring.tx_full`: writes refused for want of a free transmit buffer.
-    pub tx_full: u64,
-}
-
-impl TapUringCounters {
-    /// Dotted names and values.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
-        [
-            ("rt.uring.enters", self.enters),
-            ("rt.uring.reads", self.reads),
-            ("rt.uring.writes", self.writes),
-            ("rt.uring.read_errors", self.read_errors),
-            ("rt.uring.write_errors", self.write_errors),
-            ("rt.uring.tx_full", self.tx_full),
-        ]
-        .into_iter()
+spillway_vswitch::counters! {
+    /// What the ring counted.
+    #[derive(Copy, PartialEq, Eq)]
+    pub struct TapUringCounters {
+        /// `io_uring_enter` calls (one per loop turn).
+        enters => "rt.uring.enters",
+        /// Frames read.
+        reads => "rt.uring.reads",
+        /// Frames written.
+        writes => "rt.uring.writes",
+        /// Reads that failed (other than "try again"); re-armed.
+        read_errors => "rt.uring.read_errors",
+        /// Writes the kernel refused (the VM's queue full, or it is gone).
+        write_errors => "rt.uring.write_errors",
+        /// Writes refused for want of a free transmit buffer.
+        tx_full => "rt.uring.tx_full",
     }
 }
 

@@ -25,9 +25,10 @@ use crate::dpu::vmport::{DirectRefused, PlaneVm};
 use crate::host::clock::Clock;
 use crate::host::signals;
 use crate::host::vnet::VnetHdr;
+use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
 use crate::testbed::Testbed;
-use spillway_fabric::atc::{Atc, AtcConfig, AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
+use spillway_fabric::atc::{Atc, AtcConfig, Iova, VmId};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Options of `spillway spill-plane`.
@@ -43,22 +44,35 @@ pub struct PlaneOptions {
     pub clock_origin_ns: u64,
 }
 
-/// Plane-process counters (`plane.*`, sent to the DPU process for its metrics): what the
-/// driver moved. What became of each frame inside the plane is the node's
-/// ([`spillway_fabric::frame::FrameCounters`], also sent under `plane.`).
-#[derive(Clone, Copy, Debug, Default)]
-struct PlaneCounters {
-    frames_in: u64,
-    frames_out: u64,
-    punted: u64,
-    drop_ring_full: u64,
-    vatc_delivered: u64,
-    vatc_miss: u64,
-    vatc_no_buffer: u64,
-    vatc_bad_desc: u64,
-    vatc_no_port: u64,
-    vatc_broken: u64,
-    vatc_invalidations: u64,
+spillway_vswitch::counters! {
+    /// Plane-process counters (`plane.*`, sent to the DPU process for its metrics): what the
+    /// driver moved. What became of each frame inside the plane is the node's
+    /// ([`spillway_fabric::frame::FrameCounters`], also sent under `plane.`).
+    #[derive(Copy)]
+    struct PlaneCounters {
+        /// Frames the DPU steered to the plane.
+        frames_in => "plane.frames.in",
+        /// Frames sent back on the phy ring.
+        frames_out => "plane.frames.out",
+        /// Frames punted back whole to the DPU.
+        punted => "plane.frames.punted",
+        /// Frames not sent back because the phy ring was full.
+        drop_ring_full => "plane.drop.ring_full",
+        /// Frames delivered straight into a VM's memory.
+        vatc_delivered => "plane.vatc.delivered",
+        /// Direct deliveries refused for want of a translation (a request is queued).
+        vatc_miss => "plane.vatc.miss",
+        /// Direct deliveries refused because the VM had no receive buffer posted.
+        vatc_no_buffer => "plane.vatc.no_buffer",
+        /// Direct deliveries refused for a bad receive descriptor.
+        vatc_bad_desc => "plane.vatc.bad_desc",
+        /// Direct deliveries to a port whose memory the plane does not hold.
+        vatc_no_port => "plane.vatc.no_port",
+        /// VMs whose receive queue was broken; their memory was dropped.
+        vatc_broken => "plane.vatc.broken",
+        /// vATC invalidations (detaches) received from the DPU process.
+        vatc_invalidations => "plane.vatc.invalidations",
+    }
 }
 
 /// The plane's side of the vATC: the VMs whose memory it holds (by the port they are), the
@@ -118,24 +132,10 @@ impl Vatc {
     }
 
     /// A [`crate::shm::vnic::CONTROL_VM`] record from the DPU process.
-    fn on_control(
-        &mut self,
-        doc: &serde_json::Value,
-        fds: Vec<std::os::fd::OwnedFd>,
-        c: &mut PlaneCounters,
-    ) {
-        let vm = doc["vm"]
-            .as_u64()
-            .and_then(|v| u32::try_from(v).ok())
-            .map(VmId);
-        let epoch = doc["epoch"].as_u64().map(AtcEpoch);
-        let (Some(vm), Some(epoch)) = (vm, epoch) else {
-            tracing::warn!(target: "spillway::plane", %doc, "VM record without vm/epoch; ignored");
-            return;
-        };
-        let port = PortId(vm.0);
-        match doc["op"].as_str() {
-            Some("attach") => {
+    fn on_control(&mut self, msg: VatcMsg, fds: Vec<std::os::fd::OwnedFd>, c: &mut PlaneCounters) {
+        match msg {
+            VatcMsg::Attach { vm, epoch, .. } => {
+                let port = PortId(vm.0);
                 let mut fds = fds.into_iter();
                 let (Some(mem), Some(irq)) = (fds.next(), fds.next()) else {
                     tracing::warn!(target: "spillway::plane", vm = vm.0, "attach without its fds; ignored");
@@ -163,53 +163,37 @@ impl Vatc {
                 self.vms.insert(port, PlaneVm::new(vm, mem, irq, epoch));
                 tracing::info!(target: "spillway::plane", vm = vm.0, epoch = epoch.0, "VM memory mapped");
             }
-            Some("detach") => {
+            VatcMsg::Detach { vm, epoch } => {
                 c.vatc_invalidations += 1;
-                self.vms.remove(&port);
+                self.vms.remove(&PortId(vm.0));
                 self.atc.invalidate_vm(vm);
                 self.pending.remove(&vm.0);
                 tracing::info!(target: "spillway::plane", vm = vm.0, epoch = epoch.0, "VM memory invalidated");
             }
-            Some("regions") => {
+            VatcMsg::Regions {
+                vm,
+                epoch,
+                iova,
+                len,
+                regions,
+            } => {
                 self.pending.remove(&vm.0);
-                let Some(v) = self.vms.get_mut(&port) else {
+                let Some(v) = self.vms.get_mut(&PortId(vm.0)) else {
                     return;
                 };
                 if epoch < v.epoch {
                     return; // an answer from before the VM's last change
                 }
                 v.epoch = epoch;
-                let regions: Vec<Mapping> = doc["regions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|r| {
-                        Some(Mapping {
-                            iova: Iova(r[0].as_u64()?),
-                            len: r[1].as_u64()?,
-                            host: HostAddr(r[2].as_u64()?),
-                            perm: Perm {
-                                read: r[3].as_bool()?,
-                                write: r[4].as_bool()?,
-                            },
-                        })
-                    })
-                    .collect();
-                let (Some(iova), Some(len)) = (doc["iova"].as_u64(), doc["len"].as_u64()) else {
-                    return;
-                };
                 // The answer lists all the VM's regions: what it leaves out of the asked range
                 // is known unmapped at this epoch (a negative entry), so a buffer posted there
                 // is refused from now on instead of asked about with every packet.
-                if let Err(e) = self
-                    .atc
-                    .fill_map(vm, epoch, regions.iter(), Iova(iova), len)
-                {
+                if let Err(e) = self.atc.fill_map(vm, epoch, regions.iter(), iova, len) {
                     tracing::warn!(target: "spillway::plane", vm = vm.0, error = %e, "translation refused");
                 }
             }
-            other => {
-                tracing::warn!(target: "spillway::plane", op = ?other, "unknown VM record; ignored");
+            VatcMsg::Translate { vm, .. } => {
+                tracing::warn!(target: "spillway::plane", vm = vm.0, "a translation request from the DPU process; ignored");
             }
         }
     }
@@ -372,10 +356,8 @@ impl PlaneProcess {
             vm.flush_irq();
         }
         for (vm, iova, len) in self.vatc.requests.drain(..) {
-            self.vnic.send_vm(
-                &json!({"op": "translate", "vm": vm.0, "iova": iova.0, "len": len}),
-                &[],
-            )?;
+            self.vnic
+                .send_vm(&VatcMsg::Translate { vm, iova, len }, &[])?;
         }
         Ok(n)
     }
@@ -390,7 +372,7 @@ impl PlaneProcess {
             Control::Msg(m, s) => records.push(FlowRecord::Msg(m, s)),
             Control::Json(CONTROL_COMMAND, doc) => commands.push(doc),
             Control::Json(..) => {}
-            Control::Vm(doc, fds) => vatc.on_control(&doc, fds, c),
+            Control::Vm(msg, fds) => vatc.on_control(msg, fds, c),
         })?;
         for rec in self.records.drain(..) {
             match rec {
@@ -440,19 +422,7 @@ impl PlaneProcess {
         {
             put(format!("plane.{k}"), v);
         }
-        for (k, v) in [
-            ("plane.frames.in", c.frames_in),
-            ("plane.frames.out", c.frames_out),
-            ("plane.frames.punted", c.punted),
-            ("plane.drop.ring_full", c.drop_ring_full),
-            ("plane.vatc.delivered", c.vatc_delivered),
-            ("plane.vatc.miss", c.vatc_miss),
-            ("plane.vatc.no_buffer", c.vatc_no_buffer),
-            ("plane.vatc.bad_desc", c.vatc_bad_desc),
-            ("plane.vatc.no_port", c.vatc_no_port),
-            ("plane.vatc.broken", c.vatc_broken),
-            ("plane.vatc.invalidations", c.vatc_invalidations),
-        ] {
+        for (k, v) in c.iter() {
             put(k.to_string(), v);
         }
         let doc = json!({
@@ -543,13 +513,14 @@ mod tests {
     use spillway_fabric::atc::{AtcConfig, RegionTable};
 
     /// The DPU process's answer to a translation request (as `dpu::daemon` builds it).
-    fn answer(table: &RegionTable, vm: VmId, iova: Iova, len: u64) -> serde_json::Value {
-        let regions: Vec<serde_json::Value> = table
-            .regions(vm)
-            .map(|m| json!([m.iova.0, m.len, m.host.0, m.perm.read, m.perm.write]))
-            .collect();
-        json!({"op": "regions", "vm": vm.0, "epoch": table.epoch(vm).0,
-               "iova": iova.0, "len": len, "regions": regions})
+    fn answer(table: &RegionTable, vm: VmId, iova: Iova, len: u64) -> VatcMsg {
+        VatcMsg::Regions {
+            vm,
+            epoch: table.epoch(vm),
+            iova,
+            len,
+            regions: table.regions(vm).copied().collect(),
+        }
     }
 
     #[test]
@@ -578,7 +549,11 @@ mod tests {
             rustix::io::dup(irq.as_fd()).unwrap(),
         ];
         v.on_control(
-            &json!({"op": "attach", "vm": vm.0, "epoch": table.epoch(vm).0, "fds": 2}),
+            VatcMsg::Attach {
+                vm,
+                port: vm.0,
+                epoch: table.epoch(vm),
+            },
             fds,
             &mut c,
         );
@@ -586,7 +561,7 @@ mod tests {
         let mut serve = |v: &mut Vatc, c: &mut PlaneCounters| {
             for (vm, iova, len) in std::mem::take(&mut v.requests) {
                 requests += 1;
-                v.on_control(&answer(&table, vm, iova, len), Vec::new(), c);
+                v.on_control(answer(&table, vm, iova, len), Vec::new(), c);
             }
         };
         serve(&mut v, &mut c);

@@ -11,11 +11,17 @@
 //! ```text
 //! record   = msg [snapshot] [frame-meta frame]
 //! msg      = tag:u8 fields...                       (see `encode_msg`)
+//! vatc     = 0:u8 vm:u32 iova:u64 len:u64                            (translate)
+//!          | 1:u8 vm:u32 epoch:u64 iova:u64 len:u64 n:u32 n*region  (regions)
+//!          | 2:u8 vm:u32 port:u32 epoch:u64                         (attach, 2 fds)
+//!          | 3:u8 vm:u32 epoch:u64                                  (detach)
+//! region   = iova:u64 len:u64 host:u64 read:u8 write:u8
 //! snapshot = 0:u8 | 1:u8 zone:u32 orig:key reply:key state:u8 closer:u8 created:u64
 //!            last_seen:u64 packets:2*u64 bytes:2*u64 tag:u64
 //! key      = src:16B dst:16B sport:u16 dport:u16 proto:u8
 //! ```
 
+use spillway_fabric::atc::{AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
 use spillway_fabric::types::{
     Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Side, SyncKind, Train,
 };
@@ -522,6 +528,205 @@ pub fn encode_port(out: &mut Vec<u8>, port: u32) {
     Writer(out).u32(port);
 }
 
+/// A vATC control message: a shared-memory VM port's life and its translation traffic between
+/// the DPU process (the authority over VM memory) and the spill plane (which caches
+/// translations). These ride on the control socket as [`crate::shm::vnic::CONTROL_VM`] records.
+///
+/// Why a typed enum in this binary codec rather than JSON with an `"op"` string: the control
+/// socket is already a stream of length-framed binary records, and the fabric's messages on it
+/// use this codec, so these need no second format; both processes are the same binary, so there
+/// is no compatibility to keep with anything else; every field is read with its bounds and
+/// values checked, and a record that does not decode is a [`CodecError`] naming the field,
+/// where a JSON document could hold anything and each reader had to check each field by hand.
+/// Above all, how many fds ride on a record follows from its variant ([`VatcMsg::fds`]) rather
+/// than from a number in the document, so a peer cannot make the receiver take fds that belong
+/// to a later record.
+///
+/// A record that does not decode fails the control channel as any undecodable record on it
+/// does ([`crate::shm::vnic::VnicError::Codec`]): the DPU process counts the plane as failed
+/// (`rt.plane.failures`), logs why and fails open; the plane logs it and exits. Both ends are
+/// the same build, so such a record means a broken or hostile peer, not a version skew.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VatcMsg {
+    /// Plane to DPU: translate `[iova, iova + len)` of `vm` (the plane missed in its cache).
+    Translate {
+        /// The VM.
+        vm: VmId,
+        /// First address asked about.
+        iova: Iova,
+        /// Length asked about, bytes.
+        len: u64,
+    },
+    /// DPU to plane: the answer to a [`VatcMsg::Translate`]: all of the VM's regions at
+    /// `epoch`, and the range that was asked about (what the regions leave out of it is known
+    /// unmapped at that epoch).
+    Regions {
+        /// The VM.
+        vm: VmId,
+        /// The VM's epoch in the authority when it answered.
+        epoch: AtcEpoch,
+        /// First address asked about.
+        iova: Iova,
+        /// Length asked about, bytes.
+        len: u64,
+        /// Every region of the VM.
+        regions: Vec<Mapping>,
+    },
+    /// DPU to plane: a VM port attached; its memory fd and interrupt eventfd ride on the
+    /// record, in that order.
+    Attach {
+        /// The VM.
+        vm: VmId,
+        /// The port the VM attached on.
+        port: u32,
+        /// The VM's epoch in the authority.
+        epoch: AtcEpoch,
+    },
+    /// DPU to plane: a VM port detached; every translation of the VM is dead (an
+    /// invalidation at the VM's new epoch).
+    Detach {
+        /// The VM.
+        vm: VmId,
+        /// The VM's new epoch.
+        epoch: AtcEpoch,
+    },
+}
+
+impl VatcMsg {
+    /// How many fds ride on the record: the VM's memory and interrupt eventfd with an attach,
+    /// none with the others.
+    pub fn fds(&self) -> usize {
+        match self {
+            VatcMsg::Attach { .. } => 2,
+            _ => 0,
+        }
+    }
+
+    /// The VM the message is about.
+    pub fn vm(&self) -> VmId {
+        match *self {
+            VatcMsg::Translate { vm, .. }
+            | VatcMsg::Regions { vm, .. }
+            | VatcMsg::Attach { vm, .. }
+            | VatcMsg::Detach { vm, .. } => vm,
+        }
+    }
+}
+
+/// Bytes of one region in a [`VatcMsg::Regions`] record.
+const REGION_BYTES: usize = 8 + 8 + 8 + 1 + 1;
+
+/// Appends a vATC message (`vatc` in the module doc).
+pub fn encode_vatc(out: &mut Vec<u8>, msg: &VatcMsg) {
+    let mut w = Writer(out);
+    match msg {
+        VatcMsg::Translate { vm, iova, len } => {
+            w.u8(0);
+            w.u32(vm.0);
+            w.u64(iova.0);
+            w.u64(*len);
+        }
+        VatcMsg::Regions {
+            vm,
+            epoch,
+            iova,
+            len,
+            regions,
+        } => {
+            w.u8(1);
+            w.u32(vm.0);
+            w.u64(epoch.0);
+            w.u64(iova.0);
+            w.u64(*len);
+            w.u32(u32::try_from(regions.len()).expect("a VM has fewer than 2^32 regions"));
+            for m in regions {
+                w.u64(m.iova.0);
+                w.u64(m.len);
+                w.u64(m.host.0);
+                w.u8(u8::from(m.perm.read));
+                w.u8(u8::from(m.perm.write));
+            }
+        }
+        VatcMsg::Attach { vm, port, epoch } => {
+            w.u8(2);
+            w.u32(vm.0);
+            w.u32(*port);
+            w.u64(epoch.0);
+        }
+        VatcMsg::Detach { vm, epoch } => {
+            w.u8(3);
+            w.u32(vm.0);
+            w.u64(epoch.0);
+        }
+    }
+}
+
+/// Reads a vATC message that fills the whole of `body`; trailing bytes are an error, as they
+/// mean the peer wrote something this build does not know.
+pub fn decode_vatc(body: &[u8]) -> Result<VatcMsg, CodecError> {
+    let mut r = Reader::new(body);
+    let msg = match r.u8("vatc.tag")? {
+        0 => VatcMsg::Translate {
+            vm: VmId(r.u32("vatc.vm")?),
+            iova: Iova(r.u64("vatc.iova")?),
+            len: r.u64("vatc.len")?,
+        },
+        1 => {
+            let vm = VmId(r.u32("vatc.vm")?);
+            let epoch = AtcEpoch(r.u64("vatc.epoch")?);
+            let iova = Iova(r.u64("vatc.iova")?);
+            let len = r.u64("vatc.len")?;
+            let n = r.u32("vatc.regions")? as usize;
+            // The count is checked against the bytes there before anything is allocated, so a
+            // lying count costs nothing.
+            let need = n.saturating_mul(REGION_BYTES);
+            if need > r.rest().len() {
+                return Err(CodecError::Truncated {
+                    field: "vatc.regions",
+                    need,
+                    have: r.rest().len(),
+                });
+            }
+            let mut regions = Vec::with_capacity(n);
+            for _ in 0..n {
+                regions.push(Mapping {
+                    iova: Iova(r.u64("vatc.region.iova")?),
+                    len: r.u64("vatc.region.len")?,
+                    host: HostAddr(r.u64("vatc.region.host")?),
+                    perm: Perm {
+                        read: r.bool("vatc.region.read")?,
+                        write: r.bool("vatc.region.write")?,
+                    },
+                });
+            }
+            VatcMsg::Regions {
+                vm,
+                epoch,
+                iova,
+                len,
+                regions,
+            }
+        }
+        2 => VatcMsg::Attach {
+            vm: VmId(r.u32("vatc.vm")?),
+            port: r.u32("vatc.port")?,
+            epoch: AtcEpoch(r.u64("vatc.epoch")?),
+        },
+        3 => VatcMsg::Detach {
+            vm: VmId(r.u32("vatc.vm")?),
+            epoch: AtcEpoch(r.u64("vatc.epoch")?),
+        },
+        v => return Err(bad("vatc.tag", v)),
+    };
+    if !r.rest().is_empty() {
+        return Err(CodecError::BadValue {
+            field: "vatc.trailing",
+            value: r.rest().len() as u64,
+        });
+    }
+    Ok(msg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,6 +826,152 @@ mod tests {
         ]
     }
 
+    fn every_vatc(seed: u64) -> Vec<VatcMsg> {
+        let vm = VmId(seed as u32);
+        let region = |i: u64| Mapping {
+            iova: Iova(seed.wrapping_add(i << 12)),
+            len: 4096 + i,
+            host: HostAddr(seed ^ i),
+            perm: Perm {
+                read: i.is_multiple_of(2),
+                write: i.is_multiple_of(3),
+            },
+        };
+        vec![
+            VatcMsg::Translate {
+                vm,
+                iova: Iova(seed),
+                len: seed >> 3,
+            },
+            VatcMsg::Regions {
+                vm,
+                epoch: AtcEpoch(seed.rotate_left(7)),
+                iova: Iova(seed),
+                len: 1 << 20,
+                regions: Vec::new(),
+            },
+            VatcMsg::Regions {
+                vm,
+                epoch: AtcEpoch(seed),
+                iova: Iova(!seed),
+                len: 64,
+                regions: (0..5).map(region).collect(),
+            },
+            VatcMsg::Attach {
+                vm,
+                port: (seed >> 32) as u32,
+                epoch: AtcEpoch(seed),
+            },
+            VatcMsg::Detach {
+                vm,
+                epoch: AtcEpoch(!seed),
+            },
+        ]
+    }
+
+    #[test]
+    fn vatc_messages_round_trip_and_every_prefix_is_an_error() {
+        for seed in [0, 1, 0x1234_5678_9abc_def0, u64::MAX] {
+            for m in every_vatc(seed) {
+                let mut buf = Vec::new();
+                encode_vatc(&mut buf, &m);
+                assert_eq!(decode_vatc(&buf).unwrap(), m);
+                for cut in 0..buf.len() {
+                    assert!(decode_vatc(&buf[..cut]).is_err(), "{m:?} cut at {cut}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_an_attach_carries_fds() {
+        for m in every_vatc(9) {
+            let want = if matches!(m, VatcMsg::Attach { .. }) {
+                2
+            } else {
+                0
+            };
+            assert_eq!(m.fds(), want, "{m:?}");
+            assert_eq!(m.vm(), VmId(9));
+        }
+    }
+
+    #[test]
+    fn malformed_vatc_records_are_typed_errors_naming_the_field() {
+        assert_eq!(
+            decode_vatc(&[]),
+            Err(CodecError::Truncated {
+                field: "vatc.tag",
+                need: 1,
+                have: 0
+            })
+        );
+        assert_eq!(
+            decode_vatc(&[7]),
+            Err(CodecError::BadValue {
+                field: "vatc.tag",
+                value: 7
+            })
+        );
+        // A trailing byte after a whole message.
+        let mut buf = Vec::new();
+        encode_vatc(
+            &mut buf,
+            &VatcMsg::Detach {
+                vm: VmId(1),
+                epoch: AtcEpoch(2),
+            },
+        );
+        buf.push(0);
+        assert_eq!(
+            decode_vatc(&buf),
+            Err(CodecError::BadValue {
+                field: "vatc.trailing",
+                value: 1
+            })
+        );
+        // A region count far beyond the bytes that follow is refused before allocating.
+        let mut buf = vec![1];
+        buf.extend_from_slice(&1u32.to_le_bytes());
+        buf.extend_from_slice(&[0; 24]);
+        buf.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_vatc(&buf),
+            Err(CodecError::Truncated {
+                field: "vatc.regions",
+                ..
+            })
+        ));
+        // A permission byte that is not a bool.
+        let mut buf = Vec::new();
+        encode_vatc(
+            &mut buf,
+            &VatcMsg::Regions {
+                vm: VmId(1),
+                epoch: AtcEpoch(1),
+                iova: Iova(0),
+                len: 1,
+                regions: vec![Mapping {
+                    iova: Iova(0),
+                    len: 1,
+                    host: HostAddr(0),
+                    perm: Perm {
+                        read: true,
+                        write: true,
+                    },
+                }],
+            },
+        );
+        *buf.last_mut().unwrap() = 2;
+        assert_eq!(
+            decode_vatc(&buf),
+            Err(CodecError::BadValue {
+                field: "vatc.region.write",
+                value: 2
+            })
+        );
+    }
+
     proptest! {
         #[test]
         fn every_message_round_trips(seed in any::<u64>()) {
@@ -643,6 +994,7 @@ mod tests {
             let mut r = Reader::new(&bytes);
             let _ = decode_msg(&mut r);
             let _ = decode_snapshot(&mut Reader::new(&bytes));
+            let _ = decode_vatc(&bytes);
         }
     }
 

@@ -39,7 +39,7 @@ use spillway_fabric::frame::Outgoing;
 use spillway_fabric::types::{Channel, Msg};
 use spillway_vswitch::conntrack::CtSnapshot;
 
-use crate::shm::codec::{self, CodecError, Reader};
+use crate::shm::codec::{self, CodecError, Reader, VatcMsg};
 use crate::shm::fdpass;
 use crate::shm::ring::{Consumer, Doorbell, Producer, SharedRing};
 
@@ -115,7 +115,8 @@ pub const CONTROL_STATS: u8 = 1;
 pub const CONTROL_COMMAND: u8 = 2;
 
 /// Control record kind: a shared-memory VM port's life and its vATC traffic (attach with the
-/// VM's memory and interrupt fds, detach, translation requests and answers), as JSON.
+/// VM's memory and interrupt fds, detach, translation requests and answers), a
+/// [`VatcMsg`] in the binary codec.
 pub const CONTROL_VM: u8 = 3;
 
 /// Flow-ring record kind byte of a conntrack update (fabric messages start with their own tag,
@@ -138,8 +139,8 @@ pub enum Control {
     Msg(Msg, Option<CtSnapshot>),
     /// A JSON document of the given kind.
     Json(u8, serde_json::Value),
-    /// A [`CONTROL_VM`] document and the fds that came with it.
-    Vm(serde_json::Value, Vec<OwnedFd>),
+    /// A [`CONTROL_VM`] message and the fds that came with it ([`VatcMsg::fds`] of them).
+    Vm(VatcMsg, Vec<OwnedFd>),
 }
 
 /// Which end of the set.
@@ -499,23 +500,27 @@ impl VnicSet {
         self.flush_control()
     }
 
-    /// Sends a [`CONTROL_VM`] document with `fds` attached to its first byte. Rare (a port
-    /// attaches): the buffered control bytes are written out first, blocking, so that the fds
-    /// ride on this record's bytes and no other.
-    pub fn send_vm(
-        &mut self,
-        doc: &serde_json::Value,
-        fds: &[BorrowedFd<'_>],
-    ) -> Result<(), VnicError> {
+    /// Sends a [`CONTROL_VM`] message with `fds` (as many as [`VatcMsg::fds`] says) attached to
+    /// its first byte. Rare (a port attaches): with fds, the buffered control bytes are written
+    /// out first, blocking, so that the fds ride on this record's bytes and no other.
+    pub fn send_vm(&mut self, msg: &VatcMsg, fds: &[BorrowedFd<'_>]) -> Result<(), VnicError> {
+        // The receiver takes as many fds as the variant says: more would be handed to a later
+        // record, fewer would break the channel.
+        debug_assert_eq!(fds.len(), msg.fds(), "{msg:?}");
+        self.scratch.clear();
+        codec::encode_vatc(&mut self.scratch, msg);
+        let len = self.scratch.len() as u32 + 1;
         if fds.is_empty() {
-            return self.send_json(CONTROL_VM, doc);
+            self.control_out.extend_from_slice(&len.to_le_bytes());
+            self.control_out.push(CONTROL_VM);
+            self.control_out.extend_from_slice(&self.scratch);
+            self.counters.control_tx += 1;
+            return self.flush_control();
         }
-        let body = serde_json::to_vec(doc).expect("a JSON value serialises");
-        let len = body.len() as u32 + 1;
-        let mut rec = Vec::with_capacity(5 + body.len());
+        let mut rec = Vec::with_capacity(5 + self.scratch.len());
         rec.extend_from_slice(&len.to_le_bytes());
         rec.push(CONTROL_VM);
-        rec.extend_from_slice(&body);
+        rec.extend_from_slice(&self.scratch);
         self.control
             .set_nonblocking(false)
             .map_err(io_err("control socket"))?;
@@ -745,13 +750,8 @@ impl VnicSet {
                     f(Control::Msg(m, s));
                 }
                 Some((&CONTROL_VM, body)) => {
-                    let doc: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
-                        codec_err(CodecError::BadValue {
-                            field: "control.json",
-                            value: body.len() as u64,
-                        })
-                    })?;
-                    let want = doc["fds"].as_u64().unwrap_or(0) as usize;
+                    let msg = codec::decode_vatc(body).map_err(codec_err)?;
+                    let want = msg.fds();
                     if want > self.control_fds.len() {
                         return Err(codec_err(CodecError::BadValue {
                             field: "control.fds",
@@ -759,7 +759,7 @@ impl VnicSet {
                         }));
                     }
                     let fds = self.control_fds.drain(..want).collect();
-                    f(Control::Vm(doc, fds));
+                    f(Control::Vm(msg, fds));
                 }
                 Some((&kind, body)) if kind == CONTROL_STATS || kind == CONTROL_COMMAND => {
                     let doc = serde_json::from_slice(body).map_err(|_| {
@@ -832,5 +832,72 @@ mod tests {
         let t = std::time::Instant::now();
         assert!(check_auth(&b, &secret, Duration::from_millis(50)).is_err());
         assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn vatc_messages_cross_with_their_fds_and_a_malformed_one_is_a_codec_error() {
+        use spillway_fabric::atc::{AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut dpu = VnicSet::create(a, "test").unwrap();
+        let (mut plane, _) = VnicSet::accept(b).unwrap();
+        let (mem, irq) = (Doorbell::new().unwrap(), Doorbell::new().unwrap());
+        let attach = VatcMsg::Attach {
+            vm: VmId(3),
+            port: 3,
+            epoch: AtcEpoch(1),
+        };
+        let regions = VatcMsg::Regions {
+            vm: VmId(3),
+            epoch: AtcEpoch(1),
+            iova: Iova(0x1000),
+            len: 0x2000,
+            regions: vec![Mapping {
+                iova: Iova(0),
+                len: 1 << 20,
+                host: HostAddr(0),
+                perm: Perm {
+                    read: true,
+                    write: true,
+                },
+            }],
+        };
+        let detach = VatcMsg::Detach {
+            vm: VmId(3),
+            epoch: AtcEpoch(2),
+        };
+        // A record without fds queued first: the attach's fds must still ride on the attach.
+        dpu.send_vm(&regions, &[]).unwrap();
+        dpu.send_vm(&attach, &[mem.as_fd(), irq.as_fd()]).unwrap();
+        dpu.send_vm(&detach, &[]).unwrap();
+        let mut got = Vec::new();
+        let n = plane
+            .recv_control(|c| match c {
+                Control::Vm(m, fds) => got.push((m, fds.len())),
+                other => panic!("unexpected record {other:?}"),
+            })
+            .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(got, [(regions, 0), (attach, 2), (detach, 0)]);
+        // A VM record this build cannot decode is a typed error on the channel, not a panic
+        // and not a record handed on.
+        let body = [CONTROL_VM, 9];
+        dpu.control
+            .write_all(&(body.len() as u32).to_le_bytes())
+            .unwrap();
+        dpu.control.write_all(&body).unwrap();
+        let r = plane.recv_control(|c| panic!("a malformed record was handed on: {c:?}"));
+        assert!(
+            matches!(
+                r,
+                Err(VnicError::Codec {
+                    channel: "control",
+                    source: CodecError::BadValue {
+                        field: "vatc.tag",
+                        value: 9
+                    }
+                })
+            ),
+            "{r:?}"
+        );
     }
 }
