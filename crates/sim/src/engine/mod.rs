@@ -62,7 +62,8 @@ pub struct RunOptions {
     pub trace_conn: Option<ConnId>,
 }
 
-/// A checker failed: the run is not valid. `repro` is the command that replays it.
+/// A checker failed: the run is not valid. The scenario and `seed` replay it (the CLI prints
+/// the command).
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("invariant violated at {at}: {message}")]
 pub struct SimFailure {
