@@ -12,7 +12,7 @@ use spillway_fabric::types::{Channel, Kind, Msg, Transmit};
 use spillway_vswitch::Instant;
 use spillway_vswitch::workload::SplitMix64;
 
-use super::unit;
+use crate::shape::unit;
 
 /// The direction of a message.
 #[derive(Clone, Copy, Debug)]

@@ -75,11 +75,6 @@ pub struct SimFailure {
     pub seed: u64,
 }
 
-/// A uniform draw in `[0, 1)` from the run's stream.
-fn unit(rng: &mut SplitMix64) -> f64 {
-    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// One simulation run.
 #[derive(Debug)]
 pub struct Sim<'a> {

@@ -2,7 +2,7 @@
 //! killed), numbered by generation.
 //!
 //! Every start of the process is a new generation, and so is every stop (which cancels a start
-//! still under way). A message carries the generation it was sent to or from; the links use
+//! still under way). A message carries the generation it was sent to or from; the driver uses
 //! [`PlaneProcess::is_current`] and [`PlaneProcess::died_before`] to decide whether it is lost
 //! with a dead process.
 

@@ -13,9 +13,8 @@ use spillway_vswitch::workload::SplitMix64;
 use spillway_vswitch::{Instant, TenantId};
 
 use super::queue::{EvKind, EventQueue};
-use super::unit;
 use crate::scenario::{Arrivals, DestSpec, Lifetimes, Scenario};
-use crate::shape::{self, ShapeState};
+use crate::shape::{self, ShapeState, unit};
 
 #[derive(Clone, Copy, Debug)]
 struct LongFlow {

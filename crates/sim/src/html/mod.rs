@@ -9,7 +9,8 @@
 //! - five plots over virtual time `t_s`: throughput (offered, DPU, host), loss, latency (p50 and
 //!   p99 on a log scale), utilisation (hardware table, fast path, SoC) and spill-plane workers
 //!   (a step line). Behind every plot the lifecycle phases are shaded as bands, one light colour
-//!   per phase, taken from contiguous runs of the same [`Sample::phase`]; `idle` has no band;
+//!   per phase, taken from contiguous runs of the same
+//!   [`Sample::phase`](crate::report::Sample::phase); `idle` has no band;
 //! - the lifecycle events (time, phase, reason) and, folded away, the counters.
 //!
 //! Every plot of a kind uses the same axes for all runs on the page, so a run and its baseline can
