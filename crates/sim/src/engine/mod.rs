@@ -10,14 +10,14 @@
 //!
 //! # Units
 //!
-//! [`Sim`] owns the two nodes' drivers and one instance of each unit; the units do not know
-//! each other except where noted:
+//! [`Sim`] owns the DPU node and one instance of each unit below, and is the only place where
+//! they meet: a unit imports no other, except where noted.
 //!
 //! - `queue`: the event queue (`(time, sequence)` order) and each node's armed timeout.
 //! - `sources`: the long flows and short connections, as trains (schedules its own steps on
 //!   the queue).
 //! - `links`: the messages between the nodes: FIFO channels, latency, link faults, losses.
-//! - `plane`: the spill plane's process and its generations.
+//! - `plane`: the spill plane's node, its process and the process's generations.
 //! - `checkers`: the invariants checked during and at the end of a run.
 //! - `sampling`: the time series, lifecycle events and measure-window totals.
 //! - `summary`: the [`RunReport`] at the end (reads `checkers` and `sampling`).
