@@ -1,0 +1,177 @@
+//! The end of a run: its [`RunReport`], built from the final state of the nodes and what the
+//! sampler recorded. Every figure here is a model result.
+//!
+//! It owns nothing: [`Ending`] gathers what a finished run hands over, and [`run_report`]
+//! turns it into the report (phase timings, window figures, latency, counters).
+
+use std::collections::BTreeMap;
+
+use spillway_fabric::dpu::{DpuNode, EventKind};
+use spillway_fabric::metrics::{Drops, FabricDrop};
+use spillway_fabric::spill::SpillPlane;
+use spillway_vswitch::Instant;
+
+use super::checkers::Checkers;
+use super::sampling::{Record, Totals};
+use crate::report::{LatencyUs, PhaseEvent, RunReport, WindowFigures};
+use crate::scenario::Scenario;
+
+/// What a finished run hands to its report.
+pub(super) struct Ending<'a> {
+    pub(super) scenario: &'a Scenario,
+    pub(super) seed: u64,
+    /// The run had no spill plane.
+    pub(super) dpu_only: bool,
+    pub(super) dpu: &'a DpuNode,
+    pub(super) spill: &'a SpillPlane,
+    pub(super) checkers: &'a Checkers,
+    /// Events processed.
+    pub(super) events: u64,
+    /// The counters at the end.
+    pub(super) totals: Totals,
+    /// Every drop of the fabric, by reason.
+    pub(super) drops: Drops,
+    pub(super) record: Record,
+}
+
+/// Milliseconds from `a` to `b`, if both happened in that order.
+fn ms(a: Option<Instant>, b: Option<Instant>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b >= a => Some((b.0 - a.0) as f64 / 1e6),
+        _ => None,
+    }
+}
+
+/// The report of a finished run.
+pub(super) fn run_report(end: Ending<'_>) -> RunReport {
+    let Ending {
+        scenario,
+        seed,
+        dpu_only,
+        dpu,
+        spill,
+        checkers,
+        events,
+        totals: t,
+        drops,
+        record,
+    } = end;
+    let secs = record.window_secs.max(1e-9);
+    let m = record.window;
+    let phases = &record.phases;
+    let ev = |k: EventKind| phases.iter().find(|e| e.what == k).map(|e| e.at);
+    let absorbing_ev = phases.iter().find(|e| e.what == EventKind::Absorbing);
+    let prepare = absorbing_ev.and_then(|e| e.since);
+    let absorbing = absorbing_ev.map(|e| e.at);
+    let activating = ev(EventKind::Activating);
+    let active = ev(EventKind::Active);
+    let release = phases
+        .iter()
+        .find(|e| e.what == EventKind::Draining && e.reason.starts_with("release"))
+        .map(|e| e.at);
+    let idle_after = release.and_then(|r| {
+        phases
+            .iter()
+            .find(|e| e.what == EventKind::Idle && e.at >= r)
+            .map(|e| e.at)
+    });
+    let mut latency = record.latency.clone();
+    latency.merge(spill.latency());
+    let d = dpu.counters();
+    let delivered = t.dpu + t.host;
+    let mut counters = BTreeMap::new();
+    for (k, v) in d.iter().chain(spill.counters().iter()) {
+        counters.insert(k, v);
+    }
+    counters.insert("dpu.hw.packets.recalled", dpu.recalled_hw_packets());
+    counters.insert("sim.events", events);
+    counters.insert("sim.path_checks", checkers.path().checks());
+    counters.insert(
+        "sim.path_checks.hw_hits",
+        checkers.path().hw_fast_path_hits(),
+    );
+    RunReport {
+        kind: "model",
+        scenario: scenario.name.clone(),
+        seed,
+        baseline: if dpu_only { "dpu-only" } else { "spillway" },
+        placement: if dpu_only {
+            "none"
+        } else {
+            spill.policy_name()
+        },
+        measure_s: [
+            scenario.measure[0].0.as_secs_f64(),
+            scenario.measure[1].0.as_secs_f64(),
+        ],
+        offered_mpps: m.offered as f64 / secs / 1e6,
+        delivered_mpps: (m.dpu + m.host) as f64 / secs / 1e6,
+        dpu_mpps: m.dpu as f64 / secs / 1e6,
+        host_mpps: m.host as f64 / secs / 1e6,
+        cps: m.closed as f64 / secs,
+        offered_packets: t.offered,
+        delivered_packets: delivered,
+        lost_packets: t.offered - delivered - drops.get(FabricDrop::Policy),
+        drops: drops.iter().collect(),
+        activation_ms: ms(prepare, absorbing),
+        rule_injection_ms: ms(activating, active),
+        release_ms: ms(release, idle_after),
+        latency_us: LatencyUs {
+            p50: latency.quantile(0.5) as f64 / 1e3,
+            p99: latency.quantile(0.99) as f64 / 1e3,
+            mean: latency.mean() / 1e3,
+        },
+        offload_ratio: if delivered > 0 {
+            d.hw_delivered as f64 / delivered as f64
+        } else {
+            0.0
+        },
+        pcie_crossings_per_packet: if delivered > 0 {
+            d.pcie_crossings as f64 / delivered as f64
+        } else {
+            0.0
+        },
+        window: window_figures(&m, secs, record.recalled_hw),
+        phases: phases
+            .iter()
+            .map(|e| PhaseEvent {
+                phase: e.what.name(),
+                t_s: e.at.0 as f64 / 1e9,
+                reason: e.reason.clone(),
+            })
+            .collect(),
+        counters,
+        checks: checkers.checks(),
+        events,
+        zero_loss_cps: None,
+        series: record.samples,
+    }
+}
+
+/// What placement did over the measure window: `m` is the window's change of the counters
+/// over `secs` seconds, `recalled_hw` the fast-path packets of recalled connections at its
+/// edges.
+fn window_figures(m: &Totals, secs: f64, recalled_hw: [Option<u64>; 2]) -> WindowFigures {
+    let per_s = |n: u64| n as f64 / secs;
+    let hw_recalled = match recalled_hw {
+        [Some(a), Some(b)] => b.saturating_sub(a),
+        _ => 0,
+    };
+    let plane = hw_recalled + m.host;
+    WindowFigures {
+        offload_ratio: if m.dpu + m.host > 0 {
+            m.hw as f64 / (m.dpu + m.host) as f64
+        } else {
+            0.0
+        },
+        plane_offload_ratio: (plane > 0).then(|| hw_recalled as f64 / plane as f64),
+        inserts_per_s: per_s(m.inserts),
+        deletes_per_s: per_s(m.deletes),
+        deletes_to_host_per_s: per_s(m.deletes_to_host),
+        recalls: m.recalls,
+        demotions: m.demotes,
+        sheds: m.sheds,
+        flaps: m.flaps,
+        host_cpu_cores: m.busy_ns as f64 / 1e9 / secs,
+    }
+}
