@@ -704,12 +704,12 @@ fn iperf3_udp_small_packets_cross_the_spill_plane() {
 }
 
 /// The DPU process's forwarding thread allocates nothing per frame in steady state. The
-/// binary's allocator counts allocations per thread and `ctl status` reports the forwarding
-/// thread's (`forwarding_allocs`). With the plane held off, the test compares two windows of
-/// the same length: two idle seconds, then two seconds of a paced UDP flood of 8 flows that
-/// has been running for a second and a half (flows, conntrack entries and table slots warm).
-/// Both windows contain the same periodic work (metrics publishing, one `ctl status`); the
-/// flood window may allocate at most one more per thousand frames it forwarded.
+/// binary's allocator counts allocations per thread; `ctl status` reports the forwarding
+/// thread's outside its upkeep (`forwarding_allocs`: not metrics publishing, `ctl`, the
+/// plane's process). With the plane held off, the test compares two windows of the same
+/// length: two idle seconds, then two seconds of a paced UDP flood of 8 flows that has been
+/// running for a second and a half (flows, conntrack entries and table slots warm). The flood
+/// window may allocate at most one more per thousand frames it forwarded.
 #[test]
 fn the_forwarding_thread_allocates_nothing_per_frame() {
     if !spillway_testkit::prerequisites(&["ip"]) {

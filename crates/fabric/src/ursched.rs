@@ -180,6 +180,9 @@ pub struct URSched {
     tenants: Vec<TenantSamples>,
     noisy: History,
     noisy_note: Option<String>,
+    /// Per-tenant cv^2 of the variance window, reused: the window runs every 100 ms on the
+    /// real-time driver's forwarding thread, which must not allocate in steady state.
+    cvs: Vec<(TenantId, f64)>,
     cluster: TenantSamples,
 }
 
@@ -231,6 +234,7 @@ impl URSched {
             tenants: Vec::new(),
             noisy: History::default(),
             noisy_note: None,
+            cvs: Vec::new(),
             cluster: TenantSamples::default(),
         }
     }
@@ -266,7 +270,8 @@ impl URSched {
         }
         cluster.next = (cluster.next + 1) % k;
         let cluster_cv2 = cv2(&cluster.samples, k);
-        let mut cvs: Vec<(TenantId, f64)> = Vec::with_capacity(self.tenants.len());
+        let mut cvs = core::mem::take(&mut self.cvs);
+        cvs.clear();
         for (i, t) in self.tenants.iter_mut().enumerate() {
             if !t.seen {
                 continue;
@@ -313,6 +318,7 @@ impl URSched {
             }
             _ => false,
         };
+        self.cvs = cvs;
         self.noisy.push(noisy, self.p.history_windows);
     }
 

@@ -41,6 +41,7 @@ use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 
 use crate::dpu::vmport::{self, ShmPort};
+use crate::host::allocs;
 use crate::host::cgroup::{Cgroup, CgroupSpec};
 use crate::host::clock::Clock;
 use crate::host::ledger::{Ledger, LedgerEntry};
@@ -281,9 +282,14 @@ pub enum RunError {
     },
 }
 
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RunError {
-    let what = what.into();
-    move |source| RunError::Io { what, source }
+/// Wraps an I/O error with what was being done. `what` becomes a `String` only when there is
+/// an error: `map_err(io_err(..))` builds this closure on every call, also on the hot path
+/// (a TAP poll, an io_uring enter) where the call succeeds, and must not allocate there.
+fn io_err<W: Into<String>>(what: W) -> impl FnOnce(io::Error) -> RunError {
+    move |source| RunError::Io {
+        what: what.into(),
+        source,
+    }
 }
 
 /// What `spillway run` reports when it stops.
@@ -656,6 +662,14 @@ pub struct DpuDaemon {
     turn: u32,
     rates: Rates,
     rx: Vec<u8>,
+    /// The descriptors `sleep` polls, rebuilt in place every time: the loop sleeps between
+    /// batches under paced traffic, so collecting them into a new `Vec` allocated per batch.
+    poll_set: Vec<libc::pollfd>,
+    /// Allocations this thread made in upkeep and metrics publishing (see `upkeep`).
+    upkeep_allocs: u64,
+    /// This thread's allocation count when the running upkeep started: `ctl status`, answered
+    /// inside it, reports forwarding's allocations up to there, not its own.
+    upkeep_mark: u64,
     /// Whether the plane delivers into shared-memory VMs itself (vATC) or back via the DPU.
     vatc: bool,
 }
@@ -839,6 +853,9 @@ impl DpuDaemon {
                 turn: 0,
                 rates: Rates::default(),
                 rx: vec![0u8; FRAME_MAX],
+                poll_set: Vec::new(),
+                upkeep_allocs: 0,
+                upkeep_mark: 0,
                 vatc: tb.fabric.host.vatc,
                 tb: tb.clone(),
             })
@@ -890,12 +907,12 @@ impl DpuDaemon {
             // syscalls a turn cost a busy loop about as much as forwarding a frame.
             if now.0.saturating_sub(self.last_manage.0) >= 2_000_000 {
                 self.last_manage = now;
-                self.manage_plane(now);
-                self.manage_ports(now);
-                self.serve_ctl(now);
+                self.upkeep(now);
             }
             if now.0.saturating_sub(self.last_publish.0) >= 100_000_000 {
+                let mark = allocs::this_thread();
                 self.publish(now);
+                self.upkeep_allocs += allocs::this_thread() - mark;
             }
             if busy {
                 self.idle_turns = 0;
@@ -906,9 +923,7 @@ impl DpuDaemon {
                 self.idle_turns += 1;
                 if self.idle_turns > SPIN_TURNS {
                     self.idle_turns = 0;
-                    self.manage_plane(now);
-                    self.manage_ports(now);
-                    self.serve_ctl(now);
+                    self.upkeep(now);
                     self.enter_ring()?;
                     if !self.taps.as_ref().is_some_and(TapUring::has_frames) {
                         self.sleep();
@@ -917,6 +932,19 @@ impl DpuDaemon {
             }
         }
         Ok(())
+    }
+
+    /// The process's upkeep, off the data path: the plane's process, the VM ports' sockets,
+    /// `ctl`. What it allocates is counted apart from forwarding (`ctl status`'s
+    /// `forwarding_allocs` and `upkeep_allocs`), so the forwarding figure shows what moving
+    /// frames costs.
+    fn upkeep(&mut self, now: Instant) {
+        let mark = allocs::this_thread();
+        self.upkeep_mark = mark;
+        self.manage_plane(now);
+        self.manage_ports(now);
+        self.serve_ctl(now);
+        self.upkeep_allocs += allocs::this_thread() - mark;
     }
 
     /// One batch from every port, round robin: each port gets at most [`TAP_BATCH`] frames and
@@ -1360,30 +1388,29 @@ impl DpuDaemon {
             self.woke_ports();
             return;
         }
-        let mut fds: Vec<BorrowedFd<'_>> = self
-            .dp
-            .ports
-            .iter()
-            .filter_map(|p| match &p.io {
+        let readable = |fd: BorrowedFd<'_>| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let set = &mut self.poll_set;
+        set.clear();
+        for p in &self.dp.ports {
+            let fd = match &p.io {
                 PortIo::Tap(tap) => tap.as_fd(0),
                 PortIo::Shm(slot) => slot.port.as_ref().map(|p| p.kick_fd()),
-            })
-            .collect();
-        if let Some(v) = self.plane.as_ref().and_then(|p| p.vnic.as_ref()) {
-            fds.extend(v.poll_fds());
+            };
+            set.extend(fd.map(readable));
         }
-        fds.push(self.listener.as_fd());
-        let mut pfds: Vec<rustix::event::PollFd<'_>> = fds
-            .iter()
-            .map(|fd| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
-            .collect();
-        let ts = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: i64::from(timeout_ms) * 1_000_000,
-        };
-        let _ = rustix::event::poll(&mut pfds, Some(&ts));
-        drop(pfds);
-        drop(fds);
+        if let Some(v) = self.plane.as_ref().and_then(|p| p.vnic.as_ref()) {
+            set.extend(v.poll_fds().map(readable));
+        }
+        set.push(readable(self.listener.as_fd()));
+        // SAFETY: `set` holds `set.len()` initialised `pollfd`s; every fd in it belongs to a
+        // port, the plane's vNIC or the ctl listener, all owned by `self` and none closed
+        // during the call; `poll` only writes the entries' `revents`. The result is not needed:
+        // every source is polled again after waking, whatever woke it.
+        let _ = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, timeout_ms) };
         if let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
             v.woke();
         }
@@ -1656,9 +1683,10 @@ impl DpuDaemon {
                 "stats": p.stats,
             })),
             "rates_per_s": self.rates.per_sec,
-            // `ctl` is answered on the forwarding thread, so this is that thread's count
-            // (see `host::allocs`); it includes the allocations of building this answer.
-            "forwarding_allocs": crate::host::allocs::this_thread(),
+            // Allocations of the forwarding thread outside upkeep (see `host::allocs` and
+            // `upkeep`), up to the start of the upkeep that answers this request.
+            "forwarding_allocs": self.upkeep_mark - self.upkeep_allocs,
+            "upkeep_allocs": self.upkeep_allocs,
             "counters": counters,
             "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "vswitch_drops": self.sw.pipeline().drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
