@@ -703,20 +703,11 @@ fn iperf3_udp_small_packets_cross_the_spill_plane() {
     bed.stop_and_check_clean();
 }
 
-/// The DPU process's forwarding thread allocates nothing per frame in steady state. The
-/// binary's allocator counts allocations per thread; `ctl status` reports the forwarding
-/// thread's outside its upkeep (`forwarding_allocs`: not metrics publishing, `ctl`, the
-/// plane's process). With the plane held off, the test compares two windows of the same
-/// length: two idle seconds, then two seconds of a paced UDP flood of 8 flows that has been
-/// running for a second and a half (flows, conntrack entries and table slots warm). The flood
-/// window may allocate at most one more per thousand frames it forwarded.
-#[test]
-fn the_forwarding_thread_allocates_nothing_per_frame() {
-    if !spillway_testkit::prerequisites(&["ip"]) {
-        return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start("released", 2000);
+/// Allocations a forwarding thread made in two windows of the same length, and the frames it
+/// forwarded in the second: two idle seconds, then two seconds of a paced UDP flood of 8 flows
+/// from `a` to a sink in `b` that has been running for a second and a half (flows, conntrack
+/// entries and table slots warm). `read` takes (allocations, frames) from a `ctl status`.
+fn flood_windows(bed: &mut Bed, read: fn(&serde_json::Value) -> (u64, u64)) -> (u64, u64, u64) {
     bed.server(
         "b",
         BIN,
@@ -729,14 +720,9 @@ fn the_forwarding_thread_allocates_nothing_per_frame() {
             "30",
         ],
     );
-    let allocs = |s: &serde_json::Value| {
-        s["forwarding_allocs"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("ctl status reports forwarding_allocs: {s:#}"))
-    };
-    let idle0 = bed.status();
+    let idle0 = read(&bed.status());
     std::thread::sleep(Duration::from_secs(2));
-    let idle1 = bed.status();
+    let idle1 = read(&bed.status());
     let flood = bed
         .exec("a", BIN)
         .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
@@ -746,24 +732,73 @@ fn the_forwarding_thread_allocates_nothing_per_frame() {
         .spawn()
         .expect("spawn traffic gen");
     std::thread::sleep(Duration::from_millis(1500));
-    let busy0 = bed.status();
+    let busy0 = read(&bed.status());
     std::thread::sleep(Duration::from_secs(2));
-    let busy1 = bed.status();
+    let busy1 = read(&bed.status());
     let sent = finish(flood, "traffic gen");
-    let idle = allocs(&idle1) - allocs(&idle0);
-    let busy = allocs(&busy1) - allocs(&busy0);
-    let frames = counter(&busy1, "rt.rx.frames") - counter(&busy0, "rt.rx.frames");
-    eprintln!("forwarding thread: {idle} allocations idle, {busy} over {frames} frames (2 s each)");
+    eprintln!("traffic gen: {sent}");
+    (idle1.0 - idle0.0, busy1.0 - busy0.0, busy1.1 - busy0.1)
+}
+
+/// The DPU process's forwarding thread allocates nothing per frame in steady state. The
+/// binary's allocator counts allocations per thread; `ctl status` reports the forwarding
+/// thread's outside its upkeep (`forwarding_allocs`: not metrics publishing, `ctl`, the
+/// plane's process). With the plane held off, the flood window ([`flood_windows`]) may
+/// allocate at most one more per thousand frames than the idle one.
+#[test]
+fn the_forwarding_thread_allocates_nothing_per_frame() {
+    if !spillway_testkit::prerequisites(&["ip"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start("released", 2000);
+    let (idle, busy, frames) = flood_windows(&mut bed, |s| {
+        let allocs = s["forwarding_allocs"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("ctl status reports forwarding_allocs: {s:#}"));
+        (allocs, counter(s, "rt.rx.frames"))
+    });
+    eprintln!("DPU forwarding thread: {idle} allocations idle, {busy} over {frames} frames");
     assert!(
         frames >= 10_000,
-        "the flood went through the DPU process: {frames} frames; gen said {sent}"
+        "the flood went through the DPU process: {frames} frames"
     );
     assert!(
         busy <= idle + frames / 1000,
         "the forwarding thread allocates per frame: {busy} allocations over {frames} frames, \
          {idle} in an idle window of the same length"
     );
-    assert_eq!(busy1["phase"], "idle", "the plane stayed off: {busy1:#}");
+    assert_eq!(bed.status()["phase"], "idle", "the plane stayed off");
+    bed.stop_and_check_clean();
+}
+
+/// The same for the spill plane's process: with every bucket redirected and a hardware table
+/// of two entries (so placement cannot recall the flood's flows), the flood crosses the plane,
+/// whose stats (every 500 ms, in `ctl status`) carry its thread's `forwarding_allocs`.
+#[test]
+fn the_plane_allocates_nothing_per_frame() {
+    if !spillway_testkit::prerequisites(&["ip"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start("active", 2);
+    bed.wait_phase("active", Duration::from_secs(10));
+    let (idle, busy, frames) = flood_windows(&mut bed, |s| {
+        let allocs = s["plane"]["stats"]["forwarding_allocs"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("the plane's stats carry forwarding_allocs: {s:#}"));
+        (allocs, plane_counter(s, "plane.frames.in"))
+    });
+    eprintln!("plane thread: {idle} allocations idle, {busy} over {frames} frames");
+    assert!(
+        frames >= 10_000,
+        "the flood crossed the plane: {frames} frames"
+    );
+    assert!(
+        busy <= idle + frames / 1000,
+        "the plane allocates per frame: {busy} allocations over {frames} frames, \
+         {idle} in an idle window of the same length"
+    );
     bed.stop_and_check_clean();
 }
 

@@ -22,6 +22,7 @@ use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 
 use crate::dpu::vmport::{DirectRefused, PlaneVm};
+use crate::host::allocs;
 use crate::host::clock::Clock;
 use crate::host::signals;
 use crate::host::vnet::VnetHdr;
@@ -210,6 +211,9 @@ struct PlaneProcess {
     records: Vec<FlowRecord>,
     commands: Vec<serde_json::Value>,
     last_stats: Instant,
+    /// Allocations this thread made in upkeep (expiry, the stats report); the rest is
+    /// forwarding's, reported as `forwarding_allocs` (see `crate::host::allocs`).
+    upkeep_allocs: u64,
 }
 
 /// Runs the plane until SIGTERM or the DPU process goes away.
@@ -238,6 +242,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         records: Vec::with_capacity(256),
         commands: Vec::new(),
         last_stats: Instant::ZERO,
+        upkeep_allocs: 0,
     };
     drop_privileges(&tb)?;
     loop {
@@ -261,8 +266,10 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         p.send_outgoing(now).map_err(|e| e.to_string())?;
         if now.0.saturating_sub(p.last_stats.0) >= 500_000_000 {
             p.last_stats = now;
+            let mark = allocs::this_thread();
             p.sw.expire(now);
-            p.send_stats().map_err(|e| e.to_string())?;
+            p.send_stats(mark).map_err(|e| e.to_string())?;
+            p.upkeep_allocs += allocs::this_thread() - mark;
         }
         if frames == 0 && records == 0 {
             sleep(&mut p.vnic, &p.sw, now)?;
@@ -395,8 +402,9 @@ impl PlaneProcess {
         Ok(())
     }
 
-    /// The plane's counters and state to the DPU process, for its metrics and `ctl status`.
-    fn send_stats(&mut self) -> Result<(), crate::shm::vnic::VnicError> {
+    /// The plane's counters and state to the DPU process, for its metrics and `ctl status`;
+    /// `mark` is this thread's allocation count when the upkeep that sends them began.
+    fn send_stats(&mut self, mark: u64) -> Result<(), crate::shm::vnic::VnicError> {
         let (sw, c) = (&self.sw, &self.c);
         let plane = sw.plane();
         let mut counters = serde_json::Map::new();
@@ -435,6 +443,7 @@ impl PlaneProcess {
             "vatc_vms": self.vatc.vms.len(),
             "atc_entries": self.vatc.atc.len(),
             "counters": counters,
+            "forwarding_allocs": mark - self.upkeep_allocs,
             "vswitch_drops": pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
         });
         self.vnic.send_json(CONTROL_STATS, &doc)
@@ -488,11 +497,13 @@ fn sleep(vnic: &mut VnicSet, sw: &PlaneSwitch, now: Instant) -> Result<(), Strin
         .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
     let ms = (next / 1_000_000).min(10) as i64;
     {
-        let fds = vnic.poll_fds();
-        let mut pfds: Vec<rustix::event::PollFd<'_>> = fds
-            .iter()
-            .map(|fd| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
-            .collect();
+        // On the stack: the plane sleeps between batches under paced traffic, and this loop
+        // must not allocate per batch.
+        let [bell, control] = vnic.poll_fds();
+        let mut pfds = [
+            rustix::event::PollFd::new(&bell, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(&control, rustix::event::PollFlags::IN),
+        ];
         let ts = rustix::event::Timespec {
             tv_sec: 0,
             tv_nsec: ms * 1_000_000,
