@@ -4,7 +4,7 @@
 //! [`hw::DpuHardware`] trait a real backend would implement), the host spill plane
 //! ([`spill::SpillPlane`]), the scheduler that decides when the plane runs
 //! ([`ursched::URSched`]), the placement policies that hand flows back to the DPU's hardware
-//! fast path ([`placement`]), the vATC translation cache the plane will use to write into VM
+//! fast path ([`placement`]), the vATC translation cache the plane uses to write into VM
 //! memory ([`atc`]), and the messages between them ([`types`]). Two drivers run it: the
 //! deterministic simulator (`spillway-sim`) and the real-time runtime (`spillway-rt`). For real
 //! frames, [`frame`] joins each node to a vSwitch pipeline ([`frame::DpuSwitch`],

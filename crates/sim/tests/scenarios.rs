@@ -1,5 +1,5 @@
 //! The acceptance figures, as model results: the built-in scenarios run at paper scale
-//! and their reports are checked against the seed's numbers (micro-burst split, zero loss,
+//! and their reports are checked against the paper's numbers (micro-burst split, zero loss,
 //! activation and release timing), against the DPU-only baseline on the same seed, and for the
 //! connection-rate sweep (scaled by 1/10 in every rate and cost, so the ratios are the same and
 //! the test is fast). Every run also passes the engine's checkers after every event.

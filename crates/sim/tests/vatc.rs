@@ -46,7 +46,7 @@ fn vatc_carries_more_with_fewer_crossings_and_lower_latency_than_the_return_path
         "{}",
         r.ratio_without_over_with
     );
-    // Against the seed's 48% and 98%: the engine the return path passes twice halves it.
+    // Against the paper's 48% and 98%: the engine the return path passes twice halves it.
     assert!(
         (0.45..=0.55).contains(&without.relative_to_dpu),
         "{without:?}"
