@@ -802,6 +802,77 @@ fn the_plane_allocates_nothing_per_frame() {
     bed.stop_and_check_clean();
 }
 
+/// The emulated DPU's fast-path limit holds in real time: with the plane held off and a 30
+/// kpps fast path, a paced 64-byte flood of 8 flows above the limit gets at most 30 kpps (plus
+/// what the fast path's input queue absorbs) through the hardware path, the excess is dropped
+/// and counted as `dpu.hw.overload`, and the sink receives no more than the fast path and the
+/// SoC together let through. Read over two seconds once the flows are on the fast path.
+#[test]
+fn the_fast_path_admits_no_more_than_its_limit() {
+    if !spillway_testkit::prerequisites(&["ip"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start("released", 2000);
+    bed.server(
+        "b",
+        BIN,
+        &[
+            "traffic",
+            "sink",
+            "--bind",
+            "10.66.0.2:9000",
+            "--idle",
+            "30",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let flood = bed
+        .exec("a", BIN)
+        .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
+        .args(["--rate", "60000", "--duration", "4", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn traffic gen");
+    std::thread::sleep(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    let s0 = bed.status();
+    std::thread::sleep(Duration::from_secs(2));
+    let s1 = bed.status();
+    let secs = t0.elapsed().as_secs_f64();
+    let sent = finish(flood, "traffic gen");
+    let rate = |key: &str| (counter(&s1, key) - counter(&s0, key)) as f64 / secs;
+    let dropped = |s: &serde_json::Value| s["drops"]["dpu.hw.overload"].as_u64().unwrap_or(0);
+    let offered = rate("dpu.rx.packets");
+    let hw = rate("dpu.hw.packets");
+    let overload = (dropped(&s1) - dropped(&s0)) as f64 / secs;
+    eprintln!(
+        "offered {offered:.0} pps, fast path {hw:.0} pps, overload drops {overload:.0} pps; \
+         gen: {sent}"
+    );
+    assert!(
+        offered > 33_000.0,
+        "the flood exceeds the 30 kpps fast path by a tenth: {offered:.0} pps offered"
+    );
+    // The queue may drain a burst above the rate at the window's edges: 5% slack.
+    assert!(
+        hw <= 30_000.0 * 1.05,
+        "fast path {hw:.0} pps > 30 kpps: {s1:#}"
+    );
+    assert!(
+        hw >= 30_000.0 * 0.8,
+        "the fast path carried the flood: {hw:.0} pps"
+    );
+    assert!(
+        overload >= (offered - hw) * 0.8,
+        "the excess is counted as dpu.hw.overload: {overload:.0} of {:.0} pps",
+        offered - hw
+    );
+    assert_eq!(s1["phase"], "idle", "the plane stayed off");
+    bed.stop_and_check_clean();
+}
+
 #[test]
 fn established_connections_survive_activation_and_release() {
     if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
