@@ -63,6 +63,17 @@ impl Bed {
     /// A bed whose `[[vm]]`s carry `vm_extra` (e.g. `backend = "shm"`) and whose
     /// `[fabric.host]` carries `host_extra`.
     fn start_with(hold: &str, hw_entries: u32, vm_extra: &str, host_extra: &str) -> Bed {
+        Bed::start_config(hold, hw_entries, vm_extra, host_extra, 30_000)
+    }
+
+    /// [`Bed::start_with`] with a fast path of `hw_pps` packets per second instead of 30 kpps.
+    fn start_config(
+        hold: &str,
+        hw_entries: u32,
+        vm_extra: &str,
+        host_extra: &str,
+        hw_pps: u32,
+    ) -> Bed {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let name = format!("e{:x}", (std::process::id() % 0xffff) * 16 + n % 16);
         let dir = tempfile::tempdir().expect("temp dir");
@@ -121,6 +132,10 @@ port = 2
             state = dir.path().display(),
             limited = LIMITED
                 .replace("HW_ENTRIES", &hw_entries.to_string())
+                .replace(
+                    "hw_pps_limit = 30000.0",
+                    &format!("hw_pps_limit = {hw_pps}.0")
+                )
                 .replace(
                     "heartbeat = \"100ms\"",
                     &format!("heartbeat = \"100ms\"\n{host_extra}")
@@ -802,18 +817,19 @@ fn the_plane_allocates_nothing_per_frame() {
     bed.stop_and_check_clean();
 }
 
-/// The emulated DPU's fast-path limit holds in real time: with the plane held off and a 30
-/// kpps fast path, a paced 64-byte flood of 8 flows above the limit gets at most 30 kpps (plus
-/// what the fast path's input queue absorbs) through the hardware path, the excess is dropped
-/// and counted as `dpu.hw.overload`, and the sink receives no more than the fast path and the
-/// SoC together let through. Read over two seconds once the flows are on the fast path.
+/// The emulated DPU's fast-path limit holds in real time: with the plane held off and a 10
+/// kpps fast path, a paced 64-byte flood of 8 flows at three times the limit gets at most 10
+/// kpps (plus what the fast path's input queue absorbs at the window's edges) through the
+/// hardware path, and the excess is dropped and counted as `dpu.hw.overload`. Read over two
+/// seconds once the flows are on the fast path. The limit is low so that even a starved debug
+/// build on a shared CI machine offers well above it.
 #[test]
 fn the_fast_path_admits_no_more_than_its_limit() {
     if !spillway_testkit::prerequisites(&["ip"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start("released", 2000);
+    let mut bed = Bed::start_config("released", 2000, "", "", 10_000);
     bed.server(
         "b",
         BIN,
@@ -830,7 +846,7 @@ fn the_fast_path_admits_no_more_than_its_limit() {
     let flood = bed
         .exec("a", BIN)
         .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
-        .args(["--rate", "60000", "--duration", "4", "--json"])
+        .args(["--rate", "30000", "--duration", "4", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -852,16 +868,16 @@ fn the_fast_path_admits_no_more_than_its_limit() {
          gen: {sent}"
     );
     assert!(
-        offered > 33_000.0,
-        "the flood exceeds the 30 kpps fast path by a tenth: {offered:.0} pps offered"
+        offered > 12_000.0,
+        "the flood exceeds the 10 kpps fast path by a fifth: {offered:.0} pps offered"
     );
     // The queue may drain a burst above the rate at the window's edges: 5% slack.
     assert!(
-        hw <= 30_000.0 * 1.05,
-        "fast path {hw:.0} pps > 30 kpps: {s1:#}"
+        hw <= 10_000.0 * 1.05,
+        "fast path {hw:.0} pps > 10 kpps: {s1:#}"
     );
     assert!(
-        hw >= 30_000.0 * 0.8,
+        hw >= 10_000.0 * 0.8,
         "the fast path carried the flood: {hw:.0} pps"
     );
     assert!(
