@@ -2,6 +2,7 @@
 //! structured logging, and the service thread the two servers share.
 
 pub mod ctl;
+mod exposition;
 pub mod log;
 pub mod metrics;
 pub(crate) mod service;

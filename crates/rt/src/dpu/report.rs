@@ -1,0 +1,373 @@
+//! What the DPU process reports: its answers to `spillway ctl` (status, flows, metrics and the
+//! operator's commands), the samples it publishes to `/metrics` about every 100 ms, and the
+//! per-second rates `ctl status` shows ([`Rates`]). These are the daemon's methods, run in its
+//! upkeep and off the data path: what they allocate is counted as upkeep (`daemon.rs`, `upkeep`).
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use spillway_fabric::dpu::{Hold, Role};
+use spillway_fabric::params::PlacementKind;
+use spillway_vswitch::Instant;
+use spillway_vswitch::policy::Policy;
+
+use crate::dpu::daemon::DpuDaemon;
+use crate::dpu::ports::{PortIo, vm_id};
+use crate::ops::ctl::{
+    CtlCall, CtlRequest, CtlResponse, FLOWS_LIMIT_DEFAULT, FLOWS_LIMIT_MAX, FlowOwner,
+};
+use crate::ops::metrics::Sample;
+use crate::testbed::Testbed;
+
+/// Per-second rates for `ctl status`, from counter deltas.
+#[derive(Debug, Default)]
+pub(super) struct Rates {
+    at: Instant,
+    base: BTreeMap<String, u64>,
+    /// Per-second rates of the DPU process's counters and of the plane's (`plane.*`, `spill.*`),
+    /// so `ctl status` shows each plane's rates side by side.
+    per_sec: BTreeMap<String, f64>,
+}
+
+fn sample_f64(v: &crate::ops::metrics::SampleValue) -> f64 {
+    match *v {
+        crate::ops::metrics::SampleValue::U64(x) => x as f64,
+        crate::ops::metrics::SampleValue::I64(x) => x as f64,
+        crate::ops::metrics::SampleValue::F64(x) => x,
+    }
+}
+
+impl DpuDaemon {
+    pub(super) fn serve_ctl(&mut self, now: Instant) {
+        while let Some(call) = self.ctl.as_ref().and_then(|c| c.try_recv()) {
+            let resp = self.answer(now, &call.request);
+            CtlCall::respond(call, resp);
+        }
+    }
+
+    fn answer(&mut self, now: Instant, req: &CtlRequest) -> CtlResponse {
+        match req {
+            CtlRequest::Status => CtlResponse::ok(self.status(now)),
+            CtlRequest::Vatc { on } => {
+                self.vatc = *on;
+                let plane = match self.send_plane_command(json!({ "vatc": on })) {
+                    Ok(()) => "switched".to_string(),
+                    Err(e) => e,
+                };
+                CtlResponse::ok(json!({ "vatc": on, "plane": plane }))
+            }
+            CtlRequest::Metrics => {
+                let mut v = Vec::new();
+                self.fill_samples(&mut v);
+                let m: BTreeMap<String, f64> = v
+                    .iter()
+                    .filter(|s| s.labels.is_empty())
+                    .map(|s| (s.name.to_string(), sample_f64(&s.value)))
+                    .collect();
+                CtlResponse::ok(json!(m))
+            }
+            CtlRequest::Flows { limit, owner } => CtlResponse::ok(self.flow_dump(*limit, *owner)),
+            CtlRequest::Activate => {
+                self.sw.dpu_mut().handle_hold(now, Hold::Active);
+                self.after_input(now);
+                CtlResponse::ok(json!({"hold": "active", "phase": self.sw.dpu().phase().name()}))
+            }
+            CtlRequest::Release => {
+                self.sw.dpu_mut().handle_hold(now, Hold::Released);
+                self.after_input(now);
+                CtlResponse::ok(json!({"hold": "released", "phase": self.sw.dpu().phase().name()}))
+            }
+            CtlRequest::Prepare => {
+                self.sw.dpu_mut().handle_hold(now, Hold::Shadow);
+                self.after_input(now);
+                CtlResponse::ok(json!({"hold": "shadow", "phase": self.sw.dpu().phase().name()}))
+            }
+            CtlRequest::Auto => {
+                self.sw.dpu_mut().handle_hold(now, Hold::Auto);
+                CtlResponse::ok(json!({"hold": "auto", "phase": self.sw.dpu().phase().name()}))
+            }
+            CtlRequest::SetPolicy { placement } => {
+                let Some((_, kind)) = PlacementKind::NAMES.iter().find(|(n, _)| n == placement)
+                else {
+                    let names: Vec<&str> = PlacementKind::NAMES.iter().map(|(n, _)| *n).collect();
+                    return CtlResponse::error(format!(
+                        "unknown placement policy {placement:?}; expected one of {}",
+                        names.join(", ")
+                    ));
+                };
+                self.tb.fabric.placement.policy = *kind;
+                let sent = self.send_plane_command(json!({"set_placement": placement}));
+                CtlResponse::ok(
+                    json!({"placement": placement, "plane": sent.err().unwrap_or_else(|| "updated".into())}),
+                )
+            }
+            CtlRequest::Reload => {
+                let tb = match Testbed::load(&self.tb.file) {
+                    Ok(t) => t,
+                    Err(e) => return CtlResponse::error(e.to_string()),
+                };
+                let policy: Policy = tb.policy.clone();
+                self.sw.set_policy(policy);
+                self.tb.policy_text = tb.policy_text.clone();
+                self.tb.policy = tb.policy;
+                let sent = self.send_plane_command(json!({"set_policy": tb.policy_text}));
+                CtlResponse::ok(json!({
+                    "epoch": self.sw.pipeline().epoch().0,
+                    "plane": sent.err().unwrap_or_else(|| "updated".into()),
+                }))
+            }
+        }
+    }
+
+    fn status(&mut self, now: Instant) -> serde_json::Value {
+        let dpu = self.sw.dpu();
+        let last = self.events.back();
+        let counters: BTreeMap<String, u64> = dpu
+            .counters()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .chain(self.rt_counters())
+            .collect();
+        json!({
+            "testbed": self.tb.name,
+            "uptime_s": now.0 as f64 / 1e9,
+            "phase": dpu.phase().name(),
+            "hold": dpu.hold().name(),
+            "reason": last.map(|e| e.reason.clone()),
+            "last_event": last.map(|e| e.what.name()),
+            "quota_buckets": dpu.quota(),
+            "redirect_buckets": self.tb.fabric.dpu.redirect_buckets,
+            "hw_entries": dpu.hw_entries(),
+            "hw_capacity": dpu.hw_capacity(),
+            "epoch": self.sw.pipeline().epoch().0,
+            "placement": self.tb.fabric.placement.policy.name(),
+            "vatc": self.vatc,
+            "vm_ports": self.dp.ports.iter().filter_map(|p| match &p.io {
+                PortIo::Shm(s) => Some(json!({
+                    "vm": s.vm, "port": p.id.0, "attached": s.port.is_some(),
+                    "epoch": self.dp.authority.epoch(vm_id(p.id)).0,
+                    "rx_no_buffer": s.port.as_ref().map(|x| x.rx_no_buffer),
+                    "bad_desc": s.port.as_ref().map(|x| x.bad_desc),
+                })),
+                PortIo::Tap(_) => None,
+            }).collect::<Vec<_>>(),
+            "metrics_addr": self.metrics.as_ref().map(|m| m.local_addr().to_string()),
+            "plane": self.plane.as_ref().map(|p| json!({
+                "pid": p.child.id(),
+                "up": p.up,
+                "connected": p.vnic.is_some(),
+                "stats": p.stats,
+            })),
+            "rates_per_s": self.rates.per_sec,
+            // Allocations of the forwarding thread outside upkeep (see `host::allocs` and
+            // `upkeep`), up to the start of the upkeep that answers this request.
+            "forwarding_allocs": self.upkeep_mark - self.upkeep_allocs,
+            "upkeep_allocs": self.upkeep_allocs,
+            "counters": counters,
+            "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
+            "vswitch_drops": self.sw.pipeline().drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
+            "activations": self.activations,
+            "events": self.events.iter().rev().map(|e| json!({
+                "at_s": e.at.0 as f64 / 1e9, "event": e.what.name(), "reason": e.reason,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn flow_dump(&self, limit: Option<usize>, owner: Option<FlowOwner>) -> serde_json::Value {
+        let limit = limit.unwrap_or(FLOWS_LIMIT_DEFAULT).min(FLOWS_LIMIT_MAX);
+        let quota = self.sw.dpu().quota();
+        let buckets = self.tb.fabric.dpu.redirect_buckets;
+        let mut rows = Vec::new();
+        for (conn, c) in self.sw.dpu().conns_sorted() {
+            let (who, why) = match (c.role, c.hw_live) {
+                (Role::Owner, n) if n > 0 => (
+                    FlowOwner::DpuHw,
+                    if c.recalled {
+                        "recalled to the fast path by the plane's placement".to_string()
+                    } else {
+                        "fast-path entries installed by the SoC slow path".to_string()
+                    },
+                ),
+                (Role::Owner, _) if c.inserts_pending > 0 => {
+                    (FlowOwner::DpuSoc, "hardware inserts pending".to_string())
+                }
+                (Role::Owner, _) => (
+                    FlowOwner::DpuSoc,
+                    "no hardware entry (table full, memory, or insertion budget)".to_string(),
+                ),
+                (Role::Copy, _) => (
+                    FlowOwner::Spill,
+                    if conn.bucket(buckets) < quota {
+                        format!(
+                            "redirected: bucket {} < quota {quota}",
+                            conn.bucket(buckets)
+                        )
+                    } else {
+                        "handed to the plane (shed from the fast path or opened while redirected)"
+                            .to_string()
+                    },
+                ),
+            };
+            if owner.is_some_and(|o| o != who) {
+                continue;
+            }
+            let key = self.sw.conns().get(conn).map(|r| {
+                format!(
+                    "{}:{} > {}:{} proto {}",
+                    r.orig.src_ip.to_std(),
+                    r.orig.src_port,
+                    r.orig.dst_ip.to_std(),
+                    r.orig.dst_port,
+                    r.orig.proto
+                )
+            });
+            rows.push(json!({
+                "conn": conn.0, "flow": key, "tenant": c.state.tenant.0, "owner": who.name(), "why": why,
+                "packets": c.state.packets, "phase": format!("{:?}", c.state.phase),
+            }));
+            if rows.len() >= limit {
+                break;
+            }
+        }
+        json!({ "flows": rows, "total": self.sw.dpu().conns_len() })
+    }
+
+    fn fill_samples(&self, out: &mut Vec<Sample>) {
+        let dpu = self.sw.dpu();
+        for (n, v) in dpu.counters().iter() {
+            out.push(Sample::counter(n, v));
+        }
+        for (n, v) in dpu.drops().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("packets a DPU limit dropped")
+                    .with_label("layer", "fabric"),
+            );
+        }
+        for (n, v) in self.rt_counters() {
+            out.push(Sample::counter(n, v));
+        }
+        for (n, v) in self.ctl.iter().flat_map(|c| c.refused()) {
+            out.push(Sample::counter(n, v).with_help("control connections refused"));
+        }
+        for (n, v) in self.sw.pipeline().drops().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("frames the DPU's vSwitch pipeline dropped")
+                    .with_label("plane", "dpu"),
+            );
+        }
+        for (n, v) in self.sw.pipeline().neigh_counters().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("ARP and neighbour discovery the DPU's vSwitch answered or took")
+                    .with_label("plane", "dpu"),
+            );
+        }
+        for (n, v) in self.sw.pipeline().icmp_error_counters().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("ICMP errors the DPU's vSwitch router sent or held back")
+                    .with_label("plane", "dpu"),
+            );
+        }
+        for (n, v) in self.sw.pipeline().frag_counters().iter() {
+            out.push(
+                Sample::counter(n, v)
+                    .with_help("IP fragments the DPU's vSwitch tracked")
+                    .with_label("plane", "dpu"),
+            );
+        }
+        out.push(Sample::gauge("dpu.hw.entries", dpu.hw_entries() as f64));
+        out.push(Sample::gauge("dpu.hw.capacity", dpu.hw_capacity() as f64));
+        out.push(Sample::gauge("dpu.redirect.quota", f64::from(dpu.quota())));
+        out.push(Sample::gauge("dpu.conns", dpu.conns_len() as f64));
+        out.push(Sample::gauge(
+            "spill.up",
+            if self.plane.as_ref().is_some_and(|p| p.up) {
+                1.0
+            } else {
+                0.0
+            },
+        ));
+        out.extend(Sample::state_set(
+            "fabric.phase",
+            "phase",
+            &[
+                "idle",
+                "preparing",
+                "shadow",
+                "activating",
+                "active",
+                "draining",
+            ],
+            dpu.phase().name(),
+        ));
+        if let Some(p) = &self.plane
+            && let Some(obj) = p.stats.get("counters").and_then(|c| c.as_object())
+        {
+            for (k, v) in obj {
+                if let Some(v) = v.as_u64() {
+                    out.push(Sample::counter(k.clone(), v));
+                }
+            }
+        }
+    }
+
+    /// The process's own counters under `rt.`: what the driver moved, and what became of the
+    /// frames inside the DPU node.
+    pub(super) fn rt_counters(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        let node = self.sw.counters().iter(self.sw.conns().counters());
+        let ring = self.taps.iter().flat_map(|t| t.counters().iter());
+        self.dp
+            .counters
+            .iter()
+            .chain(ring)
+            .map(|(k, v)| (k.to_string(), v))
+            .chain(node.map(|(k, v)| (format!("rt.{k}"), v)))
+    }
+
+    pub(super) fn publish(&mut self, now: Instant) {
+        self.last_publish = now;
+        // Connections that never close (UDP) or whose close was not seen are forgotten after
+        // two minutes idle, a bounded slice per call.
+        self.sw.expire(now);
+        let mut samples = Vec::new();
+        self.fill_samples(&mut samples);
+        self.publisher
+            .publish(|out| out.extend(samples.iter().cloned()));
+        // Rates once a second.
+        if now.0.saturating_sub(self.rates.at.0) >= 1_000_000_000 {
+            let secs = (now.0 - self.rates.at.0) as f64 / 1e9;
+            let mut cur: BTreeMap<String, u64> = self
+                .sw
+                .dpu()
+                .counters()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .chain(self.rt_counters())
+                .collect();
+            if let Some(obj) = self
+                .plane
+                .as_ref()
+                .and_then(|p| p.stats.get("counters"))
+                .and_then(|c| c.as_object())
+            {
+                cur.extend(
+                    obj.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?))),
+                );
+            }
+            self.rates.per_sec = cur
+                .iter()
+                .filter_map(|(k, v)| {
+                    let b = self.rates.base.get(k)?;
+                    Some((k.clone(), v.saturating_sub(*b) as f64 / secs))
+                })
+                .filter(|(_, r)| *r > 0.0)
+                .collect();
+            self.rates.base = cur;
+            self.rates.at = now;
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! Bringing the DPU process up ([`DpuDaemon::start`]): recovering a crashed predecessor's
+//! leftovers, the VMs' namespaces and ports (TAPs, shared-memory port sockets and their bridge
+//! endpoints), the DPU node, the plane's cgroup and vNIC socket, the ctl socket and the metrics
+//! endpoint, each recorded in the ledger so that a failed start removes what it made.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use spillway_fabric::atc::RegionTable;
+use spillway_fabric::dpu::Hold;
+use spillway_fabric::frame::{CONNS_MAX, DpuSwitch};
+use spillway_vswitch::Instant;
+use spillway_vswitch::pipeline::PipelineConfig;
+
+use crate::dpu::daemon::{DpuDaemon, RunError, RunOptions, io_err};
+use crate::dpu::ports::{DataPath, FRAME_MAX, Port, PortIo, RtCounters, ShmSlot, tap_ring};
+use crate::dpu::report::Rates;
+use crate::dpu::vmport;
+use crate::host::cgroup::CgroupSpec;
+use crate::host::clock::Clock;
+use crate::host::ledger::{Ledger, LedgerEntry};
+use crate::host::tap::Tap;
+use crate::ops::ctl::CtlServer;
+use crate::ops::metrics::{MetricsServer, Snapshot};
+use crate::testbed::{InitialHold, TapIo, Testbed, VmBackend, VmEndpoint};
+
+impl DpuDaemon {
+    /// Brings the testbed up: recovers a crashed predecessor's leftovers, creates the
+    /// namespaces and TAPs, the plane's cgroup and sockets, the ctl socket and the metrics
+    /// endpoint.
+    pub fn start(opts: RunOptions) -> Result<DpuDaemon, RunError> {
+        let tb = opts.testbed;
+        crate::host::ledger::secure_state_dir(&tb.state_dir)
+            .map_err(|e| RunError::Setup(format!("state directory: {e}")))?;
+        // What a crashed predecessor of this testbed could have created, and nothing else.
+        let mut scope = crate::host::ledger::LedgerScope::new(&tb.state_dir, &tb.name)
+            .allow_exe(&opts.plane_exe);
+        for vm in &tb.vms {
+            scope = scope.allow_netns(&vm.netns).allow_link(&vm.tap);
+        }
+        match Ledger::recover_in(&tb.state_dir, &tb.name, &scope) {
+            Ok(Some(r)) => {
+                tracing::warn!(target: "spillway::run", removed = r.removed.len(), failed = r.failed.len(), "removed leftovers of a previous run that did not clean up");
+            }
+            Ok(None) => {}
+            Err(e) => return Err(RunError::Setup(format!("recovering leftovers: {e}"))),
+        }
+        let mut ledger = Ledger::open(&tb.state_dir, &tb.name)
+            .map_err(|e| RunError::Setup(format!("opening the ledger: {e}")))?;
+        let ports = match crate::dpu::bringup::bring_up(&tb, &mut ledger) {
+            Ok(p) => p,
+            Err(e) => {
+                ledger.cleanup();
+                return Err(RunError::Setup(e));
+            }
+        };
+        let build = |ledger: &mut Ledger| -> Result<DpuDaemon, RunError> {
+            let mut out: Vec<Port> = Vec::new();
+            let mut bridges = Vec::new();
+            for (spec, tap) in ports {
+                let io = match (spec.backend, tap) {
+                    (VmBackend::Tap, Some(tap)) => PortIo::Tap(tap),
+                    (VmBackend::Shm(how), tap) => {
+                        let path = vmport::port_socket(&tb, &spec.name);
+                        // Owned by the VM's uid, mode 0600: only it (and root) can connect.
+                        let owner = (spec.uid != 0).then_some(spec.uid);
+                        let listener = bind_and_record(ledger, &path, owner)?;
+                        listener
+                            .set_nonblocking(true)
+                            .map_err(io_err("VM port listener"))?;
+                        if how == VmEndpoint::Bridge {
+                            let tap = tap.expect("bring_up makes a TAP for a bridged port");
+                            bridges.push((out.len(), spec.name.clone(), tap));
+                        }
+                        PortIo::Shm(Box::new(ShmSlot {
+                            vm: spec.name.clone(),
+                            listener,
+                            port: None,
+                            pending: None,
+                            bridge: None,
+                            uid: spec.uid,
+                            quarantine_until: None,
+                        }))
+                    }
+                    (VmBackend::Tap, None) => unreachable!("bring_up makes a TAP for a TAP port"),
+                };
+                out.push(Port {
+                    id: spec.port,
+                    io,
+                    file: None,
+                });
+            }
+            let mut ports = out;
+            // The bridge endpoints: each gets its TAP (this process keeps no copy) and attaches
+            // over the socket bound above.
+            for (i, name, tap) in bridges {
+                let child = spawn_bridge(&opts.plane_exe, &tb, &name, tap, ledger)?;
+                if let PortIo::Shm(slot) = &mut ports[i].io {
+                    slot.bridge = Some(child);
+                }
+            }
+            let port_index = ports.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
+            let (taps, tap_slots) = match tb.tap_io {
+                TapIo::Uring => tap_ring(&mut ports),
+                TapIo::Syscalls => (None, Vec::new()),
+            };
+            let mut sw = DpuSwitch::new(
+                &tb.fabric,
+                tb.policy.clone(),
+                PipelineConfig::default(),
+                CONNS_MAX,
+            )
+            .map_err(|e| RunError::Setup(format!("pipeline: {e}")))?;
+            let cgroup = {
+                let spec = CgroupSpec {
+                    cpus: tb.spill_cpus.clone(),
+                    mems: "0".into(),
+                    memory_max: tb.spill_memory_max,
+                };
+                let name = format!("{}-plane", tb.name);
+                Some(
+                    ledger
+                        .create_cgroup(&name, &spec)
+                        .map_err(|e| RunError::Setup(format!("spill-plane cgroup: {e}")))?,
+                )
+            };
+            let vnic_path = tb.state_dir.join(format!("{}-vnic.sock", tb.name));
+            let listener = bind_and_record(ledger, &vnic_path, None)?;
+            listener
+                .set_nonblocking(true)
+                .map_err(io_err("vnic listener"))?;
+            // The ctl socket goes into the ledger only once it is ours (bound), and only if it
+            // lies in the state directory, the one place recovery may remove files; one
+            // elsewhere is removed by our own shutdown, or found stale and replaced by the next
+            // start. Its `.lock` is never removed (see `CtlServer`).
+            let ctl = CtlServer::bind(&tb.ctl_socket)
+                .map_err(|e| RunError::Setup(format!("ctl socket: {e}")))?;
+            let in_state_dir = tb
+                .ctl_socket
+                .parent()
+                .and_then(|p| std::fs::canonicalize(p).ok())
+                .zip(std::fs::canonicalize(&tb.state_dir).ok())
+                .is_some_and(|(a, b)| a == b);
+            if in_state_dir {
+                ledger
+                    .record(LedgerEntry::File(tb.ctl_socket.clone()))
+                    .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
+            }
+            let snapshot = Snapshot::new("dpu");
+            let publisher = snapshot.publisher();
+            let metrics = match tb.metrics_addr {
+                None => None,
+                Some(a) => Some(
+                    MetricsServer::bind(a, snapshot)
+                        .map_err(|e| RunError::Setup(format!("metrics endpoint {a}: {e}")))?,
+                ),
+            };
+            let clock = Clock::start();
+            let now = clock.now();
+            match tb.hold {
+                InitialHold::Auto => {}
+                InitialHold::Active => sw.dpu_mut().handle_hold(now, Hold::Active),
+                InitialHold::Released => sw.dpu_mut().handle_hold(now, Hold::Released),
+            }
+            Ok(DpuDaemon {
+                sw,
+                taps,
+                dp: DataPath {
+                    ports,
+                    port_index,
+                    tap_slots,
+                    vnet_hdr: tb.vnet_hdr,
+                    counters: RtCounters::default(),
+                    authority: RegionTable::new(),
+                    vm_changes: Vec::new(),
+                },
+                clock,
+                plane: None,
+                plane_exe: opts.plane_exe.clone(),
+                listener,
+                vnic_path,
+                cgroup,
+                ledger: None,
+                ctl: Some(ctl),
+                metrics,
+                publisher,
+                events: VecDeque::new(),
+                activations: Vec::new(),
+                last_prepare: None,
+                last_publish: Instant::ZERO,
+                last_manage: Instant::ZERO,
+                idle_turns: 0,
+                turn: 0,
+                rates: Rates::default(),
+                rx: vec![0u8; FRAME_MAX],
+                poll_set: Vec::new(),
+                upkeep_allocs: 0,
+                upkeep_mark: 0,
+                vatc: tb.fabric.host.vatc,
+                tb: tb.clone(),
+            })
+        };
+        match build(&mut ledger) {
+            Ok(mut d) => {
+                d.ledger = Some(ledger);
+                if let Some(f) = &opts.ready_file {
+                    std::fs::write(f, format!("{}\n", std::process::id()))
+                        .map_err(io_err(format!("writing {}", f.display())))?;
+                }
+                tracing::info!(target: "spillway::run", testbed = %d.tb.name, vms = d.tb.vms.len(), ctl = %d.tb.ctl_socket.display(), "testbed up");
+                Ok(d)
+            }
+            Err(e) => {
+                ledger.cleanup();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Creates listening socket `path` (mode 0600, owned by `owner` if given, whatever the umask)
+/// and then records it: a file only goes into the ledger once this process created it, so a
+/// failed start never removes somebody else's. A stale socket of a crashed run is replaced; any
+/// other file at `path` is an error and left alone.
+fn bind_and_record(
+    ledger: &mut Ledger,
+    path: &Path,
+    owner: Option<u32>,
+) -> Result<UnixListener, RunError> {
+    crate::host::unixsock::remove_stale(path)
+        .map_err(io_err(format!("socket {}", path.display())))?;
+    let listener = crate::host::unixsock::bind(path, 0o600, owner)
+        .map_err(io_err(format!("binding {}", path.display())))?;
+    if let Err(e) = ledger.record(LedgerEntry::File(path.to_owned())) {
+        drop(listener);
+        let _ = std::fs::remove_file(path);
+        return Err(RunError::Setup(format!("ledger: {e}")));
+    }
+    Ok(listener)
+}
+
+/// Starts `spillway vm-endpoint --mode bridge` for VM `name`, handing it `tap` as an inherited
+/// fd (the only fd it inherits: every other one is close-on-exec).
+fn spawn_bridge(
+    exe: &Path,
+    tb: &Testbed,
+    name: &str,
+    tap: Tap,
+    ledger: &mut Ledger,
+) -> Result<Child, RunError> {
+    let fd = tap
+        .as_fd(0)
+        .ok_or_else(|| RunError::Setup(format!("vm {name}: TAP has no queue")))?;
+    // SAFETY: `dup` on an fd we own (borrowed from `tap`, alive here) returns a new fd, not
+    // close-on-exec, which only the child spawned next inherits; it is closed below.
+    let raw = unsafe { libc::dup(fd.as_raw_fd()) };
+    if raw < 0 {
+        return Err(io_err(format!("vm {name}: dup of the TAP"))(
+            io::Error::last_os_error(),
+        ));
+    }
+    let mut cmd = Command::new(exe);
+    cmd.arg("vm-endpoint")
+        .arg("--config")
+        .arg(&tb.file)
+        .arg("--vm")
+        .arg(name)
+        .arg("--mode")
+        .arg("bridge")
+        .arg("--tap-fd")
+        .arg(raw.to_string())
+        .stdin(Stdio::null());
+    let r = ledger
+        .spawn(&mut cmd)
+        .map_err(|e| RunError::Setup(format!("vm {name}: starting its endpoint: {e}")));
+    // SAFETY: `raw` is the fd `dup` returned above, owned by nobody else in this process.
+    unsafe {
+        libc::close(raw);
+    }
+    drop(tap);
+    r
+}
