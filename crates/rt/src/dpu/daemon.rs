@@ -43,7 +43,6 @@ use spillway_vswitch::{Instant, PortId};
 
 use crate::dpu::plane_proc::PlaneProc;
 use crate::dpu::ports::{DataPath, DetachReason, PortIo};
-use crate::dpu::report::Rates;
 use crate::host::allocs;
 use crate::host::cgroup::Cgroup;
 use crate::host::clock::Clock;
@@ -212,6 +211,16 @@ fn on_vm_frame(
 
 /// The virtio-net header of a frame with nothing offloaded.
 const PLAIN_VNET: [u8; VnetHdr::LEN] = [0; VnetHdr::LEN];
+
+/// Per-second rates for `ctl status`, from counter deltas.
+#[derive(Debug, Default)]
+pub(super) struct Rates {
+    pub(super) at: Instant,
+    pub(super) base: BTreeMap<String, u64>,
+    /// Per-second rates of the DPU process's counters and of the plane's (`plane.*`, `spill.*`),
+    /// so `ctl status` shows each plane's rates side by side.
+    pub(super) per_sec: BTreeMap<String, f64>,
+}
 
 /// The DPU process.
 #[derive(Debug)]

@@ -6,6 +6,7 @@
 
 pub mod bringup;
 pub mod daemon;
+mod plane_ctl;
 mod plane_proc;
 mod ports;
 mod report;

@@ -1,6 +1,6 @@
 //! What the DPU process reports: its answers to `spillway ctl` (status, flows, metrics and the
 //! operator's commands), the samples it publishes to `/metrics` about every 100 ms, and the
-//! per-second rates `ctl status` shows ([`Rates`]). These are the daemon's methods, run in its
+//! per-second rates `ctl status` shows (`Rates`, a field of the daemon). These are the daemon's methods, run in its
 //! upkeep and off the data path: what they allocate is counted as upkeep (`daemon.rs`, `upkeep`).
 
 use std::collections::BTreeMap;
@@ -18,16 +18,6 @@ use crate::ops::ctl::{
 };
 use crate::ops::metrics::Sample;
 use crate::testbed::Testbed;
-
-/// Per-second rates for `ctl status`, from counter deltas.
-#[derive(Debug, Default)]
-pub(super) struct Rates {
-    at: Instant,
-    base: BTreeMap<String, u64>,
-    /// Per-second rates of the DPU process's counters and of the plane's (`plane.*`, `spill.*`),
-    /// so `ctl status` shows each plane's rates side by side.
-    per_sec: BTreeMap<String, f64>,
-}
 
 fn sample_f64(v: &crate::ops::metrics::SampleValue) -> f64 {
     match *v {

@@ -16,9 +16,8 @@ use spillway_fabric::frame::{CONNS_MAX, DpuSwitch};
 use spillway_vswitch::Instant;
 use spillway_vswitch::pipeline::PipelineConfig;
 
-use crate::dpu::daemon::{DpuDaemon, RunError, RunOptions, io_err};
+use crate::dpu::daemon::{DpuDaemon, Rates, RunError, RunOptions, io_err};
 use crate::dpu::ports::{DataPath, FRAME_MAX, Port, PortIo, RtCounters, ShmSlot, tap_ring};
-use crate::dpu::report::Rates;
 use crate::dpu::vmport;
 use crate::host::cgroup::CgroupSpec;
 use crate::host::clock::Clock;
