@@ -20,6 +20,9 @@
 //!            last_seen:u64 packets:2*u64 bytes:2*u64 tag:u64
 //! key      = src:16B dst:16B sport:u16 dport:u16 proto:u8
 //! ```
+//!
+//! Over 1,000 lines only with its tests (about 300): every record type's encoder and decoder
+//! sit together so a field's width and order can be checked against both at once.
 
 use spillway_fabric::atc::{AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
 use spillway_fabric::types::{
