@@ -103,7 +103,7 @@
 //! ```
 //!
 //! Just over 1,000 lines because about a hundred of them are this module doc, the policy
-//! format's worked example; the compiled policy's code is under 900.
+//! format's worked example; the compiled policy's code is about 900.
 
 pub mod config;
 pub mod diag;
