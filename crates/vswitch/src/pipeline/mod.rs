@@ -48,7 +48,6 @@
 //! ([`icmp_error`]), the counters ([`counters`]) and policy-change rechecks ([`recheck`]).
 
 use core::time::Duration;
-use std::collections::BTreeMap;
 
 use foldhash::fast::FixedState;
 use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, Layer, ParsedFrame, WireError};
@@ -62,7 +61,7 @@ use crate::frag::{FragConfig, FragCounters, FragTable};
 use crate::ids::{Epoch, PortId, TenantId};
 use crate::neigh::NeighCounters;
 use crate::packet::PacketBuf;
-use crate::policy::{Policy, SnatPools, SnatRange};
+use crate::policy::Policy;
 use crate::router::{IcmpError, IcmpErrorCounters, IcmpErrorLimit, IcmpErrors};
 use crate::time::Instant;
 use crate::verdict::{DropCounters, DropReason, Verdict};
@@ -76,7 +75,7 @@ mod snat;
 
 pub use counters::PipelineCounters;
 use entries::Shape;
-use snat::release_snat_of;
+use snat::SnatBindings;
 
 /// Frames processed per stage of a batch: enough lookups in flight to hide DRAM latency, few
 /// enough that the per-batch scratch arrays stay in L1.
@@ -133,7 +132,7 @@ pub struct Pipeline {
     epoch: Epoch,
     flows: FlowTable<FlowMatch, FlowEntry>,
     ct: Conntrack,
-    snat: BTreeMap<TenantId, (SnatRange, SnatPools)>,
+    snat: SnatBindings,
     ct_refresh_ns: u64,
     fast_path_enabled: bool,
     hasher: FixedState,
@@ -190,7 +189,7 @@ impl Pipeline {
         let frags = FragTable::new(cfg.frag)?;
         let mut p = Pipeline {
             frags,
-            snat: BTreeMap::new(),
+            snat: SnatBindings::default(),
             policy,
             epoch: Epoch(1),
             flows,
@@ -203,7 +202,7 @@ impl Pipeline {
             neigh: NeighCounters::default(),
             router: IcmpErrors::new(cfg.icmp_errors),
         };
-        p.rebuild_snat_pools();
+        p.snat.rebuild(&p.policy);
         Ok(p)
     }
 
@@ -214,7 +213,7 @@ impl Pipeline {
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
         self.epoch = self.epoch.next();
-        self.rebuild_snat_pools();
+        self.snat.rebuild(&self.policy);
         let policy = &self.policy;
         self.router
             .retain(|p| p == policy.host().uplink_port || policy.port(p).is_some());
@@ -270,8 +269,7 @@ impl Pipeline {
         }
         self.recheck_adopted(s)?;
         let (policy, snat) = (&self.policy, &mut self.snat);
-        self.ct
-            .adopt(now, s, |c| release_snat_of(policy, snat, c))?;
+        self.ct.adopt(now, s, |c| snat.release_conn(policy, c))?;
         Ok(())
     }
 
@@ -285,7 +283,7 @@ impl Pipeline {
         };
         match self.ct.remove(h) {
             Some(c) => {
-                release_snat_of(&self.policy, &mut self.snat, &c);
+                self.snat.release_conn(&self.policy, &c);
                 true
             }
             None => false,
@@ -299,10 +297,7 @@ impl Pipeline {
 
     /// SNAT ports (or ICMP identifiers) of `tenant` for `proto` currently bound to connections.
     pub fn snat_in_use(&self, tenant: TenantId, proto: u8) -> u32 {
-        self.snat
-            .get(&tenant)
-            .and_then(|(_, pools)| pools.get(proto))
-            .map_or(0, |pool| pool.in_use())
+        self.snat.in_use(tenant, proto)
     }
 
     /// Fragment-tracking counters (`vswitch.frag.*`).
@@ -533,7 +528,7 @@ impl Pipeline {
         let (policy, snat) = (&self.policy, &mut self.snat);
         let n = self
             .ct
-            .expire(now, budget, |conn| release_snat_of(policy, snat, conn));
+            .expire(now, budget, |conn| snat.release_conn(policy, conn));
         n + self.flows.expire(now, budget, |_, _| {}) + self.frags.expire(now, budget)
     }
 

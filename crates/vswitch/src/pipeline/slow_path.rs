@@ -8,7 +8,7 @@ use spillway_wire::{FlowKey, Fragment, Headers, IpAddr16, ParsedFrame};
 
 use super::entries::{reply_key, tag_vtep, vtep_tag};
 use super::snat::nat_of_reply;
-use super::{FragFollow, Pipeline, Shape, release_snat_of, tcp_flags};
+use super::{FragFollow, Pipeline, Shape, tcp_flags};
 use crate::action::apply;
 use crate::conntrack::{CtDir, CtError, CtHandle};
 use crate::flow::FlowEntry;
@@ -162,18 +162,18 @@ impl Pipeline {
             Some(RouteTarget::Tunnel { vtep }) => Shape::TunnelOut { a: ingress, vtep },
             Some(RouteTarget::Internet) => Shape::Internet {
                 a: ingress,
-                nat: self.snat_allocate(tenant, &key)?,
+                nat: self.snat.allocate(&self.policy, tenant, &key)?,
             },
         };
         let reply = reply_key(&key, shape);
         let (policy, snat) = (&self.policy, &mut self.snat);
         let created = self.ct.create(now, tenant, key, reply, flags, 0, |c| {
-            release_snat_of(policy, snat, c)
+            snat.release_conn(policy, c)
         });
         let handle = match created {
             Ok(h) => h,
             Err(e) => {
-                self.snat_release(tenant, &key, shape);
+                self.snat.release(tenant, &key, shape);
                 return Err(ct_create_drop(e));
             }
         };
@@ -238,7 +238,7 @@ impl Pipeline {
                 key.reversed(),
                 flags,
                 vtep_tag(outer_key.src_ip),
-                |c| release_snat_of(policy, snat, c),
+                |c| snat.release_conn(policy, c),
             );
             let handle = handle.map_err(ct_create_drop)?;
             self.counters.new_connections += 1;

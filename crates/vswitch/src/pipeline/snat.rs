@@ -1,36 +1,54 @@
-//! Source-NAT bindings: the per-tenant port pools, kept across policy changes while a tenant's
-//! range is unchanged, allocation for new internet connections, and the release of a
-//! connection's port when it is cut, expires or is reclaimed.
+//! Source-NAT bindings: [`SnatBindings`] owns the per-tenant port pools, keeps them across
+//! policy changes while a tenant's range is unchanged, allocates a port for a new internet
+//! connection, and takes back a connection's port when it is cut, expires or is reclaimed. The
+//! pipeline owns one and lends it the policy, which says which addresses are SNAT addresses.
 
 use std::collections::BTreeMap;
 
 use spillway_wire::icmp::IcmpKind;
 use spillway_wire::{FlowKey, IpAddr16};
 
-use super::{Pipeline, Shape};
+use super::Shape;
 use crate::conntrack::Connection;
 use crate::ids::TenantId;
 use crate::policy::{Policy, SnatPools, SnatRange};
 use crate::verdict::DropReason;
 
-impl Pipeline {
-    pub(super) fn rebuild_snat_pools(&mut self) {
+/// Each SNAT tenant's range and its port pools.
+#[derive(Default)]
+pub(super) struct SnatBindings {
+    pools: BTreeMap<TenantId, (SnatRange, SnatPools)>,
+}
+
+// Formatted as the bare map, as the pipeline's `Debug` showed it before the map had an owner.
+impl core::fmt::Debug for SnatBindings {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        self.pools.fmt(f)
+    }
+}
+
+impl SnatBindings {
+    /// Pools for the SNAT tenants of `policy`, keeping those whose range is unchanged.
+    pub(super) fn rebuild(&mut self, policy: &Policy) {
         let mut pools = BTreeMap::new();
-        for t in self.policy.tenants() {
+        for t in policy.tenants() {
             if let Some(range) = t.snat.as_ref() {
                 // Keep the pools of tenants whose range is unchanged, so live bindings stay valid.
-                let pool = match self.snat.remove(&t.id) {
+                let pool = match self.pools.remove(&t.id) {
                     Some((old_range, old)) if old_range == *range => old,
                     _ => SnatPools::new(range),
                 };
                 pools.insert(t.id, (*range, pool));
             }
         }
-        self.snat = pools;
+        self.pools = pools;
     }
 
-    pub(super) fn snat_allocate(
+    /// The translated address and port for a new connection of `tenant` with `key` to the
+    /// internet, or `None` when it is not translated (IPv6).
+    pub(super) fn allocate(
         &mut self,
+        policy: &Policy,
         tenant: TenantId,
         key: &FlowKey,
     ) -> Result<Option<(IpAddr16, u16)>, DropReason> {
@@ -38,8 +56,7 @@ impl Pipeline {
             // IPv6 is globally routed: no NAT66.
             return Ok(None);
         }
-        let public = self
-            .policy
+        let public = policy
             .tenant(tenant)
             .and_then(|t| t.snat.as_ref().map(|s| s.public_ip))
             .ok_or(DropReason::NoRoute)?;
@@ -48,7 +65,7 @@ impl Pipeline {
             // connections; `opens_connection` already refused the rest).
             return Err(DropReason::PolicyDrop);
         }
-        let (_, pools) = self.snat.get_mut(&tenant).ok_or(DropReason::NoRoute)?;
+        let (_, pools) = self.pools.get_mut(&tenant).ok_or(DropReason::NoRoute)?;
         let pool = pools
             .for_protocol(key.proto)
             .ok_or(DropReason::PolicyDrop)?;
@@ -56,18 +73,41 @@ impl Pipeline {
         Ok(Some((public, port)))
     }
 
-    pub(super) fn snat_release(&mut self, tenant: TenantId, key: &FlowKey, shape: Shape) {
+    /// Give back the port [`SnatBindings::allocate`] handed a connection that was then not
+    /// created.
+    pub(super) fn release(&mut self, tenant: TenantId, key: &FlowKey, shape: Shape) {
         if let Shape::Internet {
             nat: Some((_, port)),
             ..
         } = shape
             && let Some(pool) = self
-                .snat
+                .pools
                 .get_mut(&tenant)
                 .and_then(|p| p.1.for_protocol(key.proto))
         {
             let _ = pool.release(port);
         }
+    }
+
+    /// Return the SNAT port of a connection that is going away (expired, cut, or reclaimed by
+    /// `Conntrack::create` to make room) to its tenant's pool.
+    pub(super) fn release_conn(&mut self, policy: &Policy, conn: &Connection) {
+        if let Some((tenant, proto, port)) = snat_binding(policy, conn)
+            && let Some(pool) = self
+                .pools
+                .get_mut(&tenant)
+                .and_then(|p| p.1.for_protocol(proto))
+        {
+            let _ = pool.release(port);
+        }
+    }
+
+    /// Ports (or ICMP identifiers) of `tenant` for `proto` currently bound to connections.
+    pub(super) fn in_use(&self, tenant: TenantId, proto: u8) -> u32 {
+        self.pools
+            .get(&tenant)
+            .and_then(|(_, pools)| pools.get(proto))
+            .map_or(0, |pool| pool.in_use())
     }
 }
 
@@ -87,18 +127,4 @@ pub(super) fn nat_of_reply(reply: &FlowKey) -> (IpAddr16, u16) {
         None => reply.dst_port,
     };
     (reply.dst_ip, port)
-}
-
-/// Return the SNAT port of a connection that is going away (expired, or reclaimed by
-/// `Conntrack::create` to make room) to its tenant's pool.
-pub(super) fn release_snat_of(
-    policy: &Policy,
-    snat: &mut BTreeMap<TenantId, (SnatRange, SnatPools)>,
-    conn: &Connection,
-) {
-    if let Some((tenant, proto, port)) = snat_binding(policy, conn)
-        && let Some(pool) = snat.get_mut(&tenant).and_then(|p| p.1.for_protocol(proto))
-    {
-        let _ = pool.release(port);
-    }
 }
