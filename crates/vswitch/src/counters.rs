@@ -36,9 +36,43 @@
 /// let pairs: Vec<_> = c.iter().collect();
 /// assert_eq!(pairs, [("example.seen", 3), ("example.drop", 1)]);
 /// ```
+///
+/// A struct whose public `iter()` must yield more than its own fields (another struct's
+/// counters after its own) names the generated method otherwise with a leading `iter = NAME;`
+/// and writes its `iter()` by hand from that method, so each name is still written once:
+///
+/// ```
+/// spillway_vswitch::counters! {
+///     /// The extra counters.
+///     pub struct Extra {
+///         /// Frames retried.
+///         retried => "example.retried",
+///     }
+/// }
+/// spillway_vswitch::counters! {
+///     iter = iter_own;
+///     /// The example's own counters; `iter` adds [`Extra`]'s.
+///     pub struct Main {
+///         /// Frames seen.
+///         seen => "example.seen",
+///     }
+/// }
+///
+/// impl Main {
+///     /// Ours, then the extra counters.
+///     pub fn iter<'a>(&'a self, extra: &'a Extra) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+///         self.iter_own().chain(extra.iter())
+///     }
+/// }
+///
+/// let (m, e) = (Main { seen: 2 }, Extra { retried: 1 });
+/// let pairs: Vec<_> = m.iter(&e).collect();
+/// assert_eq!(pairs, [("example.seen", 2), ("example.retried", 1)]);
+/// ```
 #[macro_export]
 macro_rules! counters {
     (
+        iter = $iter:ident;
         $(#[$meta:meta])*
         $vis:vis struct $name:ident {
             $(
@@ -59,10 +93,14 @@ macro_rules! counters {
 
         impl $name {
             /// Every counter as `(dotted metric name, value)`, in declaration order.
-            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+            pub fn $iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
                 [$(($metric, self.$field)),+].into_iter()
             }
         }
+    };
+    // Without `iter = NAME;` the generated method is `iter`.
+    ($($body:tt)+) => {
+        $crate::counters! { iter = iter; $($body)+ }
     };
 }
 

@@ -51,19 +51,22 @@ pub struct ConnRecord {
     pub last_seen: Instant,
 }
 
-/// Classification counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ConnTableCounters {
-    /// `flows.opened`: connections opened.
-    pub opened: u64,
-    /// `flows.closed`: connections closed (RST, or the ACK after both FINs).
-    pub closed: u64,
-    /// `flows.unknown`: segments of TCP connections this table does not know.
-    pub unknown: u64,
-    /// `flows.table_full`: connections not remembered because the table was full.
-    pub table_full: u64,
-    /// `flows.expired`: connections forgotten after idling out.
-    pub expired: u64,
+spillway_vswitch::counters! {
+    /// Classification counters (dotted names in [`ConnTableCounters::iter`]; a node reports
+    /// them after its own, see [`super::FrameCounters::iter`]).
+    #[derive(Copy, PartialEq, Eq)]
+    pub struct ConnTableCounters {
+        /// Connections opened.
+        opened => "flows.opened",
+        /// Connections closed (RST, or the ACK after both FINs).
+        closed => "flows.closed",
+        /// Segments of TCP connections this table does not know.
+        unknown => "flows.unknown",
+        /// Connections not remembered because the table was full.
+        table_full => "flows.table_full",
+        /// Connections forgotten after idling out.
+        expired => "flows.expired",
+    }
 }
 
 /// The connection table of one frame node.

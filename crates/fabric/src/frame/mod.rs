@@ -222,62 +222,50 @@ pub enum Outgoing {
     Conntrack(CtSnapshot),
 }
 
-/// A node's counters, named without the process prefix (`rt.` for the DPU process, `plane.`
-/// for the plane's).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FrameCounters {
-    /// `drop.parse`: frames that did not parse.
-    pub drop_parse: u64,
-    /// `drop.non_ip`: frames with no IP 5-tuple, other than ARP and neighbour discovery.
-    pub drop_non_ip: u64,
-    /// `drop.no_tenant`: frames from a port the policy does not have, or from the uplink with
-    /// a VNI it does not know.
-    pub drop_no_tenant: u64,
-    /// `drop.vswitch`: frames the vSwitch pipeline dropped (policy, spoofing, no route...).
-    pub drop_vswitch: u64,
-    /// `drop.fabric`: frames the fabric model dropped (a limit, or no state).
-    pub drop_fabric: u64,
-    /// `drop.partial_gso`: GSO frames the model admitted only in part (dropped whole).
-    pub drop_partial_gso: u64,
-    /// `drop.protocol`: phy-vNIC records whose message carries no packets.
-    pub drop_protocol: u64,
-    /// `neigh.frames`: ARP and neighbour-discovery frames handed to the pipeline's responder
-    /// (its `vswitch.neigh.*` counters say what became of them).
-    pub neigh_frames: u64,
-    /// `snapshot.adopted`: conntrack snapshots from the other side adopted.
-    pub adopted: u64,
-    /// `snapshot.refused`: snapshots the pipeline refused (SNAT, a full table).
-    pub adopt_refused: u64,
-    /// `transmit.orphan`: phy-vNIC messages of the model with no frame to carry (the model
-    /// emits them only while it handles a frame; any other is a bug, counted, not sent).
-    pub orphan: u64,
+spillway_vswitch::counters! {
+    // The generated method is `iter_own`: the node's `iter` below also yields the connection
+    // table's counters, and its callers in the drivers take both in one pass.
+    iter = iter_own;
+    /// A node's counters, named without the process prefix (`rt.` for the DPU process, `plane.`
+    /// for the plane's).
+    #[derive(Copy, PartialEq, Eq)]
+    pub struct FrameCounters {
+        /// Frames that did not parse.
+        drop_parse => "drop.parse",
+        /// Frames with no IP 5-tuple, other than ARP and neighbour discovery.
+        drop_non_ip => "drop.non_ip",
+        /// Frames from a port the policy does not have, or from the uplink with a VNI it does
+        /// not know.
+        drop_no_tenant => "drop.no_tenant",
+        /// Frames the vSwitch pipeline dropped (policy, spoofing, no route...).
+        drop_vswitch => "drop.vswitch",
+        /// Frames the fabric model dropped (a limit, or no state).
+        drop_fabric => "drop.fabric",
+        /// GSO frames the model admitted only in part (dropped whole).
+        drop_partial_gso => "drop.partial_gso",
+        /// Phy-vNIC records whose message carries no packets.
+        drop_protocol => "drop.protocol",
+        /// ARP and neighbour-discovery frames handed to the pipeline's responder (its
+        /// `vswitch.neigh.*` counters say what became of them).
+        neigh_frames => "neigh.frames",
+        /// Conntrack snapshots from the other side adopted.
+        adopted => "snapshot.adopted",
+        /// Snapshots the pipeline refused (SNAT, a full table).
+        adopt_refused => "snapshot.refused",
+        /// Phy-vNIC messages of the model with no frame to carry (the model emits them only
+        /// while it handles a frame; any other is a bug, counted, not sent).
+        orphan => "transmit.orphan",
+    }
 }
 
 impl FrameCounters {
-    /// Names (without the process prefix) and values, with the connection table's.
+    /// Names (without the process prefix) and values, with the connection table's: this
+    /// node's own counters in declaration order, then the table's (`flows.*`).
     pub fn iter<'a>(
         &'a self,
         conns: &'a ConnTableCounters,
     ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
-        [
-            ("drop.parse", self.drop_parse),
-            ("drop.non_ip", self.drop_non_ip),
-            ("drop.no_tenant", self.drop_no_tenant),
-            ("drop.vswitch", self.drop_vswitch),
-            ("drop.fabric", self.drop_fabric),
-            ("drop.partial_gso", self.drop_partial_gso),
-            ("drop.protocol", self.drop_protocol),
-            ("neigh.frames", self.neigh_frames),
-            ("snapshot.adopted", self.adopted),
-            ("snapshot.refused", self.adopt_refused),
-            ("transmit.orphan", self.orphan),
-            ("flows.opened", conns.opened),
-            ("flows.closed", conns.closed),
-            ("flows.unknown", conns.unknown),
-            ("flows.table_full", conns.table_full),
-            ("flows.expired", conns.expired),
-        ]
-        .into_iter()
+        self.iter_own().chain(conns.iter())
     }
 
     fn count(&mut self, d: FrameDrop) {

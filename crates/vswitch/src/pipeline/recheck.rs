@@ -36,7 +36,7 @@
 
 use spillway_wire::{FlowKey, IpAddr16};
 
-use super::{AdoptError, Pipeline, Shape, release_snat_of};
+use super::{AdoptError, Pipeline, Shape};
 use crate::conntrack::{CtDir, CtHandle, CtSnapshot};
 use crate::ids::{Direction, TenantId};
 use crate::policy::OnPolicyChange;
@@ -105,7 +105,7 @@ impl Pipeline {
             }
         }
         if let Some(c) = self.ct.remove(handle) {
-            release_snat_of(&self.policy, &mut self.snat, &c);
+            self.snat.release_conn(&self.policy, &c);
             self.counters.conn_cut += 1;
         }
     }
