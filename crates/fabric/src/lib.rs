@@ -27,7 +27,7 @@
 //!
 //! ## Invariants
 //!
-//! - Every packet offered is delivered, dropped with a counted [`metrics::FabricDrop`], or in a
+//! - Every packet offered is delivered, dropped with a counted [`stats::FabricDrop`], or in a
 //!   message in flight (the driver checks the sum).
 //! - A connection has at most one `Owner` across the two planes; while a handover message is in
 //!   flight it has none, and the sender keeps a copy.
@@ -64,12 +64,12 @@ pub mod dpu;
 pub mod frame;
 pub mod hw;
 mod links;
-pub mod metrics;
 pub mod params;
 pub mod placement;
 mod records;
 pub mod server;
 pub mod spill;
 pub mod stable_placement;
+pub mod stats;
 pub mod types;
 pub mod ursched;

@@ -90,12 +90,12 @@ use spillway_sketch::features::FlowCounters;
 use spillway_vswitch::Instant;
 
 use crate::links::{PcieLink, PhyVnic, at_ps, ps};
-use crate::metrics::{Drops, FabricDrop, LatencyHist};
 use crate::params::{FabricParams, ns};
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
 use crate::records::Role;
 use crate::records::{Outbox, Record, Records};
 use crate::server::{PS_PER_NS, Server};
+use crate::stats::{Drops, FabricDrop, LatencyHist};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
 };

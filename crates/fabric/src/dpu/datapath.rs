@@ -9,8 +9,8 @@ use super::lifecycle::{DrainStep, Phase};
 use super::resources::SocWork;
 use super::{DpuConn, DpuNode, RecallHistory, Role};
 use crate::links::{at_ps, ps};
-use crate::metrics::FabricDrop;
 use crate::server::PS_PER_NS;
+use crate::stats::FabricDrop;
 use crate::types::{Channel, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train};
 
 impl DpuNode {

@@ -71,9 +71,9 @@ pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
 
-use crate::metrics::{Drops, LatencyHist};
 use crate::params::FabricParams;
 use crate::records::{Outbox, Record, Records};
+use crate::stats::{Drops, LatencyHist};
 use crate::types::{Channel, ConnId, ConnState, Msg, Owner, SyncKind, Transmit};
 use crate::ursched::Load;
 use deletes::DeleteLog;

@@ -10,8 +10,8 @@ use super::window::{Totals, Utils};
 use super::{DpuNode, Role};
 use crate::hw::HwKey;
 use crate::links::at_ps;
-use crate::metrics::FabricDrop;
 use crate::params::ns;
+use crate::stats::FabricDrop;
 use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind};
 use crate::ursched::{Decision, Load};
 

@@ -14,8 +14,8 @@
 //! into a [`super::SimFailure`] with the time and the seed.
 
 use spillway_fabric::dpu::{DpuNode, Role};
-use spillway_fabric::metrics::Drops;
 use spillway_fabric::spill::SpillPlane;
+use spillway_fabric::stats::Drops;
 use spillway_fabric::types::{ConnId, Msg, Train};
 use spillway_vswitch::Instant;
 

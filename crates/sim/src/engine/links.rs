@@ -6,8 +6,8 @@
 //! plane they were sent to or from died. It knows nothing of events: [`Links::send`] says when
 //! and in which slot a message arrives, and the driver schedules it.
 
-use spillway_fabric::metrics::{Drops, FabricDrop};
 use spillway_fabric::params::FabricParams;
+use spillway_fabric::stats::{Drops, FabricDrop};
 use spillway_fabric::types::{Channel, Kind, Msg, Transmit};
 use spillway_vswitch::Instant;
 use spillway_vswitch::workload::SplitMix64;

@@ -31,8 +31,8 @@ mod sources;
 mod summary;
 
 use spillway_fabric::dpu::{Command, DpuNode, Hold};
-use spillway_fabric::metrics::{Drops, FabricDrop};
 use spillway_fabric::params::FabricParams;
+use spillway_fabric::stats::{Drops, FabricDrop};
 use spillway_fabric::types::{ConnId, Train};
 use spillway_vswitch::Instant;
 use spillway_vswitch::workload::SplitMix64;

@@ -6,8 +6,8 @@
 //! was recorded to the report.
 
 use spillway_fabric::dpu::{DpuNode, FabricEvent};
-use spillway_fabric::metrics::{Drops, LatencyHist};
 use spillway_fabric::spill::SpillPlane;
+use spillway_fabric::stats::{Drops, LatencyHist};
 use spillway_vswitch::Instant;
 
 use crate::report::Sample;

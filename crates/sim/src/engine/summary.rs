@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use spillway_fabric::dpu::{DpuNode, EventKind};
-use spillway_fabric::metrics::{Drops, FabricDrop};
 use spillway_fabric::spill::SpillPlane;
+use spillway_fabric::stats::{Drops, FabricDrop};
 use spillway_vswitch::Instant;
 
 use super::checkers::Checkers;
