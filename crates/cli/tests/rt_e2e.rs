@@ -192,6 +192,32 @@ port = 2
         common::netns_exec(&self.ns(vm), program)
     }
 
+    /// A `spillway traffic sink` on 10.66.0.2:9000 in `b`, killed when the bed goes.
+    fn udp_sink(&mut self) {
+        let args = [
+            "traffic",
+            "sink",
+            "--bind",
+            "10.66.0.2:9000",
+            "--idle",
+            "30",
+        ];
+        self.server("b", BIN, &args);
+    }
+
+    /// `spillway traffic gen` from `a` to the sink: 8 flows of 64-byte datagrams at `pps` for
+    /// `secs` seconds, its JSON report on stdout.
+    fn udp_flood(&self, pps: u32, secs: u32) -> Child {
+        let (pps, secs) = (pps.to_string(), secs.to_string());
+        self.exec("a", BIN)
+            .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
+            .args(["--rate", &pps, "--duration", &secs, "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn traffic gen")
+    }
+
     /// Starts a server in `vm`, killed when the bed goes.
     fn server(&mut self, vm: &str, program: &str, args: &[&str]) {
         let child = self
@@ -723,29 +749,11 @@ fn iperf3_udp_small_packets_cross_the_spill_plane() {
 /// from `a` to a sink in `b` that has been running for a second and a half (flows, conntrack
 /// entries and table slots warm). `read` takes (allocations, frames) from a `ctl status`.
 fn flood_windows(bed: &mut Bed, read: fn(&serde_json::Value) -> (u64, u64)) -> (u64, u64, u64) {
-    bed.server(
-        "b",
-        BIN,
-        &[
-            "traffic",
-            "sink",
-            "--bind",
-            "10.66.0.2:9000",
-            "--idle",
-            "30",
-        ],
-    );
+    bed.udp_sink();
     let idle0 = read(&bed.status());
     std::thread::sleep(Duration::from_secs(2));
     let idle1 = read(&bed.status());
-    let flood = bed
-        .exec("a", BIN)
-        .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
-        .args(["--rate", "20000", "--duration", "5", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn traffic gen");
+    let flood = bed.udp_flood(20_000, 5);
     std::thread::sleep(Duration::from_millis(1500));
     let busy0 = read(&bed.status());
     std::thread::sleep(Duration::from_secs(2));
@@ -830,27 +838,9 @@ fn the_fast_path_admits_no_more_than_its_limit() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut bed = Bed::start_config("released", 2000, "", "", 10_000);
-    bed.server(
-        "b",
-        BIN,
-        &[
-            "traffic",
-            "sink",
-            "--bind",
-            "10.66.0.2:9000",
-            "--idle",
-            "30",
-        ],
-    );
+    bed.udp_sink();
     std::thread::sleep(Duration::from_millis(300));
-    let flood = bed
-        .exec("a", BIN)
-        .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
-        .args(["--rate", "30000", "--duration", "4", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn traffic gen");
+    let flood = bed.udp_flood(30_000, 4);
     std::thread::sleep(Duration::from_millis(1500));
     let t0 = Instant::now();
     let s0 = bed.status();
