@@ -34,10 +34,8 @@ impl DpuNode {
             }
             return;
         }
-        let redirected = self
-            .life
-            .redirects(t.conn.bucket(self.f.dpu.redirect_buckets))
-            && !self.f.dpu_only;
+        let redirected =
+            self.life.redirects(t.conn, self.f.dpu.redirect_buckets) && !self.f.dpu_only;
         if redirected {
             self.steer_to_host(now, t);
             return;

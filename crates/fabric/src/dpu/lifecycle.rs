@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 
 use spillway_vswitch::Instant;
 
-use crate::types::Colour;
+use crate::types::{Colour, ConnId};
 use crate::ursched::PlaneView;
 
 /// A lifecycle change, with its reason (URSched's, or the protocol step's).
@@ -260,9 +260,10 @@ impl Lifecycle {
         });
     }
 
-    /// True when bucket `b` is redirected to the plane now.
-    pub(crate) fn redirects(&self, b: u16) -> bool {
-        self.phase.redirect_live() && b < self.quota
+    /// True when `conn` (its bucket among `buckets`) is redirected to the plane now. The
+    /// bucket's hash is computed only while redirect rules are live.
+    pub(crate) fn redirects(&self, conn: ConnId, buckets: u16) -> bool {
+        self.phase.redirect_live() && conn.bucket(buckets) < self.quota
     }
 
     /// The plane as URSched sees it.
