@@ -1,10 +1,14 @@
 //! # spillway-testkit
 //!
-//! Test support shared by the Spillway crates (dev-dependency only): [`CountingAlloc`], a
-//! global allocator that counts the allocations made by the current thread, for the tests that
-//! prove a hot path allocates nothing per packet; and [`prerequisites`], the check with which a
-//! real-time test that needs root and installed programs runs, skips, or (under `CI=true`)
-//! fails loudly.
+//! Test support shared by the Spillway crates: [`CountingAlloc`], a global allocator that
+//! counts the allocations made by the current thread, for the tests that prove a hot path
+//! allocates nothing per packet; and [`prerequisites`], the check with which a real-time test
+//! that needs root and installed programs runs, skips, or (under `CI=true`) fails loudly.
+//!
+//! The per-thread counter is also what the `spillway` binary's own allocator bumps
+//! ([`count_allocation`]), so the real-time driver can report its forwarding threads'
+//! allocations (`spillway_rt::host::allocs`); that is why `spillway-rt` depends on this crate
+//! outside its tests.
 //!
 //! ```ignore
 //! #[global_allocator]
@@ -33,7 +37,10 @@ pub fn allocations() -> u64 {
     ALLOCATIONS.with(|c| c.get())
 }
 
-fn count() {
+/// Counts one allocation on the current thread: what [`CountingAlloc`] calls, and what another
+/// global allocator calls to feed [`allocations`].
+#[inline]
+pub fn count_allocation() {
     // `try_with`: during thread teardown the slot may be gone; those allocations are not ours.
     let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
 }
@@ -47,13 +54,13 @@ pub struct CountingAlloc;
 // the only addition is a thread-local counter increment, which does not allocate.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
+        count_allocation();
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which we pass on.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
+        count_allocation();
         // SAFETY: as for `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
@@ -64,7 +71,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
+        count_allocation();
         // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract, which we pass on.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

@@ -254,11 +254,9 @@ pub struct DpuDaemon {
     /// The descriptors `sleep` polls, rebuilt in place every time: the loop sleeps between
     /// batches under paced traffic, so collecting them into a new `Vec` allocated per batch.
     pub(super) poll_set: Vec<libc::pollfd>,
-    /// Allocations this thread made in upkeep and metrics publishing (see `upkeep`).
-    pub(super) upkeep_allocs: u64,
-    /// This thread's allocation count when the running upkeep started: `ctl status`, answered
-    /// inside it, reports forwarding's allocations up to there, not its own.
-    pub(super) upkeep_mark: u64,
+    /// This thread's allocations in upkeep and metrics publishing, apart from forwarding's
+    /// (see `upkeep`).
+    pub(super) allocs: allocs::Upkeep,
     /// Whether the plane delivers into shared-memory VMs itself (vATC) or back via the DPU.
     pub(super) vatc: bool,
 }
@@ -297,9 +295,9 @@ impl DpuDaemon {
                 self.upkeep(now);
             }
             if now.0.saturating_sub(self.last_publish.0) >= 100_000_000 {
-                let mark = allocs::this_thread();
+                let mark = self.allocs.begin();
                 self.publish(now);
-                self.upkeep_allocs += allocs::this_thread() - mark;
+                self.allocs.end(mark);
             }
             if busy {
                 self.idle_turns = 0;
@@ -326,14 +324,13 @@ impl DpuDaemon {
     /// `forwarding_allocs` and `upkeep_allocs`), so the forwarding figure shows what moving
     /// frames costs.
     fn upkeep(&mut self, now: Instant) {
-        let mark = allocs::this_thread();
-        self.upkeep_mark = mark;
+        let mark = self.allocs.begin();
         self.manage_plane(now);
         // The VM ports' sockets, then what changed about them to the plane.
         self.dp.manage_ports(now);
         self.tell_plane_vm_changes();
         self.serve_ctl(now);
-        self.upkeep_allocs += allocs::this_thread() - mark;
+        self.allocs.end(mark);
     }
 
     /// One batch from every port, round robin: each port gets at most [`TAP_BATCH`] frames and

@@ -151,8 +151,8 @@ impl DpuDaemon {
             "rates_per_s": self.rates.per_sec,
             // Allocations of the forwarding thread outside upkeep (see `host::allocs` and
             // `upkeep`), up to the start of the upkeep that answers this request.
-            "forwarding_allocs": self.upkeep_mark - self.upkeep_allocs,
-            "upkeep_allocs": self.upkeep_allocs,
+            "forwarding_allocs": self.allocs.forwarding(),
+            "upkeep_allocs": self.allocs.upkeep(),
             "counters": counters,
             "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "vswitch_drops": self.sw.pipeline().drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),

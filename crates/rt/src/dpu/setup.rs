@@ -197,8 +197,7 @@ impl DpuDaemon {
                 rates: Rates::default(),
                 rx: vec![0u8; FRAME_MAX],
                 poll_set: Vec::new(),
-                upkeep_allocs: 0,
-                upkeep_mark: 0,
+                allocs: Default::default(),
                 vatc: tb.fabric.host.vatc,
                 tb: tb.clone(),
             })

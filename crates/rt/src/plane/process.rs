@@ -211,9 +211,9 @@ struct PlaneProcess {
     records: Vec<FlowRecord>,
     commands: Vec<serde_json::Value>,
     last_stats: Instant,
-    /// Allocations this thread made in upkeep (expiry, the stats report); the rest is
-    /// forwarding's, reported as `forwarding_allocs` (see `crate::host::allocs`).
-    upkeep_allocs: u64,
+    /// This thread's allocations in upkeep (expiry, the stats report), apart from
+    /// forwarding's, reported as `forwarding_allocs`.
+    allocs: allocs::Upkeep,
 }
 
 /// Runs the plane until SIGTERM or the DPU process goes away.
@@ -242,7 +242,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         records: Vec::with_capacity(256),
         commands: Vec::new(),
         last_stats: Instant::ZERO,
-        upkeep_allocs: 0,
+        allocs: allocs::Upkeep::default(),
     };
     drop_privileges(&tb)?;
     loop {
@@ -266,10 +266,10 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         p.send_outgoing(now).map_err(|e| e.to_string())?;
         if now.0.saturating_sub(p.last_stats.0) >= 500_000_000 {
             p.last_stats = now;
-            let mark = allocs::this_thread();
+            let mark = p.allocs.begin();
             p.sw.expire(now);
-            p.send_stats(mark).map_err(|e| e.to_string())?;
-            p.upkeep_allocs += allocs::this_thread() - mark;
+            p.send_stats().map_err(|e| e.to_string())?;
+            p.allocs.end(mark);
         }
         if frames == 0 && records == 0 {
             sleep(&mut p.vnic, &p.sw, now)?;
@@ -402,9 +402,8 @@ impl PlaneProcess {
         Ok(())
     }
 
-    /// The plane's counters and state to the DPU process, for its metrics and `ctl status`;
-    /// `mark` is this thread's allocation count when the upkeep that sends them began.
-    fn send_stats(&mut self, mark: u64) -> Result<(), crate::shm::vnic::VnicError> {
+    /// The plane's counters and state to the DPU process, for its metrics and `ctl status`.
+    fn send_stats(&mut self) -> Result<(), crate::shm::vnic::VnicError> {
         let (sw, c) = (&self.sw, &self.c);
         let plane = sw.plane();
         let mut counters = serde_json::Map::new();
@@ -443,7 +442,7 @@ impl PlaneProcess {
             "vatc_vms": self.vatc.vms.len(),
             "atc_entries": self.vatc.atc.len(),
             "counters": counters,
-            "forwarding_allocs": mark - self.upkeep_allocs,
+            "forwarding_allocs": self.allocs.forwarding(),
             "vswitch_drops": pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
         });
         self.vnic.send_json(CONTROL_STATS, &doc)
