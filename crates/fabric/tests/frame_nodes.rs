@@ -13,7 +13,7 @@ use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::{Msg, SyncKind};
 use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
-use spillway_vswitch::{Instant, PortId, TenantId};
+use spillway_vswitch::{Instant, PacketBuf, PortId, TenantId};
 use spillway_wire::build::FrameBuilder;
 use spillway_wire::{FlowKey, IpAddr16, MacAddr, ip_proto};
 use std::net::Ipv4Addr;
@@ -154,6 +154,47 @@ fn a_connection_through_the_plane_leaves_with_the_bytes_the_dpu_alone_gives_it()
     assert_eq!(copy.state, owner.state);
     assert!(d.counters().adopted >= 2, "{:?}", d.counters());
     assert_eq!(d.counters().orphan + p.counters().orphan, 0);
+}
+
+#[test]
+fn a_frame_processed_in_place_leaves_as_a_copied_one_does_and_a_steered_one_untouched() {
+    let (mut copied, mut in_place) = (dpu(), dpu());
+    for (i, (port, f)) in handshake().into_iter().enumerate() {
+        let now = at(1 + i as u64);
+        let want = match copied.process(now, port, 0, &f) {
+            Outcome::Forward {
+                port,
+                bytes,
+                generated,
+            } => (port, bytes.to_vec(), generated),
+            other => panic!("frame {i}: {other:?}"),
+        };
+        let mut pkt = PacketBuf::from_frame(&f);
+        match in_place.process_in_place(now, port, &mut pkt) {
+            Outcome::Forward {
+                port,
+                bytes,
+                generated,
+            } => assert_eq!((port, bytes.to_vec(), generated), want, "frame {i}"),
+            other => panic!("frame {i} in place: {other:?}"),
+        }
+        assert_eq!(
+            pkt.data(),
+            &want.1[..],
+            "the caller's buffer holds the result"
+        );
+    }
+    assert_eq!(copied.counters(), in_place.counters());
+
+    // Steered to the plane: the frame leaves as it came, so the caller's buffer is unchanged.
+    let (mut pair, now) = active_pair();
+    let (port, f) = &handshake()[0];
+    let mut pkt = PacketBuf::from_frame(f);
+    assert!(matches!(
+        pair.dpu.process_in_place(now, *port, &mut pkt),
+        Outcome::Steer { .. }
+    ));
+    assert_eq!(pkt.data(), &f[..]);
 }
 
 #[test]

@@ -367,7 +367,7 @@ fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there()
     ready_rx.recv_timeout(TIMEOUT).unwrap();
     // Four reads armed: the N datagrams need every buffer re-armed many times over.
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 4, 64, VnetHdr::LEN + 2048).unwrap();
+    let mut ring = TapUring::new(&[fd], 4, 64, VnetHdr::LEN, 2048).unwrap();
     in_netns(&t.ns, || {
         let s = UdpSocket::bind((LOCAL_IP, 4002)).unwrap();
         for i in 0..N as u32 {
@@ -382,9 +382,9 @@ fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there()
     let mut echoed = 0;
     while echoed < N && std::time::Instant::now() < deadline {
         ring.enter().unwrap();
-        ring.drain_frames(|file, frame, tx| {
+        ring.drain_frames(|file, pkt, tx| {
             assert_eq!(file, 0);
-            let Some(p) = parse_ipv4(&frame[VnetHdr::LEN..]) else {
+            let Some(p) = parse_ipv4(pkt.data()) else {
                 return;
             };
             if p.proto != 17 || p.dport() != 9999 {
@@ -421,6 +421,88 @@ fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there()
 }
 
 #[test]
+fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    use spillway_rt::host::tap_uring::TapUring;
+    use spillway_vswitch::PacketBuf;
+    let t = tap_in_netns(TapOptions::default());
+    const N: usize = 300;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let receiver = spawn_in_netns(&t.ns, move || {
+        let s = UdpSocket::bind((LOCAL_IP, 9996)).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while got.len() < N {
+            match s.recv_from(&mut buf) {
+                Ok((n, _)) => got.push(buf[..n].to_vec()),
+                Err(_) => break,
+            }
+        }
+        got
+    });
+    ready_rx.recv_timeout(TIMEOUT).unwrap();
+    // One read armed on the TAP: every frame sent in place holds a buffer until its write
+    // completes, and the TAP's next read must still find one.
+    let fd = t.tap.as_fd(0).unwrap();
+    let mut ring = TapUring::new(&[fd], 1, 4, VnetHdr::LEN, 2048).unwrap();
+    let sender = spawn_in_netns(&t.ns, || {
+        let s = UdpSocket::bind((LOCAL_IP, 4004)).unwrap();
+        for i in 0..N as u32 {
+            s.send_to(&i.to_be_bytes(), (PEER_IP, 9999)).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
+    let hdr = VnetHdr::NONE.to_bytes();
+    let mut other = PacketBuf::with_capacity(4096);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut echoed = 0;
+    while echoed < N && std::time::Instant::now() < deadline {
+        ring.enter().unwrap();
+        ring.drain_frames(|_, pkt, tx| {
+            let Some(p) = parse_ipv4(pkt.data()) else {
+                return;
+            };
+            if p.proto != 17 || p.dport() != 9999 {
+                return;
+            }
+            let back = udp_frame(
+                PEER_MAC,
+                LOCAL_MAC,
+                PEER_IP,
+                LOCAL_IP,
+                5555,
+                9996,
+                &p.l4[8..],
+            );
+            other.load(&back).unwrap();
+            assert!(
+                !tx.send_in_place(0, &hdr, &mut other),
+                "a buffer that is not the frame's own is refused"
+            );
+            // The answer written over the request, in the same buffer.
+            pkt.load(&back).unwrap();
+            assert!(tx.send_in_place(0, &hdr, pkt));
+            assert!(!tx.send_in_place(0, &hdr, pkt), "sent once");
+            echoed += 1;
+        })
+        .unwrap();
+    }
+    ring.enter().unwrap();
+    sender.join().unwrap();
+    let got = receiver.join().unwrap();
+    assert_eq!(echoed, N, "{:?}", ring.counters());
+    let want: Vec<Vec<u8>> = (0..N as u32).map(|i| i.to_be_bytes().to_vec()).collect();
+    assert_eq!(got, want, "every datagram, in order");
+    let c = *ring.counters();
+    assert_eq!(c.writes_in_place, N as u64, "{c:?}");
+    assert_eq!(c.write_errors + c.tx_full + c.read_errors, 0, "{c:?}");
+}
+
+#[test]
 fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it() {
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
@@ -428,7 +510,7 @@ fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it() {
     use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 1, 1, VnetHdr::LEN + 2048).unwrap();
+    let mut ring = TapUring::new(&[fd], 1, 1, VnetHdr::LEN, 2048).unwrap();
     let f = udp_frame(PEER_MAC, LOCAL_MAC, PEER_IP, LOCAL_IP, 5555, 9, b"x");
     let hdr = VnetHdr::NONE.to_bytes();
     assert!(ring.tx().write(0, [&hdr, &f]));
@@ -458,7 +540,7 @@ fn io_uring_moves_frames_without_allocating_once_warm() {
     use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 8, 64, VnetHdr::LEN + 2048).unwrap();
+    let mut ring = TapUring::new(&[fd], 8, 64, VnetHdr::LEN, 2048).unwrap();
     let hdr = VnetHdr::NONE.to_bytes();
     let back = udp_frame(PEER_MAC, LOCAL_MAC, PEER_IP, LOCAL_IP, 5555, 9, b"sink");
     let sender = spawn_in_netns(&t.ns, || {

@@ -86,6 +86,54 @@ impl PacketBuf {
         Ok(())
     }
 
+    /// Where a driver reads a frame into this buffer itself, with no copy after: the bytes
+    /// from `prefix` bytes before the headroom's end to the end of the buffer, so that
+    /// `prefix` bytes of per-frame metadata read with the frame (a virtio-net header) land in
+    /// the headroom and the frame right after it. [`PacketBuf::set_received`] says how much
+    /// was read. `prefix` is at most [`HEADROOM`] (clamped).
+    pub fn receive_area(&mut self, prefix: usize) -> &mut [u8] {
+        &mut self.buf[HEADROOM - prefix.min(HEADROOM)..]
+    }
+
+    /// `n` bytes were read into [`PacketBuf::receive_area`]`(prefix)`: the frame is what
+    /// follows the `prefix` metadata bytes, with no GSO size and not generated. An error if
+    /// `n` is shorter than the metadata or longer than the area.
+    pub fn set_received(&mut self, prefix: usize, n: usize) -> Result<(), NoRoom> {
+        let area = self.buf.len() - (HEADROOM - prefix.min(HEADROOM));
+        if prefix > HEADROOM || n < prefix || n > area {
+            return Err(NoRoom {
+                wanted: n,
+                available: area,
+            });
+        }
+        self.start = HEADROOM;
+        self.end = HEADROOM - prefix + n;
+        self.gso_size = 0;
+        self.generated = false;
+        Ok(())
+    }
+
+    /// The `n` bytes right in front of the frame: after [`PacketBuf::set_received`], the
+    /// metadata read with it (until the frame is moved or the headroom written). `None` if
+    /// the headroom is shorter.
+    pub fn prefix(&self, n: usize) -> Option<&[u8]> {
+        self.buf.get(self.start.checked_sub(n)?..self.start)
+    }
+
+    /// Writes `prefix` into the headroom right in front of the frame and returns the two as
+    /// one slice, for a driver that sends metadata and frame with one write (a virtio-net
+    /// header before a frame to a TAP). The frame itself does not change.
+    pub fn framed(&mut self, prefix: &[u8]) -> Result<&[u8], NoRoom> {
+        let Some(at) = self.start.checked_sub(prefix.len()) else {
+            return Err(NoRoom {
+                wanted: prefix.len(),
+                available: self.start,
+            });
+        };
+        self.buf[at..self.start].copy_from_slice(prefix);
+        Ok(&self.buf[at..self.end])
+    }
+
     /// The segment size of a GSO / TSO super-frame (the transport payload bytes of each packet
     /// the receiving stack or NIC will cut it into), or 0 for an ordinary frame. A driver that
     /// takes super-frames from a TAP or virtio queue sets it after [`PacketBuf::load`] (which
@@ -232,6 +280,29 @@ mod tests {
         p.set_len(6).unwrap();
         assert_eq!(p.data(), &[7, 7, 0, 0, 0, 0]);
         assert_eq!(p.set_len(9).unwrap_err().available, 8);
+    }
+
+    #[test]
+    fn a_frame_read_in_place_keeps_its_metadata_in_the_headroom() {
+        let mut p = PacketBuf::with_capacity(HEADROOM + 8);
+        let area = p.receive_area(4);
+        assert_eq!(
+            area.len(),
+            12,
+            "the metadata and a frame of at most the capacity"
+        );
+        area[..7].copy_from_slice(&[1, 2, 3, 4, 9, 8, 7]);
+        p.set_gso_size(5);
+        p.set_received(4, 7).unwrap();
+        assert_eq!(p.data(), &[9, 8, 7]);
+        assert_eq!(p.prefix(4), Some(&[1, 2, 3, 4][..]));
+        assert_eq!(p.gso_size(), 0, "a fresh frame");
+        assert_eq!(p.framed(&[5, 5]).unwrap(), &[5, 5, 9, 8, 7]);
+        assert_eq!(p.data(), &[9, 8, 7], "framing leaves the frame alone");
+        assert!(p.set_received(4, 3).is_err(), "shorter than its metadata");
+        assert!(p.set_received(4, 13).is_err(), "longer than the area");
+        assert!(p.framed(&[0; HEADROOM + 1]).is_err());
+        assert_eq!(p.prefix(HEADROOM + 1), None);
     }
 
     #[test]

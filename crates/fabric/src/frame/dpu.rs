@@ -2,7 +2,7 @@
 
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
-use spillway_vswitch::{Instant, PortId};
+use spillway_vswitch::{Instant, PacketBuf, PortId};
 
 use super::{FrameDrop, Outcome, SwitchCore, gso_segments};
 use crate::dpu::{Command, DpuNode, FabricEvent};
@@ -22,6 +22,14 @@ fn reopen_if_stateless(dpu: &DpuNode, t: &mut crate::types::Train, key: &spillwa
     {
         t.kind = Kind::Open;
     }
+}
+
+/// What became of a frame, before its bytes are lent out: [`DpuSwitch::process`] and
+/// [`DpuSwitch::process_in_place`] differ only in whose buffer those are.
+enum Decided {
+    Forward(PortId),
+    Steer(Msg),
+    Drop(FrameDrop),
 }
 
 /// The DPU with real frames: the [`DpuNode`] model, the DPU's vSwitch [`Pipeline`] (its SoC's
@@ -82,6 +90,9 @@ impl DpuSwitch {
     /// - refused by a limit, or of a connection nobody knows: dropped. When that was the
     ///   connection's close, this pipeline's entry (a copy, or the state of a close the plane
     ///   carried) is forgotten: it would refuse the tuple's next SYN.
+    ///
+    /// A forwarded frame's bytes are the node's buffer (the frame is copied in);
+    /// [`DpuSwitch::process_in_place`] works on the caller's buffer instead.
     pub fn process<'a>(
         &'a mut self,
         now: Instant,
@@ -89,11 +100,57 @@ impl DpuSwitch {
         gso_size: u16,
         frame: &'a [u8],
     ) -> Outcome<'a> {
+        match self.decide(now, port, gso_size, Some(frame)) {
+            Decided::Forward(out) => self.sw.forwarded(out),
+            Decided::Steer(msg) => Outcome::Steer { msg },
+            Decided::Drop(d) => Outcome::Drop(d),
+        }
+    }
+
+    /// [`DpuSwitch::process`] of the frame in the caller's buffer `pkt` (its GSO size set, as
+    /// a driver that reads a TAP or virtio queue into its own buffers sets it): the pipeline
+    /// rewrites it there, and a forwarded frame's bytes are `pkt`'s, so a driver that reads
+    /// into and writes from its own buffers copies the frame nowhere in between. A steered
+    /// frame is untouched: `pkt` holds it as it came.
+    pub fn process_in_place<'a>(
+        &'a mut self,
+        now: Instant,
+        port: PortId,
+        pkt: &'a mut PacketBuf,
+    ) -> Outcome<'a> {
+        // The node's own buffer is set aside for the call, not copied: a swap of two boxes.
+        std::mem::swap(&mut self.sw.pkt, pkt);
+        let decided = self.decide(now, port, self.sw.pkt.gso_size(), None);
+        std::mem::swap(&mut self.sw.pkt, pkt);
+        match decided {
+            Decided::Forward(out) => Outcome::Forward {
+                port: out,
+                bytes: pkt.data(),
+                generated: pkt.is_generated(),
+            },
+            Decided::Steer(msg) => Outcome::Steer { msg },
+            Decided::Drop(d) => Outcome::Drop(d),
+        }
+    }
+
+    /// What [`DpuSwitch::process`] does to `frame`, or (with `None`) to the frame already in
+    /// the node's buffer; drops are counted.
+    fn decide(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        gso_size: u16,
+        frame: Option<&[u8]>,
+    ) -> Decided {
         // Decapsulation by where the frame came from: VXLAN only on the uplink; a VM port's
         // UDP to the VXLAN port is tenant traffic, not our underlay.
-        let parsed = match self.sw.parse(port, frame) {
+        let parsed = match frame {
+            Some(f) => self.sw.parse(port, f),
+            None => self.sw.parse_loaded(port),
+        };
+        let parsed = match parsed {
             Ok(p) => p,
-            Err(d) => return Outcome::Drop(d),
+            Err(d) => return Decided::Drop(d),
         };
         let policy = self.sw.pipeline.policy();
         let tenant = match parsed.vxlan {
@@ -101,21 +158,22 @@ impl DpuSwitch {
             _ => policy.port(port).map(|p| p.tenant),
         };
         let Some(tenant) = tenant else {
-            return self.sw.drop(FrameDrop::NoTenant);
+            return Decided::Drop(self.sw.count(FrameDrop::NoTenant));
         };
         if spillway_vswitch::neigh::claims(&parsed) {
             // The SoC's: the pipeline answers in place (out of this port) or consumes it.
             self.sw.counters.neigh_frames += 1;
             return match self.sw.run(now, port, (0, frame, &parsed), None) {
-                (Ok(out), _) => self.sw.forwarded(out),
-                (Err(d), _) => Outcome::Drop(d),
+                (Ok(out), _) => Decided::Forward(out),
+                (Err(d), _) => Decided::Drop(d),
             };
         }
         let headers = parsed.innermost();
         let Some(key) = headers.key else {
-            return self.sw.drop(FrameDrop::NonIp);
+            return Decided::Drop(self.sw.count(FrameDrop::NonIp));
         };
-        let len = frame.len() as u32;
+        let frame_len = frame.map_or(self.sw.pkt.len(), <[u8]>::len);
+        let len = frame_len as u32;
         let mut train = self
             .sw
             .conns
@@ -124,7 +182,7 @@ impl DpuSwitch {
             // No plane that could hold the connection: whether the model does is the truth.
             reopen_if_stateless(&self.dpu, &mut train, &key);
         }
-        let segs = gso_segments(gso_size, frame.len(), usize::from(headers.payload_offset));
+        let segs = gso_segments(gso_size, frame_len, usize::from(headers.payload_offset));
         train.packets = segs;
         train.packet_bytes = len.div_ceil(segs);
         self.dpu.handle_train(now, &train);
@@ -146,16 +204,16 @@ impl DpuSwitch {
             (Some((r, changed)), _) => {
                 self.sw.seal(now, changed);
                 match r {
-                    Ok(out) => self.sw.forwarded(out),
-                    Err(d) => Outcome::Drop(d),
+                    Ok(out) => Decided::Forward(out),
+                    Err(d) => Decided::Drop(d),
                 }
             }
             (None, steer) => {
                 self.sw.seal(now, None);
                 match steer {
-                    Some(msg) => Outcome::Steer { msg },
-                    None if delivered > 0 => self.sw.drop(FrameDrop::PartialGso),
-                    None => self.sw.drop(FrameDrop::Fabric),
+                    Some(msg) => Decided::Steer(msg),
+                    None if delivered > 0 => Decided::Drop(self.sw.count(FrameDrop::PartialGso)),
+                    None => Decided::Drop(self.sw.count(FrameDrop::Fabric)),
                 }
             }
         }
@@ -196,7 +254,7 @@ impl DpuSwitch {
         let served = self.dpu.delivered_last() == t.packets;
         self.sw.drain(&mut self.dpu, None);
         let r = match &parsed {
-            Some(p) if served => Some(self.sw.run(now, port, (gso_size, frame, p), None).0),
+            Some(p) if served => Some(self.sw.run(now, port, (gso_size, Some(frame), p), None).0),
             _ => None,
         };
         self.sw.seal(now, None);

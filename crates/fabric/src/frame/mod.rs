@@ -19,7 +19,10 @@
 //! with these bytes, steered to the plane, straight into a VM's memory, back to the DPU,
 //! punted, or dropped with a [`FrameDrop`] reason the node has counted. The bytes of a
 //! forwarded frame are the node's own frame buffer, lent to the caller until its next call: the
-//! caller copies them into its TAP, ring or VM queue, with no copy in between. Nothing is left
+//! caller copies them into its TAP, ring or VM queue, with no copy in between. A driver that
+//! reads frames into buffers of its own lends one for the call instead
+//! ([`DpuSwitch::process_in_place`]): the pipeline rewrites the frame where it was read, and the
+//! driver sends it from there, so the frame is never copied in user space. Nothing is left
 //! for the driver to finish: no "what did you do with it" question after the call, no pairing
 //! of messages with frames by id.
 //!
@@ -363,8 +366,13 @@ impl SwitchCore {
 
     /// Counts `d` and returns it as the outcome.
     pub(crate) fn drop<'a>(&mut self, d: FrameDrop) -> Outcome<'a> {
+        Outcome::Drop(self.count(d))
+    }
+
+    /// Counts `d` and returns it.
+    pub(crate) fn count(&mut self, d: FrameDrop) -> FrameDrop {
         self.counters.count(d);
-        Outcome::Drop(d)
+        d
     }
 
     /// The mirror rule: a side that owns a TCP connection tells the other side's copy when
@@ -400,17 +408,30 @@ impl SwitchCore {
         })
     }
 
+    /// [`SwitchCore::parse`] of the frame already in the node's buffer (a driver's own buffer
+    /// lent for an in-place call).
+    pub(crate) fn parse_loaded(&mut self, ingress: PortId) -> Result<ParsedFrame, FrameDrop> {
+        let decap = self.pipeline.policy().host().decap_at(ingress);
+        parse_frame_decap(self.pkt.data(), decap).map_err(|_| {
+            self.counters.count(FrameDrop::Parse);
+            FrameDrop::Parse
+        })
+    }
+
     /// Runs the pipeline on `frame` from `ingress`, `parsed` by [`SwitchCore::parse`]: the
     /// egress port, or why it was dropped (counted), and the conntrack change to mirror if
-    /// `watch` saw one.
+    /// `watch` saw one. With `frame` `None` the frame is the one already in the node's buffer
+    /// ([`SwitchCore::parse_loaded`]), processed where it is.
     pub(crate) fn run(
         &mut self,
         now: Instant,
         ingress: PortId,
-        (gso_size, frame, parsed): (u16, &[u8], &ParsedFrame),
+        (gso_size, frame, parsed): (u16, Option<&[u8]>, &ParsedFrame),
         watch: Option<Watch>,
     ) -> (Result<PortId, FrameDrop>, Option<CtSnapshot>) {
-        if self.pkt.load(frame).is_err() {
+        if let Some(frame) = frame
+            && self.pkt.load(frame).is_err()
+        {
             self.counters.count(FrameDrop::Parse);
             return (Err(FrameDrop::Parse), None);
         }

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 
 use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent};
 use spillway_fabric::frame::{DpuSwitch, Outcome};
-use spillway_vswitch::{Instant, PortId};
+use spillway_vswitch::{Instant, PacketBuf, PortId};
 
 use crate::dpu::plane_proc::PlaneProc;
 use crate::dpu::ports::{DataPath, DetachReason, PortIo};
@@ -151,48 +151,50 @@ fn send_outgoing(
     Ok(())
 }
 
-/// A frame from VM port slot `i` of `dp`, through the DPU node and on: out of a port, or
-/// to the plane on the phy ring with the virtio-net header it came with.
+/// A frame from VM port slot `i` of `dp`, read into `pkt` (its virtio-net header, if the port
+/// has one, right in front of it), through the DPU node and on: out of a port (from `pkt`
+/// itself where the ring can send it from there), or to the plane on the phy ring with the
+/// virtio-net header it came with.
 fn on_vm_frame(
     sw: &mut DpuSwitch,
     dp: &mut DataPath,
     (plane, tx): (Option<&mut PlaneProc>, Option<&mut TapTx>),
     now: Instant,
     i: usize,
-    buf: &[u8],
+    pkt: &mut PacketBuf,
 ) -> Result<(), String> {
     dp.counters.rx_frames += 1;
     let vnet_hdr = match dp.ports[i].io {
         PortIo::Tap(_) => dp.vnet_hdr,
         PortIo::Shm(_) => true,
     };
-    let (vnet, frame) = if vnet_hdr {
-        if buf.len() < VnetHdr::LEN {
-            dp.counters.drop_vnet_hdr += 1;
-            return Ok(());
+    let mut vnet = PLAIN_VNET;
+    if vnet_hdr {
+        match pkt.prefix(VnetHdr::LEN) {
+            Some(h) => vnet.copy_from_slice(h),
+            None => {
+                dp.counters.drop_vnet_hdr += 1;
+                return Ok(());
+            }
         }
-        buf.split_at(VnetHdr::LEN)
-    } else {
-        (&PLAIN_VNET[..], buf)
-    };
-    let vnet: &[u8; VnetHdr::LEN] = vnet.try_into().expect("split at the header's length");
-    let gso = VnetHdr::parse(vnet).map_or(0, |h| h.gso_segment());
+    }
+    pkt.set_gso_size(VnetHdr::parse(&vnet).map_or(0, |h| h.gso_segment()));
     let port = dp.ports[i].id;
     let mut plane = plane;
-    match sw.process(now, port, gso, frame) {
+    match sw.process_in_place(now, port, pkt) {
         Outcome::Forward {
             port: out,
-            bytes,
             generated,
+            ..
         } => {
-            let vnet = if generated { &PLAIN_VNET } else { vnet };
-            dp.write_port(now, tx, out, vnet, bytes);
+            let vnet = if generated { &PLAIN_VNET } else { &vnet };
+            dp.write_port_buf(now, tx, out, vnet, pkt);
         }
         Outcome::Steer { msg } => {
             let sent = plane
                 .as_deref_mut()
                 .and_then(|p| p.vnic.as_mut())
-                .is_some_and(|v| v.send_frame(&msg, port.0, vnet, frame));
+                .is_some_and(|v| v.send_frame(&msg, port.0, &vnet, pkt.data()));
             if sent {
                 dp.counters.steered += 1;
             } else {
@@ -200,7 +202,7 @@ fn on_vm_frame(
             }
         }
         Outcome::Drop(why) => {
-            tracing::debug!(target: "spillway::drop", ?why, len = frame.len(), "the DPU dropped a frame");
+            tracing::debug!(target: "spillway::drop", ?why, len = pkt.len(), "the DPU dropped a frame");
         }
         other => {
             tracing::error!(target: "spillway::run", outcome = ?other, "a DPU outcome only the plane has");
@@ -250,7 +252,8 @@ pub struct DpuDaemon {
     /// Loop turns so far: which port goes first this turn.
     pub(super) turn: u32,
     pub(super) rates: Rates,
-    pub(super) rx: Vec<u8>,
+    /// The frame buffer ports outside the ring are read into.
+    pub(super) rx: PacketBuf,
     /// The descriptors `sleep` polls, rebuilt in place every time: the loop sleeps between
     /// batches under paced traffic, so collecting them into a new `Vec` allocated per batch.
     pub(super) poll_set: Vec<libc::pollfd>,
@@ -355,10 +358,17 @@ impl DpuDaemon {
                     break;
                 }
                 let in_ring = self.dp.ports[i].file.is_some();
+                // Read in place: the virtio-net header (on a TAP that has one, and always on
+                // a shared-memory port) into the headroom, the frame after it.
+                let prefix = match &self.dp.ports[i].io {
+                    PortIo::Tap(_) if !self.dp.vnet_hdr => 0,
+                    _ => VnetHdr::LEN,
+                };
+                let area = self.rx.receive_area(prefix);
                 let n = match &mut self.dp.ports[i].io {
                     // Read by the ring: its frames come below.
                     PortIo::Tap(_) if in_ring => break,
-                    PortIo::Tap(tap) => match tap.read(&mut self.rx) {
+                    PortIo::Tap(tap) => match tap.read(area) {
                         Ok(n) => n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -368,7 +378,7 @@ impl DpuDaemon {
                         let Some(port) = slot.port.as_mut() else {
                             break;
                         };
-                        match port.recv(&mut self.rx) {
+                        match port.recv(area) {
                             Ok(Some(n)) => n,
                             Ok(None) => break,
                             Err(e) => {
@@ -381,16 +391,18 @@ impl DpuDaemon {
                 };
                 busy = true;
                 bytes += n;
-                let buf = std::mem::take(&mut self.rx);
+                if self.rx.set_received(prefix, n).is_err() {
+                    self.dp.counters.drop_vnet_hdr += 1;
+                    continue;
+                }
                 let r = on_vm_frame(
                     &mut self.sw,
                     &mut self.dp,
                     (self.plane.as_mut(), self.taps.as_mut().map(|t| t.tx())),
                     now,
                     i,
-                    &buf[..n],
+                    &mut self.rx,
                 );
-                self.rx = buf;
                 if let Err(e) = r {
                     self.plane_failed(now, &e);
                 }
@@ -403,9 +415,9 @@ impl DpuDaemon {
             let (sw, dp, plane) = (&mut self.sw, &mut self.dp, &mut self.plane);
             let mut failed = None;
             let n = taps
-                .drain_frames(|file, frame, tx| {
+                .drain_frames(|file, pkt, tx| {
                     let i = dp.tap_slots[file];
-                    if let Err(e) = on_vm_frame(sw, dp, (plane.as_mut(), Some(tx)), now, i, frame) {
+                    if let Err(e) = on_vm_frame(sw, dp, (plane.as_mut(), Some(tx)), now, i, pkt) {
                         failed = Some(e);
                     }
                 })

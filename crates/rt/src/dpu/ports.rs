@@ -12,7 +12,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::Child;
 
 use spillway_fabric::atc::{RegionTable, VmId};
-use spillway_vswitch::{Instant, PortId};
+use spillway_vswitch::{Instant, PacketBuf, PortId};
 
 use crate::dpu::vmport::{self, ShmPort};
 use crate::host::tap::Tap;
@@ -23,8 +23,9 @@ use crate::host::vnet::VnetHdr;
 /// refuses a new attach, ns: a VM that reconnects at once to misbehave again costs the loop an attach a second.
 const QUARANTINE_NS: u64 = 1_000_000_000;
 
-/// Frame buffer: a 64 KiB GSO frame plus its virtio-net header and tags.
-pub(super) const FRAME_MAX: usize = 12 + 18 + 65_535;
+/// The largest frame a port carries: a 64 KiB GSO frame with its Ethernet and VLAN headers
+/// (its virtio-net header, where it has one, comes on top).
+pub(super) const FRAME_MAX: usize = spillway_fabric::frame::FRAME_MAX;
 
 /// How long an endpoint that connected may take to send its attach message, ns.
 const ATTACH_WAIT_NS: u64 = 2_000_000_000;
@@ -208,16 +209,52 @@ impl DataPath {
         };
         let r = match (&self.ports[i].io, self.ports[i].file.zip(tx)) {
             (PortIo::Tap(_), Some((file, tx))) => {
-                let hdr = match VnetHdr::parse(vnet) {
-                    Ok(h) => h.to_bytes(),
-                    Err(_) => VnetHdr::NONE.to_bytes(),
-                };
+                let hdr = self.tap_hdr(vnet);
                 let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
                 tx.write(file, [hdr, frame])
             }
             _ => self.write_io(now, i, vnet, frame),
         };
-        if r {
+        self.count_write(r);
+    }
+
+    /// [`DataPath::write_port`] of the frame in `pkt`: to a TAP in the ring, out of the buffer
+    /// it is in when that is the frame the ring is handing out ([`TapTx::send_in_place`]), with
+    /// no copy; otherwise as [`DataPath::write_port`] does.
+    pub(super) fn write_port_buf(
+        &mut self,
+        now: Instant,
+        tx: Option<&mut TapTx>,
+        port: PortId,
+        vnet: &[u8],
+        pkt: &mut PacketBuf,
+    ) {
+        let ring = self
+            .port_slot(port)
+            .filter(|&i| matches!(self.ports[i].io, PortIo::Tap(_)))
+            .and_then(|i| self.ports[i].file);
+        match (ring, tx) {
+            (Some(file), Some(tx)) => {
+                let hdr = self.tap_hdr(vnet);
+                let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
+                let r = tx.send_in_place(file, hdr, pkt) || tx.write(file, [hdr, pkt.data()]);
+                self.count_write(r);
+            }
+            (_, tx) => self.write_port(now, tx, port, vnet, pkt.data()),
+        }
+    }
+
+    /// The virtio-net header a TAP gets for a frame that came with `vnet`: the same offloads,
+    /// or none if `vnet` does not parse.
+    fn tap_hdr(&self, vnet: &[u8]) -> [u8; VnetHdr::LEN] {
+        match VnetHdr::parse(vnet) {
+            Ok(h) => h.to_bytes(),
+            Err(_) => VnetHdr::NONE.to_bytes(),
+        }
+    }
+
+    fn count_write(&mut self, written: bool) {
+        if written {
             self.counters.tx_frames += 1;
         } else {
             self.counters.tx_errors += 1;
@@ -409,7 +446,8 @@ impl DataPath {
 /// Puts the TAP ports of `ports` into one io_uring and marks each with its file; returns the
 /// ring and the port slot of each file. Where the kernel refuses the ring (an old kernel, a
 /// sandbox without io_uring) the TAPs fall back to system calls, with a warning.
-pub(super) fn tap_ring(ports: &mut [Port]) -> (Option<TapUring>, Vec<usize>) {
+/// `vnet_hdr`: the TAPs carry a virtio-net header in front of every frame.
+pub(super) fn tap_ring(ports: &mut [Port], vnet_hdr: bool) -> (Option<TapUring>, Vec<usize>) {
     let slots: Vec<usize> = ports
         .iter()
         .enumerate()
@@ -426,7 +464,8 @@ pub(super) fn tap_ring(ports: &mut [Port]) -> (Option<TapUring>, Vec<usize>) {
             PortIo::Shm(_) => None,
         })
         .collect();
-    match TapUring::new(&fds, TAP_RING_READS, TAP_RING_TX, FRAME_MAX) {
+    let prefix = if vnet_hdr { VnetHdr::LEN } else { 0 };
+    match TapUring::new(&fds, TAP_RING_READS, TAP_RING_TX, prefix, FRAME_MAX) {
         Ok(ring) => {
             for (file, &i) in slots.iter().enumerate() {
                 ports[i].file = Some(file);

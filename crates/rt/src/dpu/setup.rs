@@ -13,8 +13,9 @@ use std::process::{Child, Command, Stdio};
 use spillway_fabric::atc::RegionTable;
 use spillway_fabric::dpu::Hold;
 use spillway_fabric::frame::{CONNS_MAX, DpuSwitch};
-use spillway_vswitch::Instant;
+use spillway_vswitch::packet::HEADROOM;
 use spillway_vswitch::pipeline::PipelineConfig;
+use spillway_vswitch::{Instant, PacketBuf};
 
 use crate::dpu::daemon::{DpuDaemon, Rates, RunError, RunOptions, io_err};
 use crate::dpu::ports::{DataPath, FRAME_MAX, Port, PortIo, RtCounters, ShmSlot, tap_ring};
@@ -104,7 +105,7 @@ impl DpuDaemon {
             }
             let port_index = ports.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
             let (taps, tap_slots) = match tb.tap_io {
-                TapIo::Uring => tap_ring(&mut ports),
+                TapIo::Uring => tap_ring(&mut ports, tb.vnet_hdr),
                 TapIo::Syscalls => (None, Vec::new()),
             };
             let mut sw = DpuSwitch::new(
@@ -195,7 +196,7 @@ impl DpuDaemon {
                 idle_turns: 0,
                 turn: 0,
                 rates: Rates::default(),
-                rx: vec![0u8; FRAME_MAX],
+                rx: PacketBuf::with_capacity(HEADROOM + FRAME_MAX),
                 poll_set: Vec::new(),
                 allocs: Default::default(),
                 vatc: tb.fabric.host.vatc,

@@ -1,12 +1,22 @@
 //! Batched TAP I/O on io_uring for the DPU process (docs/adr/0005-tap-io.md).
 //!
-//! Every TAP keeps `reads_per_tap` reads outstanding into registered buffers; a loop turn
-//! hands the frames that arrived to the caller ([`TapUring::drain_frames`]), queues its writes
-//! into registered transmit buffers ([`TapTx::write`]), and ends with one `io_uring_enter`
+//! Every TAP keeps `reads_per_tap` reads outstanding, each into a registered [`PacketBuf`]
+//! of the ring's pool; a loop turn hands the frames that arrived to the caller in those
+//! buffers ([`TapUring::drain_frames`]), queues its writes ([`TapTx::send_in_place`] for the
+//! frame being handled, [`TapTx::write`] for any other), and ends with one `io_uring_enter`
 //! ([`TapUring::enter`]) that submits the writes and the re-armed reads together and collects
-//! what completed meanwhile. That is the whole gain: the reads and writes still run in the
-//! kernel as before (inline at submission, on non-blocking fds), but a turn of dozens of frames
-//! costs one system call instead of two per frame and a `poll`.
+//! what completed meanwhile. The reads and writes still run in the kernel as before (inline at
+//! submission, on non-blocking fds), but a turn of dozens of frames costs one system call
+//! instead of two per frame and a `poll`.
+//!
+//! **No copy in user space for a forwarded frame.** A frame is read into the headroom-led
+//! buffer the vSwitch then rewrites in place (`DpuSwitch::process_in_place`), and
+//! [`TapTx::send_in_place`] writes it out of that same buffer, its virtio-net header put in the
+//! headroom in front of it: for a 64 KiB TSO frame that saves two 64 KiB copies (into the
+//! vSwitch's buffer, then into a transmit buffer). The buffer goes back to the pool when the
+//! write completes; reads are re-armed from the pool's free buffers, round robin over the
+//! TAPs, so a burst of in-place writes delays a TAP's next read by at most one turn and never
+//! starves one TAP for another.
 //!
 //! The ring is set up single-issuer with deferred task work, so completions are posted only
 //! inside `enter`, on this thread: the loop sees a consistent batch per turn, and the process
@@ -14,18 +24,22 @@
 //! Waking up still goes through `poll` on the TAP fds: a frame arriving at a TAP with a read
 //! armed makes the fd readable as before.
 //!
-//! Limits: `reads_per_tap` buffers per TAP, `tx_bufs` transmit buffers in all; a write with no
-//! free transmit buffer is refused (the caller counts it, as it counts a failed `write`); a
-//! write that fails in the kernel is counted when its completion comes, in
-//! [`TapUringCounters::write_errors`].
+//! Limits: `2 * reads_per_tap` receive buffers per TAP (half armed, half for frames in flight
+//! out), `tx_bufs` copy buffers in all; a write with no free copy buffer is refused (the
+//! caller counts it, as it counts a failed `write`); a write that fails in the kernel is
+//! counted when its completion comes, in [`TapUringCounters::write_errors`].
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use io_uring::{IoUring, opcode, squeue, types};
+use spillway_vswitch::PacketBuf;
+use spillway_vswitch::packet::HEADROOM;
 
-/// A completion's `user_data`: bit 63 marks a write; bits 16..32 the file, 0..16 the buffer.
+/// A completion's `user_data`: bit 63 marks a write, bit 62 one from a receive buffer (in
+/// place); bits 16..32 the file, 0..16 the buffer.
 const WRITE: u64 = 1 << 63;
+const IN_PLACE: u64 = 1 << 62;
 
 spillway_vswitch::counters! {
     /// What the ring counted.
@@ -37,7 +51,10 @@ spillway_vswitch::counters! {
         reads => "rt.uring.reads",
         /// Frames written.
         writes => "rt.uring.writes",
-        /// Reads that failed (other than "try again"); re-armed.
+        /// Of those, written from the buffer they were read into (no copy).
+        writes_in_place => "rt.uring.writes_in_place",
+        /// Reads that failed (other than "try again"), or shorter than their metadata;
+        /// re-armed.
         read_errors => "rt.uring.read_errors",
         /// Writes the kernel refused (the VM's queue full, or it is gone).
         write_errors => "rt.uring.write_errors",
@@ -49,14 +66,26 @@ spillway_vswitch::counters! {
 /// The transmit side and the ring itself: what a frame handler needs to send.
 pub struct TapTx {
     ring: IoUring,
-    /// The registered transmit buffers, `tx_bufs * buf_len` bytes, after the receive buffers
-    /// in the registered table.
+    /// The copy buffers, `tx_bufs * tx_len` bytes, after the receive buffers in the
+    /// registered table.
     tx: Box<[u8]>,
     tx_free: Vec<u16>,
-    /// The receive buffers' base (for re-arming reads into them).
-    rx_base: *mut u8,
-    rx_bufs: u16,
-    buf_len: usize,
+    tx_len: usize,
+    /// Where each receive buffer's reads go (its [`PacketBuf::receive_area`]) and how long
+    /// that is; the buffers themselves are [`TapUring`]'s.
+    rx_areas: Vec<(*mut u8, u32)>,
+    /// Receive buffers neither armed, nor lent out, nor in flight as a write.
+    rx_free: Vec<u16>,
+    /// Reads armed per file, and how many each should have.
+    armed: Vec<u16>,
+    reads_per_tap: u16,
+    /// The next file [`TapTx::top_up`] looks at first.
+    next_file: usize,
+    /// The receive buffer whose frame [`TapUring::drain_frames`] is handing out, until
+    /// [`TapTx::send_in_place`] takes it.
+    lent: Option<u16>,
+    /// Metadata bytes read in front of every frame (the virtio-net header, or 0).
+    prefix: usize,
     /// Operations submitted or queued whose completion has not been seen.
     inflight: usize,
     counters: TapUringCounters,
@@ -66,7 +95,7 @@ pub struct TapTx {
 pub struct TapUring {
     /// The ring; closed (after `Drop for TapUring` drained it) before the buffers are freed.
     tx: TapTx,
-    rx: Box<[u8]>,
+    rx: Vec<PacketBuf>,
     /// Reads completed and not yet handed out: (file, buffer, length).
     ready: Vec<(u16, u16, u32)>,
 }
@@ -75,6 +104,7 @@ impl std::fmt::Debug for TapTx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TapTx")
             .field("tx_free", &self.tx_free.len())
+            .field("rx_free", &self.rx_free.len())
             .field("inflight", &self.inflight)
             .finish()
     }
@@ -83,9 +113,8 @@ impl std::fmt::Debug for TapTx {
 impl std::fmt::Debug for TapUring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TapUring")
-            .field("rx_bufs", &self.tx.rx_bufs)
-            .field("tx_free", &self.tx.tx_free.len())
-            .field("inflight", &self.tx.inflight)
+            .field("rx_bufs", &self.rx.len())
+            .field("tx", &self.tx)
             .field("counters", &self.tx.counters)
             .finish()
     }
@@ -93,22 +122,31 @@ impl std::fmt::Debug for TapUring {
 
 impl TapUring {
     /// A ring over `fds` (file `i` is `fds[i]`, which must stay open as long as the ring),
-    /// with `reads_per_tap` reads armed on each and `tx_bufs` transmit buffers, every buffer
-    /// `buf_len` bytes (the largest frame, with its virtio-net header).
+    /// with `reads_per_tap` reads armed on each and `tx_bufs` copy buffers for frames that
+    /// were not read here. Every frame is read with `prefix` bytes of metadata in front (the
+    /// virtio-net header, or 0) and is at most `frame_max` bytes without them.
     pub fn new(
         fds: &[BorrowedFd<'_>],
         reads_per_tap: usize,
         tx_bufs: usize,
-        buf_len: usize,
+        prefix: usize,
+        frame_max: usize,
     ) -> io::Result<TapUring> {
-        let rx_bufs = fds.len() * reads_per_tap;
+        let rx_bufs = fds.len() * reads_per_tap * 2;
         let total = rx_bufs + tx_bufs;
-        if fds.is_empty() || reads_per_tap == 0 || tx_bufs == 0 || total > usize::from(u16::MAX) {
+        if fds.is_empty()
+            || reads_per_tap == 0
+            || tx_bufs == 0
+            || total > usize::from(u16::MAX)
+            || prefix > HEADROOM
+            || prefix + frame_max > u32::MAX as usize
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "io_uring TAP I/O: {} TAPs x {reads_per_tap} reads + {tx_bufs} transmit buffers \
-                     (expected at least one of each, at most 65535 buffers)",
+                    "io_uring TAP I/O: {} TAPs x {reads_per_tap} reads + {tx_bufs} transmit buffers, \
+                     {prefix} metadata bytes (expected at least one of each, at most 65535 \
+                     buffers, at most {HEADROOM} metadata bytes)",
                     fds.len()
                 ),
             ));
@@ -119,40 +157,56 @@ impl TapUring {
             .setup_defer_taskrun()
             .setup_cqsize(entries * 2)
             .build(entries)?;
-        let mut rx = vec![0u8; rx_bufs * buf_len].into_boxed_slice();
-        let mut tx = vec![0u8; tx_bufs * buf_len].into_boxed_slice();
-        let iovecs: Vec<libc::iovec> = rx
-            .chunks_exact_mut(buf_len)
-            .chain(tx.chunks_exact_mut(buf_len))
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
+        let tx_len = prefix + frame_max;
+        let mut rx: Vec<PacketBuf> = (0..rx_bufs)
+            .map(|_| PacketBuf::with_capacity(HEADROOM + frame_max))
+            .collect();
+        let mut tx = vec![0u8; tx_bufs * tx_len].into_boxed_slice();
+        let rx_areas: Vec<(*mut u8, u32)> = rx
+            .iter_mut()
+            .map(|p| {
+                let a = p.receive_area(prefix);
+                (a.as_mut_ptr(), a.len() as u32)
             })
             .collect();
-        // SAFETY: every iovec points into `rx` or `tx`, heap buffers that never move and that
-        // `TapUring` frees only after cancelling and draining every operation using them, or
-        // never (see `Drop for TapUring`).
+        let iovecs: Vec<libc::iovec> = rx_areas
+            .iter()
+            .map(|&(base, len)| libc::iovec {
+                iov_base: base.cast(),
+                iov_len: len as usize,
+            })
+            .chain(tx.chunks_exact_mut(tx_len).map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            }))
+            .collect();
+        // SAFETY: every iovec points into a receive buffer's heap storage or into `tx`, which
+        // never move (a `PacketBuf` owns a boxed slice) and which `TapUring` frees only after
+        // cancelling and draining every operation using them, or never (see
+        // `Drop for TapUring`).
         unsafe { ring.submitter().register_buffers(&iovecs)? };
         let raw: Vec<i32> = fds.iter().map(AsRawFd::as_raw_fd).collect();
         ring.submitter().register_files(&raw)?;
-        let rx_base = rx.as_mut_ptr();
         let mut u = TapUring {
             tx: TapTx {
                 ring,
                 tx,
                 tx_free: (rx_bufs as u16..total as u16).rev().collect(),
-                rx_base,
-                rx_bufs: rx_bufs as u16,
-                buf_len,
+                tx_len,
+                rx_areas,
+                rx_free: (0..rx_bufs as u16).rev().collect(),
+                armed: vec![0; fds.len()],
+                reads_per_tap: reads_per_tap as u16,
+                next_file: 0,
+                lent: None,
+                prefix,
                 inflight: 0,
                 counters: TapUringCounters::default(),
             },
             rx,
             ready: Vec::with_capacity(rx_bufs),
         };
-        for b in 0..rx_bufs {
-            u.tx.arm_read((b / reads_per_tap) as u16, b as u16)?;
-        }
+        u.tx.top_up()?;
         u.enter()?;
         Ok(u)
     }
@@ -183,48 +237,64 @@ impl TapUring {
             Err(e) => return Err(e),
         }
         let TapUring { tx, ready, .. } = self;
-        let mut rearm = Vec::new();
         for cqe in tx.ring.completion() {
             tx.inflight -= 1;
             let ud = cqe.user_data();
             let (file, buf) = (((ud >> 16) & 0xffff) as u16, (ud & 0xffff) as u16);
             let res = cqe.result();
             if ud & WRITE != 0 {
-                tx.tx_free.push(buf);
+                if ud & IN_PLACE != 0 {
+                    tx.rx_free.push(buf);
+                } else {
+                    tx.tx_free.push(buf);
+                }
                 if res < 0 {
                     tx.counters.write_errors += 1;
                 } else {
                     tx.counters.writes += 1;
+                    tx.counters.writes_in_place += u64::from(ud & IN_PLACE != 0);
                 }
-            } else if res > 0 {
+                continue;
+            }
+            tx.armed[usize::from(file)] -= 1;
+            if res > 0 {
                 tx.counters.reads += 1;
                 ready.push((file, buf, res as u32));
             } else {
                 if res != -libc::EAGAIN && res != -libc::EINTR && res != -libc::ECANCELED {
                     tx.counters.read_errors += 1;
                 }
-                rearm.push((file, buf));
+                tx.rx_free.push(buf);
             }
         }
-        for (file, buf) in rearm {
-            tx.arm_read(file, buf)?;
-        }
-        Ok(())
+        // Reads re-armed now are submitted by the next `enter`, with that turn's writes.
+        tx.top_up()
     }
 
-    /// Hands every frame read since the last call to `f` (its file, its bytes, and the
-    /// transmit side for the writes it causes), then re-arms its buffer.
+    /// Hands every frame read since the last call to `f`: its file, the buffer it was read
+    /// into (the frame after the headroom, its metadata right in front: see
+    /// [`PacketBuf::prefix`]), and the transmit side for the writes it causes. The buffer
+    /// returns to the pool after `f`, unless `f` sent it out with [`TapTx::send_in_place`];
+    /// the TAPs' reads are then re-armed.
     pub fn drain_frames(
         &mut self,
-        mut f: impl FnMut(usize, &[u8], &mut TapTx),
+        mut f: impl FnMut(usize, &mut PacketBuf, &mut TapTx),
     ) -> io::Result<usize> {
         let TapUring { tx, rx, ready } = self;
         let n = ready.len();
         for (file, buf, len) in ready.drain(..) {
-            let at = usize::from(buf) * tx.buf_len;
-            f(usize::from(file), &rx[at..at + len as usize], tx);
-            tx.arm_read(file, buf)?;
+            let pkt = &mut rx[usize::from(buf)];
+            tx.lent = Some(buf);
+            if pkt.set_received(tx.prefix, len as usize).is_ok() {
+                f(usize::from(file), pkt, tx);
+            } else {
+                tx.counters.read_errors += 1;
+            }
+            if let Some(b) = tx.lent.take() {
+                tx.rx_free.push(b);
+            }
         }
+        tx.top_up()?;
         Ok(n)
     }
 
@@ -235,24 +305,83 @@ impl TapUring {
 }
 
 impl TapTx {
-    /// Queues a read of file `file` into receive buffer `buf`.
-    fn arm_read(&mut self, file: u16, buf: u16) -> io::Result<()> {
-        debug_assert!(buf < self.rx_bufs);
-        // SAFETY: `buf` is a receive buffer index, so the pointer stays inside the registered
-        // receive area; no other operation uses that buffer until this read completes.
-        let ptr = unsafe { self.rx_base.add(usize::from(buf) * self.buf_len) };
-        let e =
-            opcode::ReadFixed::new(types::Fixed(u32::from(file)), ptr, self.buf_len as u32, buf)
-                .build()
-                .user_data((u64::from(file) << 16) | u64::from(buf));
-        self.push(&e)
+    /// Arms reads from the free receive buffers until every file has its `reads_per_tap` or
+    /// the pool is empty, one read per file in turn, starting one file further every call.
+    fn top_up(&mut self) -> io::Result<()> {
+        let files = self.armed.len();
+        loop {
+            let mut armed_any = false;
+            for k in 0..files {
+                let file = (self.next_file + k) % files;
+                if self.armed[file] >= self.reads_per_tap {
+                    continue;
+                }
+                let Some(buf) = self.rx_free.pop() else {
+                    self.next_file = file;
+                    return Ok(());
+                };
+                self.arm_read(file as u16, buf)?;
+                armed_any = true;
+            }
+            if !armed_any {
+                self.next_file = (self.next_file + 1) % files;
+                return Ok(());
+            }
+        }
     }
 
-    /// Queues a write of `parts`, one after the other, as one frame to file `file`; false if
-    /// no transmit buffer was free or the frame does not fit one (counted).
+    /// Queues a read of file `file` into receive buffer `buf`.
+    fn arm_read(&mut self, file: u16, buf: u16) -> io::Result<()> {
+        let (ptr, len) = self.rx_areas[usize::from(buf)];
+        let e = opcode::ReadFixed::new(types::Fixed(u32::from(file)), ptr, len, buf)
+            .build()
+            .user_data((u64::from(file) << 16) | u64::from(buf));
+        if let Err(err) = self.push(&e) {
+            self.rx_free.push(buf);
+            return Err(err);
+        }
+        self.armed[usize::from(file)] += 1;
+        Ok(())
+    }
+
+    /// Queues a write of the frame being handed out by [`TapUring::drain_frames`], `pkt`,
+    /// with `prefix` (its virtio-net header) in front, to file `file`, from the buffer it is
+    /// in: no copy. False (nothing queued, `pkt` untouched but for its headroom) if `pkt` is
+    /// not that frame's buffer, was already sent, or has too little headroom left for
+    /// `prefix`; the caller then copies it with [`TapTx::write`].
+    pub fn send_in_place(&mut self, file: usize, prefix: &[u8], pkt: &mut PacketBuf) -> bool {
+        let Some(buf) = self.lent else {
+            return false;
+        };
+        // A different `PacketBuf` (the caller's own) has its storage elsewhere.
+        if pkt.receive_area(self.prefix).as_mut_ptr() != self.rx_areas[usize::from(buf)].0 {
+            return false;
+        }
+        let Ok(bytes) = pkt.framed(prefix) else {
+            return false;
+        };
+        let e = opcode::WriteFixed::new(
+            types::Fixed(file as u32),
+            bytes.as_ptr(),
+            bytes.len() as u32,
+            buf,
+        )
+        .build()
+        .user_data(WRITE | IN_PLACE | ((file as u64) << 16) | u64::from(buf));
+        if self.push(&e).is_err() {
+            self.counters.write_errors += 1;
+            return false;
+        }
+        self.lent = None;
+        true
+    }
+
+    /// Queues a write of `parts`, one after the other, as one frame to file `file`, copied
+    /// into a transmit buffer; false if no transmit buffer was free or the frame does not fit
+    /// one (counted).
     pub fn write(&mut self, file: usize, parts: [&[u8]; 2]) -> bool {
         let len = parts[0].len() + parts[1].len();
-        if len > self.buf_len {
+        if len > self.tx_len {
             self.counters.write_errors += 1;
             return false;
         }
@@ -260,7 +389,7 @@ impl TapTx {
             self.counters.tx_full += 1;
             return false;
         };
-        let at = usize::from(buf - self.rx_bufs) * self.buf_len;
+        let at = (usize::from(buf) - self.rx_areas.len()) * self.tx_len;
         let dst = &mut self.tx[at..at + len];
         dst[..parts[0].len()].copy_from_slice(parts[0]);
         dst[parts[0].len()..].copy_from_slice(parts[1]);
@@ -278,8 +407,8 @@ impl TapTx {
     /// Pushes `e`, submitting first if the submission queue is full.
     fn push(&mut self, e: &squeue::Entry) -> io::Result<()> {
         // SAFETY: `e` refers only to registered files and to a registered buffer that no
-        // other queued operation uses (the free lists and the armed reads are disjoint), and
-        // that buffer outlives the operation (see `Drop for TapUring`).
+        // other queued operation uses (the free lists, the armed reads and the lent buffer
+        // are disjoint), and that buffer outlives the operation (see `Drop for TapUring`).
         if unsafe { self.ring.submission().push(e) }.is_err() {
             self.ring.submit()?;
             // SAFETY: as above.
