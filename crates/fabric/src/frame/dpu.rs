@@ -237,9 +237,11 @@ impl DpuSwitch {
             return self.sw.drop(FrameDrop::Protocol);
         };
         let mut msg = msg;
-        // A punted frame goes through this pipeline: parsed once, for that and for the key.
+        // A punted frame goes through this pipeline: parsed once, for that and for the key,
+        // after it is copied out of the plane's ring (the plane could rewrite it there between
+        // the parse and the pipeline).
         let parsed = match msg {
-            Msg::Punt(_) => match self.sw.parse(port, frame) {
+            Msg::Punt(_) => match self.sw.load_and_parse(port, frame) {
                 Ok(p) => Some(p),
                 Err(d) => return Outcome::Drop(d),
             },
@@ -254,7 +256,7 @@ impl DpuSwitch {
         let served = self.dpu.delivered_last() == t.packets;
         self.sw.drain(&mut self.dpu, None);
         let r = match &parsed {
-            Some(p) if served => Some(self.sw.run(now, port, (gso_size, Some(frame), p), None).0),
+            Some(p) if served => Some(self.sw.run(now, port, (gso_size, None, p), None).0),
             _ => None,
         };
         self.sw.seal(now, None);

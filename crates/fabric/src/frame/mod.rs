@@ -408,6 +408,21 @@ impl SwitchCore {
         })
     }
 
+    /// Copies `frame` into the node's buffer, then parses it there ([`SwitchCore::parse_loaded`]):
+    /// for a frame in memory another process can write (a vNIC ring), so that the bytes the
+    /// pipeline rewrites and forwards are the bytes it classified. Process it with
+    /// [`SwitchCore::run`] and no frame.
+    pub(crate) fn load_and_parse(
+        &mut self,
+        ingress: PortId,
+        frame: &[u8],
+    ) -> Result<ParsedFrame, FrameDrop> {
+        if self.pkt.load(frame).is_err() {
+            return Err(self.count(FrameDrop::Parse));
+        }
+        self.parse_loaded(ingress)
+    }
+
     /// [`SwitchCore::parse`] of the frame already in the node's buffer (a driver's own buffer
     /// lent for an in-place call).
     pub(crate) fn parse_loaded(&mut self, ingress: PortId) -> Result<ParsedFrame, FrameDrop> {

@@ -75,8 +75,9 @@ impl PlaneSwitch {
             return self.sw.drop(FrameDrop::Protocol);
         };
         // Classified on the headers the pipeline decides on (the inner frame of VXLAN), as the
-        // DPU classified it.
-        let parsed = match self.sw.parse(port, frame) {
+        // DPU classified it, once copied out of the DPU's ring: the bytes the pipeline
+        // processes are the bytes classified.
+        let parsed = match self.sw.load_and_parse(port, frame) {
             Ok(p) => p,
             Err(d) => return Outcome::Drop(d),
         };
@@ -93,9 +94,7 @@ impl PlaneSwitch {
         if direct > 0 {
             // Sent the vATC way: processed here, then copied into the VM's memory.
             let watch = self.sw.watch(now, role, true, t.tenant, key);
-            let (r, changed) = self
-                .sw
-                .run(now, port, (gso_size, Some(frame), &parsed), watch);
+            let (r, changed) = self.sw.run(now, port, (gso_size, None, &parsed), watch);
             if let Ok(out) = r {
                 let mut back = t;
                 back.packets = direct;
@@ -122,9 +121,7 @@ impl PlaneSwitch {
             }
             (None, Some(done)) => {
                 let watch = self.sw.watch(now, role, true, t.tenant, key);
-                let (r, changed) = self
-                    .sw
-                    .run(now, port, (gso_size, Some(frame), &parsed), watch);
+                let (r, changed) = self.sw.run(now, port, (gso_size, None, &parsed), watch);
                 self.sw.seal(now, changed);
                 match r {
                     Ok(out) => Outcome::Return {
