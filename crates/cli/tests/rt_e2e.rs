@@ -219,10 +219,14 @@ port = 2
     }
 
     /// Starts a server in `vm`, killed when the bed goes.
+    /// Starts `program` in `vm` in a process group of its own, so that stopping it also stops
+    /// what it forked (nginx's worker outlives a killed master otherwise).
     fn server(&mut self, vm: &str, program: &str, args: &[&str]) {
+        use std::os::unix::process::CommandExt;
         let child = self
             .exec(vm, program)
             .args(args)
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -371,10 +375,7 @@ port = 2
     }
 
     fn stop(&mut self) {
-        for mut a in self.apps.drain(..) {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
+        self.stop_apps();
         if let Some(mut d) = self.daemon.take() {
             // SAFETY: signalling our own unreaped child.
             unsafe {
@@ -401,14 +402,26 @@ port = 2
     }
 }
 
+impl Bed {
+    /// Kills every application with everything it forked: each leads its own process group
+    /// ([`Bed::server`]).
+    fn stop_apps(&mut self) {
+        for mut a in self.apps.drain(..) {
+            // SAFETY: signalling the process group led by our own unreaped child.
+            unsafe {
+                libc::kill(-(a.id() as i32), libc::SIGKILL);
+            }
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+}
+
 impl Drop for Bed {
     fn drop(&mut self) {
         if self.daemon.is_some() || !self.apps.is_empty() {
             // A failed test: stop everything; the daemon's own cleanup removes the testbed.
-            for mut a in self.apps.drain(..) {
-                let _ = a.kill();
-                let _ = a.wait();
-            }
+            self.stop_apps();
             if let Some(mut d) = self.daemon.take() {
                 // SAFETY: signalling our own unreaped child.
                 unsafe {
