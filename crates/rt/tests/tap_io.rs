@@ -483,8 +483,12 @@ fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into() {
                 !tx.send_in_place(0, &hdr, &mut other),
                 "a buffer that is not the frame's own is refused"
             );
-            // The answer written over the request, in the same buffer.
-            pkt.load(&back).unwrap();
+            // The answer written over the request, in the same buffer, and grown at the front
+            // into the headroom (as an encapsulation or an ICMP error grows a frame): the
+            // write starts before the area the read filled.
+            pkt.load(&back[40..]).unwrap();
+            pkt.push_front(40).unwrap().copy_from_slice(&back[..40]);
+            assert_eq!(pkt.data(), &back[..]);
             assert!(tx.send_in_place(0, &hdr, pkt));
             assert!(!tx.send_in_place(0, &hdr, pkt), "sent once");
             echoed += 1;

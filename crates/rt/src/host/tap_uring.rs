@@ -170,11 +170,18 @@ impl TapUring {
                 (a.as_mut_ptr(), a.len() as u32)
             })
             .collect();
-        let iovecs: Vec<libc::iovec> = rx_areas
-            .iter()
-            .map(|&(base, len)| libc::iovec {
-                iov_base: base.cast(),
-                iov_len: len as usize,
+        // A receive buffer is registered whole, headroom included: reads go to its receive
+        // area, but a frame written out in place may start anywhere in the headroom (an
+        // encapsulation or an ICMP error grows it at the front, and its virtio-net header goes
+        // in front of that), and a fixed write must lie inside its registered buffer.
+        let iovecs: Vec<libc::iovec> = rx
+            .iter_mut()
+            .map(|p| {
+                let whole = p.receive_area(HEADROOM);
+                libc::iovec {
+                    iov_base: whole.as_mut_ptr().cast(),
+                    iov_len: whole.len(),
+                }
             })
             .chain(tx.chunks_exact_mut(tx_len).map(|b| libc::iovec {
                 iov_base: b.as_mut_ptr().cast(),
