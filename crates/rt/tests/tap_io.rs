@@ -341,6 +341,28 @@ fn tap_names_longer_than_15_bytes_are_refused() {
     assert!(err.to_string().contains("15 bytes"), "{err}");
 }
 
+/// A UDP socket on `LOCAL_IP:port` in `ns`, bound before this returns, collecting the payloads
+/// of up to `n` datagrams (fewer if none comes for [`TIMEOUT`]).
+fn udp_receiver(ns: &str, port: u16, n: usize) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let receiver = spawn_in_netns(ns, move || {
+        let s = UdpSocket::bind((LOCAL_IP, port)).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while got.len() < n {
+            match s.recv_from(&mut buf) {
+                Ok((len, _)) => got.push(buf[..len].to_vec()),
+                Err(_) => break,
+            }
+        }
+        got
+    });
+    ready_rx.recv_timeout(TIMEOUT).unwrap();
+    receiver
+}
+
 #[test]
 fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there() {
     if !oslab::require_root("TAP devices and network namespaces") {
@@ -349,22 +371,7 @@ fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there()
     use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     const N: usize = 200;
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let receiver = spawn_in_netns(&t.ns, move || {
-        let s = UdpSocket::bind((LOCAL_IP, 9997)).unwrap();
-        s.set_read_timeout(Some(TIMEOUT)).unwrap();
-        ready_tx.send(()).unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 2048];
-        while got.len() < N {
-            match s.recv_from(&mut buf) {
-                Ok((n, _)) => got.push(buf[..n].to_vec()),
-                Err(_) => break,
-            }
-        }
-        got
-    });
-    ready_rx.recv_timeout(TIMEOUT).unwrap();
+    let receiver = udp_receiver(&t.ns, 9997, N);
     // Four reads armed: the N datagrams need every buffer re-armed many times over.
     let fd = t.tap.as_fd(0).unwrap();
     let mut ring = TapUring::new(&[fd], 4, 64, VnetHdr::LEN, 2048).unwrap();
@@ -429,22 +436,7 @@ fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into() {
     use spillway_vswitch::PacketBuf;
     let t = tap_in_netns(TapOptions::default());
     const N: usize = 300;
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let receiver = spawn_in_netns(&t.ns, move || {
-        let s = UdpSocket::bind((LOCAL_IP, 9996)).unwrap();
-        s.set_read_timeout(Some(TIMEOUT)).unwrap();
-        ready_tx.send(()).unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 2048];
-        while got.len() < N {
-            match s.recv_from(&mut buf) {
-                Ok((n, _)) => got.push(buf[..n].to_vec()),
-                Err(_) => break,
-            }
-        }
-        got
-    });
-    ready_rx.recv_timeout(TIMEOUT).unwrap();
+    let receiver = udp_receiver(&t.ns, 9996, N);
     // One read armed on the TAP: every frame sent in place holds a buffer until its write
     // completes, and the TAP's next read must still find one.
     let fd = t.tap.as_fd(0).unwrap();
