@@ -74,6 +74,13 @@ impl Bed {
         host_extra: &str,
         hw_pps: u32,
     ) -> Bed {
+        let mut bed = Bed::configure(hw_entries, vm_extra, host_extra, hw_pps);
+        bed.spawn(hold);
+        bed
+    }
+
+    /// [`Bed::start_config`]'s testbed file, written but not started.
+    fn configure(hw_entries: u32, vm_extra: &str, host_extra: &str, hw_pps: u32) -> Bed {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let name = format!("e{:x}", (std::process::id() % 0xffff) * 16 + n % 16);
         let dir = tempfile::tempdir().expect("temp dir");
@@ -142,15 +149,13 @@ port = 2
                 ),
         );
         std::fs::write(&config, text).expect("write testbed");
-        let mut bed = Bed {
+        Bed {
             name,
             dir,
             config,
             daemon: None,
             apps: Vec::new(),
-        };
-        bed.spawn(hold);
-        bed
+        }
     }
 
     /// Starts `spillway run` on this bed's testbed and waits until it is ready.
@@ -844,6 +849,36 @@ fn the_plane_allocates_nothing_per_frame() {
 /// hardware path, and the excess is dropped and counted as `dpu.hw.overload`. Read over two
 /// seconds once the flows are on the fast path. The limit is low so that even a starved debug
 /// build on a shared CI machine offers well above it.
+#[test]
+fn taps_without_virtio_net_headers_forward_in_place_too() {
+    if !spillway_testkit::prerequisites(&["ip", "iperf3", "ss"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // `vnet_hdr = false`: the TAPs carry bare frames (no offloads), so the ring reads each
+    // frame with no metadata in front and writes it back with none.
+    let mut bed = Bed::configure(2000, "", "", 30_000);
+    let text = std::fs::read_to_string(&bed.config).unwrap();
+    let text = text.replacen("[testbed]\n", "[testbed]\nvnet_hdr = false\n", 1);
+    assert!(text.contains("vnet_hdr = false"), "{text}");
+    std::fs::write(&bed.config, text).unwrap();
+    bed.spawn("released");
+    bed.iperf3_server();
+    let v = iperf3_json(&bed, &["-t", "2"]);
+    let got = v["end"]["sum_received"]["bytes"].as_f64().unwrap_or(0.0);
+    let s = bed.status();
+    eprintln!(
+        "TCP without virtio-net headers: {got} bytes in 2 s; writes in place {} of {}",
+        counter(&s, "rt.uring.writes_in_place"),
+        counter(&s, "rt.uring.writes")
+    );
+    assert!(got > 1e6, "TCP without virtio-net headers: {got} bytes");
+    assert!(counter(&s, "rt.uring.writes_in_place") > 1000, "{s:#}");
+    assert_eq!(counter(&s, "rt.drop.vnet_hdr"), 0, "{s:#}");
+    assert_eq!(counter(&s, "rt.uring.write_errors"), 0, "{s:#}");
+    bed.stop_and_check_clean();
+}
+
 #[test]
 fn the_fast_path_admits_no_more_than_its_limit() {
     if !spillway_testkit::prerequisites(&["ip"]) {
