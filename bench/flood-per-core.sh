@@ -68,7 +68,9 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 # One run of mode $1 (run number $2): prints "mode rx_kpps tx_kpps dpu_cores plane_cores
-# plane_rss_cold_kb plane_rss_end_kb" (the plane's figures 0 without a plane).
+# plane_rss_cold_kb plane_rss_end_kb plane_replaced" (the plane's figures 0 without a plane;
+# plane_replaced 1 when the plane measured at the start was gone at the end: the DPU failed
+# open and started another, so that run's plane figures measure nothing and are left out).
 one_run() {
     local mode=$1 run=$2 ready=$WORK/ready log=$WORK/spillway.log
     local args=(--hold released --tap-io "$mode")
@@ -79,7 +81,7 @@ one_run() {
     SPW_PID=$!
     for _ in $(seq 300); do [[ -s $ready ]] && break; sleep 0.1; done
     [[ -s $ready ]] || { echo "spillway not ready: $(tail -3 "$log")" >&2; return 1; }
-    local dpu plane=0 rss_cold=0 rss_end=0 p0=0 p1=0
+    local dpu plane=0 rss_cold=0 rss_end=0 p0=0 p1=0 replaced=0
     dpu=$(cat "$ready")
     if [[ $mode == plane ]]; then
         for _ in $(seq 200); do
@@ -108,6 +110,10 @@ one_run() {
     if ((plane)); then
         p1=$(ticks "$plane")
         rss_end=$(rss_kb "$plane")
+        if ! kill -0 "$plane" 2>/dev/null || ((p1 < p0)); then
+            replaced=1
+            echo "[flood-per-core] run $run: the plane (pid $plane) was replaced during the run (a fail-open); its figures are left out" >&2
+        fi
     fi
     [[ -n $perf_pid ]] && wait "$perf_pid"
     wait "$sink"
@@ -119,16 +125,16 @@ one_run() {
     SPW_PID=''
     [[ -n $KEEP ]] && cp "$log" "$KEEP/spillway-$mode-$run.log"
     python3 - "$mode" "$WORK/gen.json" "$WORK/sink.json" "$((c1 - c0))" "$((t1 - t0))" \
-        "$(getconf CLK_TCK)" "$((p1 - p0))" "$rss_cold" "$rss_end" <<'PY'
+        "$(getconf CLK_TCK)" "$((p1 - p0))" "$rss_cold" "$rss_end" "$replaced" <<'PY'
 import json, sys
-mode, gen_f, sink_f, ticks, ns, hz, pticks, rss_cold, rss_end = sys.argv[1:]
+mode, gen_f, sink_f, ticks, ns, hz, pticks, rss_cold, rss_end, replaced = sys.argv[1:]
 def last(path):
     with open(path) as f:
         return json.loads([l for l in f if l.startswith("{")][-1])
 gen, sink = last(gen_f), last(sink_f)
 secs = int(ns) / 1e9
 print(mode, sink["pps"] / 1e3, gen["pps"] / 1e3, int(ticks) / int(hz) / secs,
-      int(pticks) / int(hz) / secs, rss_cold, rss_end)
+      int(pticks) / int(hz) / secs, rss_cold, rss_end, replaced)
 PY
 }
 
@@ -147,12 +153,24 @@ path, json_out, runs, duration = sys.argv[1:]
 rows = {}
 names = ["rx_kpps", "tx_kpps", "dpu_cores", "kpps_per_dpu_core", "plane_cores",
          "plane_rss_cold_mib", "plane_rss_end_mib"]
+replaced = {}
 for line in open(path):
-    mode, rx, tx, cores, pcores, cold, end = line.split()
+    mode, rx, tx, cores, pcores, cold, end, gone = line.split()
+    # A run whose plane was replaced keeps its rates; its plane figures are None (left out).
+    plane = (None, None) if gone == "1" else (float(pcores), int(end) / 1024)
+    replaced.setdefault(mode, []).append(gone == "1")
     rows.setdefault(mode, []).append((float(rx), float(tx), float(cores), float(rx) / float(cores),
-                                      float(pcores), int(cold) / 1024, int(end) / 1024))
+                                      plane[0], int(cold) / 1024, plane[1]))
 def fmt(xs, f="{:.0f}"):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
     return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}-{f.format(max(xs))}]"
+def stats(xs):
+    kept = [x for x in xs if x is not None]
+    if not kept:
+        return {"median": None, "min": None, "max": None, "runs": list(xs)}
+    return {"median": statistics.median(kept), "min": min(kept), "max": max(kept), "runs": list(xs)}
 print(f"flood-per-core: medians of {runs} interleaved runs, {duration} s each [min-max]")
 print(f"{'mode':9} {'rx kpps':>15} {'tx kpps':>15} {'DPU cores':>17} {'kpps/DPU core':>15}"
       f" {'plane cores':>17} {'plane RSS MiB: cold':>20} {'end':>15}")
@@ -161,8 +179,11 @@ for mode, v in rows.items():
     c = list(zip(*v))
     print(f"{mode:9} {fmt(c[0]):>15} {fmt(c[1]):>15} {fmt(c[2], '{:.2f}'):>17} {fmt(c[3]):>15}"
           f" {fmt(c[4], '{:.2f}'):>17} {fmt(c[5], '{:.1f}'):>20} {fmt(c[6], '{:.1f}'):>15}")
-    out[mode] = {k: {"median": statistics.median(x), "min": min(x), "max": max(x), "runs": list(x)}
-                 for k, x in zip(names, c)}
+    out[mode] = {k: stats(x) for k, x in zip(names, c)}
+    out[mode]["plane_replaced_runs"] = sum(replaced[mode])
+    if any(replaced[mode]):
+        print(f"  {mode}: in {sum(replaced[mode])} of {len(replaced[mode])} runs the plane failed "
+              "open and was replaced; those runs' plane figures are left out")
 if json_out:
     with open(json_out, "w") as f:
         json.dump(out, f, indent=1)
