@@ -218,6 +218,7 @@ struct PlaneProcess {
 
 /// Runs the plane until SIGTERM or the DPU process goes away.
 pub fn run(opts: PlaneOptions) -> Result<(), String> {
+    disable_huge_pages()?;
     let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
     let vnic = connect(&opts)?;
     let clock = Clock::with_origin(opts.clock_origin_ns);
@@ -275,6 +276,28 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             sleep(&mut p.vnic, &p.sw, now)?;
         }
     }
+}
+
+/// Turns transparent huge pages off for this process, before its tables are allocated.
+///
+/// The plane's tables (classifier, conntrack, flow entries) are reserved at start and touched
+/// as connections arrive, at random places. With huge pages, each first touch of a 2 MiB
+/// region faults and zeroes it whole: when a flood's first connections reached a fresh plane,
+/// it spent 20-25 ms in those faults (`clear_page_erms` under `ConnTable::learn` in a
+/// profile), missed three 5 ms heartbeats, and the DPU failed it open (about one run in three
+/// of `bench/flood-per-core.sh --modes plane`). With 4 KiB pages the same zeroing is spread
+/// over the connections that need it.
+fn disable_huge_pages() -> Result<(), String> {
+    // SAFETY: PR_SET_THP_DISABLE takes an integer flag and three zero arguments, and touches
+    // no memory of ours.
+    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if r != 0 {
+        return Err(format!(
+            "prctl(PR_SET_THP_DISABLE): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 /// Connects to the DPU process's vNIC socket and maps the vNIC set. The handshake secret comes
