@@ -288,16 +288,8 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
 /// of `bench/flood-per-core.sh --modes plane`). With 4 KiB pages the same zeroing is spread
 /// over the connections that need it.
 fn disable_huge_pages() -> Result<(), String> {
-    // SAFETY: PR_SET_THP_DISABLE takes an integer flag and three zero arguments, and touches
-    // no memory of ours.
-    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    if r != 0 {
-        return Err(format!(
-            "prctl(PR_SET_THP_DISABLE): {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
+    rustix::thread::disable_transparent_huge_pages(true)
+        .map_err(|e| format!("prctl(PR_SET_THP_DISABLE): {e}"))
 }
 
 /// Connects to the DPU process's vNIC socket and maps the vNIC set. The handshake secret comes
