@@ -100,7 +100,10 @@ impl DpuSwitch {
         gso_size: u16,
         frame: &'a [u8],
     ) -> Outcome<'a> {
-        match self.decide(now, port, gso_size, Some(frame)) {
+        if self.sw.pkt.load(frame).is_err() {
+            return self.sw.drop(FrameDrop::Parse);
+        }
+        match self.decide(now, port, gso_size) {
             Decided::Forward(out) => self.sw.forwarded(out),
             Decided::Steer(msg) => Outcome::Steer { msg },
             Decided::Drop(d) => Outcome::Drop(d),
@@ -120,7 +123,7 @@ impl DpuSwitch {
     ) -> Outcome<'a> {
         // The node's own buffer is set aside for the call, not copied: a swap of two boxes.
         std::mem::swap(&mut self.sw.pkt, pkt);
-        let decided = self.decide(now, port, self.sw.pkt.gso_size(), None);
+        let decided = self.decide(now, port, self.sw.pkt.gso_size());
         std::mem::swap(&mut self.sw.pkt, pkt);
         match decided {
             Decided::Forward(out) => Outcome::Forward {
@@ -133,22 +136,11 @@ impl DpuSwitch {
         }
     }
 
-    /// What [`DpuSwitch::process`] does to `frame`, or (with `None`) to the frame already in
-    /// the node's buffer; drops are counted.
-    fn decide(
-        &mut self,
-        now: Instant,
-        port: PortId,
-        gso_size: u16,
-        frame: Option<&[u8]>,
-    ) -> Decided {
+    /// What [`DpuSwitch::process`] does to the frame in the node's buffer; drops are counted.
+    fn decide(&mut self, now: Instant, port: PortId, gso_size: u16) -> Decided {
         // Decapsulation by where the frame came from: VXLAN only on the uplink; a VM port's
         // UDP to the VXLAN port is tenant traffic, not our underlay.
-        let parsed = match frame {
-            Some(f) => self.sw.parse(port, f),
-            None => self.sw.parse_loaded(port),
-        };
-        let parsed = match parsed {
+        let parsed = match self.sw.parse_loaded(port) {
             Ok(p) => p,
             Err(d) => return Decided::Drop(d),
         };
@@ -163,7 +155,7 @@ impl DpuSwitch {
         if spillway_vswitch::neigh::claims(&parsed) {
             // The SoC's: the pipeline answers in place (out of this port) or consumes it.
             self.sw.counters.neigh_frames += 1;
-            return match self.sw.run(now, port, (0, frame, &parsed), None) {
+            return match self.sw.run(now, port, (0, &parsed), None) {
                 (Ok(out), _) => Decided::Forward(out),
                 (Err(d), _) => Decided::Drop(d),
             };
@@ -172,7 +164,7 @@ impl DpuSwitch {
         let Some(key) = headers.key else {
             return Decided::Drop(self.sw.count(FrameDrop::NonIp));
         };
-        let frame_len = frame.map_or(self.sw.pkt.len(), <[u8]>::len);
+        let frame_len = self.sw.pkt.len();
         let len = frame_len as u32;
         let mut train = self
             .sw
@@ -194,7 +186,7 @@ impl DpuSwitch {
             let role = self.dpu.conn(train.conn).map(|c| c.role);
             let linked = self.dpu.phase().has_plane();
             let watch = self.sw.watch(now, role, linked, tenant, Some(key));
-            let (r, changed) = self.sw.run(now, port, (gso_size, frame, &parsed), watch);
+            let (r, changed) = self.sw.run(now, port, (gso_size, &parsed), watch);
             result = Some((r, changed));
         } else if train.kind == Kind::Close && delivered == 0 {
             self.sw.pipeline.forget_conn(now, tenant, &key);
@@ -256,7 +248,7 @@ impl DpuSwitch {
         let served = self.dpu.delivered_last() == t.packets;
         self.sw.drain(&mut self.dpu, None);
         let r = match &parsed {
-            Some(p) if served => Some(self.sw.run(now, port, (gso_size, None, p), None).0),
+            Some(p) if served => Some(self.sw.run(now, port, (gso_size, p), None).0),
             _ => None,
         };
         self.sw.seal(now, None);

@@ -393,25 +393,11 @@ impl SwitchCore {
         Some(Watch { zone, key, before })
     }
 
-    /// `frame` from `ingress` parsed as the pipeline parses it (VXLAN only on the uplink, for
-    /// our VTEP): the node classifies on this parse and hands it to [`SwitchCore::run`], so a
-    /// frame is parsed once. A frame that does not parse is counted and dropped.
-    pub(crate) fn parse(
-        &mut self,
-        ingress: PortId,
-        frame: &[u8],
-    ) -> Result<ParsedFrame, FrameDrop> {
-        let decap = self.pipeline.policy().host().decap_at(ingress);
-        parse_frame_decap(frame, decap).map_err(|_| {
-            self.counters.count(FrameDrop::Parse);
-            FrameDrop::Parse
-        })
-    }
-
-    /// Copies `frame` into the node's buffer, then parses it there ([`SwitchCore::parse_loaded`]):
-    /// for a frame in memory another process can write (a vNIC ring), so that the bytes the
-    /// pipeline rewrites and forwards are the bytes it classified. Process it with
-    /// [`SwitchCore::run`] and no frame.
+    /// Copies `frame` into the node's buffer, then parses it there ([`SwitchCore::parse_loaded`]).
+    /// Every frame is parsed in memory the node owns (its own buffer, or a driver's lent for an
+    /// in-place call), never where the caller holds it: a frame in memory another process can
+    /// write (a vNIC ring) could change between the parse and the pipeline, and the bytes the
+    /// pipeline rewrites and forwards must be the bytes it classified.
     pub(crate) fn load_and_parse(
         &mut self,
         ingress: PortId,
@@ -423,8 +409,10 @@ impl SwitchCore {
         self.parse_loaded(ingress)
     }
 
-    /// [`SwitchCore::parse`] of the frame already in the node's buffer (a driver's own buffer
-    /// lent for an in-place call).
+    /// The frame in the node's buffer parsed as the pipeline parses it (VXLAN only on the
+    /// uplink, for our VTEP): the node classifies on this parse and hands it to
+    /// [`SwitchCore::run`], so a frame is parsed once. A frame that does not parse is counted
+    /// and dropped.
     pub(crate) fn parse_loaded(&mut self, ingress: PortId) -> Result<ParsedFrame, FrameDrop> {
         let decap = self.pipeline.policy().host().decap_at(ingress);
         parse_frame_decap(self.pkt.data(), decap).map_err(|_| {
@@ -433,23 +421,16 @@ impl SwitchCore {
         })
     }
 
-    /// Runs the pipeline on `frame` from `ingress`, `parsed` by [`SwitchCore::parse`]: the
-    /// egress port, or why it was dropped (counted), and the conntrack change to mirror if
-    /// `watch` saw one. With `frame` `None` the frame is the one already in the node's buffer
-    /// ([`SwitchCore::parse_loaded`]), processed where it is.
+    /// Runs the pipeline, where it is, on the frame in the node's buffer from `ingress`,
+    /// `parsed` by [`SwitchCore::parse_loaded`]: the egress port, or why it was dropped
+    /// (counted), and the conntrack change to mirror if `watch` saw one.
     pub(crate) fn run(
         &mut self,
         now: Instant,
         ingress: PortId,
-        (gso_size, frame, parsed): (u16, Option<&[u8]>, &ParsedFrame),
+        (gso_size, parsed): (u16, &ParsedFrame),
         watch: Option<Watch>,
     ) -> (Result<PortId, FrameDrop>, Option<CtSnapshot>) {
-        if let Some(frame) = frame
-            && self.pkt.load(frame).is_err()
-        {
-            self.counters.count(FrameDrop::Parse);
-            return (Err(FrameDrop::Parse), None);
-        }
         self.pkt.set_gso_size(gso_size);
         let verdict = self
             .pipeline

@@ -94,7 +94,7 @@ impl PlaneSwitch {
         if direct > 0 {
             // Sent the vATC way: processed here, then copied into the VM's memory.
             let watch = self.sw.watch(now, role, true, t.tenant, key);
-            let (r, changed) = self.sw.run(now, port, (gso_size, None, &parsed), watch);
+            let (r, changed) = self.sw.run(now, port, (gso_size, &parsed), watch);
             if let Ok(out) = r {
                 let mut back = t;
                 back.packets = direct;
@@ -121,7 +121,7 @@ impl PlaneSwitch {
             }
             (None, Some(done)) => {
                 let watch = self.sw.watch(now, role, true, t.tenant, key);
-                let (r, changed) = self.sw.run(now, port, (gso_size, None, &parsed), watch);
+                let (r, changed) = self.sw.run(now, port, (gso_size, &parsed), watch);
                 self.sw.seal(now, changed);
                 match r {
                     Ok(out) => Outcome::Return {
