@@ -240,34 +240,33 @@ impl DpuDaemon {
         for (n, v) in self.ctl.iter().flat_map(|c| c.refused()) {
             out.push(Sample::counter(n, v).with_help("control connections refused"));
         }
-        for (n, v) in self.sw.pipeline().drops().iter() {
-            out.push(
-                Sample::counter(n, v)
-                    .with_help("frames the DPU's vSwitch pipeline dropped")
-                    .with_label("plane", "dpu"),
-            );
-        }
-        for (n, v) in self.sw.pipeline().neigh_counters().iter() {
-            out.push(
-                Sample::counter(n, v)
-                    .with_help("ARP and neighbour discovery the DPU's vSwitch answered or took")
-                    .with_label("plane", "dpu"),
-            );
-        }
-        for (n, v) in self.sw.pipeline().icmp_error_counters().iter() {
-            out.push(
-                Sample::counter(n, v)
-                    .with_help("ICMP errors the DPU's vSwitch router sent or held back")
-                    .with_label("plane", "dpu"),
-            );
-        }
-        for (n, v) in self.sw.pipeline().frag_counters().iter() {
-            out.push(
-                Sample::counter(n, v)
-                    .with_help("IP fragments the DPU's vSwitch tracked")
-                    .with_label("plane", "dpu"),
-            );
-        }
+        // The DPU vSwitch's counter groups, each under its own help text.
+        let pipeline = self.sw.pipeline();
+        let mut group = |counters: &mut dyn Iterator<Item = (&'static str, u64)>, help| {
+            for (n, v) in counters {
+                out.push(
+                    Sample::counter(n, v)
+                        .with_help(help)
+                        .with_label("plane", "dpu"),
+                );
+            }
+        };
+        group(
+            &mut pipeline.drops().iter(),
+            "frames the DPU's vSwitch pipeline dropped",
+        );
+        group(
+            &mut pipeline.neigh_counters().iter(),
+            "ARP and neighbour discovery the DPU's vSwitch answered or took",
+        );
+        group(
+            &mut pipeline.icmp_error_counters().iter(),
+            "ICMP errors the DPU's vSwitch router sent or held back",
+        );
+        group(
+            &mut pipeline.frag_counters().iter(),
+            "IP fragments the DPU's vSwitch tracked",
+        );
         out.push(Sample::gauge("dpu.hw.entries", dpu.hw_entries() as f64));
         out.push(Sample::gauge("dpu.hw.capacity", dpu.hw_capacity() as f64));
         out.push(Sample::gauge("dpu.redirect.quota", f64::from(dpu.quota())));
