@@ -7,23 +7,24 @@ use spillway_vswitch::Instant;
 
 use super::lifecycle::{DrainStep, Phase};
 use super::resources::SocWork;
-use super::{DpuConn, DpuNode, RecallHistory, Role};
+use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::links::{at_ps, ps};
 use crate::server::PS_PER_NS;
 use crate::stats::FabricDrop;
 use crate::types::{Channel, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train};
 
-impl DpuNode {
+impl<R: ResourcesHandle> DpuNode<R> {
     /// A train from a VM or the uplink.
     pub fn handle_train(&mut self, now: Instant, t: &Train) {
         self.delivered_last = 0;
         self.counters.offered += u64::from(t.packets);
         self.win.count_tenant(t.tenant, t.packets);
-        if let Some(a) = self.res.offer_fast_path(now, t) {
+        let fast = self.res.write().offer_fast_path(now, t);
+        if let Some(a) = fast {
             self.drops
                 .add_refused(FabricDrop::HwOverload, t.packets, a.count);
             if a.count > 0 {
-                let sum = a.wait_sum_ps + u64::from(a.count) * self.res.hw_latency_ps;
+                let sum = a.wait_sum_ps + u64::from(a.count) * self.hw_latency_ps;
                 self.deliver(now, t, a.count, sum, true);
                 // Payload on the hardware path changes no connection state: the entry's own
                 // counters count it, and the SoC's record is left alone (as hardware conntrack
@@ -44,7 +45,7 @@ impl DpuNode {
     }
 
     pub(super) fn steer_to_host(&mut self, now: Instant, t: &Train) {
-        let s = self.res.steer(now, t.packets);
+        let s = self.res.write().steer(now, t.packets);
         self.drops
             .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
         if s.count == 0 {
@@ -54,7 +55,7 @@ impl DpuNode {
             return;
         }
         // A link backed up toward the host backs up into the phy vNIC's ring (PCIe is lossless).
-        let room = self.res.link_down.room(ps(now));
+        let room = self.res.write().link_down.room(ps(now));
         let mut part = *t;
         part.packets = s.count.min(room);
         self.drops
@@ -65,7 +66,7 @@ impl DpuNode {
             }
             return;
         }
-        let a = self.res.to_host.offer(ps(now), &part);
+        let a = self.res.write().to_host.offer(ps(now), &part);
         self.drops
             .add_refused(FabricDrop::VnicRingFull, part.packets, a.count);
         if a.count == 0 {
@@ -76,6 +77,7 @@ impl DpuNode {
         }
         let l = self
             .res
+            .write()
             .link_down
             .cross(a.finish_ps, a.count, t.packet_bytes);
         self.drops
@@ -99,7 +101,7 @@ impl DpuNode {
         let known = self.conns.get(&t.conn).copied();
         if t.denied {
             // The policy walk runs, then denies: the SoC pays a new-connection walk.
-            let a = self.res.soc(now, SocWork::NewConn, t.packets);
+            let a = self.res.write().soc(now, SocWork::NewConn, t.packets);
             self.drops
                 .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
             self.drops.add(FabricDrop::Policy, u64::from(a.count));
@@ -107,12 +109,12 @@ impl DpuNode {
         }
         match known {
             None if t.kind == Kind::Open => {
-                if !self.res.conn_fits() {
+                if !self.res.read().conn_fits() {
                     self.drops.add(FabricDrop::MemFull, u64::from(t.packets));
                     self.counters.open_dropped += 1;
                     return;
                 }
-                let a = self.res.soc(now, SocWork::NewConn, t.packets);
+                let a = self.res.write().soc(now, SocWork::NewConn, t.packets);
                 self.drops
                     .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
                 if a.count == 0 {
@@ -159,7 +161,7 @@ impl DpuNode {
                 self.first_no_state.get_or_insert(t.conn);
             }
             Some(c) => {
-                let a = self.res.soc(now, SocWork::Miss, t.packets);
+                let a = self.res.write().soc(now, SocWork::Miss, t.packets);
                 self.drops
                     .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
                 if a.count == 0 {
@@ -231,14 +233,14 @@ impl DpuNode {
         if t.dest == Dest::Vm {
             // The crossing into the VM starts when the batch's average packet is done.
             let at = ps(now) + latency_ps_sum / u64::from(n.max(1));
-            let l = self.res.link_down.cross(at, n, t.packet_bytes);
+            let l = self.res.write().link_down.cross(at, n, t.packet_bytes);
             self.drops.add_refused(FabricDrop::PcieLinkFull, n, l.count);
             if l.count == 0 {
                 return;
             }
             latency_ps_sum = latency_ps_sum / u64::from(n) * u64::from(l.count) + l.wait_sum_ps;
             n = l.count;
-            extra = self.res.pcie_latency_ns;
+            extra = self.pcie_latency_ns;
         }
         self.delivered_last += n;
         let mean_ns = latency_ps_sum / u64::from(n.max(1)) / PS_PER_NS + extra;
@@ -259,7 +261,7 @@ impl DpuNode {
     /// steering engine again (parse + match, no rewrite), then go out of the uplink or, for a
     /// VM, cross the PCIe link a third time into it.
     pub(super) fn handle_returned(&mut self, now: Instant, t: &Train) {
-        let s = self.res.steer(now, t.packets);
+        let s = self.res.write().steer(now, t.packets);
         self.drops
             .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
         if s.count == 0 {
@@ -268,6 +270,7 @@ impl DpuNode {
         let (n, mean_done_ps, extra) = if t.dest == Dest::Vm {
             let l = self
                 .res
+                .write()
                 .link_down
                 .cross(s.finish_ps, s.count, t.packet_bytes);
             self.drops
@@ -276,7 +279,7 @@ impl DpuNode {
                 return;
             }
             let mean = s.finish_ps + l.wait_sum_ps / u64::from(l.count);
-            (l.count, mean, self.res.pcie_latency_ns)
+            (l.count, mean, self.pcie_latency_ns)
         } else {
             let mean = ps(now) + s.wait_sum_ps / u64::from(s.count);
             (s.count, mean, 0)

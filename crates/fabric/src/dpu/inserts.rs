@@ -1,8 +1,11 @@
 //! The DPU's insertion queue: rule inserts wait for the insertion engine (one server at
-//! `insert_rate_limit` behind `insert_queue_max`), then for `insert_latency`, before the
-//! hardware is asked to take the entry. What happens when the entry is due (live, refused by a
-//! full table, stale because the connection closed) is the node's business; this object only
-//! rate-limits, delays and keeps the order.
+//! `insert_rate_limit` behind `insert_queue_max`, one of the DPU's [`Resources`] because the
+//! rate is the whole DPU's), then for `insert_latency`, before the hardware is asked to take
+//! the entry. What happens when the entry is due (live, refused by a full table, stale because
+//! the connection closed) is the node's business; this object only delays and keeps the order
+//! of the node's own inserts.
+//!
+//! [`Resources`]: super::resources::Resources
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -10,9 +13,9 @@ use std::time::Duration;
 use spillway_vswitch::Instant;
 
 use crate::hw::HwKey;
-use crate::links::{at_ps, ps};
+use crate::links::at_ps;
 use crate::params::FabricParams;
-use crate::server::Server;
+use crate::server::Admitted;
 
 /// An insert on its way to the hardware.
 #[derive(Clone, Copy, Debug)]
@@ -28,8 +31,6 @@ pub(crate) struct PendingInsert {
 /// The insertion queue. See the module doc.
 #[derive(Debug)]
 pub(crate) struct InsertQueue {
-    engine: Server,
-    cost_ps: u64,
     latency: Duration,
     pending: VecDeque<PendingInsert>,
 }
@@ -38,8 +39,6 @@ impl InsertQueue {
     pub(crate) fn new(f: &FabricParams) -> InsertQueue {
         let d = &f.dpu;
         InsertQueue {
-            engine: Server::new(1, d.insert_queue_max),
-            cost_ps: (1e12 / d.insert_rate_limit) as u64,
             latency: d.insert_latency,
             // Grows to `insert_queue_max` under load rather than reserving it up front: a
             // large queue bound must not cost its whole memory at start.
@@ -47,14 +46,14 @@ impl InsertQueue {
         }
     }
 
-    /// Queues an insert of `key` issued at `now`; false when the engine's queue is full.
-    pub(crate) fn push(&mut self, now: Instant, key: HwKey, recall: bool) -> bool {
-        let a = self.engine.offer(ps(now), 1, self.cost_ps);
-        if a.count == 0 {
+    /// Queues an insert of `key` that the insertion engine took as `engine`; false when the
+    /// engine's queue was full.
+    pub(crate) fn push(&mut self, engine: Admitted, key: HwKey, recall: bool) -> bool {
+        if engine.count == 0 {
             return false;
         }
         self.pending.push_back(PendingInsert {
-            due: at_ps(a.finish_ps) + self.latency,
+            due: at_ps(engine.finish_ps) + self.latency,
             key,
             recall,
         });
@@ -77,9 +76,5 @@ impl InsertQueue {
     /// Inserts queued (each will take an entry if it succeeds).
     pub(crate) fn len(&self) -> usize {
         self.pending.len()
-    }
-
-    pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        self.engine.check_invariants()
     }
 }

@@ -30,9 +30,11 @@
 //!
 //! # Layout
 //!
-//! [`DpuNode`] composes owned parts, each a leaf module that knows nothing of the node:
-//! `resources` (everything the DPU can run out of: fast path, SoC, steering, phy vNIC, PCIe,
-//! memory), `inserts` (the rate-limited insertion queue), `lifecycle` (phase, hold, colour,
+//! [`DpuNode`] composes parts, each a leaf module that knows nothing of the node:
+//! `resources` (everything the DPU can run out of: fast path and table, SoC, steering, phy
+//! vNIC, PCIe, memory, the insertion engine; one budget for the whole DPU, reached through a
+//! [`ResourcesHandle`] so that several shards can share it), `inserts` (the node's inserts in
+//! flight, in order), `lifecycle` (phase, hold, colour,
 //! quota, the plane's last report, events and commands), `window` (measurement windows and
 //! URSched) and `deletes` (duplicate suppression for the reliable channel). The node's own
 //! methods are the protocol between those parts, by input: `datapath` (trains), `protocol`
@@ -70,16 +72,17 @@ use spillway_vswitch::Instant;
 pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
+pub use resources::{Resources, ResourcesHandle};
 
-use crate::params::FabricParams;
+use crate::params::{FabricParams, ns};
 use crate::records::{Outbox, Record, Records};
+use crate::server::PS_PER_NS;
 use crate::stats::{Drops, LatencyHist};
 use crate::types::{Channel, ConnId, ConnState, Msg, Owner, SyncKind, Transmit};
 use crate::ursched::Load;
 use deletes::DeleteLog;
 use inserts::InsertQueue;
 use lifecycle::Lifecycle;
-use resources::Resources;
 use window::Windows;
 
 /// The DPU's record of a connection.
@@ -195,18 +198,24 @@ spillway_vswitch::counters! {
 
 /// The emulated DPU node. See the module doc.
 ///
-/// The node is a composition of owned parts, each in its own module: [`Resources`] (what the
-/// DPU can run out of), [`InsertQueue`], [`Lifecycle`] (phase, hold, colour, quota, what the
+/// The node is a composition of parts, each in its own module: [`Resources`] (what the DPU
+/// can run out of, reached through `R`, the node's [`ResourcesHandle`]: the node's own by
+/// default, shared with the DPU's other shards in a driver that forwards on several threads),
+/// [`InsertQueue`], [`Lifecycle`] (phase, hold, colour, quota, what the
 /// plane last reported), [`Windows`] (measurement windows and URSched), the connection
 /// records, the outbox toward the plane and the delete log. The node's methods are the
 /// protocol between them: `datapath.rs` serves trains, `protocol.rs` the plane's messages and
 /// the hardware's completions, `transitions.rs` the lifecycle's steps.
 #[derive(Debug)]
-pub struct DpuNode {
+pub struct DpuNode<R: ResourcesHandle = Resources> {
     f: FabricParams,
     /// Packets the current input delivered (see [`DpuNode::delivered_last`]).
     delivered_last: u32,
-    res: Resources,
+    res: R,
+    /// `pcie.latency`, converted once rather than per train.
+    pcie_latency_ns: u64,
+    /// `dpu.hw_latency` in picoseconds.
+    hw_latency_ps: u64,
     inserts: InsertQueue,
     life: Lifecycle,
     win: Windows,
@@ -232,8 +241,17 @@ impl DpuNode {
 
     /// A DPU node over other hardware (a real backend, or a test double).
     pub fn with_hardware(f: &FabricParams, hw: Box<dyn DpuHardware>) -> DpuNode {
+        DpuNode::with_resources(f, Resources::new(f, hw))
+    }
+}
+
+impl<R: ResourcesHandle> DpuNode<R> {
+    /// A DPU node that charges the resources `res` reaches (built from the same `f`).
+    pub fn with_resources(f: &FabricParams, res: R) -> DpuNode<R> {
         DpuNode {
-            res: Resources::new(f, hw),
+            res,
+            pcie_latency_ns: ns(f.pcie.latency),
+            hw_latency_ps: ns(f.dpu.hw_latency) * PS_PER_NS,
             inserts: InsertQueue::new(f),
             life: Lifecycle::new(),
             win: Windows::new(f),
@@ -282,15 +300,15 @@ impl DpuNode {
     }
     /// Hardware entries in use.
     pub fn hw_entries(&self) -> usize {
-        self.res.entries()
+        self.res.read().entries()
     }
     /// Hardware table capacity.
     pub fn hw_capacity(&self) -> usize {
-        self.res.capacity()
+        self.res.read().capacity()
     }
     /// DPU memory in use, bytes.
     pub fn mem_used(&self) -> u64 {
-        self.res.mem_used()
+        self.res.read().mem_used()
     }
     /// Redirected buckets (the overflow quota).
     pub fn quota(&self) -> u16 {
@@ -306,11 +324,12 @@ impl DpuNode {
     /// packet. The entries' counters count matches, so under fast-path overload (a full input
     /// queue) this includes packets the queue then dropped.
     pub fn recalled_hw_packets(&self) -> u64 {
+        let res = self.res.read();
         let live: u64 = self
             .conns
             .iter()
             .filter(|(_, c)| c.recalled && c.hw_live > 0)
-            .map(|(k, _)| self.res.entry_packets(*k))
+            .map(|(k, _)| res.entry_packets(*k))
             .sum();
         self.recalled_hw_retired + live
     }
@@ -319,7 +338,7 @@ impl DpuNode {
     /// counts so far stay in [`DpuNode::recalled_hw_packets`].
     fn retire_recalled(&mut self, conn: ConnId) {
         if self.conns.get(&conn).is_some_and(|c| c.recalled) {
-            self.recalled_hw_retired += self.res.entry_packets(conn);
+            self.recalled_hw_retired += self.res.read().entry_packets(conn);
         }
     }
 
@@ -401,15 +420,16 @@ impl DpuNode {
 
     fn add_conn(&mut self, conn: ConnId, rec: DpuConn) {
         if self.conns.insert(conn, rec).is_none() {
-            self.res.conn_added();
+            self.res.write().conn_added();
         }
     }
 
     fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
         self.retire_recalled(conn);
         let rec = self.conns.remove(conn)?;
-        self.res.conn_removed();
-        self.counters.deletes += self.res.remove_entries(conn);
+        let mut res = self.res.write();
+        res.conn_removed();
+        self.counters.deletes += res.remove_entries(conn);
         Some(rec)
     }
 
@@ -425,14 +445,21 @@ impl DpuNode {
     /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.
     /// O(connections).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.res.check_invariants(self.conns.len())?;
-        self.inserts.check_invariants()?;
+        let res = self.res.read();
+        res.check_invariants()?;
+        if R::EXCLUSIVE && res.conns() != self.conns.len() as u64 {
+            return Err(format!(
+                "dpu: resources count {} records, the node holds {}",
+                res.conns(),
+                self.conns.len()
+            ));
+        }
         self.conns.check("dpu")
     }
 
     /// Cheap checks after every event: table within capacity, queues within bounds.
     pub fn check_cheap(&self) -> Result<(), String> {
-        self.res.check_cheap(self.conns_len())
+        self.res.read().check_cheap()
     }
 }
 

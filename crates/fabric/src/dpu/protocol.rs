@@ -8,11 +8,11 @@ use spillway_vswitch::flow_table::Inserted;
 use super::inserts::PendingInsert;
 use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase};
 use super::resources::SocWork;
-use super::{DpuConn, DpuNode, RecallHistory, Role};
+use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::hw::{HwKey, HwRule};
 use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
 
-impl DpuNode {
+impl<R: ResourcesHandle> DpuNode<R> {
     /// A message from the spill plane.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
         self.delivered_last = 0;
@@ -31,7 +31,7 @@ impl DpuNode {
                 colour,
             } => {
                 self.counters.sync_rx += 1;
-                self.res.soc(now, SocWork::Sync, 1);
+                self.res.write().soc(now, SocWork::Sync, 1);
                 // A message of an older colour comes from a plane that has since failed or
                 // been released: nobody but the DPU can own what it carries.
                 let orphan = !self.life.phase.has_plane() || colour < self.life.colour;
@@ -173,7 +173,7 @@ impl DpuNode {
                 // A mirror needs memory like any connection. Without room the DPU keeps no
                 // copy and could not fail this connection open (`dpu.mirror.skipped`); a
                 // handover is taken regardless, since refusing it would lose the state.
-                if role == Role::Copy && !self.res.conn_fits() {
+                if role == Role::Copy && !self.res.read().conn_fits() {
                     self.counters.mirror_skipped += 1;
                     return;
                 }
@@ -207,7 +207,7 @@ impl DpuNode {
         let charge = (pps - replaces_pps).max(0.0);
         let fits_pps = self.win.recall_fits(charge);
         let known = self.conns.contains_key(&state.conn);
-        if free < 2 || !fits_pps || (!known && !self.res.conn_fits()) {
+        if free < 2 || !fits_pps || (!known && !self.res.read().conn_fits()) {
             self.counters.recalls_refused += 1;
             self.send(
                 now,
@@ -307,7 +307,7 @@ impl DpuNode {
         } else {
             // Roll back whatever went in; the plane keeps the connection.
             self.retire_recalled(conn);
-            self.counters.deletes += self.res.remove_entries(conn);
+            self.counters.deletes += self.res.write().remove_entries(conn);
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.hw_live = 0;
                 c.recalled = false;
@@ -328,6 +328,7 @@ impl DpuNode {
         }
         let outcome = self
             .res
+            .write()
             .insert_entry(now, p.key, HwRule { recalled: p.recall });
         let rec = self.conns.get_mut(&p.key.conn).expect("checked above");
         rec.inserts_pending -= 1;
@@ -356,7 +357,7 @@ impl DpuNode {
     /// over by bucket).
     pub(super) fn strip_entries(&mut self, conn: ConnId) {
         self.retire_recalled(conn);
-        let removed = self.res.remove_entries(conn);
+        let removed = self.res.write().remove_entries(conn);
         self.counters.deletes += removed;
         self.counters.deletes_to_host += removed;
         if let Some(r) = self.conns.get_mut(&conn) {
@@ -368,19 +369,20 @@ impl DpuNode {
     /// The hardware flow-stats dump: the rate of every recalled entry over the last period,
     /// in connection order.
     pub(super) fn send_offload_stats(&mut self, now: Instant) {
+        let res = self.res.read();
         let mut v: Vec<(ConnId, u64)> = self
             .conns
             .iter()
             .filter(|(_, c)| c.recalled && c.role == Role::Owner && c.hw_live == 2)
             .filter_map(|(k, _)| {
-                self.res
-                    .entry(&HwKey {
-                        conn: *k,
-                        side: Side::Orig,
-                    })
-                    .map(|e| (*k, e.packets))
+                res.entry(&HwKey {
+                    conn: *k,
+                    side: Side::Orig,
+                })
+                .map(|e| (*k, e.packets))
             })
             .collect();
+        drop(res);
         v.sort_unstable_by_key(|(k, _)| *k);
         for (conn, pkts) in v {
             let c = self.conns.get_mut(&conn).expect("collected from the map");
@@ -400,7 +402,8 @@ impl DpuNode {
     pub(super) fn queue_inserts(&mut self, now: Instant, conn: ConnId, recall: bool) -> u8 {
         let mut queued = 0;
         for side in [Side::Orig, Side::Reply] {
-            if self.inserts.push(now, HwKey { conn, side }, recall) {
+            let engine = self.res.write().insert_slot(now);
+            if self.inserts.push(engine, HwKey { conn, side }, recall) {
                 queued += 1;
             } else {
                 self.counters.insert_rejected += 1;

@@ -1,12 +1,19 @@
-//! The DPU's finite resources, in one owned object: the hardware fast path (behind
+//! The DPU's finite resources, in one object: the hardware fast path and its table (behind
 //! [`DpuHardware`]), the SoC cores that run the slow path, the steering engine that sends
-//! redirected packets to the host, the phy vNIC and PCIe link toward the host, and memory.
+//! redirected packets to the host, the phy vNIC and PCIe link toward the host, memory, and the
+//! insertion engine.
 //!
 //! Everything the emulated DPU can run out of lives here and nowhere else in the node, so the
 //! limits are charged in one place: the node's logic asks ("may this connection get a record?",
-//! "what did the SoC admit?") and the answer carries the cost. Keeping them together is also
-//! the seam for a driver that forwards on several threads: the budgets are one object, not
-//! fields spread over the state machine.
+//! "what did the SoC admit?") and the answer carries the cost.
+//!
+//! These are the DPU's limits, not a forwarding thread's: a 30 kpps fast path admits 30 kpps in
+//! total whatever number of shards forward through it (ADR 0011). So a node does not own its
+//! `Resources`; it reaches them through a [`ResourcesHandle`]. The simulator's handle is the
+//! object itself (no lock, no cost); a driver that forwards on several threads gives each
+//! shard a handle to one shared object, and decides how it is shared (the core takes no lock).
+
+use core::ops::{Deref, DerefMut};
 
 use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::Inserted;
@@ -16,6 +23,42 @@ use crate::links::{PcieLink, PhyVnic, ps};
 use crate::params::{FabricParams, ns};
 use crate::server::{Admitted, PS_PER_NS, Server};
 use crate::types::{ConnId, Side, Train};
+
+/// How a DPU node reaches the DPU's [`Resources`]: the seam between one DPU's limits and the
+/// shards that forward through it.
+///
+/// A node takes a guard for each charge and drops it before the next; it never holds one
+/// across a call into anything else, so a handle behind a lock cannot deadlock on it.
+pub trait ResourcesHandle: core::fmt::Debug + Send {
+    /// Read access.
+    type Read<'a>: Deref<Target = Resources>
+    where
+        Self: 'a;
+    /// Write access.
+    type Write<'a>: DerefMut<Target = Resources>
+    where
+        Self: 'a;
+    /// True when this node is the only one charging the resources: its own records are then
+    /// all the records, and the node checks its memory accounting against them.
+    const EXCLUSIVE: bool;
+    /// The resources, to read.
+    fn read(&self) -> Self::Read<'_>;
+    /// The resources, to charge.
+    fn write(&mut self) -> Self::Write<'_>;
+}
+
+/// One node's own resources: the simulator's handle, and a single-threaded driver's.
+impl ResourcesHandle for Resources {
+    type Read<'a> = &'a Resources;
+    type Write<'a> = &'a mut Resources;
+    const EXCLUSIVE: bool = true;
+    fn read(&self) -> &Resources {
+        self
+    }
+    fn write(&mut self) -> &mut Resources {
+        self
+    }
+}
 
 /// What a packet asks of the SoC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +73,7 @@ pub(crate) enum SocWork {
 
 /// The DPU's resources. See the module doc.
 #[derive(Debug)]
-pub(crate) struct Resources {
+pub struct Resources {
     hw: Box<dyn DpuHardware>,
     soc: Server,
     soc_new_ps: u64,
@@ -46,14 +89,16 @@ pub(crate) struct Resources {
     mem_bytes: u64,
     mem_per_conn: u64,
     mem_per_entry: u64,
-    /// `pcie.latency`, converted once rather than per train.
-    pub(crate) pcie_latency_ns: u64,
-    /// `dpu.hw_latency` in picoseconds.
-    pub(crate) hw_latency_ps: u64,
+    /// Connection records held, by every node charging these resources.
+    conns: u64,
+    /// The insertion engine: one server at `insert_rate_limit` behind `insert_queue_max`.
+    insert_engine: Server,
+    insert_ps: u64,
 }
 
 impl Resources {
-    pub(crate) fn new(f: &FabricParams, hw: Box<dyn DpuHardware>) -> Resources {
+    /// The resources of a DPU with the limits in `f`, over `hw`.
+    pub fn new(f: &FabricParams, hw: Box<dyn DpuHardware>) -> Resources {
         let d = &f.dpu;
         let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
         Resources {
@@ -70,8 +115,9 @@ impl Resources {
             mem_bytes: d.mem_bytes,
             mem_per_conn: d.mem_per_conn,
             mem_per_entry: d.mem_per_entry,
-            pcie_latency_ns: ns(f.pcie.latency),
-            hw_latency_ps: ns(d.hw_latency) * PS_PER_NS,
+            conns: 0,
+            insert_engine: Server::new(1, d.insert_queue_max),
+            insert_ps: (1e12 / d.insert_rate_limit) as u64,
         }
     }
 
@@ -100,6 +146,12 @@ impl Resources {
         self.steer.offer(ps(now), packets, self.steer_ps)
     }
 
+    /// One insert command offered to the insertion engine at `now`: `count` is 0 when its
+    /// queue is full, and `finish_ps` is when the engine has executed it.
+    pub(crate) fn insert_slot(&mut self, now: Instant) -> Admitted {
+        self.insert_engine.offer(ps(now), 1, self.insert_ps)
+    }
+
     /// When everything queued toward the host has left (the phy vNIC and the PCIe link), not
     /// before `now`, in picoseconds.
     pub(crate) fn host_idle_ps(&self, now: Instant) -> u64 {
@@ -114,14 +166,23 @@ impl Resources {
         self.mem_used + self.mem_per_conn <= self.mem_bytes
     }
 
-    /// A connection record was created.
+    /// A connection record was created. Not refused: the caller asked [`Resources::conn_fits`]
+    /// first. With several shards two may both have been told yes, so memory may exceed
+    /// `mem_bytes` by at most one record per other shard.
     pub(crate) fn conn_added(&mut self) {
+        self.conns += 1;
         self.mem_used += self.mem_per_conn;
     }
 
     /// A connection record was removed.
     pub(crate) fn conn_removed(&mut self) {
+        self.conns -= 1;
         self.mem_used -= self.mem_per_conn;
+    }
+
+    /// Connection records held by every node charging these resources.
+    pub(crate) fn conns(&self) -> u64 {
+        self.conns
     }
 
     /// Removes both hardware entries of `conn`; returns how many there were.
@@ -199,23 +260,24 @@ impl Resources {
         (hw, soc, table, mem)
     }
 
-    /// Checks the table and queue bounds, and that memory in use is what `conns` records and
-    /// the installed entries cost.
-    pub(crate) fn check_invariants(&self, conns: usize) -> Result<(), String> {
+    /// Checks the table and queue bounds, and that memory in use is what the connection
+    /// records and the installed entries cost.
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
         self.check_table()?;
         self.hw.check_invariants()?;
         self.soc.check_invariants()?;
-        let mem = conns as u64 * self.mem_per_conn + self.hw.len() as u64 * self.mem_per_entry;
+        self.insert_engine.check_invariants()?;
+        let mem = self.conns * self.mem_per_conn + self.hw.len() as u64 * self.mem_per_entry;
         if mem != self.mem_used {
             return Err(format!("dpu: memory {} != recomputed {mem}", self.mem_used));
         }
         Ok(())
     }
 
-    /// Cheap checks: table within capacity, memory within what `conns` records could use.
-    pub(crate) fn check_cheap(&self, conns: usize) -> Result<(), String> {
+    /// Cheap checks: table within capacity, memory within what the records could use.
+    pub(crate) fn check_cheap(&self) -> Result<(), String> {
         self.check_table()?;
-        if self.mem_used > self.mem_bytes + self.mem_per_conn * conns as u64 {
+        if self.mem_used > self.mem_bytes + self.mem_per_conn * self.conns {
             return Err("dpu: memory accounting ran away".into());
         }
         Ok(())

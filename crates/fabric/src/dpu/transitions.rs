@@ -7,7 +7,7 @@ use spillway_vswitch::Instant;
 
 use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
 use super::window::{Totals, Utils};
-use super::{DpuNode, Role};
+use super::{DpuNode, ResourcesHandle, Role};
 use crate::hw::HwKey;
 use crate::links::at_ps;
 use crate::params::ns;
@@ -15,7 +15,7 @@ use crate::stats::FabricDrop;
 use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind};
 use crate::ursched::{Decision, Load};
 
-impl DpuNode {
+impl<R: ResourcesHandle> DpuNode<R> {
     /// The plane's process runs (the driver's report after [`Command::StartPlane`]).
     pub fn handle_plane_up(&mut self, now: Instant) {
         self.life.last_heartbeat = now;
@@ -132,7 +132,7 @@ impl DpuNode {
                 // After the last redirected packet has left for the plane: the channels are
                 // separate, so the drain request must not overtake packets still queued on the
                 // phy vNIC.
-                let at = at_ps(self.res.host_idle_ps(now));
+                let at = at_ps(self.res.read().host_idle_ps(now));
                 self.send(at, Channel::Control, Msg::Drain { colour });
             }
             _ => {}
@@ -166,7 +166,7 @@ impl DpuNode {
             steered_new: self.counters.steered_new_conn,
             soc_new: self.counters.soc_new_conn,
         };
-        let (hw, soc, table, mem) = self.res.take_utils(now);
+        let (hw, soc, table, mem) = self.res.write().take_utils(now);
         let load = self.win.close(
             totals,
             Utils {
@@ -326,6 +326,7 @@ impl DpuNode {
         let buckets = self.f.dpu.redirect_buckets;
         let quota = self.life.quota;
         // Each entry's rate over its life in the table (hardware counters since install).
+        let res = self.res.read();
         let mut v: Vec<(u64, ConnId)> = self
             .conns
             .iter()
@@ -334,7 +335,7 @@ impl DpuNode {
                 let pps: f64 = [Side::Orig, Side::Reply]
                     .iter()
                     .filter_map(|side| {
-                        self.res.entry(&HwKey {
+                        res.entry(&HwKey {
                             conn: *k,
                             side: *side,
                         })
@@ -344,6 +345,7 @@ impl DpuNode {
                 (pps as u64, *k)
             })
             .collect();
+        drop(res);
         v.sort_unstable_by(|a, b| b.cmp(a));
         let mut shed = 0.0;
         let mut moved = 0u64;
@@ -473,6 +475,6 @@ impl DpuNode {
 
     /// Hardware entries neither installed nor promised to a queued insert.
     pub(super) fn free_entries(&self) -> usize {
-        self.res.free_entries(self.inserts.len())
+        self.res.read().free_entries(self.inserts.len())
     }
 }
