@@ -7,6 +7,7 @@ use spillway_vswitch::Instant;
 
 use super::lifecycle::{DrainStep, Phase};
 use super::resources::SocWork;
+use super::shard::{DpuShard, ShardView};
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::links::{at_ps, ps};
 use crate::server::PS_PER_NS;
@@ -16,9 +17,25 @@ use crate::types::{Channel, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Tra
 impl<R: ResourcesHandle> DpuNode<R> {
     /// A train from a VM or the uplink.
     pub fn handle_train(&mut self, now: Instant, t: &Train) {
+        self.win.count_tenant(t.tenant, t.packets);
+        let view = self.view();
+        self.shard.handle_train(now, t, view);
+    }
+
+    /// Packets the last [`DpuNode::handle_train`] or [`DpuNode::handle_msg`] delivered into
+    /// their VM or onto the wire at once (for a plane's `Packets`, those the DPU sent on): how a
+    /// driver forwarding real frames learns what became of the one it offered (steered packets
+    /// are the phy messages it polls; the rest dropped).
+    pub fn delivered_last(&self) -> u32 {
+        self.shard.delivered_last
+    }
+}
+
+impl<R: ResourcesHandle> DpuShard<R> {
+    /// A train from a VM or the uplink.
+    pub(crate) fn handle_train(&mut self, now: Instant, t: &Train, view: ShardView) {
         self.delivered_last = 0;
         self.counters.offered += u64::from(t.packets);
-        self.win.count_tenant(t.tenant, t.packets);
         let fast = self.res.write().offer_fast_path(now, t);
         if let Some(a) = fast {
             self.drops
@@ -30,18 +47,17 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 // counters count it, and the SoC's record is left alone (as hardware conntrack
                 // offload does). Control packets and the close still step the record.
                 if t.kind != Kind::Data {
-                    self.update_state(now, t);
+                    self.update_state(now, t, view);
                 }
             }
             return;
         }
-        let redirected =
-            self.life.redirects(t.conn, self.f.dpu.redirect_buckets) && !self.f.dpu_only;
+        let redirected = view.redirects(t.conn, self.f.dpu.redirect_buckets) && !self.f.dpu_only;
         if redirected {
             self.steer_to_host(now, t);
             return;
         }
-        self.slow_path(now, t, false);
+        self.slow_path(now, t, false, view);
     }
 
     pub(super) fn steer_to_host(&mut self, now: Instant, t: &Train) {
@@ -97,7 +113,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.send(at_ps(l.finish_ps), Channel::PhyVnic, Msg::Packets(part));
     }
 
-    pub(super) fn slow_path(&mut self, now: Instant, t: &Train, punted: bool) {
+    pub(super) fn slow_path(&mut self, now: Instant, t: &Train, punted: bool, view: ShardView) {
         let known = self.conns.get(&t.conn).copied();
         if t.denied {
             // The policy walk runs, then denies: the SoC pays a new-connection walk.
@@ -139,13 +155,13 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     },
                 );
                 self.deliver(now, t, a.count, a.wait_sum_ps, false);
-                if self.life.phase.has_plane() {
-                    self.send_sync(now, SyncKind::Mirror, state);
+                if view.phase.has_plane() {
+                    self.send_sync(now, view.colour, SyncKind::Mirror, state);
                 }
             }
             None if !punted
                 && matches!(
-                    self.life.phase,
+                    view.phase,
                     Phase::Draining {
                         step: DrainStep::Drain,
                         ..
@@ -181,15 +197,15 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     }
                 }
                 self.deliver(now, t, a.count, a.wait_sum_ps, false);
-                self.update_state(now, t);
+                self.update_state(now, t, view);
             }
         }
     }
 
     /// A delivered train of a connection the DPU serves: step its state; mirror changes to
     /// the plane; a Close removes it.
-    pub(super) fn update_state(&mut self, now: Instant, t: &Train) {
-        let has_plane = self.life.phase.has_plane() && !self.f.dpu_only;
+    pub(super) fn update_state(&mut self, now: Instant, t: &Train, view: ShardView) {
+        let has_plane = view.phase.has_plane() && !self.f.dpu_only;
         let Some(c) = self.conns.get_mut(&t.conn) else {
             return;
         };
@@ -200,7 +216,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
             self.remove_conn(t.conn);
             if has_plane {
                 // Tell the plane to drop its copy.
-                self.send_sync(now, SyncKind::Closed, st);
+                self.send_sync(now, view.colour, SyncKind::Closed, st);
             }
             return;
         }
@@ -212,7 +228,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
             SyncKind::Update
         };
         if changed && has_plane {
-            self.send_sync(now, kind, st);
+            self.send_sync(now, view.colour, kind, st);
         }
     }
 
@@ -295,13 +311,5 @@ impl<R: ResourcesHandle> DpuNode<R> {
         // The crossing back (counted here, where it lands), and for a VM the one into it.
         let crossings = if t.dest == Dest::Vm { 2 } else { 1 };
         self.counters.pcie_crossings += u64::from(n) * crossings;
-    }
-
-    /// Packets the last [`DpuNode::handle_train`] or [`DpuNode::handle_msg`] delivered into
-    /// their VM or onto the wire at once (for a plane's `Packets`, those the DPU sent on): how a
-    /// driver forwarding real frames learns what became of the one it offered (steered packets
-    /// are the phy messages it polls; the rest dropped).
-    pub fn delivered_last(&self) -> u32 {
-        self.delivered_last
     }
 }

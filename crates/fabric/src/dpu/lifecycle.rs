@@ -3,14 +3,15 @@
 //! from the plane, and the events and plane commands a transition emits.
 //!
 //! The transitions themselves are the node's (they move connection records and send sync
-//! messages); this object owns the state they move between and answers the questions the data
-//! path asks of it (is this bucket redirected?) without reaching into the rest of the node.
+//! messages); this object owns the state they move between. What the data path needs of it
+//! (is this bucket redirected?) it reads from a [`super::shard::ShardView`], a copy of the
+//! phase, colour and quota, without reaching into the rest of the node.
 
 use std::collections::VecDeque;
 
 use spillway_vswitch::Instant;
 
-use crate::types::{Colour, ConnId};
+use crate::types::Colour;
 use crate::ursched::PlaneView;
 
 /// A lifecycle change, with its reason (URSched's, or the protocol step's).
@@ -258,12 +259,6 @@ impl Lifecycle {
             reason: reason.into(),
             since: None,
         });
-    }
-
-    /// True when `conn` (its bucket among `buckets`) is redirected to the plane now. The
-    /// bucket's hash is computed only while redirect rules are live.
-    pub(crate) fn redirects(&self, conn: ConnId, buckets: u16) -> bool {
-        self.phase.redirect_live() && conn.bucket(buckets) < self.quota
     }
 
     /// The plane as URSched sees it.

@@ -33,13 +33,20 @@
 //! [`DpuNode`] composes parts, each a leaf module that knows nothing of the node:
 //! `resources` (everything the DPU can run out of: fast path and table, SoC, steering, phy
 //! vNIC, PCIe, memory, the insertion engine; one budget for the whole DPU, reached through a
-//! [`ResourcesHandle`] so that several shards can share it), `inserts` (the node's inserts in
-//! flight, in order), `lifecycle` (phase, hold, colour,
-//! quota, the plane's last report, events and commands), `window` (measurement windows and
-//! URSched) and `deletes` (duplicate suppression for the reliable channel). The node's own
-//! methods are the protocol between those parts, by input: `datapath` (trains), `protocol`
-//! (the plane's messages and insert completions) and `transitions` (lifecycle steps, timers,
-//! windows, the operator's hold).
+//! [`ResourcesHandle`] so that several shards can share it), `inserts` (a shard's inserts in
+//! flight, in order), `lifecycle` (phase, hold, colour, quota, the plane's last report, events
+//! and commands), `window` (measurement windows and URSched) and `deletes` (duplicate
+//! suppression for the reliable channel).
+//!
+//! The node is a control part (`lifecycle`, `window`) and a shard (`shard`: the connection
+//! records, inserts, delete log, outbox, counters and latency, with the handle to the
+//! resources). The shard sees the lifecycle only as a copy of its phase, colour and quota;
+//! the control part decides and asks the shard to act on its records (a bulk sync, a
+//! fail-open's promotion of mirrors, a hand-over of buckets, a shed). That is the split a
+//! driver with several forwarding threads needs (ADR 0011). The methods are split by input:
+//! `datapath` (trains, the shard's), `protocol` (the plane's messages: lifecycle replies to
+//! the control part, per-connection messages and insert completions to the shard) and
+//! `transitions` (lifecycle steps, timers, windows, the operator's hold).
 //!
 //! # What the model charges
 //!
@@ -64,6 +71,7 @@ mod inserts;
 mod lifecycle;
 mod protocol;
 mod resources;
+mod shard;
 mod transitions;
 mod window;
 
@@ -74,15 +82,13 @@ pub use crate::records::Role;
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
 pub use resources::{Resources, ResourcesHandle};
 
-use crate::params::{FabricParams, ns};
-use crate::records::{Outbox, Record, Records};
-use crate::server::PS_PER_NS;
+use crate::params::FabricParams;
+use crate::records::Record;
 use crate::stats::{Drops, LatencyHist};
-use crate::types::{Channel, ConnId, ConnState, Msg, Owner, SyncKind, Transmit};
+use crate::types::{ConnId, ConnState, Owner, Transmit};
 use crate::ursched::Load;
-use deletes::DeleteLog;
-use inserts::InsertQueue;
 use lifecycle::Lifecycle;
+use shard::{DpuShard, ShardView};
 use window::Windows;
 
 /// The DPU's record of a connection.
@@ -209,28 +215,10 @@ spillway_vswitch::counters! {
 #[derive(Debug)]
 pub struct DpuNode<R: ResourcesHandle = Resources> {
     f: FabricParams,
-    /// Packets the current input delivered (see [`DpuNode::delivered_last`]).
-    delivered_last: u32,
-    res: R,
-    /// `pcie.latency`, converted once rather than per train.
-    pcie_latency_ns: u64,
-    /// `dpu.hw_latency` in picoseconds.
-    hw_latency_ps: u64,
-    inserts: InsertQueue,
     life: Lifecycle,
     win: Windows,
-    conns: Records<DpuConn>,
-    deletes: DeleteLog,
-    out: Outbox,
-    insert_refused_at_completion: u64,
-    first_no_state: Option<ConnId>,
-    /// Packets matched by recalled entries that are gone or no longer recalled (see
-    /// [`DpuNode::recalled_hw_packets`]).
-    recalled_hw_retired: u64,
-    counters: DpuCounters,
-    drops: Drops,
-    latency: LatencyHist,
-    latency_window: LatencyHist,
+    /// The connections, and everything kept per connection or per packet.
+    shard: DpuShard<R>,
 }
 
 impl DpuNode {
@@ -249,24 +237,19 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// A DPU node that charges the resources `res` reaches (built from the same `f`).
     pub fn with_resources(f: &FabricParams, res: R) -> DpuNode<R> {
         DpuNode {
-            res,
-            pcie_latency_ns: ns(f.pcie.latency),
-            hw_latency_ps: ns(f.dpu.hw_latency) * PS_PER_NS,
-            inserts: InsertQueue::new(f),
             life: Lifecycle::new(),
             win: Windows::new(f),
-            conns: Records::new(7),
-            deletes: DeleteLog::default(),
-            out: Outbox::new(f),
-            insert_refused_at_completion: 0,
-            first_no_state: None,
-            delivered_last: 0,
-            recalled_hw_retired: 0,
-            counters: DpuCounters::default(),
-            drops: Drops::default(),
-            latency: LatencyHist::default(),
-            latency_window: LatencyHist::default(),
+            shard: DpuShard::new(f, res),
             f: f.clone(),
+        }
+    }
+
+    /// What the shard knows of the lifecycle.
+    fn view(&self) -> ShardView {
+        ShardView {
+            phase: self.life.phase,
+            colour: self.life.colour,
+            quota: self.life.quota,
         }
     }
 
@@ -282,33 +265,33 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
     /// Counters.
     pub fn counters(&self) -> &DpuCounters {
-        &self.counters
+        &self.shard.counters
     }
     /// Drops by reason.
     pub fn drops(&self) -> &Drops {
-        &self.drops
+        &self.shard.drops
     }
     /// Latency of every packet the DPU delivered (its own and the plane's), ns.
     pub fn latency(&self) -> &LatencyHist {
-        &self.latency
+        &self.shard.latency
     }
     /// Latency since the last [`DpuNode::take_window_latency`].
     pub fn take_window_latency(&mut self) -> LatencyHist {
-        let h = self.latency_window.clone();
-        self.latency_window.clear();
+        let h = self.shard.latency_window.clone();
+        self.shard.latency_window.clear();
         h
     }
     /// Hardware entries in use.
     pub fn hw_entries(&self) -> usize {
-        self.res.read().entries()
+        self.shard.res.read().entries()
     }
     /// Hardware table capacity.
     pub fn hw_capacity(&self) -> usize {
-        self.res.read().capacity()
+        self.shard.res.read().capacity()
     }
     /// DPU memory in use, bytes.
     pub fn mem_used(&self) -> u64 {
-        self.res.read().mem_used()
+        self.shard.res.read().mem_used()
     }
     /// Redirected buckets (the overflow quota).
     pub fn quota(&self) -> u16 {
@@ -324,53 +307,38 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// packet. The entries' counters count matches, so under fast-path overload (a full input
     /// queue) this includes packets the queue then dropped.
     pub fn recalled_hw_packets(&self) -> u64 {
-        let res = self.res.read();
-        let live: u64 = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.recalled && c.hw_live > 0)
-            .map(|(k, _)| res.entry_packets(*k))
-            .sum();
-        self.recalled_hw_retired + live
-    }
-
-    /// `conn` stops being recalled (demoted, stripped, rolled back, closed): its entries'
-    /// counts so far stay in [`DpuNode::recalled_hw_packets`].
-    fn retire_recalled(&mut self, conn: ConnId) {
-        if self.conns.get(&conn).is_some_and(|c| c.recalled) {
-            self.recalled_hw_retired += self.res.read().entry_packets(conn);
-        }
+        self.shard.recalled_hw_packets()
     }
 
     /// Insert commands the hardware has executed (live or refused by a full table); the
     /// insertion-budget checker reads it.
     pub fn inserts_total(&self) -> u64 {
-        self.counters.inserts + self.insert_refused_at_completion
+        self.shard.counters.inserts + self.shard.insert_refused_at_completion
     }
     /// The first connection a packet of which found no state here (for diagnosing a failed
     /// continuity check).
     pub fn first_no_state(&self) -> Option<ConnId> {
-        self.first_no_state
+        self.shard.first_no_state
     }
     /// The DPU's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
-        self.conns.get(&conn)
+        self.shard.conns.get(&conn)
     }
     /// Connections the DPU has a record of.
     pub fn conns_len(&self) -> usize {
-        self.conns.len()
+        self.shard.conns.len()
     }
     /// Connections the DPU owns.
     pub fn conns_owned(&self) -> u64 {
-        self.conns.owned()
+        self.shard.conns.owned()
     }
     /// Every record, sorted by connection (for checkers and dumps; O(n log n)).
     pub fn conns_sorted(&self) -> Vec<(ConnId, DpuConn)> {
-        self.conns.sorted()
+        self.shard.conns.sorted()
     }
     /// Where `conn` is served: `None` if the DPU has no record.
     pub fn owner_view(&self, conn: ConnId) -> Option<Owner> {
-        self.conns.get(&conn).map(|c| match c.role {
+        self.shard.conns.get(&conn).map(|c| match c.role {
             Role::Owner if c.hw_live == 2 => Owner::DpuHw,
             Role::Owner => Owner::DpuSoc,
             Role::Copy => Owner::Spill,
@@ -381,7 +349,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
     /// The next message for the plane.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.out.pop()
+        self.shard.out.pop()
     }
     /// The next command for the driver.
     pub fn poll_command(&mut self) -> Option<Command> {
@@ -394,7 +362,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// When [`DpuNode::handle_timeout`] must next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t = self.win.next_edge();
-        if let Some(due) = self.inserts.next_due() {
+        if let Some(due) = self.shard.inserts.next_due() {
             t = t.min(due);
         }
         if let Some(at) = self.life.next_timer() {
@@ -407,36 +375,6 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.life.event(at, what, reason);
     }
 
-    fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
-        self.out.send(at, channel, msg);
-    }
-
-    /// Sends a state message on the flow vNIC (rate-limited; never refused: the sync queue is
-    /// sized for a bulk sync and a full one only delays).
-    fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
-        self.counters.sync_tx += 1;
-        self.out.sync(now, self.life.colour, kind, state);
-    }
-
-    fn add_conn(&mut self, conn: ConnId, rec: DpuConn) {
-        if self.conns.insert(conn, rec).is_none() {
-            self.res.write().conn_added();
-        }
-    }
-
-    fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
-        self.retire_recalled(conn);
-        let rec = self.conns.remove(conn)?;
-        let mut res = self.res.write();
-        res.conn_removed();
-        self.counters.deletes += res.remove_entries(conn);
-        Some(rec)
-    }
-
-    fn set_role(&mut self, conn: ConnId, role: Role) {
-        self.conns.set_role(conn, role);
-    }
-
     /// The driver's report of how many host cores the tenants use (isolation input).
     pub fn set_tenant_cores(&mut self, cores: u32) {
         self.win.set_tenant_cores(cores);
@@ -445,21 +383,12 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.
     /// O(connections).
     pub fn check_invariants(&self) -> Result<(), String> {
-        let res = self.res.read();
-        res.check_invariants()?;
-        if R::EXCLUSIVE && res.conns() != self.conns.len() as u64 {
-            return Err(format!(
-                "dpu: resources count {} records, the node holds {}",
-                res.conns(),
-                self.conns.len()
-            ));
-        }
-        self.conns.check("dpu")
+        self.shard.check_invariants()
     }
 
     /// Cheap checks after every event: table within capacity, queues within bounds.
     pub fn check_cheap(&self) -> Result<(), String> {
-        self.res.read().check_cheap()
+        self.shard.res.read().check_cheap()
     }
 }
 
@@ -468,7 +397,7 @@ mod tests {
     use spillway_vswitch::TenantId;
 
     use super::*;
-    use crate::types::{ConnPhase, Dest, Kind, Side, Train};
+    use crate::types::{ConnPhase, Dest, Kind, Msg, Side, Train};
 
     fn data(conn: ConnId, at: Instant, packets: u32) -> Train {
         Train {
@@ -531,7 +460,7 @@ mod tests {
     fn a_shed_counts_as_a_flap_only_for_a_recalled_connection() {
         let mut dpu = DpuNode::new(&FabricParams::default());
         // A connection the SoC opened, with live entries (what a shed picks).
-        dpu.conns.insert(
+        dpu.shard.conns.insert(
             ConnId(1),
             DpuConn {
                 state: ConnState {
@@ -551,12 +480,12 @@ mod tests {
                 history: RecallHistory::Never,
             },
         );
-        dpu.left_fast_path(ConnId(1));
+        dpu.shard.left_fast_path(ConnId(1));
         assert_eq!(dpu.counters().flaps, 0);
-        assert_eq!(dpu.conns[&ConnId(1)].history, RecallHistory::Never);
-        dpu.conns.get_mut(&ConnId(1)).unwrap().history = RecallHistory::Recalled;
-        dpu.left_fast_path(ConnId(1));
+        assert_eq!(dpu.shard.conns[&ConnId(1)].history, RecallHistory::Never);
+        dpu.shard.conns.get_mut(&ConnId(1)).unwrap().history = RecallHistory::Recalled;
+        dpu.shard.left_fast_path(ConnId(1));
         assert_eq!(dpu.counters().flaps, 1);
-        assert_eq!(dpu.conns[&ConnId(1)].history, RecallHistory::Left);
+        assert_eq!(dpu.shard.conns[&ConnId(1)].history, RecallHistory::Left);
     }
 }

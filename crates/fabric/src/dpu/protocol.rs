@@ -8,6 +8,7 @@ use spillway_vswitch::flow_table::Inserted;
 use super::inserts::PendingInsert;
 use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase};
 use super::resources::SocWork;
+use super::shard::DpuShard;
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::hw::{HwKey, HwRule};
 use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
@@ -15,27 +16,29 @@ use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
 impl<R: ResourcesHandle> DpuNode<R> {
     /// A message from the spill plane.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
-        self.delivered_last = 0;
+        self.shard.delivered_last = 0;
+        let view = self.view();
         match msg {
-            Msg::Packets(t) => self.handle_returned(now, &t),
+            Msg::Packets(t) => self.shard.handle_returned(now, &t),
             Msg::Punt(t) => {
                 // The plane had no state for it: the slow path serves it as the owner. It
                 // crossed the link back.
-                self.counters.pcie_crossings += u64::from(t.packets);
-                self.counters.punted_in += u64::from(t.packets);
-                self.slow_path(now, &t, true);
+                let shard = &mut self.shard;
+                shard.counters.pcie_crossings += u64::from(t.packets);
+                shard.counters.punted_in += u64::from(t.packets);
+                shard.slow_path(now, &t, true, view);
             }
             Msg::Sync {
                 kind,
                 state,
                 colour,
             } => {
-                self.counters.sync_rx += 1;
-                self.res.write().soc(now, SocWork::Sync, 1);
+                self.shard.counters.sync_rx += 1;
+                self.shard.res.write().soc(now, SocWork::Sync, 1);
                 // A message of an older colour comes from a plane that has since failed or
                 // been released: nobody but the DPU can own what it carries.
                 let orphan = !self.life.phase.has_plane() || colour < self.life.colour;
-                self.ingest_sync(kind, state, orphan);
+                self.shard.ingest_sync(kind, state, orphan);
             }
             Msg::SyncDone { colour, count } => {
                 if let Phase::Shadow {
@@ -63,14 +66,19 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 state,
                 pps,
                 replaces_pps,
-            } => self.handle_recall(now, state, pps, replaces_pps),
+            } => self.shard.handle_recall(now, state, pps, replaces_pps),
             Msg::Adopted { conn } => {
                 // The plane has the state now: its packets may miss the fast path.
-                if self.conns.get(&conn).is_some_and(|c| c.role == Role::Copy) {
-                    self.strip_entries(conn);
+                if self
+                    .shard
+                    .conns
+                    .get(&conn)
+                    .is_some_and(|c| c.role == Role::Copy)
+                {
+                    self.shard.strip_entries(conn);
                 }
             }
-            Msg::Delete { seq, conn } => self.handle_delete(now, seq, conn),
+            Msg::Delete { seq, conn } => self.shard.handle_delete(now, seq, conn),
             Msg::Released { colour, count } => {
                 if let Phase::Draining {
                     colour: c,
@@ -138,7 +146,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
             Msg::Drain { .. } => {}
         }
     }
+}
 
+impl<R: ResourcesHandle> DpuShard<R> {
     pub(super) fn ingest_sync(&mut self, kind: SyncKind, state: ConnState, orphan: bool) {
         if kind == SyncKind::Closed {
             // The connection's last packet went through the plane: forget it, entries and all.
@@ -205,7 +215,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
         // URSched's headroom binds every policy: a recall may not push the fast path past its
         // target utilisation. A swap is charged only what it adds.
         let charge = (pps - replaces_pps).max(0.0);
-        let fits_pps = self.win.recall_fits(charge);
+        let fits_pps = self.res.read().recall_fits(charge);
         let known = self.conns.contains_key(&state.conn);
         if free < 2 || !fits_pps || (!known && !self.res.read().conn_fits()) {
             self.counters.recalls_refused += 1;
@@ -219,7 +229,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
             );
             return;
         }
-        self.win.grant(charge);
+        self.res.write().grant(charge);
         match self.conns.get_mut(&state.conn) {
             Some(c) => {
                 if state.version >= c.state.version {
@@ -281,17 +291,6 @@ impl<R: ResourcesHandle> DpuNode<R> {
         };
         self.deletes.record(seq, state);
         self.send(now, Channel::Control, Msg::DeleteAck { seq, state });
-    }
-
-    /// `conn` leaves the fast path for the host (demoted or shed): a flap if it had been
-    /// recalled (see [`RecallHistory`]).
-    pub(super) fn left_fast_path(&mut self, conn: ConnId) {
-        if let Some(r) = self.conns.get_mut(&conn)
-            && r.history != RecallHistory::Never
-        {
-            r.history = RecallHistory::Left;
-            self.counters.flaps += 1;
-        }
     }
 
     pub(super) fn finish_recall(&mut self, now: Instant, conn: ConnId, ok: bool) {
@@ -396,19 +395,5 @@ impl<R: ResourcesHandle> DpuNode<R> {
             let pps = delta as f64 / secs;
             self.send(now, Channel::Control, Msg::OffloadStats { conn, pps });
         }
-    }
-
-    /// Queues the two insert commands of `conn`; returns how many were queued.
-    pub(super) fn queue_inserts(&mut self, now: Instant, conn: ConnId, recall: bool) -> u8 {
-        let mut queued = 0;
-        for side in [Side::Orig, Side::Reply] {
-            let engine = self.res.write().insert_slot(now);
-            if self.inserts.push(engine, HwKey { conn, side }, recall) {
-                queued += 1;
-            } else {
-                self.counters.insert_rejected += 1;
-            }
-        }
-        queued
     }
 }

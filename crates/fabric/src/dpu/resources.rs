@@ -94,6 +94,10 @@ pub struct Resources {
     /// The insertion engine: one server at `insert_rate_limit` behind `insert_queue_max`.
     insert_engine: Server,
     insert_ps: u64,
+    /// Fast-path headroom for recalls in this measurement window, packets/s.
+    headroom_pps: f64,
+    /// Headroom already granted to recalls in this window, packets/s.
+    recalled_pps: f64,
 }
 
 impl Resources {
@@ -118,6 +122,8 @@ impl Resources {
             conns: 0,
             insert_engine: Server::new(1, d.insert_queue_max),
             insert_ps: (1e12 / d.insert_rate_limit) as u64,
+            headroom_pps: 0.0,
+            recalled_pps: 0.0,
         }
     }
 
@@ -150,6 +156,28 @@ impl Resources {
     /// queue is full, and `finish_ps` is when the engine has executed it.
     pub(crate) fn insert_slot(&mut self, now: Instant) -> Admitted {
         self.insert_engine.offer(ps(now), 1, self.insert_ps)
+    }
+
+    /// A new window's recall headroom: what the fast path can still take, packets/s. Recalls
+    /// granted in the last window are in the measurement that gave it.
+    pub(crate) fn set_headroom(&mut self, pps: f64) {
+        self.headroom_pps = pps;
+        self.recalled_pps = 0.0;
+    }
+
+    /// True when a recall adding `charge` packets/s fits the headroom left in this window.
+    pub(crate) fn recall_fits(&self, charge: f64) -> bool {
+        charge <= self.headroom_pps - self.recalled_pps
+    }
+
+    /// A recall was granted `charge` packets/s of headroom.
+    pub(crate) fn grant(&mut self, charge: f64) {
+        self.recalled_pps += charge;
+    }
+
+    /// Headroom left in this window, packets/s.
+    pub(crate) fn headroom_left(&self) -> f64 {
+        (self.headroom_pps - self.recalled_pps).max(0.0)
     }
 
     /// When everything queued toward the host has left (the phy vNIC and the PCIe link), not

@@ -7,12 +7,11 @@ use spillway_vswitch::Instant;
 
 use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
 use super::window::{Totals, Utils};
-use super::{DpuNode, ResourcesHandle, Role};
-use crate::hw::HwKey;
+use super::{DpuNode, ResourcesHandle};
 use crate::links::at_ps;
 use crate::params::ns;
 use crate::stats::FabricDrop;
-use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind};
+use crate::types::{Channel, Colour, Msg};
 use crate::ursched::{Decision, Load};
 
 impl<R: ResourcesHandle> DpuNode<R> {
@@ -30,19 +29,10 @@ impl<R: ResourcesHandle> DpuNode<R> {
             synced: false,
         };
         // Bulk sync: every connection the DPU owns, in connection order, then the end marker.
-        let mut v: Vec<(ConnId, ConnState)> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.role == Role::Owner)
-            .map(|(k, c)| (*k, c.state))
-            .collect();
-        v.sort_unstable_by_key(|(k, _)| *k);
-        let count = v.len() as u64;
-        for (_, st) in v {
-            self.send_sync(now, SyncKind::Mirror, st);
-        }
-        let at = self.out.flow_idle_at(now);
-        self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
+        let count = self.shard.bulk_sync(now, self.life.colour);
+        let at = self.shard.out.flow_idle_at(now);
+        self.shard
+            .send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
         self.event(
             now,
             EventKind::Shadow,
@@ -62,18 +52,10 @@ impl<R: ResourcesHandle> DpuNode<R> {
         if matches!(self.life.phase, Phase::Idle) {
             return;
         }
-        self.counters.fail_opens += 1;
+        self.shard.counters.fail_opens += 1;
         // Every copy becomes owned: the mirror is the state. Redirect rules go at once (a
         // fail-open is local to the DPU, no handshake).
-        let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
-        let n = copies.len();
-        for c in copies {
-            self.set_role(c, Role::Owner);
-            self.retire_recalled(c);
-            if let Some(r) = self.conns.get_mut(&c) {
-                r.recalled = false;
-            }
-        }
+        let n = self.shard.promote_copies();
         self.event(
             now,
             EventKind::FailOpen,
@@ -86,7 +68,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.life.phase = Phase::Idle;
         self.life.quota = 0;
         self.life.absorbed = false;
-        self.win.clear_headroom();
+        self.shard.res.write().set_headroom(0.0);
         // Copies of connections the plane owned are owned now (release handed them back; a
         // fail-open promoted them). Drop any stale copy flags.
         self.life.commands.push_back(Command::StopPlane);
@@ -96,9 +78,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
     /// Timers: insert completions, redirect install/removal, URSched windows.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(p) = self.inserts.pop_due(now) {
-            self.complete_insert(now, p);
-        }
+        self.shard.complete_due_inserts(now);
         match self.life.phase {
             Phase::Activating { colour, live_at } if now >= live_at => {
                 self.life.phase = Phase::Active { colour };
@@ -111,8 +91,10 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     ),
                     since: self.life.trigger,
                 });
-                self.send(now, Channel::Control, Msg::Activated { colour });
-                self.hand_over_buckets(now, 0, self.life.quota);
+                self.shard
+                    .send(now, Channel::Control, Msg::Activated { colour });
+                self.shard
+                    .hand_over_buckets(now, self.life.colour, 0, self.life.quota);
                 self.enforce_hold(now);
             }
             Phase::Draining {
@@ -132,8 +114,8 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 // After the last redirected packet has left for the plane: the channels are
                 // separate, so the drain request must not overtake packets still queued on the
                 // phy vNIC.
-                let at = at_ps(self.res.read().host_idle_ps(now));
-                self.send(at, Channel::Control, Msg::Drain { colour });
+                let at = at_ps(self.shard.res.read().host_idle_ps(now));
+                self.shard.send(at, Channel::Control, Msg::Drain { colour });
             }
             _ => {}
         }
@@ -143,31 +125,17 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.win.roll_variance(now);
     }
 
-    /// At activation or a quota increase: connections of buckets `[from, to)` the DPU serves on
-    /// the SoC (no live entries, none pending) move to the plane, which serves those buckets now.
-    pub(super) fn hand_over_buckets(&mut self, now: Instant, from: u16, to: u16) {
-        let buckets = self.f.dpu.redirect_buckets;
-        let moving = self.conns.keys_where(|k, c| {
-            let b = k.bucket(buckets);
-            b >= from && b < to && c.role == Role::Owner && c.hw_live == 0 && c.inserts_pending == 0
-        });
-        for conn in moving {
-            let st = self.conns[&conn].state;
-            self.set_role(conn, Role::Copy);
-            self.send_sync(now, SyncKind::Handover, st);
-        }
-    }
-
     pub(super) fn window(&mut self, now: Instant) {
+        let shard = &self.shard;
         let totals = Totals {
-            drops: self.drops.get(FabricDrop::HwOverload)
-                + self.drops.get(FabricDrop::SocQueueFull),
-            steered: self.counters.steered,
-            steered_new: self.counters.steered_new_conn,
-            soc_new: self.counters.soc_new_conn,
+            drops: shard.drops.get(FabricDrop::HwOverload)
+                + shard.drops.get(FabricDrop::SocQueueFull),
+            steered: shard.counters.steered,
+            steered_new: shard.counters.steered_new_conn,
+            soc_new: shard.counters.soc_new_conn,
         };
-        let (hw, soc, table, mem) = self.res.write().take_utils(now);
-        let load = self.win.close(
+        let (hw, soc, table, mem) = self.shard.res.write().take_utils(now);
+        let (load, headroom) = self.win.close(
             totals,
             Utils {
                 hw,
@@ -180,6 +148,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
             self.f.sched.dpu_target_util,
             self.f.dpu.hw_pps_limit,
         );
+        self.shard.res.write().set_headroom(headroom);
         // Fail-open on a stalled plane: three heartbeats missed.
         if self.life.phase.has_plane()
             && now.0.saturating_sub(self.life.last_heartbeat.0) > 3 * ns(self.f.host.heartbeat)
@@ -198,7 +167,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 self.shed(now, &load);
             }
             let (free, headroom) = self.recall_budget();
-            self.send(
+            self.shard.send(
                 now,
                 Channel::Control,
                 Msg::Budget {
@@ -207,7 +176,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 },
             );
             if self.win.stats_due(now) {
-                self.send_offload_stats(now);
+                self.shard.send_offload_stats(now);
             }
         }
         let mut decisions = self.win.decide(&load, self.life.plane_view());
@@ -317,51 +286,14 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// Highest rate first (fewest entries moved), ties by connection id; the recall headroom
     /// is zero afterwards, so placement does not bring them straight back.
     pub(super) fn shed(&mut self, now: Instant, load: &Load) {
-        let secs = self.f.sched.window.as_secs_f64();
         let target = self.f.sched.dpu_target_util * self.f.dpu.hw_pps_limit;
         let excess = load.hw_util * self.f.dpu.hw_pps_limit - target;
         if excess <= 0.0 {
             return;
         }
-        let buckets = self.f.dpu.redirect_buckets;
-        let quota = self.life.quota;
-        // Each entry's rate over its life in the table (hardware counters since install).
-        let res = self.res.read();
-        let mut v: Vec<(u64, ConnId)> = self
-            .conns
-            .iter()
-            .filter(|(k, c)| c.role == Role::Owner && c.hw_live == 2 && k.bucket(buckets) < quota)
-            .map(|(k, _)| {
-                let pps: f64 = [Side::Orig, Side::Reply]
-                    .iter()
-                    .filter_map(|side| {
-                        res.entry(&HwKey {
-                            conn: *k,
-                            side: *side,
-                        })
-                    })
-                    .map(|e| e.packets as f64 / (now - e.installed).as_secs_f64().max(secs))
-                    .sum();
-                (pps as u64, *k)
-            })
-            .collect();
-        drop(res);
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        let mut shed = 0.0;
-        let mut moved = 0u64;
-        for (pps, conn) in &v {
-            if shed >= excess || *pps == 0 {
-                break;
-            }
-            shed += *pps as f64;
-            moved += 1;
-            let st = self.conns[conn].state;
-            // Entries stay until the plane adopts it (see `Msg::Adopted`).
-            self.set_role(*conn, Role::Copy);
-            self.counters.shed += 1;
-            self.left_fast_path(*conn);
-            self.send_sync(now, SyncKind::Handover, st);
-        }
+        let (moved, shed) = self
+            .shard
+            .shed(now, self.life.colour, self.life.quota, excess);
         if moved > 0 {
             self.event(
                 now,
@@ -436,11 +368,13 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     EventKind::Quota,
                     format!("{old} -> {buckets} buckets: {reason}"),
                 );
-                self.hand_over_buckets(now, old, buckets);
+                self.shard
+                    .hand_over_buckets(now, self.life.colour, old, buckets);
             }
             (Phase::Active { .. }, Decision::Workers { workers, reason }) => {
                 self.life.plane_workers = workers;
-                self.send(now, Channel::Control, Msg::SetWorkers { workers });
+                self.shard
+                    .send(now, Channel::Control, Msg::SetWorkers { workers });
                 self.event(
                     now,
                     EventKind::Workers,
@@ -452,7 +386,8 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     colour,
                     step: DrainStep::HandBack,
                 };
-                self.send(now, Channel::Control, Msg::Release { colour });
+                self.shard
+                    .send(now, Channel::Control, Msg::Release { colour });
                 self.event(now, EventKind::Draining, format!("release: {reason}"));
             }
             (Phase::Shadow { .. }, Decision::Release { reason }) => {
@@ -470,11 +405,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
     /// entries and the fast-path headroom left, pps.
     pub fn recall_budget(&self) -> (usize, f64) {
-        (self.free_entries(), self.win.headroom_left())
-    }
-
-    /// Hardware entries neither installed nor promised to a queued insert.
-    pub(super) fn free_entries(&self) -> usize {
-        self.res.read().free_entries(self.inserts.len())
+        (
+            self.shard.free_entries(),
+            self.shard.res.read().headroom_left(),
+        )
     }
 }

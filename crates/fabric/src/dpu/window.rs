@@ -1,11 +1,11 @@
 //! The DPU's measurement windows: every `sched.window` the node closes a window, turns what it
-//! counted into a [`Load`] for URSched, and resets the recall headroom; every
+//! counted into a [`Load`] for URSched, and says what the recall headroom of the next window
+//! is (the headroom itself is a budget of the fast path, kept with the DPU's resources); every
 //! `sched.variance_window` URSched rolls its per-tenant variance; every
 //! `placement.rebalance_period` the plane gets the recalled entries' rates.
 //!
 //! This object owns the clocks of those periods, the counter values at the last window's edge
-//! (a window's figures are differences), the last [`Load`], the recall headroom the placement
-//! may spend in the current window, and URSched itself. What a window *does* (fail open on a
+//! (a window's figures are differences), the last [`Load`], and URSched itself. What a window *does* (fail open on a
 //! silent plane, shed, apply URSched's decisions) is the node's.
 
 use std::time::Duration;
@@ -50,10 +50,6 @@ pub(crate) struct Windows {
     next_stats: Instant,
     base: Totals,
     last_load: Load,
-    /// Fast-path headroom for recalls in this window, packets/s.
-    headroom_pps: f64,
-    /// Headroom already granted to recalls in this window, packets/s.
-    recalled_pps: f64,
     tenant_cores: u32,
 }
 
@@ -70,8 +66,6 @@ impl Windows {
             next_stats: Instant::ZERO + f.placement.rebalance_period,
             base: Totals::default(),
             last_load: Load::default(),
-            headroom_pps: 0.0,
-            recalled_pps: 0.0,
             tenant_cores: f.host.tenant_cores,
         }
     }
@@ -124,8 +118,8 @@ impl Windows {
     }
 
     /// Closes the window: the load it measured from `totals` (cumulative) and `utils`, with
-    /// the plane's last report. Resets the recall headroom to what the fast path can still
-    /// take below `target_util` of `hw_pps_limit`.
+    /// the plane's last report; and the recall headroom of the next window, what the fast
+    /// path can still take below `target_util` of `hw_pps_limit`, packets/s.
     pub(crate) fn close(
         &mut self,
         totals: Totals,
@@ -134,7 +128,7 @@ impl Windows {
         workers: u32,
         target_util: f64,
         hw_pps_limit: f64,
-    ) -> Load {
+    ) -> (Load, f64) {
         let secs = self.secs();
         let load = Load {
             hw_util: utils.hw,
@@ -151,11 +145,8 @@ impl Windows {
         };
         self.base = totals;
         self.last_load = load;
-        // Recall headroom for the next window: what the fast path can still take below the
-        // target utilisation. Recalls granted in the last window are now in the measurement.
-        self.headroom_pps = ((target_util - load.hw_util) * hw_pps_limit).max(0.0);
-        self.recalled_pps = 0.0;
-        load
+        let headroom = ((target_util - load.hw_util) * hw_pps_limit).max(0.0);
+        (load, headroom)
     }
 
     /// URSched's decisions for `load` with the plane in `plane`, into a buffer the caller
@@ -170,27 +161,6 @@ impl Windows {
     /// Returns the decisions buffer.
     pub(crate) fn give_back(&mut self, decisions: Vec<Decision>) {
         self.decisions = decisions;
-    }
-
-    /// True when a recall adding `charge` packets/s fits the headroom left in this window.
-    pub(crate) fn recall_fits(&self, charge: f64) -> bool {
-        charge <= self.headroom_pps - self.recalled_pps
-    }
-
-    /// A recall was granted `charge` packets/s of headroom.
-    pub(crate) fn grant(&mut self, charge: f64) {
-        self.recalled_pps += charge;
-    }
-
-    /// Headroom left in this window, packets/s.
-    pub(crate) fn headroom_left(&self) -> f64 {
-        (self.headroom_pps - self.recalled_pps).max(0.0)
-    }
-
-    /// No plane: no recall headroom.
-    pub(crate) fn clear_headroom(&mut self) {
-        self.headroom_pps = 0.0;
-        self.recalled_pps = 0.0;
     }
 
     /// The load of the last window.

@@ -1,0 +1,302 @@
+//! A shard of the DPU: the connections of its buckets and everything kept per connection or
+//! per packet (records, inserts in flight, the delete log, the outbox toward the plane,
+//! counters, drops, latency), and the handle to the DPU's one [`Resources`] budget.
+//!
+//! The lifecycle is not the shard's: the node's control part (phase, hold, colour, quota,
+//! URSched) decides, and the shard executes over its own records (a bulk sync, promoting
+//! mirrors on a fail-open, handing over buckets, shedding). What the shard needs to know of the
+//! lifecycle to serve a packet is a [`ShardView`]: the phase, the colour and the quota. This is
+//! the split ADR 0011 plans for several forwarding threads: today the node has one shard and
+//! calls it directly.
+//!
+//! [`Resources`]: super::Resources
+
+use spillway_vswitch::Instant;
+
+use super::deletes::DeleteLog;
+use super::inserts::InsertQueue;
+use super::lifecycle::Phase;
+use super::{DpuConn, DpuCounters, RecallHistory, ResourcesHandle, Role};
+use crate::hw::HwKey;
+use crate::params::{FabricParams, ns};
+use crate::records::{Outbox, Records};
+use crate::server::PS_PER_NS;
+use crate::stats::{Drops, LatencyHist};
+use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind};
+
+/// What a shard knows of the lifecycle: enough to serve a packet and to colour a message.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ShardView {
+    /// The phase.
+    pub(crate) phase: Phase,
+    /// The colour of the current (or last) activation: what state messages carry.
+    pub(crate) colour: Colour,
+    /// Redirected buckets.
+    pub(crate) quota: u16,
+}
+
+impl ShardView {
+    /// True when `conn` (its bucket among `buckets`) is redirected to the plane now. The
+    /// bucket's hash is computed only while redirect rules are live.
+    pub(crate) fn redirects(&self, conn: ConnId, buckets: u16) -> bool {
+        self.phase.redirect_live() && conn.bucket(buckets) < self.quota
+    }
+}
+
+/// A shard. See the module doc.
+#[derive(Debug)]
+pub(crate) struct DpuShard<R: ResourcesHandle> {
+    pub(crate) f: FabricParams,
+    pub(crate) res: R,
+    /// `pcie.latency`, converted once rather than per train.
+    pub(crate) pcie_latency_ns: u64,
+    /// `dpu.hw_latency` in picoseconds.
+    pub(crate) hw_latency_ps: u64,
+    /// Packets the current input delivered (see [`super::DpuNode::delivered_last`]).
+    pub(crate) delivered_last: u32,
+    pub(crate) conns: Records<DpuConn>,
+    pub(crate) inserts: InsertQueue,
+    pub(crate) deletes: DeleteLog,
+    pub(crate) out: Outbox,
+    pub(crate) insert_refused_at_completion: u64,
+    pub(crate) first_no_state: Option<ConnId>,
+    /// Packets matched by recalled entries that are gone or no longer recalled (see
+    /// [`super::DpuNode::recalled_hw_packets`]).
+    pub(crate) recalled_hw_retired: u64,
+    pub(crate) counters: DpuCounters,
+    pub(crate) drops: Drops,
+    pub(crate) latency: LatencyHist,
+    pub(crate) latency_window: LatencyHist,
+}
+
+impl<R: ResourcesHandle> DpuShard<R> {
+    pub(crate) fn new(f: &FabricParams, res: R) -> DpuShard<R> {
+        DpuShard {
+            res,
+            pcie_latency_ns: ns(f.pcie.latency),
+            hw_latency_ps: ns(f.dpu.hw_latency) * PS_PER_NS,
+            delivered_last: 0,
+            conns: Records::new(7),
+            inserts: InsertQueue::new(f),
+            deletes: DeleteLog::default(),
+            out: Outbox::new(f),
+            insert_refused_at_completion: 0,
+            first_no_state: None,
+            recalled_hw_retired: 0,
+            counters: DpuCounters::default(),
+            drops: Drops::default(),
+            latency: LatencyHist::default(),
+            latency_window: LatencyHist::default(),
+            f: f.clone(),
+        }
+    }
+
+    pub(crate) fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
+        self.out.send(at, channel, msg);
+    }
+
+    /// Sends a state message of `colour` on the flow vNIC (rate-limited; never refused: the
+    /// sync queue is sized for a bulk sync and a full one only delays).
+    pub(crate) fn send_sync(
+        &mut self,
+        now: Instant,
+        colour: Colour,
+        kind: SyncKind,
+        st: ConnState,
+    ) {
+        self.counters.sync_tx += 1;
+        self.out.sync(now, colour, kind, st);
+    }
+
+    pub(crate) fn add_conn(&mut self, conn: ConnId, rec: DpuConn) {
+        if self.conns.insert(conn, rec).is_none() {
+            self.res.write().conn_added();
+        }
+    }
+
+    pub(crate) fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
+        self.retire_recalled(conn);
+        let rec = self.conns.remove(conn)?;
+        let mut res = self.res.write();
+        res.conn_removed();
+        self.counters.deletes += res.remove_entries(conn);
+        Some(rec)
+    }
+
+    pub(crate) fn set_role(&mut self, conn: ConnId, role: Role) {
+        self.conns.set_role(conn, role);
+    }
+
+    /// `conn` stops being recalled (demoted, stripped, rolled back, closed): its entries'
+    /// counts so far stay in [`DpuShard::recalled_hw_packets`].
+    pub(crate) fn retire_recalled(&mut self, conn: ConnId) {
+        if self.conns.get(&conn).is_some_and(|c| c.recalled) {
+            self.recalled_hw_retired += self.res.read().entry_packets(conn);
+        }
+    }
+
+    /// See [`super::DpuNode::recalled_hw_packets`].
+    pub(crate) fn recalled_hw_packets(&self) -> u64 {
+        let res = self.res.read();
+        let live: u64 = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.recalled && c.hw_live > 0)
+            .map(|(k, _)| res.entry_packets(*k))
+            .sum();
+        self.recalled_hw_retired + live
+    }
+
+    /// Hardware entries neither installed nor promised to a queued insert.
+    pub(crate) fn free_entries(&self) -> usize {
+        self.res.read().free_entries(self.inserts.len())
+    }
+
+    /// Queues the two insert commands of `conn`; returns how many were queued.
+    pub(crate) fn queue_inserts(&mut self, now: Instant, conn: ConnId, recall: bool) -> u8 {
+        let mut queued = 0;
+        for side in [Side::Orig, Side::Reply] {
+            let engine = self.res.write().insert_slot(now);
+            if self.inserts.push(engine, HwKey { conn, side }, recall) {
+                queued += 1;
+            } else {
+                self.counters.insert_rejected += 1;
+            }
+        }
+        queued
+    }
+
+    // ---- what the control part asks of a shard -----------------------------------------
+
+    /// The bulk sync of an activation of `colour`: a mirror of every connection the shard
+    /// owns, in connection order. Returns how many.
+    pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64 {
+        let mut v: Vec<(ConnId, ConnState)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.role == Role::Owner)
+            .map(|(k, c)| (*k, c.state))
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        let count = v.len() as u64;
+        for (_, st) in v {
+            self.send_sync(now, colour, SyncKind::Mirror, st);
+        }
+        count
+    }
+
+    /// A fail-open: every copy becomes owned (the mirror is the state). Returns how many.
+    pub(crate) fn promote_copies(&mut self) -> usize {
+        let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
+        let n = copies.len();
+        for c in copies {
+            self.set_role(c, Role::Owner);
+            self.retire_recalled(c);
+            if let Some(r) = self.conns.get_mut(&c) {
+                r.recalled = false;
+            }
+        }
+        n
+    }
+
+    /// At activation or a quota increase: connections of buckets `[from, to)` the shard
+    /// serves on the SoC (no live entries, none pending) move to the plane, which serves those
+    /// buckets now.
+    pub(crate) fn hand_over_buckets(&mut self, now: Instant, colour: Colour, from: u16, to: u16) {
+        let buckets = self.f.dpu.redirect_buckets;
+        let moving = self.conns.keys_where(|k, c| {
+            let b = k.bucket(buckets);
+            b >= from && b < to && c.role == Role::Owner && c.hw_live == 0 && c.inserts_pending == 0
+        });
+        for conn in moving {
+            let st = self.conns[&conn].state;
+            self.set_role(conn, Role::Copy);
+            self.send_sync(now, colour, SyncKind::Handover, st);
+        }
+    }
+
+    /// Hands connections of the redirected buckets `[0, quota)`, entries and all, to the plane
+    /// until `excess` packets/s are covered: highest rate first (fewest entries moved), ties by
+    /// connection id. Returns how many moved and the rate they carried.
+    pub(crate) fn shed(
+        &mut self,
+        now: Instant,
+        colour: Colour,
+        quota: u16,
+        excess: f64,
+    ) -> (u64, f64) {
+        let secs = self.f.sched.window.as_secs_f64();
+        let buckets = self.f.dpu.redirect_buckets;
+        // Each entry's rate over its life in the table (hardware counters since install).
+        let res = self.res.read();
+        let mut v: Vec<(u64, ConnId)> = self
+            .conns
+            .iter()
+            .filter(|(k, c)| c.role == Role::Owner && c.hw_live == 2 && k.bucket(buckets) < quota)
+            .map(|(k, _)| {
+                let pps: f64 = [Side::Orig, Side::Reply]
+                    .iter()
+                    .filter_map(|side| {
+                        res.entry(&HwKey {
+                            conn: *k,
+                            side: *side,
+                        })
+                    })
+                    .map(|e| e.packets as f64 / (now - e.installed).as_secs_f64().max(secs))
+                    .sum();
+                (pps as u64, *k)
+            })
+            .collect();
+        drop(res);
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        let mut shed = 0.0;
+        let mut moved = 0u64;
+        for (pps, conn) in &v {
+            if shed >= excess || *pps == 0 {
+                break;
+            }
+            shed += *pps as f64;
+            moved += 1;
+            let st = self.conns[conn].state;
+            // Entries stay until the plane adopts it (see `Msg::Adopted`).
+            self.set_role(*conn, Role::Copy);
+            self.counters.shed += 1;
+            self.left_fast_path(*conn);
+            self.send_sync(now, colour, SyncKind::Handover, st);
+        }
+        (moved, shed)
+    }
+
+    /// The inserts due at `now` reach the hardware.
+    pub(crate) fn complete_due_inserts(&mut self, now: Instant) {
+        while let Some(p) = self.inserts.pop_due(now) {
+            self.complete_insert(now, p);
+        }
+    }
+
+    /// `conn` leaves the fast path for the host (demoted or shed): a flap if it had been
+    /// recalled (see [`RecallHistory`]).
+    pub(crate) fn left_fast_path(&mut self, conn: ConnId) {
+        if let Some(r) = self.conns.get_mut(&conn)
+            && r.history != RecallHistory::Never
+        {
+            r.history = RecallHistory::Left;
+            self.counters.flaps += 1;
+        }
+    }
+
+    /// Checks the shard's records and, when it is the only shard, that they are all the
+    /// records the resources count. O(connections).
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let res = self.res.read();
+        res.check_invariants()?;
+        if R::EXCLUSIVE && res.conns() != self.conns.len() as u64 {
+            return Err(format!(
+                "dpu: resources count {} records, the node holds {}",
+                res.conns(),
+                self.conns.len()
+            ));
+        }
+        self.conns.check("dpu")
+    }
+}
