@@ -1,15 +1,26 @@
-//! Several shards, one DPU (ADR 0011): two [`DpuNode`]s on two threads, each with its own
-//! connections, charging one [`Resources`] through a handle behind a lock, as a driver that
-//! forwards on several threads does. The limits are the DPU's, not a thread's: a 30 kpps fast
-//! path admits about 30 kpps in total however the traffic falls on the shards (not 30 kpps
-//! per shard), and a shard that carries most of the traffic gets most of it (not half).
+//! Several shards, one DPU (ADR 0011): a [`DpuNode`] whose connections are split over two
+//! shards by bucket, both charging one [`Resources`] through handles behind a lock, as a driver
+//! that forwards on several threads does.
+//!
+//! - The limits are the DPU's, not a shard's: a 30 kpps fast path admits about 30 kpps in total
+//!   however the traffic falls on the shards (not 30 kpps per shard), and a shard that carries
+//!   most of the traffic gets most of it (not half).
+//! - One lifecycle: the bulk sync covers both shards' connections and the DPU is synced only
+//!   when the plane has acknowledged both shards' end markers; a fail-open promotes the mirrors
+//!   of both.
+//! - The handles work across threads: two nodes on two threads charging one `Resources`
+//!   together still admit the fast path's rate in total.
 
 use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::thread;
 
-use spillway_fabric::dpu::{DpuNode, EmulatedHardware, Resources, ResourcesHandle};
+use spillway_fabric::dpu::{
+    Command, DpuNode, EmulatedHardware, EventKind, Hold, Phase, Resources, ResourcesHandle, Role,
+};
 use spillway_fabric::params::FabricParams;
-use spillway_fabric::types::{ConnId, Dest, Kind, Side, Train};
+use spillway_fabric::types::{
+    Channel, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Side, SyncKind, Train,
+};
 use spillway_vswitch::{Instant, TenantId};
 
 /// A shard's handle to the DPU's one `Resources`.
@@ -34,7 +45,7 @@ impl ResourcesHandle for Shared {
 
 const FAST_PATH_PPS: f64 = 30_000.0;
 const QUEUE: u32 = 32;
-/// Simulated time each shard runs, in 1 ms steps kept in lockstep across the threads.
+/// Simulated time a rate test runs, in 1 ms steps.
 const STEPS_MS: u64 = 1_000;
 
 fn params() -> FabricParams {
@@ -44,6 +55,25 @@ fn params() -> FabricParams {
     f.dpu_only = true;
     f.validate().expect("valid parameters");
     f
+}
+
+fn resources(f: &FabricParams) -> Arc<Mutex<Resources>> {
+    Arc::new(Mutex::new(Resources::new(
+        f,
+        Box::new(EmulatedHardware::new(f)),
+    )))
+}
+
+/// A node of two shards over one `Resources`.
+fn two_shards(f: &FabricParams) -> DpuNode<Shared> {
+    let res = resources(f);
+    let dpu = DpuNode::with_shards(f, vec![Shared(Arc::clone(&res)), Shared(Arc::clone(&res))]);
+    assert_eq!(dpu.shard_count(), 2);
+    dpu
+}
+
+fn ms(m: u64) -> Instant {
+    Instant(m * 1_000_000)
 }
 
 fn train(conn: ConnId, kind: Kind, packets: u32, at: Instant) -> Train {
@@ -60,57 +90,98 @@ fn train(conn: ConnId, kind: Kind, packets: u32, at: Instant) -> Train {
     }
 }
 
-/// Runs one shard: `conns` connections opened at 0, then `pps` packets per second of them
-/// (ten packets per connection per train) for `STEPS_MS` ms, in step with the other shard.
-/// Returns the packets its fast path delivered.
-fn shard(res: Arc<Mutex<Resources>>, first: u64, conns: u64, pps: u64, step: &Barrier) -> u64 {
-    let f = params();
-    let mut dpu = DpuNode::with_resources(&f, Shared(res));
-    let ms = |m: u64| Instant(m * 1_000_000);
-    let ids: Vec<ConnId> = (first..first + conns).map(ConnId).collect();
-    for id in &ids {
-        dpu.handle_train(ms(0), &train(*id, Kind::Open, 1, ms(0)));
-    }
-    // Trains of ten packets, `pps` packets per second, spread evenly over each ms.
-    let mut owed = 0; // packets per thousand seconds
-    let mut next = 0usize;
-    for m in 1..=STEPS_MS {
-        step.wait();
-        owed += pps;
-        let trains = owed / 10_000;
-        owed -= trains * 10_000;
-        for k in 0..trains {
-            let at = Instant(ms(m).0 + k * 1_000_000 / trains);
-            while let Some(due) = dpu.poll_timeout().filter(|due| *due <= at) {
-                dpu.handle_timeout(due);
-            }
-            dpu.handle_train(at, &train(ids[next], Kind::Data, 10, at));
-            next = (next + 1) % ids.len();
-        }
-        while dpu.poll_transmit().is_some() {}
-        while dpu.poll_command().is_some() {}
-        while dpu.poll_event().is_some() {}
-    }
-    dpu.check_invariants().expect("shard invariants");
-    assert_eq!(dpu.conns_len() as u64, conns, "every connection opened");
-    dpu.counters().hw_delivered
+/// `n` connection ids of shard `shard` of `dpu`.
+fn conns_of(dpu: &DpuNode<Shared>, shard: usize, n: usize) -> Vec<ConnId> {
+    (0..)
+        .map(ConnId)
+        .filter(|c| dpu.shard_of(*c) == shard)
+        .take(n)
+        .collect()
 }
 
-/// Two shards offered `a_pps` and `b_pps`: the packets each one's fast path delivered.
+/// Runs every timer of `dpu` due at or before `at`.
+fn timers(dpu: &mut DpuNode<Shared>, at: Instant) {
+    while let Some(due) = dpu.poll_timeout().filter(|due| *due <= at) {
+        dpu.handle_timeout(due);
+    }
+}
+
+/// A rate source: trains of ten packets of `conns`, round robin, `pps` packets per second,
+/// `offset` ns into each ms (so that two sources do not always arrive in the same order).
+struct Source {
+    conns: Vec<ConnId>,
+    pps: u64,
+    offset: u64,
+    /// Packets owed, in thousandths.
+    owed: u64,
+    next: usize,
+}
+
+impl Source {
+    fn new(conns: Vec<ConnId>, pps: u64, offset: u64) -> Source {
+        Source {
+            conns,
+            pps,
+            offset,
+            owed: 0,
+            next: 0,
+        }
+    }
+
+    /// The trains of ms `m`, spread evenly over it.
+    fn step(&mut self, m: u64) -> Vec<(Instant, ConnId)> {
+        self.owed += self.pps;
+        let trains = self.owed / 10_000;
+        self.owed -= trains * 10_000;
+        (0..trains)
+            .map(|k| {
+                let conn = self.conns[self.next];
+                self.next = (self.next + 1) % self.conns.len();
+                (
+                    Instant(ms(m).0 + self.offset + k * 1_000_000 / trains),
+                    conn,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Opens `conns` at 0 and lets their entries go live.
+fn open(dpu: &mut DpuNode<Shared>, conns: &[ConnId]) {
+    for c in conns {
+        dpu.handle_train(ms(0), &train(*c, Kind::Open, 1, ms(0)));
+    }
+    timers(dpu, Instant(ms(1).0 - 1));
+}
+
+/// One node, two shards offered `a_pps` and `b_pps` (40 kpps is four trains a ms; the second
+/// shard's arrive 125 µs after the first's) for `STEPS_MS`: the packets each shard's
+/// fast path delivered.
 fn run(a_pps: u64, b_pps: u64) -> (u64, u64) {
     let f = params();
-    let res = Arc::new(Mutex::new(Resources::new(
-        &f,
-        Box::new(EmulatedHardware::new(&f)),
-    )));
-    let step = Arc::new(Barrier::new(2));
-    let spawn = |first: u64, pps: u64| {
-        let (res, step) = (Arc::clone(&res), Arc::clone(&step));
-        thread::spawn(move || shard(res, first, 64, pps, &step))
-    };
-    let a = spawn(0, a_pps);
-    let b = spawn(1_000, b_pps);
-    (a.join().unwrap(), b.join().unwrap())
+    let mut dpu = two_shards(&f);
+    let (a, b) = (conns_of(&dpu, 0, 64), conns_of(&dpu, 1, 64));
+    open(&mut dpu, &a);
+    open(&mut dpu, &b);
+    let mut sources = [Source::new(a, a_pps, 0), Source::new(b, b_pps, 125_000)];
+    for m in 1..=STEPS_MS {
+        let mut trains: Vec<(Instant, ConnId)> =
+            sources.iter_mut().flat_map(|s| s.step(m)).collect();
+        trains.sort_unstable();
+        for (at, conn) in trains {
+            timers(&mut dpu, at);
+            dpu.handle_train(at, &train(conn, Kind::Data, 10, at));
+        }
+    }
+    dpu.check_invariants().expect("invariants");
+    assert_eq!(dpu.conns_len(), 128, "every connection opened");
+    let total = dpu.counters().hw_delivered;
+    let (a, b) = (
+        dpu.shard_counters(0).hw_delivered,
+        dpu.shard_counters(1).hw_delivered,
+    );
+    assert_eq!(a + b, total, "the node's counters are the shards' sum");
+    (a, b)
 }
 
 /// At most the fast path's rate over the run, plus what its queue held at the end.
@@ -124,9 +195,11 @@ fn two_shards_share_one_fast_path_rate() {
     let (a, b) = run(40_000, 40_000);
     let total = a + b;
     assert!(total <= most(), "admitted {total} > {}", most());
-    // Saturated all run long (less the first ms while the entries went live).
+    // Saturated all run long.
     assert!(total >= most() * 95 / 100, "admitted only {total}");
-    // Neither shard starves the other when they offer the same.
+    // Neither shard starves the other when they offer the same (their trains arrive half an
+    // interval apart; the queue's tail drop still favours the one that finds it drained a
+    // little longer, 16,015 against 14,013 when this was written).
     assert!(a.abs_diff(b) <= total / 5, "a {a}, b {b}");
 }
 
@@ -139,4 +212,143 @@ fn a_shard_with_most_of_the_traffic_gets_most_of_the_fast_path() {
     assert!(total <= most(), "admitted {total} > {}", most());
     assert!(a > most() / 2 + 5_000, "busy shard got {a} of {total}");
     assert!(b > 0, "the quiet shard got nothing");
+}
+
+#[test]
+fn one_lifecycle_spans_both_shards() {
+    let mut f = params();
+    f.dpu_only = false;
+    let mut dpu = two_shards(&f);
+    let (a, b) = (conns_of(&dpu, 0, 3), conns_of(&dpu, 1, 2));
+    open(&mut dpu, &a);
+    open(&mut dpu, &b);
+    assert_eq!(dpu.conns_owned(), 5);
+
+    // Prepare and bring the plane up: one bulk sync of both shards' connections, an end
+    // marker per shard.
+    dpu.handle_hold(ms(1), Hold::Shadow);
+    assert!(matches!(
+        dpu.poll_command(),
+        Some(Command::StartPlane { .. })
+    ));
+    dpu.handle_plane_up(ms(2));
+    let colour = match dpu.phase() {
+        Phase::Shadow { colour, .. } => colour,
+        p => panic!("{p:?}"),
+    };
+    let (mut mirrors, mut done) = (0, Vec::new());
+    while let Some(t) = dpu.poll_transmit() {
+        match t.msg {
+            Msg::Sync {
+                kind: SyncKind::Mirror,
+                ..
+            } => mirrors += 1,
+            Msg::SyncDone { count, .. } => done.push(count),
+            _ => {}
+        }
+    }
+    assert_eq!(mirrors, 5);
+    assert_eq!(done, [3, 2], "an end marker per shard, with its count");
+
+    // Synced only when both are acknowledged.
+    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 3 });
+    assert_eq!(
+        dpu.phase(),
+        Phase::Shadow {
+            colour,
+            synced: false
+        }
+    );
+    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 2 });
+    assert_eq!(
+        dpu.phase(),
+        Phase::Shadow {
+            colour,
+            synced: true
+        }
+    );
+    let synced = std::iter::from_fn(|| dpu.poll_event())
+        .find(|e| e.what == EventKind::Synced)
+        .expect("a synced event");
+    assert!(
+        synced.reason.ends_with("5 connections"),
+        "{}",
+        synced.reason
+    );
+
+    // The plane opens a connection in each shard and mirrors it: the DPU keeps copies.
+    for shard in 0..2 {
+        let conn = conns_of(&dpu, shard, 10)[9];
+        let state = ConnState {
+            conn,
+            tenant: TenantId(1),
+            phase: ConnPhase::Established,
+            packets: 3,
+            version: 1,
+            opened: ms(4),
+        };
+        dpu.handle_msg(
+            ms(4),
+            Msg::Sync {
+                colour,
+                kind: SyncKind::Mirror,
+                state,
+            },
+        );
+        assert_eq!(dpu.conn(conn).map(|c| c.role), Some(Role::Copy));
+    }
+    assert_eq!(dpu.conns_len(), 7);
+
+    // The plane dies: both shards' mirrors become the state.
+    dpu.handle_plane_failed(ms(5), "killed");
+    assert_eq!(dpu.phase(), Phase::Idle);
+    assert_eq!(dpu.conns_owned(), 7);
+    let fail = std::iter::from_fn(|| dpu.poll_event())
+        .find(|e| e.what == EventKind::FailOpen)
+        .expect("a fail-open event");
+    assert!(
+        fail.reason.contains("2 connections taken over"),
+        "{}",
+        fail.reason
+    );
+    assert_eq!(dpu.counters().fail_opens, 1);
+    // The control part's messages went out on the first shard's channel.
+    assert!(
+        std::iter::from_fn(|| dpu.poll_transmit()).all(|t| t.channel != Channel::PhyVnic),
+        "nothing was steered"
+    );
+    dpu.check_invariants().expect("invariants");
+}
+
+#[test]
+fn nodes_on_two_threads_share_one_fast_path_rate() {
+    let f = params();
+    let res = resources(&f);
+    let step = Arc::new(Barrier::new(2));
+    let spawn = |first: u64, pps: u64| {
+        let (res, step, f) = (Arc::clone(&res), Arc::clone(&step), f.clone());
+        thread::spawn(move || {
+            let mut dpu = DpuNode::with_resources(&f, Shared(res));
+            let conns: Vec<ConnId> = (first..first + 64).map(ConnId).collect();
+            for c in &conns {
+                dpu.handle_train(ms(0), &train(*c, Kind::Open, 1, ms(0)));
+            }
+            let mut source = Source::new(conns, pps, first);
+            for m in 1..=STEPS_MS {
+                step.wait();
+                for (at, conn) in source.step(m) {
+                    while let Some(due) = dpu.poll_timeout().filter(|due| *due <= at) {
+                        dpu.handle_timeout(due);
+                    }
+                    dpu.handle_train(at, &train(conn, Kind::Data, 10, at));
+                }
+            }
+            dpu.check_invariants().expect("invariants");
+            dpu.counters().hw_delivered
+        })
+    };
+    let (a, b) = (spawn(0, 40_000), spawn(1_000, 40_000));
+    let total = a.join().unwrap() + b.join().unwrap();
+    assert!(total <= most(), "admitted {total} > {}", most());
+    assert!(total >= most() * 95 / 100, "admitted only {total}");
 }

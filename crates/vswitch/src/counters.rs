@@ -96,6 +96,12 @@ macro_rules! counters {
             pub fn $iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
                 [$(($metric, self.$field)),+].into_iter()
             }
+
+            /// Adds every counter of `other` to this one's (totals over several shards).
+            #[allow(dead_code, reason = "generated for every counter set; not all are summed")]
+            pub fn add(&mut self, other: &Self) {
+                $(self.$field += other.$field;)+
+            }
         }
     };
     // Without `iter = NAME;` the generated method is `iter`.

@@ -19,7 +19,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn handle_train(&mut self, now: Instant, t: &Train) {
         self.win.count_tenant(t.tenant, t.packets);
         let view = self.view();
-        self.shard.handle_train(now, t, view);
+        self.shard_for(t.conn).handle_train(now, t, view);
     }
 
     /// Packets the last [`DpuNode::handle_train`] or [`DpuNode::handle_msg`] delivered into
@@ -27,7 +27,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// driver forwarding real frames learns what became of the one it offered (steered packets
     /// are the phy messages it polls; the rest dropped).
     pub fn delivered_last(&self) -> u32 {
-        self.shard.delivered_last
+        self.shards[self.last].delivered_last
     }
 }
 

@@ -72,9 +72,4 @@ impl InsertQueue {
     pub(crate) fn next_due(&self) -> Option<Instant> {
         self.pending.front().map(|p| p.due)
     }
-
-    /// Inserts queued (each will take an entry if it succeeds).
-    pub(crate) fn len(&self) -> usize {
-        self.pending.len()
-    }
 }

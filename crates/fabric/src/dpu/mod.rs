@@ -204,21 +204,26 @@ spillway_vswitch::counters! {
 
 /// The emulated DPU node. See the module doc.
 ///
-/// The node is a composition of parts, each in its own module: [`Resources`] (what the DPU
-/// can run out of, reached through `R`, the node's [`ResourcesHandle`]: the node's own by
-/// default, shared with the DPU's other shards in a driver that forwards on several threads),
-/// [`InsertQueue`], [`Lifecycle`] (phase, hold, colour, quota, what the
-/// plane last reported), [`Windows`] (measurement windows and URSched), the connection
-/// records, the outbox toward the plane and the delete log. The node's methods are the
-/// protocol between them: `datapath.rs` serves trains, `protocol.rs` the plane's messages and
+/// A control part ([`Lifecycle`]: phase, hold, colour, quota, what the plane last reported;
+/// [`Windows`]: measurement windows and URSched) and one or more shards, each with the
+/// connections of its buckets and everything kept per connection or per packet. The shards
+/// charge one [`Resources`] through their [`ResourcesHandle`]s: the node's own by default (one
+/// shard), or handles to one shared object (several shards, as a driver that forwards on
+/// several threads has). `datapath.rs` serves trains, `protocol.rs` the plane's messages and
 /// the hardware's completions, `transitions.rs` the lifecycle's steps.
 #[derive(Debug)]
 pub struct DpuNode<R: ResourcesHandle = Resources> {
     f: FabricParams,
     life: Lifecycle,
     win: Windows,
-    /// The connections, and everything kept per connection or per packet.
-    shard: DpuShard<R>,
+    /// The shards; a connection's is [`DpuNode::shard_of`] it. At least one.
+    shards: Vec<DpuShard<R>>,
+    /// The shard the last input went to (whose `delivered_last` the driver asks for).
+    last: usize,
+    /// Shards whose bulk sync of the current colour the plane has not acknowledged yet, and
+    /// the connections the acknowledged ones carried.
+    sync_pending: usize,
+    sync_acked: u64,
 }
 
 impl DpuNode {
@@ -234,17 +239,52 @@ impl DpuNode {
 }
 
 impl<R: ResourcesHandle> DpuNode<R> {
-    /// A DPU node that charges the resources `res` reaches (built from the same `f`).
+    /// A DPU node of one shard that charges the resources `res` reaches (built from the same
+    /// `f`).
     pub fn with_resources(f: &FabricParams, res: R) -> DpuNode<R> {
+        DpuNode::with_shards(f, vec![res])
+    }
+
+    /// A DPU node of one shard per handle in `res`, every handle reaching the same resources
+    /// (built from the same `f`).
+    ///
+    /// # Panics
+    ///
+    /// If `res` is empty.
+    pub fn with_shards(f: &FabricParams, res: Vec<R>) -> DpuNode<R> {
+        assert!(!res.is_empty(), "a DPU node has at least one shard");
         DpuNode {
             life: Lifecycle::new(),
             win: Windows::new(f),
-            shard: DpuShard::new(f, res),
+            shards: res.into_iter().map(|r| DpuShard::new(f, r)).collect(),
+            last: 0,
+            sync_pending: 0,
+            sync_acked: 0,
             f: f.clone(),
         }
     }
 
-    /// What the shard knows of the lifecycle.
+    /// The shard that holds `conn`: its redirect bucket modulo the number of shards, so that
+    /// a frame of either direction names its shard before any state is looked up.
+    pub fn shard_of(&self, conn: ConnId) -> usize {
+        match self.shards.len() {
+            1 => 0,
+            n => usize::from(conn.bucket(self.f.dpu.redirect_buckets)) % n,
+        }
+    }
+
+    /// The shard of `conn`, which becomes the one the driver asks about the input.
+    fn shard_for(&mut self, conn: ConnId) -> &mut DpuShard<R> {
+        self.last = self.shard_of(conn);
+        &mut self.shards[self.last]
+    }
+
+    /// The shard that sends the control part's own messages to the plane.
+    fn control_shard(&mut self) -> &mut DpuShard<R> {
+        &mut self.shards[0]
+    }
+
+    /// What the shards know of the lifecycle.
     fn view(&self) -> ShardView {
         ShardView {
             phase: self.life.phase,
@@ -253,8 +293,22 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
     }
 
+    /// The resources (any shard's handle reaches them).
+    fn res(&self) -> R::Read<'_> {
+        self.shards[0].res.read()
+    }
+
+    /// The resources, to charge.
+    fn res_mut(&mut self) -> R::Write<'_> {
+        self.shards[0].res.write()
+    }
+
     // ---- getters -------------------------------------------------------------------------
 
+    /// Shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
     /// The lifecycle phase.
     pub fn phase(&self) -> Phase {
         self.life.phase
@@ -263,35 +317,54 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn hold(&self) -> Hold {
         self.life.hold
     }
-    /// Counters.
-    pub fn counters(&self) -> &DpuCounters {
-        &self.shard.counters
+    /// Counters, summed over the shards.
+    pub fn counters(&self) -> DpuCounters {
+        let mut c = self.shards[0].counters;
+        for s in &self.shards[1..] {
+            c.add(&s.counters);
+        }
+        c
     }
-    /// Drops by reason.
-    pub fn drops(&self) -> &Drops {
-        &self.shard.drops
+    /// Counters of shard `i`.
+    pub fn shard_counters(&self, i: usize) -> &DpuCounters {
+        &self.shards[i].counters
+    }
+    /// Drops by reason, summed over the shards.
+    pub fn drops(&self) -> Drops {
+        self.shards[1..]
+            .iter()
+            .fold(self.shards[0].drops, |d, s| d.merged(&s.drops))
     }
     /// Latency of every packet the DPU delivered (its own and the plane's), ns.
-    pub fn latency(&self) -> &LatencyHist {
-        &self.shard.latency
+    pub fn latency(&self) -> LatencyHist {
+        let mut h = self.shards[0].latency.clone();
+        for s in &self.shards[1..] {
+            h.merge(&s.latency);
+        }
+        h
     }
     /// Latency since the last [`DpuNode::take_window_latency`].
     pub fn take_window_latency(&mut self) -> LatencyHist {
-        let h = self.shard.latency_window.clone();
-        self.shard.latency_window.clear();
+        let mut h = self.shards[0].latency_window.clone();
+        for s in &self.shards[1..] {
+            h.merge(&s.latency_window);
+        }
+        for s in &mut self.shards {
+            s.latency_window.clear();
+        }
         h
     }
     /// Hardware entries in use.
     pub fn hw_entries(&self) -> usize {
-        self.shard.res.read().entries()
+        self.res().entries()
     }
     /// Hardware table capacity.
     pub fn hw_capacity(&self) -> usize {
-        self.shard.res.read().capacity()
+        self.res().capacity()
     }
     /// DPU memory in use, bytes.
     pub fn mem_used(&self) -> u64 {
-        self.shard.res.read().mem_used()
+        self.res().mem_used()
     }
     /// Redirected buckets (the overflow quota).
     pub fn quota(&self) -> u16 {
@@ -307,38 +380,50 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// packet. The entries' counters count matches, so under fast-path overload (a full input
     /// queue) this includes packets the queue then dropped.
     pub fn recalled_hw_packets(&self) -> u64 {
-        self.shard.recalled_hw_packets()
+        self.shards.iter().map(DpuShard::recalled_hw_packets).sum()
     }
 
     /// Insert commands the hardware has executed (live or refused by a full table); the
     /// insertion-budget checker reads it.
     pub fn inserts_total(&self) -> u64 {
-        self.shard.counters.inserts + self.shard.insert_refused_at_completion
+        self.shards
+            .iter()
+            .map(|s| s.counters.inserts + s.insert_refused_at_completion)
+            .sum()
     }
     /// The first connection a packet of which found no state here (for diagnosing a failed
-    /// continuity check).
+    /// continuity check; with several shards, the first shard's that has one).
     pub fn first_no_state(&self) -> Option<ConnId> {
-        self.shard.first_no_state
+        self.shards.iter().find_map(|s| s.first_no_state)
     }
     /// The DPU's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
-        self.shard.conns.get(&conn)
+        self.shards[self.shard_of(conn)].conns.get(&conn)
     }
     /// Connections the DPU has a record of.
     pub fn conns_len(&self) -> usize {
-        self.shard.conns.len()
+        self.shards.iter().map(|s| s.conns.len()).sum()
     }
     /// Connections the DPU owns.
     pub fn conns_owned(&self) -> u64 {
-        self.shard.conns.owned()
+        self.shards.iter().map(|s| s.conns.owned()).sum()
     }
     /// Every record, sorted by connection (for checkers and dumps; O(n log n)).
     pub fn conns_sorted(&self) -> Vec<(ConnId, DpuConn)> {
-        self.shard.conns.sorted()
+        if let [one] = &self.shards[..] {
+            return one.conns.sorted();
+        }
+        let mut v: Vec<(ConnId, DpuConn)> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.conns.iter().map(|(k, c)| (*k, *c)))
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        v
     }
     /// Where `conn` is served: `None` if the DPU has no record.
     pub fn owner_view(&self, conn: ConnId) -> Option<Owner> {
-        self.shard.conns.get(&conn).map(|c| match c.role {
+        self.conn(conn).map(|c| match c.role {
             Role::Owner if c.hw_live == 2 => Owner::DpuHw,
             Role::Owner => Owner::DpuSoc,
             Role::Copy => Owner::Spill,
@@ -347,9 +432,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
     // ---- outputs ---------------------------------------------------------------------------
 
-    /// The next message for the plane.
+    /// The next message for the plane: the first shard's first, then the next shard's.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.shard.out.pop()
+        self.shards.iter_mut().find_map(|s| s.out.pop())
     }
     /// The next command for the driver.
     pub fn poll_command(&mut self) -> Option<Command> {
@@ -362,8 +447,10 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// When [`DpuNode::handle_timeout`] must next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t = self.win.next_edge();
-        if let Some(due) = self.shard.inserts.next_due() {
-            t = t.min(due);
+        for s in &self.shards {
+            if let Some(due) = s.inserts.next_due() {
+                t = t.min(due);
+            }
         }
         if let Some(at) = self.life.next_timer() {
             t = t.min(at);
@@ -383,12 +470,15 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.
     /// O(connections).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.shard.check_invariants()
+        for s in &self.shards {
+            s.check_invariants()?;
+        }
+        Ok(())
     }
 
     /// Cheap checks after every event: table within capacity, queues within bounds.
     pub fn check_cheap(&self) -> Result<(), String> {
-        self.shard.res.read().check_cheap()
+        self.res().check_cheap()
     }
 }
 
@@ -460,7 +550,7 @@ mod tests {
     fn a_shed_counts_as_a_flap_only_for_a_recalled_connection() {
         let mut dpu = DpuNode::new(&FabricParams::default());
         // A connection the SoC opened, with live entries (what a shed picks).
-        dpu.shard.conns.insert(
+        dpu.shards[0].conns.insert(
             ConnId(1),
             DpuConn {
                 state: ConnState {
@@ -480,12 +570,15 @@ mod tests {
                 history: RecallHistory::Never,
             },
         );
-        dpu.shard.left_fast_path(ConnId(1));
+        dpu.shards[0].left_fast_path(ConnId(1));
         assert_eq!(dpu.counters().flaps, 0);
-        assert_eq!(dpu.shard.conns[&ConnId(1)].history, RecallHistory::Never);
-        dpu.shard.conns.get_mut(&ConnId(1)).unwrap().history = RecallHistory::Recalled;
-        dpu.shard.left_fast_path(ConnId(1));
+        assert_eq!(
+            dpu.shards[0].conns[&ConnId(1)].history,
+            RecallHistory::Never
+        );
+        dpu.shards[0].conns.get_mut(&ConnId(1)).unwrap().history = RecallHistory::Recalled;
+        dpu.shards[0].left_fast_path(ConnId(1));
         assert_eq!(dpu.counters().flaps, 1);
-        assert_eq!(dpu.shard.conns[&ConnId(1)].history, RecallHistory::Left);
+        assert_eq!(dpu.shards[0].conns[&ConnId(1)].history, RecallHistory::Left);
     }
 }

@@ -16,14 +16,16 @@ use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
 impl<R: ResourcesHandle> DpuNode<R> {
     /// A message from the spill plane.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
-        self.shard.delivered_last = 0;
+        for s in &mut self.shards {
+            s.delivered_last = 0;
+        }
         let view = self.view();
         match msg {
-            Msg::Packets(t) => self.shard.handle_returned(now, &t),
+            Msg::Packets(t) => self.shard_for(t.conn).handle_returned(now, &t),
             Msg::Punt(t) => {
                 // The plane had no state for it: the slow path serves it as the owner. It
                 // crossed the link back.
-                let shard = &mut self.shard;
+                let shard = self.shard_for(t.conn);
                 shard.counters.pcie_crossings += u64::from(t.packets);
                 shard.counters.punted_in += u64::from(t.packets);
                 shard.slow_path(now, &t, true, view);
@@ -33,12 +35,13 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 state,
                 colour,
             } => {
-                self.shard.counters.sync_rx += 1;
-                self.shard.res.write().soc(now, SocWork::Sync, 1);
                 // A message of an older colour comes from a plane that has since failed or
                 // been released: nobody but the DPU can own what it carries.
                 let orphan = !self.life.phase.has_plane() || colour < self.life.colour;
-                self.shard.ingest_sync(kind, state, orphan);
+                let shard = self.shard_for(state.conn);
+                shard.counters.sync_rx += 1;
+                shard.res.write().soc(now, SocWork::Sync, 1);
+                shard.ingest_sync(kind, state, orphan);
             }
             Msg::SyncDone { colour, count } => {
                 if let Phase::Shadow {
@@ -46,11 +49,19 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     synced: false,
                 } = self.life.phase
                     && c == colour
+                    && self.sync_pending > 0
                 {
+                    // Every shard sends its own end marker: synced when all are acknowledged.
+                    self.sync_pending -= 1;
+                    self.sync_acked += count;
+                    if self.sync_pending > 0 {
+                        return;
+                    }
                     self.life.phase = Phase::Shadow {
                         colour,
                         synced: true,
                     };
+                    let count = self.sync_acked;
                     self.event(
                         now,
                         EventKind::Synced,
@@ -66,19 +77,17 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 state,
                 pps,
                 replaces_pps,
-            } => self.shard.handle_recall(now, state, pps, replaces_pps),
+            } => self
+                .shard_for(state.conn)
+                .handle_recall(now, state, pps, replaces_pps),
             Msg::Adopted { conn } => {
                 // The plane has the state now: its packets may miss the fast path.
-                if self
-                    .shard
-                    .conns
-                    .get(&conn)
-                    .is_some_and(|c| c.role == Role::Copy)
-                {
-                    self.shard.strip_entries(conn);
+                let shard = self.shard_for(conn);
+                if shard.conns.get(&conn).is_some_and(|c| c.role == Role::Copy) {
+                    shard.strip_entries(conn);
                 }
             }
-            Msg::Delete { seq, conn } => self.shard.handle_delete(now, seq, conn),
+            Msg::Delete { seq, conn } => self.shard_for(conn).handle_delete(now, seq, conn),
             Msg::Released { colour, count } => {
                 if let Phase::Draining {
                     colour: c,

@@ -94,6 +94,9 @@ pub struct Resources {
     /// The insertion engine: one server at `insert_rate_limit` behind `insert_queue_max`.
     insert_engine: Server,
     insert_ps: u64,
+    /// Inserts the engine has taken that have not reached the hardware yet: each will take an
+    /// entry if it succeeds.
+    promised: usize,
     /// Fast-path headroom for recalls in this measurement window, packets/s.
     headroom_pps: f64,
     /// Headroom already granted to recalls in this window, packets/s.
@@ -122,6 +125,7 @@ impl Resources {
             conns: 0,
             insert_engine: Server::new(1, d.insert_queue_max),
             insert_ps: (1e12 / d.insert_rate_limit) as u64,
+            promised: 0,
             headroom_pps: 0.0,
             recalled_pps: 0.0,
         }
@@ -155,7 +159,14 @@ impl Resources {
     /// One insert command offered to the insertion engine at `now`: `count` is 0 when its
     /// queue is full, and `finish_ps` is when the engine has executed it.
     pub(crate) fn insert_slot(&mut self, now: Instant) -> Admitted {
-        self.insert_engine.offer(ps(now), 1, self.insert_ps)
+        let a = self.insert_engine.offer(ps(now), 1, self.insert_ps);
+        self.promised += a.count as usize;
+        a
+    }
+
+    /// An insert the engine took has reached the hardware (taken or refused there).
+    pub(crate) fn insert_due(&mut self) {
+        self.promised -= 1;
     }
 
     /// A new window's recall headroom: what the fast path can still take, packets/s. Recalls
@@ -266,10 +277,10 @@ impl Resources {
         self.hw.capacity()
     }
 
-    /// Entries neither installed nor promised to one of `pending` queued inserts.
-    pub(crate) fn free_entries(&self, pending: usize) -> usize {
+    /// Entries neither installed nor promised to an insert on its way.
+    pub(crate) fn free_entries(&self) -> usize {
         let free = self.hw.capacity() - self.hw.len();
-        free - pending.min(free)
+        free - self.promised.min(free)
     }
 
     /// Memory in use, bytes.

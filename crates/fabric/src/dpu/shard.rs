@@ -147,9 +147,10 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.recalled_hw_retired + live
     }
 
-    /// Hardware entries neither installed nor promised to a queued insert.
+    /// Hardware entries neither installed nor promised to an insert on its way (of any
+    /// shard).
     pub(crate) fn free_entries(&self) -> usize {
-        self.res.read().free_entries(self.inserts.len())
+        self.res.read().free_entries()
     }
 
     /// Queues the two insert commands of `conn`; returns how many were queued.
@@ -169,7 +170,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     // ---- what the control part asks of a shard -----------------------------------------
 
     /// The bulk sync of an activation of `colour`: a mirror of every connection the shard
-    /// owns, in connection order. Returns how many.
+    /// owns, in connection order, then the end marker. Returns how many.
     pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64 {
         let mut v: Vec<(ConnId, ConnState)> = self
             .conns
@@ -182,6 +183,8 @@ impl<R: ResourcesHandle> DpuShard<R> {
         for (_, st) in v {
             self.send_sync(now, colour, SyncKind::Mirror, st);
         }
+        let at = self.out.flow_idle_at(now);
+        self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
         count
     }
 
@@ -270,6 +273,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// The inserts due at `now` reach the hardware.
     pub(crate) fn complete_due_inserts(&mut self, now: Instant) {
         while let Some(p) = self.inserts.pop_due(now) {
+            self.res.write().insert_due();
             self.complete_insert(now, p);
         }
     }

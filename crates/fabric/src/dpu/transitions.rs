@@ -6,6 +6,7 @@
 use spillway_vswitch::Instant;
 
 use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
+use super::shard::DpuShard;
 use super::window::{Totals, Utils};
 use super::{DpuNode, ResourcesHandle};
 use crate::links::at_ps;
@@ -29,10 +30,12 @@ impl<R: ResourcesHandle> DpuNode<R> {
             synced: false,
         };
         // Bulk sync: every connection the DPU owns, in connection order, then the end marker.
-        let count = self.shard.bulk_sync(now, self.life.colour);
-        let at = self.shard.out.flow_idle_at(now);
-        self.shard
-            .send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
+        let mut count = 0;
+        for s in &mut self.shards {
+            count += s.bulk_sync(now, colour);
+        }
+        self.sync_pending = self.shards.len();
+        self.sync_acked = 0;
         self.event(
             now,
             EventKind::Shadow,
@@ -52,10 +55,10 @@ impl<R: ResourcesHandle> DpuNode<R> {
         if matches!(self.life.phase, Phase::Idle) {
             return;
         }
-        self.shard.counters.fail_opens += 1;
+        self.control_shard().counters.fail_opens += 1;
         // Every copy becomes owned: the mirror is the state. Redirect rules go at once (a
         // fail-open is local to the DPU, no handshake).
-        let n = self.shard.promote_copies();
+        let n: usize = self.shards.iter_mut().map(DpuShard::promote_copies).sum();
         self.event(
             now,
             EventKind::FailOpen,
@@ -68,7 +71,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.life.phase = Phase::Idle;
         self.life.quota = 0;
         self.life.absorbed = false;
-        self.shard.res.write().set_headroom(0.0);
+        self.res_mut().set_headroom(0.0);
         // Copies of connections the plane owned are owned now (release handed them back; a
         // fail-open promoted them). Drop any stale copy flags.
         self.life.commands.push_back(Command::StopPlane);
@@ -78,7 +81,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
     /// Timers: insert completions, redirect install/removal, URSched windows.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.shard.complete_due_inserts(now);
+        for s in &mut self.shards {
+            s.complete_due_inserts(now);
+        }
         match self.life.phase {
             Phase::Activating { colour, live_at } if now >= live_at => {
                 self.life.phase = Phase::Active { colour };
@@ -91,10 +96,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     ),
                     since: self.life.trigger,
                 });
-                self.shard
+                self.control_shard()
                     .send(now, Channel::Control, Msg::Activated { colour });
-                self.shard
-                    .hand_over_buckets(now, self.life.colour, 0, self.life.quota);
+                self.hand_over_buckets(now, 0, self.life.quota);
                 self.enforce_hold(now);
             }
             Phase::Draining {
@@ -114,8 +118,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 // After the last redirected packet has left for the plane: the channels are
                 // separate, so the drain request must not overtake packets still queued on the
                 // phy vNIC.
-                let at = at_ps(self.shard.res.read().host_idle_ps(now));
-                self.shard.send(at, Channel::Control, Msg::Drain { colour });
+                let at = at_ps(self.res().host_idle_ps(now));
+                self.control_shard()
+                    .send(at, Channel::Control, Msg::Drain { colour });
             }
             _ => {}
         }
@@ -126,15 +131,15 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
 
     pub(super) fn window(&mut self, now: Instant) {
-        let shard = &self.shard;
-        let totals = Totals {
-            drops: shard.drops.get(FabricDrop::HwOverload)
-                + shard.drops.get(FabricDrop::SocQueueFull),
-            steered: shard.counters.steered,
-            steered_new: shard.counters.steered_new_conn,
-            soc_new: shard.counters.soc_new_conn,
-        };
-        let (hw, soc, table, mem) = self.shard.res.write().take_utils(now);
+        let mut totals = Totals::default();
+        for s in &self.shards {
+            totals.drops +=
+                s.drops.get(FabricDrop::HwOverload) + s.drops.get(FabricDrop::SocQueueFull);
+            totals.steered += s.counters.steered;
+            totals.steered_new += s.counters.steered_new_conn;
+            totals.soc_new += s.counters.soc_new_conn;
+        }
+        let (hw, soc, table, mem) = self.res_mut().take_utils(now);
         let (load, headroom) = self.win.close(
             totals,
             Utils {
@@ -148,7 +153,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
             self.f.sched.dpu_target_util,
             self.f.dpu.hw_pps_limit,
         );
-        self.shard.res.write().set_headroom(headroom);
+        self.res_mut().set_headroom(headroom);
         // Fail-open on a stalled plane: three heartbeats missed.
         if self.life.phase.has_plane()
             && now.0.saturating_sub(self.life.last_heartbeat.0) > 3 * ns(self.f.host.heartbeat)
@@ -167,7 +172,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 self.shed(now, &load);
             }
             let (free, headroom) = self.recall_budget();
-            self.shard.send(
+            self.control_shard().send(
                 now,
                 Channel::Control,
                 Msg::Budget {
@@ -176,7 +181,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 },
             );
             if self.win.stats_due(now) {
-                self.shard.send_offload_stats(now);
+                for s in &mut self.shards {
+                    s.send_offload_stats(now);
+                }
             }
         }
         let mut decisions = self.win.decide(&load, self.life.plane_view());
@@ -279,21 +286,38 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
     }
 
+    /// At activation or a quota increase: every shard hands the connections of buckets
+    /// `[from, to)` it serves on the SoC to the plane.
+    fn hand_over_buckets(&mut self, now: Instant, from: u16, to: u16) {
+        let colour = self.life.colour;
+        for s in &mut self.shards {
+            s.hand_over_buckets(now, colour, from, to);
+        }
+    }
+
     /// The fast path is over its capacity while the plane is active (established flows grew,
     /// or the DPU took a failed plane's connections back): hand connections of redirected
     /// buckets, entries and all, to the plane until the measured excess is covered. Redirect
     /// rules only catch misses, so without this an overloaded fast path would stay overloaded.
-    /// Highest rate first (fewest entries moved), ties by connection id; the recall headroom
-    /// is zero afterwards, so placement does not bring them straight back.
+    /// Highest rate first (fewest entries moved), ties by connection id, within a shard; the
+    /// recall headroom is zero afterwards, so placement does not bring them straight back.
     pub(super) fn shed(&mut self, now: Instant, load: &Load) {
         let target = self.f.sched.dpu_target_util * self.f.dpu.hw_pps_limit;
         let excess = load.hw_util * self.f.dpu.hw_pps_limit - target;
         if excess <= 0.0 {
             return;
         }
-        let (moved, shed) = self
-            .shard
-            .shed(now, self.life.colour, self.life.quota, excess);
+        // Each shard sheds, highest rate first, what the shards before it left uncovered.
+        let (colour, quota) = (self.life.colour, self.life.quota);
+        let (mut moved, mut shed) = (0, 0.0);
+        for s in &mut self.shards {
+            if shed >= excess {
+                break;
+            }
+            let (m, pps) = s.shed(now, colour, quota, excess - shed);
+            moved += m;
+            shed += pps;
+        }
         if moved > 0 {
             self.event(
                 now,
@@ -368,12 +392,11 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     EventKind::Quota,
                     format!("{old} -> {buckets} buckets: {reason}"),
                 );
-                self.shard
-                    .hand_over_buckets(now, self.life.colour, old, buckets);
+                self.hand_over_buckets(now, old, buckets);
             }
             (Phase::Active { .. }, Decision::Workers { workers, reason }) => {
                 self.life.plane_workers = workers;
-                self.shard
+                self.control_shard()
                     .send(now, Channel::Control, Msg::SetWorkers { workers });
                 self.event(
                     now,
@@ -386,7 +409,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     colour,
                     step: DrainStep::HandBack,
                 };
-                self.shard
+                self.control_shard()
                     .send(now, Channel::Control, Msg::Release { colour });
                 self.event(now, EventKind::Draining, format!("release: {reason}"));
             }
@@ -405,9 +428,6 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
     /// entries and the fast-path headroom left, pps.
     pub fn recall_budget(&self) -> (usize, f64) {
-        (
-            self.shard.free_entries(),
-            self.shard.res.read().headroom_left(),
-        )
+        (self.res().free_entries(), self.res().headroom_left())
     }
 }
