@@ -246,13 +246,13 @@ impl URSched {
 
     /// Counts `packets` offered by `tenant` (for the variance trigger).
     #[inline]
-    pub fn count_tenant(&mut self, tenant: TenantId, packets: u32) {
+    pub fn count_tenant(&mut self, tenant: TenantId, packets: u64) {
         let i = (tenant.0 as usize).min(TENANTS_MAX - 1);
         if i >= self.tenants.len() {
             self.tenants.resize_with(i + 1, TenantSamples::default);
         }
         let t = &mut self.tenants[i];
-        t.packets += u64::from(packets);
+        t.packets += packets;
         t.seen = true;
     }
 

@@ -17,8 +17,7 @@ use crate::types::{Channel, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Tra
 impl<R: ResourcesHandle> DpuNode<R> {
     /// A train from a VM or the uplink.
     pub fn handle_train(&mut self, now: Instant, t: &Train) {
-        self.win.count_tenant(t.tenant, t.packets);
-        let view = self.view();
+        let view = self.control.view();
         self.shard_for(t.conn).handle_train(now, t, view);
     }
 
@@ -33,9 +32,10 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
 impl<R: ResourcesHandle> DpuShard<R> {
     /// A train from a VM or the uplink.
-    pub(crate) fn handle_train(&mut self, now: Instant, t: &Train, view: ShardView) {
+    pub fn handle_train(&mut self, now: Instant, t: &Train, view: ShardView) {
         self.delivered_last = 0;
         self.counters.offered += u64::from(t.packets);
+        self.count_tenant(t.tenant, t.packets);
         let fast = self.res.write().offer_fast_path(now, t);
         if let Some(a) = fast {
             self.drops

@@ -38,15 +38,17 @@
 //! and commands), `window` (measurement windows and URSched) and `deletes` (duplicate
 //! suppression for the reliable channel).
 //!
-//! The node is a control part (`lifecycle`, `window`) and a shard (`shard`: the connection
-//! records, inserts, delete log, outbox, counters and latency, with the handle to the
-//! resources). The shard sees the lifecycle only as a copy of its phase, colour and quota;
-//! the control part decides and asks the shard to act on its records (a bulk sync, a
-//! fail-open's promotion of mirrors, a hand-over of buckets, a shed). That is the split a
-//! driver with several forwarding threads needs (ADR 0011). The methods are split by input:
-//! `datapath` (trains, the shard's), `protocol` (the plane's messages: lifecycle replies to
-//! the control part, per-connection messages and insert completions to the shard) and
-//! `transitions` (lifecycle steps, timers, windows, the operator's hold).
+//! The node is a control part ([`DpuControl`], `control`: `lifecycle` and `window`) and one
+//! or more shards ([`DpuShard`], `shard`: the connection records of their buckets, inserts,
+//! delete log, outbox, counters and latency, with a handle to the resources). A shard sees the
+//! lifecycle only as a [`ShardView`] (phase, colour, quota); the control part decides and asks
+//! the shards, through [`Shards`], to act on their records (a bulk sync, a fail-open's
+//! promotion of mirrors, a hand-over of buckets, a shed, a window's totals). The node calls
+//! its shards in turn; a driver with a thread per shard (ADR 0011) implements [`Shards`] over
+//! its threads instead. The methods are split by input: `datapath` (trains, the shard's),
+//! `protocol` (the plane's messages: lifecycle replies to the control part, per-connection
+//! messages and insert completions to the connection's shard, [`plane_msg_conn`]) and
+//! `transitions` (the control part's lifecycle steps, timers, windows, the operator's hold).
 //!
 //! # What the model charges
 //!
@@ -65,6 +67,7 @@
 //! - Inserts go through an insertion server at `insert_rate_limit` with `insert_latency`; the
 //!   entry serves packets only once live. The table refuses inserts when full.
 
+mod control;
 mod datapath;
 mod deletes;
 mod inserts;
@@ -79,17 +82,19 @@ use spillway_vswitch::Instant;
 
 pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
+pub use control::{DpuControl, Shards};
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
+pub use protocol::plane_msg_conn;
 pub use resources::{Resources, ResourcesHandle};
+pub use shard::{DpuShard, ShardView};
+pub use window::{Totals, Utils};
 
 use crate::params::FabricParams;
 use crate::records::Record;
 use crate::stats::{Drops, LatencyHist};
 use crate::types::{ConnId, ConnState, Owner, Transmit};
 use crate::ursched::Load;
-use lifecycle::Lifecycle;
-use shard::{DpuShard, ShardView};
-use window::Windows;
+use shard::Local;
 
 /// The DPU's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -204,8 +209,9 @@ spillway_vswitch::counters! {
 
 /// The emulated DPU node. See the module doc.
 ///
-/// A control part ([`Lifecycle`]: phase, hold, colour, quota, what the plane last reported;
-/// [`Windows`]: measurement windows and URSched) and one or more shards, each with the
+/// A control part ([`DpuControl`]: the lifecycle's phase, hold, colour, quota and what the
+/// plane last reported; measurement windows and URSched) and one or more [`DpuShard`]s, each
+/// with the
 /// connections of its buckets and everything kept per connection or per packet. The shards
 /// charge one [`Resources`] through their [`ResourcesHandle`]s: the node's own by default (one
 /// shard), or handles to one shared object (several shards, as a driver that forwards on
@@ -213,17 +219,11 @@ spillway_vswitch::counters! {
 /// the hardware's completions, `transitions.rs` the lifecycle's steps.
 #[derive(Debug)]
 pub struct DpuNode<R: ResourcesHandle = Resources> {
-    f: FabricParams,
-    life: Lifecycle,
-    win: Windows,
+    control: DpuControl,
     /// The shards; a connection's is [`DpuNode::shard_of`] it. At least one.
     shards: Vec<DpuShard<R>>,
     /// The shard the last input went to (whose `delivered_last` the driver asks for).
     last: usize,
-    /// Shards whose bulk sync of the current colour the plane has not acknowledged yet, and
-    /// the connections the acknowledged ones carried.
-    sync_pending: usize,
-    sync_acked: u64,
 }
 
 impl DpuNode {
@@ -254,13 +254,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn with_shards(f: &FabricParams, res: Vec<R>) -> DpuNode<R> {
         assert!(!res.is_empty(), "a DPU node has at least one shard");
         DpuNode {
-            life: Lifecycle::new(),
-            win: Windows::new(f),
+            control: DpuControl::new(f),
             shards: res.into_iter().map(|r| DpuShard::new(f, r)).collect(),
             last: 0,
-            sync_pending: 0,
-            sync_acked: 0,
-            f: f.clone(),
         }
     }
 
@@ -269,7 +265,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn shard_of(&self, conn: ConnId) -> usize {
         match self.shards.len() {
             1 => 0,
-            n => usize::from(conn.bucket(self.f.dpu.redirect_buckets)) % n,
+            n => usize::from(conn.bucket(self.control.f.dpu.redirect_buckets)) % n,
         }
     }
 
@@ -279,28 +275,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
         &mut self.shards[self.last]
     }
 
-    /// The shard that sends the control part's own messages to the plane.
-    fn control_shard(&mut self) -> &mut DpuShard<R> {
-        &mut self.shards[0]
-    }
-
-    /// What the shards know of the lifecycle.
-    fn view(&self) -> ShardView {
-        ShardView {
-            phase: self.life.phase,
-            colour: self.life.colour,
-            quota: self.life.quota,
-        }
-    }
-
     /// The resources (any shard's handle reaches them).
     fn res(&self) -> R::Read<'_> {
         self.shards[0].res.read()
-    }
-
-    /// The resources, to charge.
-    fn res_mut(&mut self) -> R::Write<'_> {
-        self.shards[0].res.write()
     }
 
     // ---- getters -------------------------------------------------------------------------
@@ -311,11 +288,11 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
     /// The lifecycle phase.
     pub fn phase(&self) -> Phase {
-        self.life.phase
+        self.control.phase()
     }
     /// The operator's hold.
     pub fn hold(&self) -> Hold {
-        self.life.hold
+        self.control.hold()
     }
     /// Counters, summed over the shards.
     pub fn counters(&self) -> DpuCounters {
@@ -368,11 +345,11 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
     /// Redirected buckets (the overflow quota).
     pub fn quota(&self) -> u16 {
-        self.life.quota
+        self.control.quota()
     }
     /// The load URSched saw in the last window.
     pub fn last_load(&self) -> &Load {
-        self.win.last_load()
+        self.control.last_load()
     }
     /// Packets the fast path has matched for connections while they were recalled from the
     /// plane: the hardware counters of live recalled entries plus those of recalled entries
@@ -438,33 +415,64 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
     /// The next command for the driver.
     pub fn poll_command(&mut self) -> Option<Command> {
-        self.life.commands.pop_front()
+        self.control.poll_command()
     }
     /// The next lifecycle event.
     pub fn poll_event(&mut self) -> Option<FabricEvent> {
-        self.life.events.pop_front()
+        self.control.poll_event()
     }
     /// When [`DpuNode::handle_timeout`] must next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut t = self.win.next_edge();
+        let mut t = self.control.poll_timeout();
         for s in &self.shards {
-            if let Some(due) = s.inserts.next_due() {
+            if let Some(due) = s.poll_timeout() {
                 t = t.min(due);
             }
-        }
-        if let Some(at) = self.life.next_timer() {
-            t = t.min(at);
         }
         Some(t)
     }
 
-    fn event(&mut self, at: Instant, what: EventKind, reason: impl Into<String>) {
-        self.life.event(at, what, reason);
-    }
-
     /// The driver's report of how many host cores the tenants use (isolation input).
     pub fn set_tenant_cores(&mut self, cores: u32) {
-        self.win.set_tenant_cores(cores);
+        self.control.set_tenant_cores(cores);
+    }
+
+    // ---- lifecycle inputs ------------------------------------------------------------------
+
+    /// The plane's process runs (the driver's report after [`Command::StartPlane`]).
+    pub fn handle_plane_up(&mut self, now: Instant) {
+        self.control
+            .handle_plane_up(now, &mut Local(&mut self.shards));
+    }
+
+    /// The plane's process died (the driver saw it exit). Same as a lost heartbeat.
+    pub fn handle_plane_failed(&mut self, now: Instant, reason: &str) {
+        self.control
+            .handle_plane_failed(now, reason, &mut Local(&mut self.shards));
+    }
+
+    /// Timers: insert completions, redirect install/removal, URSched windows.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for s in &mut self.shards {
+            s.complete_due_inserts(now);
+        }
+        self.control
+            .handle_timeout(now, &mut Local(&mut self.shards));
+    }
+
+    /// An operator sets (or clears, with [`Hold::Auto`]) a hold on the lifecycle. The DPU takes
+    /// the next step towards it at once where one is possible (prepare a plane, activate a
+    /// synced one, release an active one), and the rest as the protocol completes.
+    pub fn handle_hold(&mut self, now: Instant, hold: Hold) {
+        self.control
+            .handle_hold(now, hold, &mut Local(&mut self.shards));
+    }
+
+    /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
+    /// entries and the fast-path headroom left, pps.
+    pub fn recall_budget(&self) -> (usize, f64) {
+        let res = self.res();
+        (res.free_entries(), res.headroom_left())
     }
 
     /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.

@@ -5,44 +5,59 @@
 use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::Inserted;
 
+use super::control::{DpuControl, Shards};
 use super::inserts::PendingInsert;
 use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase};
 use super::resources::SocWork;
-use super::shard::DpuShard;
+use super::shard::{DpuShard, Local, ShardView};
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::hw::{HwKey, HwRule};
 use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
 
 impl<R: ResourcesHandle> DpuNode<R> {
-    /// A message from the spill plane.
+    /// A message from the spill plane: one about a connection goes to the connection's shard,
+    /// a lifecycle reply to the control part.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
         for s in &mut self.shards {
             s.delivered_last = 0;
         }
-        let view = self.view();
+        let view = self.control.view();
+        match plane_msg_conn(&msg) {
+            Some(conn) => self.shard_for(conn).handle_msg(now, msg, view),
+            None => self
+                .control
+                .handle_msg(now, msg, &mut Local(&mut self.shards)),
+        }
+    }
+}
+
+/// The connection a message from the plane is about, if it is about one: what picks its
+/// shard.
+pub fn plane_msg_conn(msg: &Msg) -> Option<ConnId> {
+    match msg {
+        Msg::Packets(t) | Msg::Punt(t) => Some(t.conn),
+        Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
+        Msg::Adopted { conn } | Msg::Delete { conn, .. } => Some(*conn),
+        Msg::SyncDone { .. }
+        | Msg::Released { .. }
+        | Msg::Heartbeat { .. }
+        | Msg::Absorbing
+        | Msg::Drained { .. }
+        | Msg::RecallDone { .. }
+        | Msg::DeleteAck { .. }
+        | Msg::Release { .. }
+        | Msg::SetWorkers { .. }
+        | Msg::Activated { .. }
+        | Msg::OffloadStats { .. }
+        | Msg::Budget { .. }
+        | Msg::Drain { .. } => None,
+    }
+}
+
+impl DpuControl {
+    /// A lifecycle reply from the plane (what [`plane_msg_conn`] gives no connection for).
+    pub fn handle_msg(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
         match msg {
-            Msg::Packets(t) => self.shard_for(t.conn).handle_returned(now, &t),
-            Msg::Punt(t) => {
-                // The plane had no state for it: the slow path serves it as the owner. It
-                // crossed the link back.
-                let shard = self.shard_for(t.conn);
-                shard.counters.pcie_crossings += u64::from(t.packets);
-                shard.counters.punted_in += u64::from(t.packets);
-                shard.slow_path(now, &t, true, view);
-            }
-            Msg::Sync {
-                kind,
-                state,
-                colour,
-            } => {
-                // A message of an older colour comes from a plane that has since failed or
-                // been released: nobody but the DPU can own what it carries.
-                let orphan = !self.life.phase.has_plane() || colour < self.life.colour;
-                let shard = self.shard_for(state.conn);
-                shard.counters.sync_rx += 1;
-                shard.res.write().soc(now, SocWork::Sync, 1);
-                shard.ingest_sync(kind, state, orphan);
-            }
             Msg::SyncDone { colour, count } => {
                 if let Phase::Shadow {
                     colour: c,
@@ -70,24 +85,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
                             colour.0
                         ),
                     );
-                    self.enforce_hold(now);
+                    self.enforce_hold(now, sh);
                 }
             }
-            Msg::Recall {
-                state,
-                pps,
-                replaces_pps,
-            } => self
-                .shard_for(state.conn)
-                .handle_recall(now, state, pps, replaces_pps),
-            Msg::Adopted { conn } => {
-                // The plane has the state now: its packets may miss the fast path.
-                let shard = self.shard_for(conn);
-                if shard.conns.get(&conn).is_some_and(|c| c.role == Role::Copy) {
-                    shard.strip_entries(conn);
-                }
-            }
-            Msg::Delete { seq, conn } => self.shard_for(conn).handle_delete(now, seq, conn),
             Msg::Released { colour, count } => {
                 if let Phase::Draining {
                     colour: c,
@@ -112,7 +112,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 self.life.plane_workers = workers;
                 self.life.plane_util = util;
                 if let Phase::Preparing { colour } = self.life.phase {
-                    self.enter_shadow(now, colour);
+                    self.enter_shadow(now, colour, sh);
                 }
             }
             Msg::Absorbing => {
@@ -134,14 +134,6 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     });
                 }
             }
-            // DPU-to-plane messages never come back this way.
-            Msg::RecallDone { .. }
-            | Msg::DeleteAck { .. }
-            | Msg::Release { .. }
-            | Msg::SetWorkers { .. }
-            | Msg::Activated { .. }
-            | Msg::OffloadStats { .. }
-            | Msg::Budget { .. } => {}
             Msg::Drained { colour } => {
                 if let Phase::Draining {
                     colour: c,
@@ -149,15 +141,70 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 } = self.life.phase
                     && c == colour
                 {
-                    self.go_idle(now, "plane drained; host cores released".into());
+                    self.go_idle(now, "plane drained; host cores released".into(), sh);
                 }
             }
-            Msg::Drain { .. } => {}
+            // Messages about a connection go to its shard; DPU-to-plane messages never come
+            // back this way.
+            Msg::Packets(_)
+            | Msg::Punt(_)
+            | Msg::Sync { .. }
+            | Msg::Recall { .. }
+            | Msg::Adopted { .. }
+            | Msg::Delete { .. }
+            | Msg::RecallDone { .. }
+            | Msg::DeleteAck { .. }
+            | Msg::Release { .. }
+            | Msg::SetWorkers { .. }
+            | Msg::Activated { .. }
+            | Msg::OffloadStats { .. }
+            | Msg::Budget { .. }
+            | Msg::Drain { .. } => {}
         }
     }
 }
 
 impl<R: ResourcesHandle> DpuShard<R> {
+    /// A message from the plane about one of this shard's connections.
+    pub fn handle_msg(&mut self, now: Instant, msg: Msg, view: ShardView) {
+        self.delivered_last = 0;
+        match msg {
+            Msg::Packets(t) => self.handle_returned(now, &t),
+            Msg::Punt(t) => {
+                // The plane had no state for it: the slow path serves it as the owner. It
+                // crossed the link back.
+                self.counters.pcie_crossings += u64::from(t.packets);
+                self.counters.punted_in += u64::from(t.packets);
+                self.slow_path(now, &t, true, view);
+            }
+            Msg::Sync {
+                kind,
+                state,
+                colour,
+            } => {
+                self.counters.sync_rx += 1;
+                self.res.write().soc(now, SocWork::Sync, 1);
+                // A message of an older colour comes from a plane that has since failed or
+                // been released: nobody but the DPU can own what it carries.
+                let orphan = !view.phase.has_plane() || colour < view.colour;
+                self.ingest_sync(kind, state, orphan);
+            }
+            Msg::Recall {
+                state,
+                pps,
+                replaces_pps,
+            } => self.handle_recall(now, state, pps, replaces_pps),
+            // The plane has the state now: its packets may miss the fast path.
+            Msg::Adopted { conn }
+                if self.conns.get(&conn).is_some_and(|c| c.role == Role::Copy) =>
+            {
+                self.strip_entries(conn);
+            }
+            Msg::Delete { seq, conn } => self.handle_delete(now, seq, conn),
+            // The control part's (see `plane_msg_conn`).
+            _ => {}
+        }
+    }
     pub(super) fn ingest_sync(&mut self, kind: SyncKind, state: ConnState, orphan: bool) {
         if kind == SyncKind::Closed {
             // The connection's last packet went through the plane: forget it, entries and all.

@@ -18,6 +18,7 @@ use core::ops::{Deref, DerefMut};
 use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::Inserted;
 
+use super::window::Utils;
 use crate::hw::{DpuHardware, EntryStats, HwKey, HwRule};
 use crate::links::{PcieLink, PhyVnic, ps};
 use crate::params::{FabricParams, ns};
@@ -289,14 +290,19 @@ impl Resources {
     }
 
     /// Utilisation of the fast path, the SoC and the phy vNIC since the last call, and of the
-    /// table and memory now: `(hw, soc, table, mem)`. Starts the next measurement window.
-    pub(crate) fn take_utils(&mut self, now: Instant) -> (f64, f64, f64, f64) {
+    /// table and memory now. Starts the next measurement window.
+    pub(crate) fn take_utils(&mut self, now: Instant) -> Utils {
         let hw = self.hw.take_util(now);
         let soc = self.soc.take_util(ps(now));
         let table = self.hw.len() as f64 / self.hw.capacity() as f64;
         let mem = self.mem_used as f64 / self.mem_bytes as f64;
         self.to_host.take_util(ps(now));
-        (hw, soc, table, mem)
+        Utils {
+            hw,
+            soc,
+            table,
+            mem,
+        }
     }
 
     /// Checks the table and queue bounds, and that memory in use is what the connection

@@ -6,46 +6,50 @@
 //! URSched) decides, and the shard executes over its own records (a bulk sync, promoting
 //! mirrors on a fail-open, handing over buckets, shedding). What the shard needs to know of the
 //! lifecycle to serve a packet is a [`ShardView`]: the phase, the colour and the quota. This is
-//! the split ADR 0011 plans for several forwarding threads: today the node has one shard and
-//! calls it directly.
+//! the split ADR 0011 plans for several forwarding threads: a [`super::DpuNode`] holds its
+//! shards and the control part and calls them in turn ([`Local`]); a driver with a thread per
+//! shard calls a shard's inputs on its thread and carries the control part's requests to it.
 //!
 //! [`Resources`]: super::Resources
 
-use spillway_vswitch::Instant;
+use spillway_vswitch::{Instant, TenantId};
 
+use super::control::Shards;
 use super::deletes::DeleteLog;
 use super::inserts::InsertQueue;
 use super::lifecycle::Phase;
+use super::window::{Totals, Utils};
 use super::{DpuConn, DpuCounters, RecallHistory, ResourcesHandle, Role};
 use crate::hw::HwKey;
 use crate::params::{FabricParams, ns};
 use crate::records::{Outbox, Records};
 use crate::server::PS_PER_NS;
-use crate::stats::{Drops, LatencyHist};
-use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind};
+use crate::stats::{Drops, FabricDrop, LatencyHist};
+use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind, Transmit};
+use crate::ursched::TENANTS_MAX;
 
 /// What a shard knows of the lifecycle: enough to serve a packet and to colour a message.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct ShardView {
+pub struct ShardView {
     /// The phase.
-    pub(crate) phase: Phase,
+    pub phase: Phase,
     /// The colour of the current (or last) activation: what state messages carry.
-    pub(crate) colour: Colour,
+    pub colour: Colour,
     /// Redirected buckets.
-    pub(crate) quota: u16,
+    pub quota: u16,
 }
 
 impl ShardView {
     /// True when `conn` (its bucket among `buckets`) is redirected to the plane now. The
     /// bucket's hash is computed only while redirect rules are live.
-    pub(crate) fn redirects(&self, conn: ConnId, buckets: u16) -> bool {
+    pub fn redirects(&self, conn: ConnId, buckets: u16) -> bool {
         self.phase.redirect_live() && conn.bucket(buckets) < self.quota
     }
 }
 
 /// A shard. See the module doc.
 #[derive(Debug)]
-pub(crate) struct DpuShard<R: ResourcesHandle> {
+pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) f: FabricParams,
     pub(crate) res: R,
     /// `pcie.latency`, converted once rather than per train.
@@ -67,6 +71,9 @@ pub(crate) struct DpuShard<R: ResourcesHandle> {
     pub(crate) drops: Drops,
     pub(crate) latency: LatencyHist,
     pub(crate) latency_window: LatencyHist,
+    /// Packets per tenant since URSched's variance window last took them (indexed by id;
+    /// ids from `TENANTS_MAX - 1` up share the last slot, as URSched's own table does).
+    pub(crate) tenant_packets: Vec<u64>,
 }
 
 impl<R: ResourcesHandle> DpuShard<R> {
@@ -87,7 +94,49 @@ impl<R: ResourcesHandle> DpuShard<R> {
             drops: Drops::default(),
             latency: LatencyHist::default(),
             latency_window: LatencyHist::default(),
+            tenant_packets: Vec::new(),
             f: f.clone(),
+        }
+    }
+
+    /// A shard of a DPU with the limits in `f`, charging the resources `res` reaches.
+    pub fn with_resources(f: &FabricParams, res: R) -> DpuShard<R> {
+        DpuShard::new(f, res)
+    }
+
+    /// Counts a tenant's packets for URSched's variance trigger.
+    pub(crate) fn count_tenant(&mut self, tenant: TenantId, packets: u32) {
+        let i = (tenant.0 as usize).min(TENANTS_MAX - 1);
+        if i >= self.tenant_packets.len() {
+            // Grows once per new tenant, never per packet of a known one.
+            self.tenant_packets.resize(i + 1, 0);
+        }
+        self.tenant_packets[i] += u64::from(packets);
+    }
+
+    /// The next message for the plane.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop()
+    }
+
+    /// When the shard's next insert reaches the hardware ([`DpuShard::complete_due_inserts`]).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.inserts.next_due()
+    }
+
+    /// Packets the last input delivered at once (see [`super::DpuNode::delivered_last`]).
+    pub fn delivered_last(&self) -> u32 {
+        self.delivered_last
+    }
+
+    /// The counts a window's rates are differences of.
+    pub(crate) fn totals(&self) -> Totals {
+        Totals {
+            drops: self.drops.get(FabricDrop::HwOverload)
+                + self.drops.get(FabricDrop::SocQueueFull),
+            steered: self.counters.steered,
+            steered_new: self.counters.steered_new_conn,
+            soc_new: self.counters.soc_new_conn,
         }
     }
 
@@ -271,7 +320,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     }
 
     /// The inserts due at `now` reach the hardware.
-    pub(crate) fn complete_due_inserts(&mut self, now: Instant) {
+    pub fn complete_due_inserts(&mut self, now: Instant) {
         while let Some(p) = self.inserts.pop_due(now) {
             self.res.write().insert_due();
             self.complete_insert(now, p);
@@ -302,5 +351,83 @@ impl<R: ResourcesHandle> DpuShard<R> {
             ));
         }
         self.conns.check("dpu")
+    }
+}
+
+/// The shards of one [`super::DpuNode`], called in turn, in the node's thread.
+#[derive(Debug)]
+pub(crate) struct Local<'a, R: ResourcesHandle>(pub(crate) &'a mut [DpuShard<R>]);
+
+impl<R: ResourcesHandle> Shards for Local<'_, R> {
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+    fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64 {
+        self.0.iter_mut().map(|s| s.bulk_sync(now, colour)).sum()
+    }
+    fn promote_copies(&mut self) -> usize {
+        self.0.iter_mut().map(DpuShard::promote_copies).sum()
+    }
+    fn hand_over_buckets(&mut self, now: Instant, colour: Colour, from: u16, to: u16) {
+        for s in self.0.iter_mut() {
+            s.hand_over_buckets(now, colour, from, to);
+        }
+    }
+    /// Each shard in turn sheds, highest rate first, what the shards before it left
+    /// uncovered.
+    fn shed(&mut self, now: Instant, colour: Colour, quota: u16, excess: f64) -> (u64, f64) {
+        let (mut moved, mut shed) = (0, 0.0);
+        for s in self.0.iter_mut() {
+            if shed >= excess {
+                break;
+            }
+            let (m, pps) = s.shed(now, colour, quota, excess - shed);
+            moved += m;
+            shed += pps;
+        }
+        (moved, shed)
+    }
+    fn send_offload_stats(&mut self, now: Instant) {
+        for s in self.0.iter_mut() {
+            s.send_offload_stats(now);
+        }
+    }
+    fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for s in self.0.iter() {
+            t.add(&s.totals());
+        }
+        t
+    }
+    fn drain_tenant_packets(&mut self, into: &mut dyn FnMut(TenantId, u64)) {
+        for s in self.0.iter_mut() {
+            for (i, n) in s.tenant_packets.iter_mut().enumerate() {
+                if *n > 0 {
+                    into(TenantId(i as u32), *n);
+                    *n = 0;
+                }
+            }
+        }
+    }
+    fn count_fail_open(&mut self) {
+        self.0[0].counters.fail_opens += 1;
+    }
+    fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
+        self.0[0].send(at, channel, msg);
+    }
+    fn take_utils(&mut self, now: Instant) -> Utils {
+        self.0[0].res.write().take_utils(now)
+    }
+    fn set_headroom(&mut self, pps: f64) {
+        self.0[0].res.write().set_headroom(pps);
+    }
+    fn free_entries(&self) -> usize {
+        self.0[0].free_entries()
+    }
+    fn headroom_left(&self) -> f64 {
+        self.0[0].res.read().headroom_left()
+    }
+    fn host_idle_ps(&self, now: Instant) -> u64 {
+        self.0[0].res.read().host_idle_ps(now)
     }
 }

@@ -5,36 +5,30 @@
 
 use spillway_vswitch::Instant;
 
+use super::control::{DpuControl, Shards};
 use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
-use super::shard::DpuShard;
-use super::window::{Totals, Utils};
-use super::{DpuNode, ResourcesHandle};
 use crate::links::at_ps;
 use crate::params::ns;
-use crate::stats::FabricDrop;
 use crate::types::{Channel, Colour, Msg};
 use crate::ursched::{Decision, Load};
 
-impl<R: ResourcesHandle> DpuNode<R> {
+impl DpuControl {
     /// The plane's process runs (the driver's report after [`Command::StartPlane`]).
-    pub fn handle_plane_up(&mut self, now: Instant) {
+    pub fn handle_plane_up(&mut self, now: Instant, sh: &mut dyn Shards) {
         self.life.last_heartbeat = now;
         if let Phase::Preparing { colour } = self.life.phase {
-            self.enter_shadow(now, colour);
+            self.enter_shadow(now, colour, sh);
         }
     }
 
-    pub(super) fn enter_shadow(&mut self, now: Instant, colour: Colour) {
+    pub(super) fn enter_shadow(&mut self, now: Instant, colour: Colour, sh: &mut dyn Shards) {
         self.life.phase = Phase::Shadow {
             colour,
             synced: false,
         };
         // Bulk sync: every connection the DPU owns, in connection order, then the end marker.
-        let mut count = 0;
-        for s in &mut self.shards {
-            count += s.bulk_sync(now, colour);
-        }
-        self.sync_pending = self.shards.len();
+        let count = sh.bulk_sync(now, colour);
+        self.sync_pending = sh.count();
         self.sync_acked = 0;
         self.event(
             now,
@@ -47,31 +41,31 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
 
     /// The plane's process died (the driver saw it exit). Same as a lost heartbeat.
-    pub fn handle_plane_failed(&mut self, now: Instant, reason: &str) {
-        self.fail_open(now, reason.to_string());
+    pub fn handle_plane_failed(&mut self, now: Instant, reason: &str, sh: &mut dyn Shards) {
+        self.fail_open(now, reason.to_string(), sh);
     }
 
-    pub(super) fn fail_open(&mut self, now: Instant, reason: String) {
+    pub(super) fn fail_open(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
         if matches!(self.life.phase, Phase::Idle) {
             return;
         }
-        self.control_shard().counters.fail_opens += 1;
+        sh.count_fail_open();
         // Every copy becomes owned: the mirror is the state. Redirect rules go at once (a
         // fail-open is local to the DPU, no handshake).
-        let n: usize = self.shards.iter_mut().map(DpuShard::promote_copies).sum();
+        let n = sh.promote_copies();
         self.event(
             now,
             EventKind::FailOpen,
             format!("{reason}; redirect rules removed, {n} connections taken over from mirrors"),
         );
-        self.go_idle(now, "fail-open: plane stopped".into());
+        self.go_idle(now, "fail-open: plane stopped".into(), sh);
     }
 
-    pub(super) fn go_idle(&mut self, now: Instant, reason: String) {
+    pub(super) fn go_idle(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
         self.life.phase = Phase::Idle;
         self.life.quota = 0;
         self.life.absorbed = false;
-        self.res_mut().set_headroom(0.0);
+        sh.set_headroom(0.0);
         // Copies of connections the plane owned are owned now (release handed them back; a
         // fail-open promoted them). Drop any stale copy flags.
         self.life.commands.push_back(Command::StopPlane);
@@ -80,10 +74,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
 
     /// Timers: insert completions, redirect install/removal, URSched windows.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        for s in &mut self.shards {
-            s.complete_due_inserts(now);
-        }
+    pub fn handle_timeout(&mut self, now: Instant, sh: &mut dyn Shards) {
         match self.life.phase {
             Phase::Activating { colour, live_at } if now >= live_at => {
                 self.life.phase = Phase::Active { colour };
@@ -96,10 +87,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     ),
                     since: self.life.trigger,
                 });
-                self.control_shard()
-                    .send(now, Channel::Control, Msg::Activated { colour });
-                self.hand_over_buckets(now, 0, self.life.quota);
-                self.enforce_hold(now);
+                sh.send(now, Channel::Control, Msg::Activated { colour });
+                sh.hand_over_buckets(now, self.life.colour, 0, self.life.quota);
+                self.enforce_hold(now, sh);
             }
             Phase::Draining {
                 colour,
@@ -118,48 +108,43 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 // After the last redirected packet has left for the plane: the channels are
                 // separate, so the drain request must not overtake packets still queued on the
                 // phy vNIC.
-                let at = at_ps(self.res().host_idle_ps(now));
-                self.control_shard()
-                    .send(at, Channel::Control, Msg::Drain { colour });
+                let at = at_ps(sh.host_idle_ps(now));
+                sh.send(at, Channel::Control, Msg::Drain { colour });
             }
             _ => {}
         }
         if self.win.window_due(now) {
-            self.window(now);
+            self.window(now, sh);
         }
-        self.win.roll_variance(now);
+        if self.win.variance_due(now) {
+            let sched = &mut self.win;
+            sh.drain_tenant_packets(&mut |tenant, packets| sched.count_tenant(tenant, packets));
+            self.win.roll_variance(now);
+        }
     }
 
-    pub(super) fn window(&mut self, now: Instant) {
-        let mut totals = Totals::default();
-        for s in &self.shards {
-            totals.drops +=
-                s.drops.get(FabricDrop::HwOverload) + s.drops.get(FabricDrop::SocQueueFull);
-            totals.steered += s.counters.steered;
-            totals.steered_new += s.counters.steered_new_conn;
-            totals.soc_new += s.counters.soc_new_conn;
-        }
-        let (hw, soc, table, mem) = self.res_mut().take_utils(now);
+    pub(super) fn window(&mut self, now: Instant, sh: &mut dyn Shards) {
+        let totals = sh.totals();
+        let utils = sh.take_utils(now);
         let (load, headroom) = self.win.close(
             totals,
-            Utils {
-                hw,
-                soc,
-                table,
-                mem,
-            },
+            utils,
             self.life.plane_util,
             self.life.plane_workers,
             self.f.sched.dpu_target_util,
             self.f.dpu.hw_pps_limit,
         );
-        self.res_mut().set_headroom(headroom);
+        sh.set_headroom(headroom);
         // Fail-open on a stalled plane: three heartbeats missed.
         if self.life.phase.has_plane()
             && now.0.saturating_sub(self.life.last_heartbeat.0) > 3 * ns(self.f.host.heartbeat)
         {
             let late = (now - self.life.last_heartbeat).as_secs_f64() * 1e3;
-            self.fail_open(now, format!("no heartbeat from the plane for {late:.1} ms"));
+            self.fail_open(
+                now,
+                format!("no heartbeat from the plane for {late:.1} ms"),
+                sh,
+            );
             return;
         }
         if self.f.dpu_only {
@@ -169,10 +154,10 @@ impl<R: ResourcesHandle> DpuNode<R> {
             if load.hw_util > 1.0
                 || (load.dpu_drops > 0 && load.hw_util > self.f.sched.dpu_target_util)
             {
-                self.shed(now, &load);
+                self.shed(now, &load, sh);
             }
-            let (free, headroom) = self.recall_budget();
-            self.control_shard().send(
+            let (free, headroom) = self.recall_budget(sh);
+            sh.send(
                 now,
                 Channel::Control,
                 Msg::Budget {
@@ -181,9 +166,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 },
             );
             if self.win.stats_due(now) {
-                for s in &mut self.shards {
-                    s.send_offload_stats(now);
-                }
+                sh.send_offload_stats(now);
             }
         }
         let mut decisions = self.win.decide(&load, self.life.plane_view());
@@ -202,17 +185,17 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 )
             );
             if !against_hold {
-                self.apply(now, d);
+                self.apply(now, d, sh);
             }
         }
         self.win.give_back(decisions);
-        self.enforce_hold(now);
+        self.enforce_hold(now, sh);
     }
 
     /// An operator sets (or clears, with [`Hold::Auto`]) a hold on the lifecycle. The DPU takes
     /// the next step towards it at once where one is possible (prepare a plane, activate a
     /// synced one, release an active one), and the rest as the protocol completes.
-    pub fn handle_hold(&mut self, now: Instant, hold: Hold) {
+    pub fn handle_hold(&mut self, now: Instant, hold: Hold, sh: &mut dyn Shards) {
         if hold != self.life.hold {
             self.life.hold = hold;
             self.event(
@@ -225,11 +208,11 @@ impl<R: ResourcesHandle> DpuNode<R> {
                 ),
             );
         }
-        self.enforce_hold(now);
+        self.enforce_hold(now, sh);
     }
 
     /// The one step the hold asks for in the current phase, if any.
-    pub(super) fn enforce_hold(&mut self, now: Instant) {
+    pub(super) fn enforce_hold(&mut self, now: Instant, sh: &mut dyn Shards) {
         let buckets = self.f.dpu.redirect_buckets;
         let reason = |what: &str| format!("operator hold: {what}");
         match (self.life.hold, self.life.phase) {
@@ -240,6 +223,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     cause: crate::ursched::Cause::Operator,
                     reason: reason("activate"),
                 },
+                sh,
             ),
             (Hold::Shadow, Phase::Idle) => self.apply(
                 now,
@@ -249,6 +233,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     cause: crate::ursched::Cause::Memory,
                     reason: reason("prepare (shadow)"),
                 },
+                sh,
             ),
             (Hold::Active, Phase::Shadow { synced: true, .. }) => {
                 // The operator's command is the trigger of a warm activation.
@@ -259,6 +244,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     Decision::Activate {
                         reason: reason("activate"),
                     },
+                    sh,
                 );
             }
             (Hold::Active, Phase::Active { .. }) if self.life.quota < buckets => self.apply(
@@ -267,12 +253,14 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     buckets,
                     reason: reason("every bucket"),
                 },
+                sh,
             ),
             (Hold::Released, Phase::Active { .. } | Phase::Shadow { .. }) => self.apply(
                 now,
                 Decision::Release {
                     reason: reason("release"),
                 },
+                sh,
             ),
             (
                 Hold::Auto | Hold::Active | Hold::Released | Hold::Shadow,
@@ -286,38 +274,19 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
     }
 
-    /// At activation or a quota increase: every shard hands the connections of buckets
-    /// `[from, to)` it serves on the SoC to the plane.
-    fn hand_over_buckets(&mut self, now: Instant, from: u16, to: u16) {
-        let colour = self.life.colour;
-        for s in &mut self.shards {
-            s.hand_over_buckets(now, colour, from, to);
-        }
-    }
-
     /// The fast path is over its capacity while the plane is active (established flows grew,
     /// or the DPU took a failed plane's connections back): hand connections of redirected
     /// buckets, entries and all, to the plane until the measured excess is covered. Redirect
     /// rules only catch misses, so without this an overloaded fast path would stay overloaded.
     /// Highest rate first (fewest entries moved), ties by connection id, within a shard; the
     /// recall headroom is zero afterwards, so placement does not bring them straight back.
-    pub(super) fn shed(&mut self, now: Instant, load: &Load) {
+    pub(super) fn shed(&mut self, now: Instant, load: &Load, sh: &mut dyn Shards) {
         let target = self.f.sched.dpu_target_util * self.f.dpu.hw_pps_limit;
         let excess = load.hw_util * self.f.dpu.hw_pps_limit - target;
         if excess <= 0.0 {
             return;
         }
-        // Each shard sheds, highest rate first, what the shards before it left uncovered.
-        let (colour, quota) = (self.life.colour, self.life.quota);
-        let (mut moved, mut shed) = (0, 0.0);
-        for s in &mut self.shards {
-            if shed >= excess {
-                break;
-            }
-            let (m, pps) = s.shed(now, colour, quota, excess - shed);
-            moved += m;
-            shed += pps;
-        }
+        let (moved, shed) = sh.shed(now, self.life.colour, self.life.quota, excess);
         if moved > 0 {
             self.event(
                 now,
@@ -331,7 +300,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
     }
 
-    pub(super) fn apply(&mut self, now: Instant, d: Decision) {
+    pub(super) fn apply(&mut self, now: Instant, d: Decision, sh: &mut dyn Shards) {
         match (self.life.phase, d) {
             (
                 Phase::Idle,
@@ -392,12 +361,11 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     EventKind::Quota,
                     format!("{old} -> {buckets} buckets: {reason}"),
                 );
-                self.hand_over_buckets(now, old, buckets);
+                sh.hand_over_buckets(now, self.life.colour, old, buckets);
             }
             (Phase::Active { .. }, Decision::Workers { workers, reason }) => {
                 self.life.plane_workers = workers;
-                self.control_shard()
-                    .send(now, Channel::Control, Msg::SetWorkers { workers });
+                sh.send(now, Channel::Control, Msg::SetWorkers { workers });
                 self.event(
                     now,
                     EventKind::Workers,
@@ -409,13 +377,12 @@ impl<R: ResourcesHandle> DpuNode<R> {
                     colour,
                     step: DrainStep::HandBack,
                 };
-                self.control_shard()
-                    .send(now, Channel::Control, Msg::Release { colour });
+                sh.send(now, Channel::Control, Msg::Release { colour });
                 self.event(now, EventKind::Draining, format!("release: {reason}"));
             }
             (Phase::Shadow { .. }, Decision::Release { reason }) => {
                 // Nothing was redirected: drop the copies the plane sent and stop it.
-                self.go_idle(now, format!("release: {reason}"));
+                self.go_idle(now, format!("release: {reason}"), sh);
             }
             (phase, d) => {
                 // URSched only proposes what fits the phase it was shown; anything else is a
@@ -427,7 +394,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
     /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
     /// entries and the fast-path headroom left, pps.
-    pub fn recall_budget(&self) -> (usize, f64) {
-        (self.res().free_entries(), self.res().headroom_left())
+    pub fn recall_budget(&self, sh: &dyn Shards) -> (usize, f64) {
+        (sh.free_entries(), sh.headroom_left())
     }
 }

@@ -16,25 +16,40 @@ use crate::params::FabricParams;
 use crate::ursched::{Decision, Load, PlaneView, URSched};
 
 /// Cumulative counts a window's rates are differences of.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Totals {
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
     /// Fast-path and slow-path drops.
-    pub(crate) drops: u64,
+    pub drops: u64,
     /// Packets steered to the plane.
-    pub(crate) steered: u64,
+    pub steered: u64,
     /// New connections steered to the plane.
-    pub(crate) steered_new: u64,
+    pub steered_new: u64,
     /// Connections opened on the SoC.
-    pub(crate) soc_new: u64,
+    pub soc_new: u64,
 }
 
-/// Utilisations measured at a window's edge (see `Resources::take_utils`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Utils {
-    pub(crate) hw: f64,
-    pub(crate) soc: f64,
-    pub(crate) table: f64,
-    pub(crate) mem: f64,
+impl Totals {
+    /// Adds `other`'s counts (another shard's) to these.
+    pub fn add(&mut self, other: &Totals) {
+        self.drops += other.drops;
+        self.steered += other.steered;
+        self.steered_new += other.steered_new;
+        self.soc_new += other.soc_new;
+    }
+}
+
+/// Utilisations measured at a window's edge (busy time over elapsed time since the last one;
+/// the table and memory as they are now).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Utils {
+    /// The fast path.
+    pub hw: f64,
+    /// The SoC.
+    pub soc: f64,
+    /// The hardware table.
+    pub table: f64,
+    /// Memory.
+    pub mem: f64,
 }
 
 /// The measurement windows. See the module doc.
@@ -71,7 +86,7 @@ impl Windows {
     }
 
     /// Counts a tenant's packets for URSched's variance.
-    pub(crate) fn count_tenant(&mut self, tenant: TenantId, packets: u32) {
+    pub(crate) fn count_tenant(&mut self, tenant: TenantId, packets: u64) {
         self.sched.count_tenant(tenant, packets);
     }
 
@@ -97,6 +112,11 @@ impl Windows {
         }
         self.next_window = self.next_window + self.window;
         true
+    }
+
+    /// True when URSched's variance window is due to roll at `now`.
+    pub(crate) fn variance_due(&self, now: Instant) -> bool {
+        now >= self.next_variance
     }
 
     /// Rolls URSched's variance window when it is due at `now`.
