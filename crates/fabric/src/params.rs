@@ -80,6 +80,11 @@ pub struct DpuParams {
     pub mem_per_conn: u64,
     /// Memory per flow entry. [assumed]: 128 B.
     pub mem_per_entry: u64,
+    /// Shards the DPU node splits its connections over, by redirect bucket: what a driver
+    /// with one forwarding thread per shard runs. The DPU's limits stay one budget for all of
+    /// them. [assumed]: 1 (the paper's DPU model has no such split; a simulation with more
+    /// checks that the lifecycle works across shards).
+    pub shards: u32,
 }
 
 impl Default for DpuParams {
@@ -103,6 +108,7 @@ impl Default for DpuParams {
             mem_bytes: 2 << 30,
             mem_per_conn: 256,
             mem_per_entry: 128,
+            shards: 1,
         }
     }
 }
@@ -597,6 +603,7 @@ impl FabricParams {
         );
         int_in!("dpu.redirect_buckets", d.redirect_buckets, 1..=65535);
         float_in!("dpu.steer_pps_limit", d.steer_pps_limit, 1.0..=1e10);
+        int_in!("dpu.shards", d.shards, 1..=64);
         int_in!("dpu.soc_cores", d.soc_cores, 1..=1024);
         duration_in!(
             "dpu.soc_new_conn_cost",

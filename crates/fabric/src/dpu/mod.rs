@@ -85,7 +85,7 @@ pub use crate::records::Role;
 pub use control::{DpuControl, Shards};
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
 pub use protocol::plane_msg_conn;
-pub use resources::{Resources, ResourcesHandle};
+pub use resources::{Resources, ResourcesHandle, ShardCell};
 pub use shard::{DpuShard, ShardView};
 pub use window::{Totals, Utils};
 
@@ -235,6 +235,16 @@ impl DpuNode {
     /// A DPU node over other hardware (a real backend, or a test double).
     pub fn with_hardware(f: &FabricParams, hw: Box<dyn DpuHardware>) -> DpuNode {
         DpuNode::with_resources(f, Resources::new(f, hw))
+    }
+}
+
+impl DpuNode<ShardCell> {
+    /// A DPU with the limits in `f` over the emulated hardware, its connections split over
+    /// `f.dpu.shards` shards served in turn in one thread (the simulator's).
+    pub fn sharded(f: &FabricParams) -> DpuNode<ShardCell> {
+        let cell = ShardCell::new(Resources::new(f, Box::new(EmulatedHardware::new(f))));
+        let shards = (0..f.dpu.shards.max(1)).map(|_| cell.clone()).collect();
+        DpuNode::with_shards(f, shards)
     }
 }
 
@@ -480,6 +490,12 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn check_invariants(&self) -> Result<(), String> {
         for s in &self.shards {
             s.check_invariants()?;
+        }
+        let (held, counted) = (self.conns_len() as u64, self.res().conns());
+        if R::EXCLUSIVE && held != counted {
+            return Err(format!(
+                "dpu: resources count {counted} records, the shards hold {held}"
+            ));
         }
         Ok(())
     }

@@ -13,7 +13,9 @@
 //! object itself (no lock, no cost); a driver that forwards on several threads gives each
 //! shard a handle to one shared object, and decides how it is shared (the core takes no lock).
 
+use core::cell::{Ref, RefCell, RefMut};
 use core::ops::{Deref, DerefMut};
+use std::rc::Rc;
 
 use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::Inserted;
@@ -30,7 +32,7 @@ use crate::types::{ConnId, Side, Train};
 ///
 /// A node takes a guard for each charge and drops it before the next; it never holds one
 /// across a call into anything else, so a handle behind a lock cannot deadlock on it.
-pub trait ResourcesHandle: core::fmt::Debug + Send {
+pub trait ResourcesHandle: core::fmt::Debug {
     /// Read access.
     type Read<'a>: Deref<Target = Resources>
     where
@@ -39,8 +41,9 @@ pub trait ResourcesHandle: core::fmt::Debug + Send {
     type Write<'a>: DerefMut<Target = Resources>
     where
         Self: 'a;
-    /// True when this node is the only one charging the resources: its own records are then
-    /// all the records, and the node checks its memory accounting against them.
+    /// True when the node holding this handle (with all its shards) is the only one charging
+    /// the resources: its records are then all the records, and the node checks the
+    /// resources' count of them against its own.
     const EXCLUSIVE: bool;
     /// The resources, to read.
     fn read(&self) -> Self::Read<'_>;
@@ -48,7 +51,7 @@ pub trait ResourcesHandle: core::fmt::Debug + Send {
     fn write(&mut self) -> Self::Write<'_>;
 }
 
-/// One node's own resources: the simulator's handle, and a single-threaded driver's.
+/// One node's own resources, for a node of one shard: the real-time driver's handle.
 impl ResourcesHandle for Resources {
     type Read<'a> = &'a Resources;
     type Write<'a> = &'a mut Resources;
@@ -58,6 +61,32 @@ impl ResourcesHandle for Resources {
     }
     fn write(&mut self) -> &mut Resources {
         self
+    }
+}
+
+/// A handle for the shards of one node in one thread (the simulator's): the resources in a
+/// `RefCell` the shards share. A shard takes a guard for one charge and drops it before
+/// anything else runs (see [`ResourcesHandle`]), so no borrow ever overlaps another. Every
+/// handle to one `Resources` must belong to the same node.
+#[derive(Clone, Debug)]
+pub struct ShardCell(Rc<RefCell<Resources>>);
+
+impl ShardCell {
+    /// The first handle to `res`; clone it for the other shards.
+    pub fn new(res: Resources) -> ShardCell {
+        ShardCell(Rc::new(RefCell::new(res)))
+    }
+}
+
+impl ResourcesHandle for ShardCell {
+    type Read<'a> = Ref<'a, Resources>;
+    type Write<'a> = RefMut<'a, Resources>;
+    const EXCLUSIVE: bool = true;
+    fn read(&self) -> Ref<'_, Resources> {
+        self.0.borrow()
+    }
+    fn write(&mut self) -> RefMut<'_, Resources> {
+        self.0.borrow_mut()
     }
 }
 

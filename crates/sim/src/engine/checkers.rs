@@ -13,7 +13,9 @@
 //! they read the nodes and never change them. A failed check is a message: the driver turns it
 //! into a [`super::SimFailure`] with the time and the seed.
 
-use spillway_fabric::dpu::{DpuNode, Role};
+use spillway_fabric::dpu::Role;
+
+use super::SimDpu;
 use spillway_fabric::spill::SpillPlane;
 use spillway_fabric::stats::Drops;
 use spillway_fabric::types::{ConnId, Msg, Train};
@@ -89,7 +91,7 @@ impl Checkers {
     /// Conservation and the DPU's cheap checks, after every event.
     pub(super) fn cheap(
         &mut self,
-        dpu: &DpuNode,
+        dpu: &SimDpu,
         spill: &SpillPlane,
         links: InTransit<'_>,
     ) -> Result<(), String> {
@@ -110,7 +112,7 @@ impl Checkers {
 
     /// Each node's full invariants, and ownership across the planes; `spill` is `None` when
     /// the plane's process is not running.
-    pub(super) fn full(&mut self, dpu: &DpuNode, spill: Option<&SpillPlane>) -> Result<(), String> {
+    pub(super) fn full(&mut self, dpu: &SimDpu, spill: Option<&SpillPlane>) -> Result<(), String> {
         self.checks += 1;
         dpu.check_invariants()?;
         if let Some(spill) = spill {
@@ -144,7 +146,7 @@ impl Checkers {
     /// lists the connections of the handover messages on their way (see [`handover_conn`]).
     pub(super) fn final_ownership(
         &self,
-        dpu: &DpuNode,
+        dpu: &SimDpu,
         spill: &SpillPlane,
         mut in_transit: Vec<ConnId>,
     ) -> Result<(), String> {
@@ -186,7 +188,7 @@ impl Checkers {
         &self,
         no_state: u64,
         opens_lost: u64,
-        dpu: &DpuNode,
+        dpu: &SimDpu,
         spill: &SpillPlane,
     ) -> Result<(), String> {
         if no_state > 0 && opens_lost == 0 {

@@ -30,7 +30,7 @@ mod sampling;
 mod sources;
 mod summary;
 
-use spillway_fabric::dpu::{Command, DpuNode, Hold};
+use spillway_fabric::dpu::{Command, DpuNode, Hold, ShardCell};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::{Drops, FabricDrop};
 use spillway_fabric::types::{ConnId, Train};
@@ -45,6 +45,9 @@ use plane::PlaneProcess;
 use queue::{Ev, EvKind, EventQueue};
 use sampling::{Sampler, Totals};
 use sources::Sources;
+
+/// The simulator's DPU: its connections over `dpu.shards` shards, served in turn.
+pub(crate) type SimDpu = DpuNode<ShardCell>;
 
 /// Events between full invariant sweeps.
 const FULL_CHECK_EVERY: u64 = 2_000_000;
@@ -89,7 +92,7 @@ pub struct Sim<'a> {
     queue: EventQueue,
     /// The run's random stream (see the module's documentation).
     rng: SplitMix64,
-    dpu: DpuNode,
+    dpu: SimDpu,
     plane: PlaneProcess,
     links: Links,
     sources: Sources<'a>,
@@ -106,7 +109,7 @@ impl<'a> Sim<'a> {
         params.dpu_only = params.dpu_only || options.dpu_only;
         let mut rng = SplitMix64(options.seed ^ 0x5711_1a7e_5eed_0001);
         let mut queue = EventQueue::new();
-        let dpu = DpuNode::new(&params);
+        let dpu = DpuNode::sharded(&params);
         let plane = PlaneProcess::new(&params);
         // The order of the first events fixes their sequence numbers: the sources' (flows,
         // then CPS groups), host load, faults, the first sample, the DPU's first timeout.

@@ -5,7 +5,9 @@
 //! reading and turns the difference into rates. At the end, [`Sampler::finish`] hands what
 //! was recorded to the report.
 
-use spillway_fabric::dpu::{DpuNode, FabricEvent};
+use spillway_fabric::dpu::FabricEvent;
+
+use super::SimDpu;
 use spillway_fabric::spill::SpillPlane;
 use spillway_fabric::stats::{Drops, LatencyHist};
 use spillway_vswitch::Instant;
@@ -39,7 +41,7 @@ impl Totals {
     /// Reads the counters: `offered` by the sources, `drops` of the whole fabric (both nodes
     /// and the links). The plane's counters survive restarts (they are the plane's metrics,
     /// not its state).
-    pub(super) fn read(dpu: &DpuNode, spill: &SpillPlane, offered: u64, drops: &Drops) -> Totals {
+    pub(super) fn read(dpu: &SimDpu, spill: &SpillPlane, offered: u64, drops: &Drops) -> Totals {
         let d = dpu.counters();
         let s = spill.counters();
         Totals {
@@ -152,7 +154,7 @@ impl Sampler {
         now: Instant,
         t: Totals,
         new_conn_offered: u64,
-        dpu: &mut DpuNode,
+        dpu: &mut SimDpu,
         workers: u32,
     ) -> u64 {
         let secs = self.step_secs;

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use spillway_fabric::dpu::{DpuNode, EventKind};
+use spillway_fabric::dpu::EventKind;
+
+use super::SimDpu;
 use spillway_fabric::spill::SpillPlane;
 use spillway_fabric::stats::{Drops, FabricDrop};
 use spillway_vswitch::Instant;
@@ -22,7 +24,7 @@ pub(super) struct Ending<'a> {
     pub(super) seed: u64,
     /// The run had no spill plane.
     pub(super) dpu_only: bool,
-    pub(super) dpu: &'a DpuNode,
+    pub(super) dpu: &'a SimDpu,
     pub(super) spill: &'a SpillPlane,
     pub(super) checkers: &'a Checkers,
     /// Events processed.
