@@ -207,6 +207,16 @@ spillway_vswitch::counters! {
     }
 }
 
+/// The shard of `shards` that holds `conn`: its redirect bucket (of `redirect_buckets`) modulo
+/// the number of shards, so that a frame of either direction names its shard before any state
+/// is looked up, and the overflow quota (a bucket range) splits over the shards.
+pub fn shard_of(conn: ConnId, redirect_buckets: u16, shards: usize) -> usize {
+    match shards {
+        0 | 1 => 0,
+        n => usize::from(conn.bucket(redirect_buckets)) % n,
+    }
+}
+
 /// The emulated DPU node. See the module doc.
 ///
 /// A control part ([`DpuControl`]: the lifecycle's phase, hold, colour, quota and what the
@@ -270,13 +280,9 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
     }
 
-    /// The shard that holds `conn`: its redirect bucket modulo the number of shards, so that
-    /// a frame of either direction names its shard before any state is looked up.
+    /// The shard that holds `conn` (see [`shard_of`]).
     pub fn shard_of(&self, conn: ConnId) -> usize {
-        match self.shards.len() {
-            1 => 0,
-            n => usize::from(conn.bucket(self.control.f.dpu.redirect_buckets)) % n,
-        }
+        shard_of(conn, self.control.f.dpu.redirect_buckets, self.shards.len())
     }
 
     /// The shard of `conn`, which becomes the one the driver asks about the input.

@@ -114,6 +114,21 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.tenant_packets[i] += u64::from(packets);
     }
 
+    /// The shard's counters.
+    pub fn counters(&self) -> &DpuCounters {
+        &self.counters
+    }
+
+    /// The shard's drops by reason.
+    pub fn drops(&self) -> &Drops {
+        &self.drops
+    }
+
+    /// The shard's record of `conn`.
+    pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
+        self.conns.get(&conn)
+    }
+
     /// The next message for the plane.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.pop()

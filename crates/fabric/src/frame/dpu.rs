@@ -1,13 +1,127 @@
-//! The DPU side of a frame: [`DpuSwitch`].
+//! The DPU side of a frame: [`DpuSwitch`], over the whole DPU model ([`DpuNode`]) or over one
+//! shard of it ([`ShardModel`]).
 
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PacketBuf, PortId};
 
-use super::{FrameDrop, Outcome, SwitchCore, gso_segments};
-use crate::dpu::{Command, DpuNode, FabricEvent};
+use super::{FrameDrop, Model, Outcome, SwitchCore, gso_segments};
+use crate::dpu::{
+    Command, DpuConn, DpuNode, DpuShard, FabricEvent, Resources, ResourcesHandle, ShardView,
+};
 use crate::params::FabricParams;
-use crate::types::{Dest, Kind, Msg};
+use crate::records::Role;
+use crate::types::{ConnId, Dest, Kind, Msg, Train, Transmit};
+
+/// The DPU model a [`DpuSwitch`] joins to its pipeline: what a frame asks of it.
+pub trait DpuModel {
+    /// A plane runs (it could hold a connection the model does not).
+    fn has_plane(&self) -> bool;
+    /// The model's record of `conn`.
+    fn conn(&self, conn: ConnId) -> Option<&DpuConn>;
+    /// A train from a VM or the uplink.
+    fn handle_train(&mut self, now: Instant, t: &Train);
+    /// Packets the last input delivered at once.
+    fn delivered_last(&self) -> u32;
+    /// A message from the plane.
+    fn handle_msg(&mut self, now: Instant, msg: Msg);
+    /// The next message for the plane.
+    fn poll_transmit(&mut self) -> Option<Transmit>;
+    /// When the model's next timer is due.
+    fn poll_timeout(&self) -> Option<Instant>;
+}
+
+impl<R: ResourcesHandle> DpuModel for DpuNode<R> {
+    fn has_plane(&self) -> bool {
+        self.phase().has_plane()
+    }
+    fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
+        DpuNode::conn(self, conn)
+    }
+    fn handle_train(&mut self, now: Instant, t: &Train) {
+        DpuNode::handle_train(self, now, t);
+    }
+    fn delivered_last(&self) -> u32 {
+        DpuNode::delivered_last(self)
+    }
+    fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        DpuNode::handle_msg(self, now, msg);
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        DpuNode::poll_transmit(self)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        DpuNode::poll_timeout(self)
+    }
+}
+
+/// One shard of the DPU model with the control part's latest [`ShardView`]: what a forwarding
+/// thread of a driver with a thread per shard joins to its own pipeline (ADR 0011). The driver
+/// gives it the frames and the plane's messages of the shard's connections
+/// ([`crate::dpu::DpuNode::shard_of`], [`crate::dpu::plane_msg_conn`]); the plane's lifecycle
+/// replies go to the control part, and the control part's requests reach the shard through the
+/// driver's [`crate::dpu::Shards`].
+#[derive(Debug)]
+pub struct ShardModel<R: ResourcesHandle> {
+    shard: DpuShard<R>,
+    view: ShardView,
+}
+
+impl<R: ResourcesHandle> ShardModel<R> {
+    /// `shard`, seeing the lifecycle as `view`.
+    pub fn new(shard: DpuShard<R>, view: ShardView) -> ShardModel<R> {
+        ShardModel { shard, view }
+    }
+    /// The control part's new view, after a lifecycle step.
+    pub fn set_view(&mut self, view: ShardView) {
+        self.view = view;
+    }
+    /// The shard.
+    pub fn shard(&self) -> &DpuShard<R> {
+        &self.shard
+    }
+    /// The shard, for the control part's requests.
+    pub fn shard_mut(&mut self) -> &mut DpuShard<R> {
+        &mut self.shard
+    }
+}
+
+impl<R: ResourcesHandle> DpuModel for ShardModel<R> {
+    fn has_plane(&self) -> bool {
+        self.view.phase.has_plane()
+    }
+    fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
+        self.shard.conn(conn)
+    }
+    fn handle_train(&mut self, now: Instant, t: &Train) {
+        self.shard.handle_train(now, t, self.view);
+    }
+    fn delivered_last(&self) -> u32 {
+        self.shard.delivered_last()
+    }
+    fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        self.shard.handle_msg(now, msg, self.view);
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.shard.poll_transmit()
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.shard.poll_timeout()
+    }
+}
+
+/// The joining rules see any DPU model through [`DpuModel`].
+impl<M: DpuModel> Model for M {
+    fn role(&self, conn: ConnId) -> Option<Role> {
+        DpuModel::conn(self, conn).map(|c| c.role)
+    }
+    fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        DpuModel::handle_msg(self, now, msg);
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        DpuModel::poll_transmit(self)
+    }
+}
 
 /// A datagram (anything but TCP) of a connection the classifier knows but no model holds (its
 /// first packet was dropped at a limit, or lost with a plane that failed before its mirror
@@ -15,7 +129,7 @@ use crate::types::{Dest, Kind, Msg};
 /// later datagram of the flow would be dropped for want of state until the classifier forgot
 /// it. A TCP segment does not: without a SYN there is nothing to open. The caller knows that
 /// no plane holds it either.
-fn reopen_if_stateless(dpu: &DpuNode, t: &mut crate::types::Train, key: &spillway_wire::FlowKey) {
+fn reopen_if_stateless(dpu: &impl DpuModel, t: &mut Train, key: &spillway_wire::FlowKey) {
     if t.kind == Kind::Data
         && key.proto != spillway_wire::ip_proto::TCP
         && dpu.conn(t.conn).is_none()
@@ -42,9 +156,12 @@ enum Decided {
 /// lifecycle inputs through [`DpuSwitch::dpu_mut`] (timers, the plane's process). Outputs:
 /// each frame's [`Outcome`], then [`DpuSwitch::poll_transmit`], [`DpuSwitch::poll_command`],
 /// [`DpuSwitch::poll_event`], in that order (see the [module](super) for the polling order).
+///
+/// `M` is the model: the whole [`DpuNode`] (its own resources by default), or a
+/// [`ShardModel`] for one forwarding thread of a driver that shards.
 #[derive(Debug)]
-pub struct DpuSwitch {
-    dpu: DpuNode,
+pub struct DpuSwitch<M: DpuModel = DpuNode<Resources>> {
+    dpu: M,
     sw: SwitchCore,
 }
 
@@ -57,20 +174,33 @@ impl DpuSwitch {
         config: PipelineConfig,
         conns_max: usize,
     ) -> Result<DpuSwitch, PipelineError> {
+        DpuSwitch::with_model(DpuNode::new(f), policy, config, conns_max)
+    }
+}
+
+impl<M: DpuModel> DpuSwitch<M> {
+    /// The DPU model `dpu` with vSwitch `policy` and `config`, remembering at most `conns_max`
+    /// connections in its classifier.
+    pub fn with_model(
+        dpu: M,
+        policy: Policy,
+        config: PipelineConfig,
+        conns_max: usize,
+    ) -> Result<DpuSwitch<M>, PipelineError> {
         Ok(DpuSwitch {
-            dpu: DpuNode::new(f),
+            dpu,
             sw: SwitchCore::new(Pipeline::new(policy, config)?, conns_max),
         })
     }
 
     /// The model.
-    pub fn dpu(&self) -> &DpuNode {
+    pub fn dpu(&self) -> &M {
         &self.dpu
     }
 
     /// The model, for its lifecycle inputs (timers, the plane's process, holds). The messages
     /// they cause come out of [`DpuSwitch::poll_transmit`], not the model's own queue.
-    pub fn dpu_mut(&mut self) -> &mut DpuNode {
+    pub fn dpu_mut(&mut self) -> &mut M {
         &mut self.dpu
     }
 
@@ -170,7 +300,7 @@ impl DpuSwitch {
             .sw
             .conns
             .classify(now, tenant, &key, headers.tcp_flags, len, Dest::Vm);
-        if !self.dpu.phase().has_plane() {
+        if !self.dpu.has_plane() {
             // No plane that could hold the connection: whether the model does is the truth.
             reopen_if_stateless(&self.dpu, &mut train, &key);
         }
@@ -184,7 +314,7 @@ impl DpuSwitch {
         let mut result = None;
         if delivered == segs {
             let role = self.dpu.conn(train.conn).map(|c| c.role);
-            let linked = self.dpu.phase().has_plane();
+            let linked = self.dpu.has_plane();
             let watch = self.sw.watch(now, role, linked, tenant, Some(key));
             let (r, changed) = self.sw.run(now, port, (gso_size, &parsed), watch);
             result = Some((r, changed));
@@ -263,7 +393,9 @@ impl DpuSwitch {
             _ => self.sw.drop(FrameDrop::Fabric),
         }
     }
+}
 
+impl<R: ResourcesHandle> DpuSwitch<DpuNode<R>> {
     /// The model's next command (start or stop the plane's process).
     pub fn poll_command(&mut self) -> Option<Command> {
         self.dpu.poll_command()

@@ -111,7 +111,7 @@ use spillway_vswitch::{DropReason, Instant, PacketBuf, PortId, TenantId, Verdict
 use spillway_wire::{FlowKey, ParsedFrame, ip_proto, parse_frame_decap};
 
 pub use conns::{ConnRecord, ConnTable, ConnTableCounters, conn_id};
-pub use dpu::DpuSwitch;
+pub use dpu::{DpuModel, DpuSwitch, ShardModel};
 pub use pair::{Pair, Through};
 pub use plane::PlaneSwitch;
 
@@ -306,18 +306,6 @@ pub(crate) trait Model {
     fn handle_msg(&mut self, now: Instant, msg: Msg);
     /// The model's next message.
     fn poll_transmit(&mut self) -> Option<Transmit>;
-}
-
-impl Model for crate::dpu::DpuNode {
-    fn role(&self, conn: ConnId) -> Option<Role> {
-        self.conn(conn).map(|c| c.role)
-    }
-    fn handle_msg(&mut self, now: Instant, msg: Msg) {
-        crate::dpu::DpuNode::handle_msg(self, now, msg);
-    }
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        crate::dpu::DpuNode::poll_transmit(self)
-    }
 }
 
 impl Model for crate::spill::SpillPlane {
