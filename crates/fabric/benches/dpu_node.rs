@@ -8,10 +8,10 @@
 //! path), and runs the node's timers when they are due, as a driver does.
 
 use std::hint::black_box;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use spillway_fabric::dpu::{DpuNode, EmulatedHardware, Resources, ResourcesHandle};
+use spillway_fabric::dpu::{DpuNode, ResourcesHandle};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::{ConnId, Dest, Kind, Side, Train};
 use spillway_vswitch::{Instant, TenantId};
@@ -19,21 +19,9 @@ use spillway_vswitch::{Instant, TenantId};
 const CONNS: u64 = 1_024;
 const STEP_NS: u64 = 200;
 
-/// Shards' handle to one `Resources` behind a lock.
-#[derive(Debug)]
-struct Locked(Arc<Mutex<Resources>>);
-
-impl ResourcesHandle for Locked {
-    type Read<'a> = MutexGuard<'a, Resources>;
-    type Write<'a> = MutexGuard<'a, Resources>;
-    const EXCLUSIVE: bool = true;
-    fn read(&self) -> MutexGuard<'_, Resources> {
-        self.0.lock().expect("not poisoned")
-    }
-    fn write(&mut self) -> MutexGuard<'_, Resources> {
-        self.0.lock().expect("not poisoned")
-    }
-}
+#[path = "../tests/common/locked.rs"]
+mod locked;
+use locked::{Locked, resources};
 
 fn params(shards: u32) -> FabricParams {
     let mut f = FabricParams {
@@ -47,10 +35,7 @@ fn params(shards: u32) -> FabricParams {
 
 fn locked(shards: u32) -> DpuNode<Locked> {
     let f = params(shards);
-    let res = Arc::new(Mutex::new(Resources::new(
-        &f,
-        Box::new(EmulatedHardware::new(&f)),
-    )));
+    let res = resources(&f);
     DpuNode::with_shards(&f, (0..shards).map(|_| Locked(Arc::clone(&res))).collect())
 }
 

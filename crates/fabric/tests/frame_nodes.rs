@@ -12,8 +12,7 @@ use spillway_fabric::frame::{
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::{Msg, SyncKind};
 use spillway_vswitch::pipeline::PipelineConfig;
-use spillway_vswitch::policy::Policy;
-use spillway_vswitch::{Instant, PacketBuf, PortId, TenantId};
+use spillway_vswitch::{Instant, PacketBuf, PortId};
 use spillway_wire::build::FrameBuilder;
 use spillway_wire::{FlowKey, IpAddr16, MacAddr, ip_proto};
 use std::net::Ipv4Addr;
@@ -21,21 +20,10 @@ use std::net::Ipv4Addr;
 #[global_allocator]
 static GLOBAL: spillway_testkit::CountingAlloc = spillway_testkit::CountingAlloc;
 
-const POLICY: &str = include_str!("../../../examples/policy-basic.toml");
-const WEB: PortId = PortId(10);
-const WEB2: PortId = PortId(11);
-const ACME: TenantId = TenantId(1);
-const ACME_ROUTER: MacAddr = MacAddr([2, 0, 0, 0, 1, 1]);
-const WEB_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0a]);
-const WEB2_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0b]);
-const WEB_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 10);
-const WEB2_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 11);
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
-
-fn policy() -> Policy {
-    Policy::from_toml_str(POLICY, "examples/policy-basic.toml").expect("the example loads")
-}
+#[path = "common/acme.rs"]
+#[allow(dead_code, reason = "each test file uses part of it")]
+mod acme;
+use acme::*;
 
 fn at(ms: u64) -> Instant {
     Instant(ms * 1_000_000)

@@ -6,64 +6,26 @@
 //! - Two forwarding threads, each with the frames of its own shard's connections, share one
 //!   30 kpps fast path: together they get it, not 30 kpps each.
 
-use std::net::Ipv4Addr;
-use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 
-use spillway_fabric::dpu::{
-    DpuControl, DpuShard, EmulatedHardware, Resources, ResourcesHandle, shard_of,
-};
+use spillway_fabric::dpu::{DpuControl, DpuShard, Resources, shard_of};
 use spillway_fabric::frame::{CONNS_MAX, DpuSwitch, Outcome, ShardModel};
 use spillway_fabric::params::FabricParams;
 use spillway_vswitch::pipeline::PipelineConfig;
-use spillway_vswitch::policy::Policy;
-use spillway_vswitch::{Instant, PortId, TenantId};
+use spillway_vswitch::{Instant, PortId};
 use spillway_wire::build::FrameBuilder;
-use spillway_wire::{FlowKey, IpAddr16, MacAddr, ip_proto};
+use spillway_wire::{FlowKey, IpAddr16, ip_proto};
 
-const POLICY: &str = include_str!("../../../examples/policy-basic.toml");
-const WEB: PortId = PortId(10);
-const WEB2: PortId = PortId(11);
-const ACME: TenantId = TenantId(1);
-const ACME_ROUTER: MacAddr = MacAddr([2, 0, 0, 0, 1, 1]);
-const WEB_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0a]);
-const WEB2_MAC: MacAddr = MacAddr([2, 0, 0, 1, 0, 0x0b]);
-const WEB_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 10);
-const WEB2_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 11);
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
 const PSH: u8 = 0x08;
 
-/// A shard's handle to the DPU's one `Resources`.
-#[derive(Debug)]
-struct Locked(Arc<Mutex<Resources>>);
-
-impl ResourcesHandle for Locked {
-    type Read<'a> = MutexGuard<'a, Resources>;
-    type Write<'a> = MutexGuard<'a, Resources>;
-    const EXCLUSIVE: bool = false;
-    fn read(&self) -> MutexGuard<'_, Resources> {
-        self.0
-            .lock()
-            .expect("a shard panicked holding the resources")
-    }
-    fn write(&mut self) -> MutexGuard<'_, Resources> {
-        self.0
-            .lock()
-            .expect("a shard panicked holding the resources")
-    }
-}
-
-fn policy() -> Policy {
-    Policy::from_toml_str(POLICY, "examples/policy-basic.toml").expect("the example loads")
-}
-
-fn resources(f: &FabricParams) -> Arc<Mutex<Resources>> {
-    Arc::new(Mutex::new(Resources::new(
-        f,
-        Box::new(EmulatedHardware::new(f)),
-    )))
-}
+#[path = "common/acme.rs"]
+#[allow(dead_code, reason = "each test file uses part of it")]
+mod acme;
+#[path = "common/locked.rs"]
+mod locked;
+use acme::*;
+use locked::{Locked, resources};
 
 /// A forwarding thread's frame node: one shard, seeing the lifecycle as a fresh control part
 /// does (idle, no plane).

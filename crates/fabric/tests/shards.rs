@@ -11,37 +11,19 @@
 //! - The handles work across threads: two nodes on two threads charging one `Resources`
 //!   together still admit the fast path's rate in total.
 
-use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::sync::{Arc, Barrier};
 use std::thread;
 
-use spillway_fabric::dpu::{
-    Command, DpuNode, EmulatedHardware, EventKind, Hold, Phase, Resources, ResourcesHandle, Role,
-};
+use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::{
     Channel, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Side, SyncKind, Train,
 };
 use spillway_vswitch::{Instant, TenantId};
 
-/// A shard's handle to the DPU's one `Resources`.
-#[derive(Debug)]
-struct Shared(Arc<Mutex<Resources>>);
-
-impl ResourcesHandle for Shared {
-    type Read<'a> = MutexGuard<'a, Resources>;
-    type Write<'a> = MutexGuard<'a, Resources>;
-    const EXCLUSIVE: bool = false;
-    fn read(&self) -> MutexGuard<'_, Resources> {
-        self.0
-            .lock()
-            .expect("a shard panicked holding the resources")
-    }
-    fn write(&mut self) -> MutexGuard<'_, Resources> {
-        self.0
-            .lock()
-            .expect("a shard panicked holding the resources")
-    }
-}
+#[path = "common/locked.rs"]
+mod locked;
+use locked::{Locked as Shared, resources};
 
 const FAST_PATH_PPS: f64 = 30_000.0;
 const QUEUE: u32 = 32;
@@ -55,13 +37,6 @@ fn params() -> FabricParams {
     f.dpu_only = true;
     f.validate().expect("valid parameters");
     f
-}
-
-fn resources(f: &FabricParams) -> Arc<Mutex<Resources>> {
-    Arc::new(Mutex::new(Resources::new(
-        f,
-        Box::new(EmulatedHardware::new(f)),
-    )))
 }
 
 /// A node of two shards over one `Resources`.
