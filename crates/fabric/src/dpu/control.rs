@@ -2,14 +2,15 @@
 //! plane last reported) and one set of measurement windows with URSched ([`Windows`]),
 //! whatever number of shards forward. It decides; the shards act on their records.
 //!
-//! The control part reaches the shards only through [`Shards`]: the few things a lifecycle
-//! step asks of every shard (a bulk sync, promoting mirrors on a fail-open, a hand-over of
-//! buckets, a shed, a window's totals) and the DPU's resources. [`super::DpuNode`] implements
-//! it over the shards it holds, by calling them; a driver that runs each shard on its own
-//! thread implements it by carrying each call to the shards' threads at a batch boundary and
-//! waiting for their answers (lifecycle steps are rare: a window every `sched.window`, a
-//! transition now and then). After a step, the driver gives the shards the control part's new
-//! [`DpuControl::view`].
+//! The control part reaches the shards only by [`ShardRequest`]s, through [`Shards`]: the few
+//! things a lifecycle step asks of a shard (a bulk sync, promoting mirrors on a fail-open, a
+//! hand-over of buckets, a shed, a window's totals and tenant counts) and of the DPU's
+//! resources (through the first shard's handle). Each shard answers with
+//! [`super::DpuShard::serve`]. [`super::DpuNode`] carries the requests to the shards it holds
+//! by calling them; a driver that runs each shard on its own thread carries each request to
+//! the shard's thread at a batch boundary and waits for the reply (lifecycle steps are rare: a
+//! window every `sched.window`, a transition now and then). After a step, the driver gives the
+//! shards the control part's new [`DpuControl::view`].
 
 use spillway_vswitch::{Instant, TenantId};
 
@@ -20,41 +21,270 @@ use crate::params::FabricParams;
 use crate::types::{Channel, Colour, Msg};
 use crate::ursched::Load;
 
-/// What the control part asks of the shards, all of them at once. See the module doc.
-pub trait Shards {
-    /// How many shards there are.
-    fn count(&self) -> usize;
-    /// The bulk sync of an activation of `colour`: every shard sends a mirror of each
-    /// connection it owns, then its own end marker. Returns how many mirrors in all.
-    fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64;
-    /// A fail-open: every copy becomes owned. Returns how many.
-    fn promote_copies(&mut self) -> usize;
+/// One thing the control part asks of one shard. The driver carries it to the shard (on the
+/// shard's thread, at a batch boundary) and the answer back: [`DpuShard::serve`] answers it.
+///
+/// [`DpuShard::serve`]: super::DpuShard::serve
+#[derive(Clone, Debug, PartialEq)]
+pub enum ShardRequest {
+    /// The bulk sync of an activation of `colour`: a mirror of each connection the shard
+    /// owns, then its own end marker. [`ShardReply::Count`]: the mirrors.
+    BulkSync {
+        /// When.
+        now: Instant,
+        /// The activation's colour.
+        colour: Colour,
+    },
+    /// A fail-open: every copy becomes owned. [`ShardReply::Count`]: how many.
+    PromoteCopies,
     /// Connections of buckets `[from, to)` served on the SoC move to the plane.
-    fn hand_over_buckets(&mut self, now: Instant, colour: Colour, from: u16, to: u16);
-    /// Connections of the redirected buckets `[0, quota)` with live entries move to the plane
-    /// until `excess` packets/s are covered. Returns how many moved and their rate.
-    fn shed(&mut self, now: Instant, colour: Colour, quota: u16, excess: f64) -> (u64, f64);
-    /// Every shard sends the plane its recalled entries' rates.
-    fn send_offload_stats(&mut self, now: Instant);
-    /// The cumulative counts a window's rates are differences of, summed over the shards.
-    fn totals(&self) -> Totals;
-    /// Hands over, and zeroes, the packets each tenant sent since the last call, summed over
-    /// the shards.
-    fn drain_tenant_packets(&mut self, into: &mut dyn FnMut(TenantId, u64));
-    /// Counts a fail-open.
-    fn count_fail_open(&mut self);
-    /// Sends one of the control part's own messages to the plane.
-    fn send(&mut self, at: Instant, channel: Channel, msg: Msg);
-    /// The resources' utilisations since the last call; starts the next window.
-    fn take_utils(&mut self, now: Instant) -> Utils;
+    HandOver {
+        /// When.
+        now: Instant,
+        /// The activation's colour.
+        colour: Colour,
+        /// First bucket.
+        from: u16,
+        /// One past the last bucket.
+        to: u16,
+    },
+    /// Connections of buckets `[0, quota)` with live entries move to the plane until
+    /// `excess` packets/s are covered. [`ShardReply::Shed`].
+    Shed {
+        /// When.
+        now: Instant,
+        /// The activation's colour.
+        colour: Colour,
+        /// Redirected buckets.
+        quota: u16,
+        /// Packets/s to cover.
+        excess: f64,
+    },
+    /// The recalled entries' rates to the plane.
+    OffloadStats {
+        /// When.
+        now: Instant,
+    },
+    /// [`ShardReply::Totals`]: the counts a window's rates are differences of.
+    Totals,
+    /// [`ShardReply::TenantPackets`]: the packets each tenant sent since the last time,
+    /// indexed by tenant id. The shard counts on in `spare` (all zeros), so that the two
+    /// vectors change hands and neither side allocates once both have grown to the tenants'
+    /// ids.
+    TakeTenantPackets {
+        /// A zeroed vector for the shard to count in.
+        spare: Vec<u64>,
+    },
+    /// Count a fail-open (asked of the first shard only).
+    CountFailOpen,
+    /// Send one of the control part's own messages to the plane (asked of the first shard).
+    Send {
+        /// When it leaves.
+        at: Instant,
+        /// On which channel.
+        channel: Channel,
+        /// The message.
+        msg: Msg,
+    },
+    /// [`ShardReply::Utils`]: the resources' utilisations since the last time; starts the
+    /// next window.
+    TakeUtils {
+        /// When.
+        now: Instant,
+    },
     /// The recall headroom of a new window, packets/s.
-    fn set_headroom(&mut self, pps: f64);
-    /// Hardware entries neither installed nor promised to an insert on its way.
-    fn free_entries(&self) -> usize;
-    /// Recall headroom left in this window, packets/s.
-    fn headroom_left(&self) -> f64;
-    /// When everything queued toward the host has left, not before `now`, ps.
-    fn host_idle_ps(&self, now: Instant) -> u64;
+    SetHeadroom {
+        /// Packets/s.
+        pps: f64,
+    },
+    /// [`ShardReply::Budget`]: free hardware entries and recall headroom left.
+    Budget,
+    /// [`ShardReply::Ps`]: when everything queued toward the host has left, not before `now`.
+    HostIdle {
+        /// When.
+        now: Instant,
+    },
+}
+
+/// A shard's answer to a [`ShardRequest`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum ShardReply {
+    /// Done; nothing to say.
+    Done,
+    /// How many.
+    Count(u64),
+    /// A shed: connections moved and their rate, packets/s.
+    Shed {
+        /// Connections moved.
+        moved: u64,
+        /// Their rate.
+        pps: f64,
+    },
+    /// A window's counts.
+    Totals(Totals),
+    /// Packets per tenant, indexed by tenant id (ids from `ursched::TENANTS_MAX - 1` up
+    /// share the last slot).
+    TenantPackets(Vec<u64>),
+    /// Utilisations.
+    Utils(Utils),
+    /// Free hardware entries and recall headroom left, packets/s.
+    Budget(usize, f64),
+    /// A time, picoseconds.
+    Ps(u64),
+}
+
+/// How the control part reaches the shards: one request to one shard, one reply. See the
+/// module doc. What the control part makes of the replies (sums, a shed that moves on to the
+/// next shard with what is left uncovered) is written once, here, whatever carries them.
+pub trait Shards {
+    /// How many shards there are (at least one).
+    fn count(&self) -> usize;
+    /// Asks shard `shard` and returns its reply.
+    fn call(&mut self, shard: usize, req: ShardRequest) -> ShardReply;
+}
+
+/// A reply that is not the one the request asks for is a driver's bug.
+fn mismatch(req: &str, reply: &ShardReply) -> ! {
+    panic!("a shard answered {req} with {reply:?}")
+}
+
+impl dyn Shards + '_ {
+    fn count_all(&mut self, req: impl Fn() -> ShardRequest) -> u64 {
+        (0..self.count())
+            .map(|i| match self.call(i, req()) {
+                ShardReply::Count(n) => n,
+                r => mismatch("a count", &r),
+            })
+            .sum()
+    }
+
+    fn each(&mut self, req: impl Fn() -> ShardRequest) {
+        for i in 0..self.count() {
+            self.call(i, req());
+        }
+    }
+
+    pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64 {
+        self.count_all(|| ShardRequest::BulkSync { now, colour })
+    }
+
+    pub(crate) fn promote_copies(&mut self) -> usize {
+        self.count_all(|| ShardRequest::PromoteCopies) as usize
+    }
+
+    pub(crate) fn hand_over_buckets(&mut self, now: Instant, colour: Colour, from: u16, to: u16) {
+        self.each(|| ShardRequest::HandOver {
+            now,
+            colour,
+            from,
+            to,
+        });
+    }
+
+    /// Each shard in turn sheds, highest rate first, what the shards before it left
+    /// uncovered.
+    pub(crate) fn shed(
+        &mut self,
+        now: Instant,
+        colour: Colour,
+        quota: u16,
+        excess: f64,
+    ) -> (u64, f64) {
+        let (mut moved, mut shed) = (0, 0.0);
+        for i in 0..self.count() {
+            if shed >= excess {
+                break;
+            }
+            let req = ShardRequest::Shed {
+                now,
+                colour,
+                quota,
+                excess: excess - shed,
+            };
+            match self.call(i, req) {
+                ShardReply::Shed { moved: m, pps } => {
+                    moved += m;
+                    shed += pps;
+                }
+                r => mismatch("a shed", &r),
+            }
+        }
+        (moved, shed)
+    }
+
+    pub(crate) fn send_offload_stats(&mut self, now: Instant) {
+        self.each(|| ShardRequest::OffloadStats { now });
+    }
+
+    pub(crate) fn totals(&mut self) -> Totals {
+        let mut t = Totals::default();
+        for i in 0..self.count() {
+            match self.call(i, ShardRequest::Totals) {
+                ShardReply::Totals(s) => t.add(&s),
+                r => mismatch("totals", &r),
+            }
+        }
+        t
+    }
+
+    /// Each shard's packets per tenant since the last call, into `into`; `spare` is the
+    /// zeroed vector handed to the first shard, and the last shard's (zeroed) afterwards.
+    pub(crate) fn drain_tenant_packets(
+        &mut self,
+        spare: &mut Vec<u64>,
+        into: &mut dyn FnMut(TenantId, u64),
+    ) {
+        for i in 0..self.count() {
+            let req = ShardRequest::TakeTenantPackets {
+                spare: core::mem::take(spare),
+            };
+            match self.call(i, req) {
+                ShardReply::TenantPackets(mut v) => {
+                    for (tenant, n) in v.iter_mut().enumerate() {
+                        if *n > 0 {
+                            into(TenantId(tenant as u32), *n);
+                            *n = 0;
+                        }
+                    }
+                    *spare = v;
+                }
+                r => mismatch("tenant packets", &r),
+            }
+        }
+    }
+
+    pub(crate) fn count_fail_open(&mut self) {
+        self.call(0, ShardRequest::CountFailOpen);
+    }
+
+    pub(crate) fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
+        self.call(0, ShardRequest::Send { at, channel, msg });
+    }
+
+    pub(crate) fn take_utils(&mut self, now: Instant) -> Utils {
+        match self.call(0, ShardRequest::TakeUtils { now }) {
+            ShardReply::Utils(u) => u,
+            r => mismatch("utilisations", &r),
+        }
+    }
+
+    pub(crate) fn set_headroom(&mut self, pps: f64) {
+        self.call(0, ShardRequest::SetHeadroom { pps });
+    }
+
+    pub(crate) fn budget(&mut self) -> (usize, f64) {
+        match self.call(0, ShardRequest::Budget) {
+            ShardReply::Budget(free, headroom) => (free, headroom),
+            r => mismatch("a budget", &r),
+        }
+    }
+
+    pub(crate) fn host_idle_ps(&mut self, now: Instant) -> u64 {
+        match self.call(0, ShardRequest::HostIdle { now }) {
+            ShardReply::Ps(ps) => ps,
+            r => mismatch("a time", &r),
+        }
+    }
 }
 
 /// The control part. See the module doc.
@@ -67,6 +297,9 @@ pub struct DpuControl {
     /// the connections the acknowledged ones carried.
     pub(crate) sync_pending: usize,
     pub(crate) sync_acked: u64,
+    /// The zeroed vector the next shard counts tenants' packets in (see
+    /// [`ShardRequest::TakeTenantPackets`]).
+    pub(crate) tenant_spare: Vec<u64>,
 }
 
 impl DpuControl {
@@ -77,6 +310,7 @@ impl DpuControl {
             win: Windows::new(f),
             sync_pending: 0,
             sync_acked: 0,
+            tenant_spare: Vec::new(),
             f: f.clone(),
         }
     }

@@ -82,7 +82,7 @@ use spillway_vswitch::Instant;
 
 pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
-pub use control::{DpuControl, Shards};
+pub use control::{DpuControl, ShardReply, ShardRequest, Shards};
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
 pub use protocol::plane_msg_conn;
 pub use resources::{Resources, ResourcesHandle, ShardCell};

@@ -14,11 +14,11 @@
 
 use spillway_vswitch::{Instant, TenantId};
 
-use super::control::Shards;
+use super::control::{ShardReply, ShardRequest, Shards};
 use super::deletes::DeleteLog;
 use super::inserts::InsertQueue;
 use super::lifecycle::Phase;
-use super::window::{Totals, Utils};
+use super::window::Totals;
 use super::{DpuConn, DpuCounters, RecallHistory, ResourcesHandle, Role};
 use crate::hw::HwKey;
 use crate::params::{FabricParams, ns};
@@ -353,6 +353,61 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
     }
 
+    /// Answers one of the control part's requests (see [`ShardRequest`]).
+    pub fn serve(&mut self, req: ShardRequest) -> ShardReply {
+        match req {
+            ShardRequest::BulkSync { now, colour } => {
+                ShardReply::Count(self.bulk_sync(now, colour))
+            }
+            ShardRequest::PromoteCopies => ShardReply::Count(self.promote_copies() as u64),
+            ShardRequest::HandOver {
+                now,
+                colour,
+                from,
+                to,
+            } => {
+                self.hand_over_buckets(now, colour, from, to);
+                ShardReply::Done
+            }
+            ShardRequest::Shed {
+                now,
+                colour,
+                quota,
+                excess,
+            } => {
+                let (moved, pps) = self.shed(now, colour, quota, excess);
+                ShardReply::Shed { moved, pps }
+            }
+            ShardRequest::OffloadStats { now } => {
+                self.send_offload_stats(now);
+                ShardReply::Done
+            }
+            ShardRequest::Totals => ShardReply::Totals(self.totals()),
+            ShardRequest::TakeTenantPackets { mut spare } => {
+                core::mem::swap(&mut self.tenant_packets, &mut spare);
+                ShardReply::TenantPackets(spare)
+            }
+            ShardRequest::CountFailOpen => {
+                self.counters.fail_opens += 1;
+                ShardReply::Done
+            }
+            ShardRequest::Send { at, channel, msg } => {
+                self.send(at, channel, msg);
+                ShardReply::Done
+            }
+            ShardRequest::TakeUtils { now } => ShardReply::Utils(self.res.write().take_utils(now)),
+            ShardRequest::SetHeadroom { pps } => {
+                self.res.write().set_headroom(pps);
+                ShardReply::Done
+            }
+            ShardRequest::Budget => {
+                let res = self.res.read();
+                ShardReply::Budget(res.free_entries(), res.headroom_left())
+            }
+            ShardRequest::HostIdle { now } => ShardReply::Ps(self.res.read().host_idle_ps(now)),
+        }
+    }
+
     /// Checks the shard's records and the resources. O(connections).
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         self.res.read().check_invariants()?;
@@ -360,7 +415,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     }
 }
 
-/// The shards of one [`super::DpuNode`], called in turn, in the node's thread.
+/// The shards of one [`super::DpuNode`], asked in turn, in the node's thread.
 #[derive(Debug)]
 pub(crate) struct Local<'a, R: ResourcesHandle>(pub(crate) &'a mut [DpuShard<R>]);
 
@@ -368,72 +423,7 @@ impl<R: ResourcesHandle> Shards for Local<'_, R> {
     fn count(&self) -> usize {
         self.0.len()
     }
-    fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64 {
-        self.0.iter_mut().map(|s| s.bulk_sync(now, colour)).sum()
-    }
-    fn promote_copies(&mut self) -> usize {
-        self.0.iter_mut().map(DpuShard::promote_copies).sum()
-    }
-    fn hand_over_buckets(&mut self, now: Instant, colour: Colour, from: u16, to: u16) {
-        for s in self.0.iter_mut() {
-            s.hand_over_buckets(now, colour, from, to);
-        }
-    }
-    /// Each shard in turn sheds, highest rate first, what the shards before it left
-    /// uncovered.
-    fn shed(&mut self, now: Instant, colour: Colour, quota: u16, excess: f64) -> (u64, f64) {
-        let (mut moved, mut shed) = (0, 0.0);
-        for s in self.0.iter_mut() {
-            if shed >= excess {
-                break;
-            }
-            let (m, pps) = s.shed(now, colour, quota, excess - shed);
-            moved += m;
-            shed += pps;
-        }
-        (moved, shed)
-    }
-    fn send_offload_stats(&mut self, now: Instant) {
-        for s in self.0.iter_mut() {
-            s.send_offload_stats(now);
-        }
-    }
-    fn totals(&self) -> Totals {
-        let mut t = Totals::default();
-        for s in self.0.iter() {
-            t.add(&s.totals());
-        }
-        t
-    }
-    fn drain_tenant_packets(&mut self, into: &mut dyn FnMut(TenantId, u64)) {
-        for s in self.0.iter_mut() {
-            for (i, n) in s.tenant_packets.iter_mut().enumerate() {
-                if *n > 0 {
-                    into(TenantId(i as u32), *n);
-                    *n = 0;
-                }
-            }
-        }
-    }
-    fn count_fail_open(&mut self) {
-        self.0[0].counters.fail_opens += 1;
-    }
-    fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
-        self.0[0].send(at, channel, msg);
-    }
-    fn take_utils(&mut self, now: Instant) -> Utils {
-        self.0[0].res.write().take_utils(now)
-    }
-    fn set_headroom(&mut self, pps: f64) {
-        self.0[0].res.write().set_headroom(pps);
-    }
-    fn free_entries(&self) -> usize {
-        self.0[0].free_entries()
-    }
-    fn headroom_left(&self) -> f64 {
-        self.0[0].res.read().headroom_left()
-    }
-    fn host_idle_ps(&self, now: Instant) -> u64 {
-        self.0[0].res.read().host_idle_ps(now)
+    fn call(&mut self, shard: usize, req: ShardRequest) -> ShardReply {
+        self.0[shard].serve(req)
     }
 }

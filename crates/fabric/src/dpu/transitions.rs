@@ -118,7 +118,9 @@ impl DpuControl {
         }
         if self.win.variance_due(now) {
             let sched = &mut self.win;
-            sh.drain_tenant_packets(&mut |tenant, packets| sched.count_tenant(tenant, packets));
+            sh.drain_tenant_packets(&mut self.tenant_spare, &mut |tenant, packets| {
+                sched.count_tenant(tenant, packets)
+            });
             self.win.roll_variance(now);
         }
     }
@@ -394,7 +396,7 @@ impl DpuControl {
 
     /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
     /// entries and the fast-path headroom left, pps.
-    pub fn recall_budget(&self, sh: &dyn Shards) -> (usize, f64) {
-        (sh.free_entries(), sh.headroom_left())
+    pub fn recall_budget(&self, sh: &mut dyn Shards) -> (usize, f64) {
+        sh.budget()
     }
 }
