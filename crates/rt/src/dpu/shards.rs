@@ -1,0 +1,394 @@
+//! The DPU model's control part and its shards on separate threads (ADR 0011, step 3's
+//! plumbing): the DPU's one [`Resources`] behind a lock ([`SharedResources`]), and the core's
+//! [`Shards`] transport over channels ([`ThreadShards`] on the control thread, a
+//! [`ShardEnd`] on each forwarding thread).
+//!
+//! The control thread's `call` sends one [`ShardRequest`] to a forwarding thread, wakes it
+//! and waits for its [`ShardReply`]; the forwarding thread answers what is waiting at its
+//! next batch boundary ([`ShardEnd::serve`]). Lifecycle steps are rare (a window every
+//! `sched.window`, a transition now and then), so a round trip per request costs the control
+//! thread microseconds now and then and the forwarding threads nothing per frame. The core
+//! decides what to ask and what the replies mean; this module only carries them.
+//!
+//! Not wired into the daemon yet: the DPU process still forwards on one thread.
+
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, channel, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use spillway_fabric::dpu::{
+    DpuShard, Resources, ResourcesHandle, ShardReply, ShardRequest, Shards,
+};
+
+/// A shard's handle to the DPU's one [`Resources`], shared by every forwarding thread: the
+/// limits are the DPU's, not a thread's. A shard takes the lock for one charge at a time.
+#[derive(Debug)]
+pub struct SharedResources(Arc<Mutex<Resources>>);
+
+impl SharedResources {
+    /// The first handle to `res`.
+    pub fn new(res: Resources) -> SharedResources {
+        SharedResources(Arc::new(Mutex::new(res)))
+    }
+
+    /// Another handle to the same resources, for another shard.
+    pub fn share(&self) -> SharedResources {
+        SharedResources(Arc::clone(&self.0))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Resources> {
+        // A shard that panicked while charging leaves the budget as it was between two
+        // charges (every charge is one call under the guard): keep forwarding on it.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl ResourcesHandle for SharedResources {
+    type Read<'a> = MutexGuard<'a, Resources>;
+    type Write<'a> = MutexGuard<'a, Resources>;
+    // Other threads' shards hold records this one does not.
+    const EXCLUSIVE: bool = false;
+    fn read(&self) -> MutexGuard<'_, Resources> {
+        self.lock()
+    }
+    fn write(&mut self) -> MutexGuard<'_, Resources> {
+        self.lock()
+    }
+}
+
+/// A forwarding thread's end of the control part's requests.
+#[derive(Debug)]
+pub struct ShardEnd {
+    requests: Receiver<ShardRequest>,
+    replies: SyncSender<ShardReply>,
+}
+
+impl ShardEnd {
+    /// Answers every request waiting, in order, from `shard`; returns how many. Call it at a
+    /// batch boundary, and when woken.
+    pub fn serve<R: ResourcesHandle>(&self, shard: &mut DpuShard<R>) -> usize {
+        let mut n = 0;
+        loop {
+            match self.requests.try_recv() {
+                Ok(req) => {
+                    n += 1;
+                    // The control thread waits for this reply; if it is gone, so is the
+                    // process's lifecycle, and the forwarding thread's own exit follows.
+                    if self.replies.send(shard.serve(req)).is_err() {
+                        return n;
+                    }
+                }
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return n,
+            }
+        }
+    }
+}
+
+/// The control thread's end: one channel pair and one waker per forwarding thread.
+pub struct ThreadShards {
+    ends: Vec<ControlEnd>,
+}
+
+struct ControlEnd {
+    requests: Sender<ShardRequest>,
+    replies: Receiver<ShardReply>,
+    wake: Box<dyn Fn() + Send>,
+}
+
+impl std::fmt::Debug for ThreadShards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadShards")
+            .field("shards", &self.ends.len())
+            .finish()
+    }
+}
+
+impl Default for ThreadShards {
+    fn default() -> Self {
+        ThreadShards::new()
+    }
+}
+
+impl ThreadShards {
+    /// No shards yet.
+    pub fn new() -> ThreadShards {
+        ThreadShards { ends: Vec::new() }
+    }
+
+    /// The next shard (its index is the number added before it): the end its forwarding
+    /// thread serves requests from. `wake` gets that thread to its next batch boundary if it
+    /// sleeps (an eventfd its poll set or ring watches, a thread unpark).
+    pub fn add(&mut self, wake: impl Fn() + Send + 'static) -> ShardEnd {
+        let (req_tx, req_rx) = channel();
+        // One request is outstanding at a time: a reply never waits for room.
+        let (rep_tx, rep_rx) = sync_channel(1);
+        self.ends.push(ControlEnd {
+            requests: req_tx,
+            replies: rep_rx,
+            wake: Box::new(wake),
+        });
+        ShardEnd {
+            requests: req_rx,
+            replies: rep_tx,
+        }
+    }
+}
+
+impl Shards for ThreadShards {
+    fn count(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// # Panics
+    ///
+    /// If shard `shard`'s forwarding thread is gone: the DPU cannot take a lifecycle step
+    /// without one of its shards, and the process must stop (failing open is the plane's
+    /// side of that, not the DPU's).
+    fn call(&mut self, shard: usize, req: ShardRequest) -> ShardReply {
+        let end = &self.ends[shard];
+        let gone = || panic!("forwarding thread of shard {shard} is gone");
+        if end.requests.send(req).is_err() {
+            gone();
+        }
+        (end.wake)();
+        end.replies.recv().unwrap_or_else(|_| gone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::thread;
+
+    use spillway_fabric::dpu::{
+        DpuControl, DpuNode, EmulatedHardware, EventKind, Hold, Phase, Role, ShardView, shard_of,
+    };
+    use spillway_fabric::params::FabricParams;
+    use spillway_fabric::types::{
+        ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Side, SyncKind, Train,
+    };
+    use spillway_vswitch::{Instant, TenantId};
+
+    use super::*;
+
+    fn ms(m: u64) -> Instant {
+        Instant(m * 1_000_000)
+    }
+
+    fn open(conn: ConnId, at: Instant) -> Train {
+        Train {
+            conn,
+            tenant: TenantId(1),
+            side: Side::Orig,
+            dest: Dest::Wire,
+            kind: Kind::Open,
+            packets: 1,
+            packet_bytes: 64,
+            born: at,
+            denied: false,
+        }
+    }
+
+    /// A shard's records (connection, role) and the messages it sent since the last report.
+    type Report = (Vec<(ConnId, Role)>, Vec<Msg>);
+
+    /// What the test hands a forwarding thread besides the control part's requests.
+    enum Work {
+        Train(Train, ShardView),
+        Msg(Msg, ShardView),
+        /// Report the shard's records and outgoing messages so far.
+        Report(SyncSender<Report>),
+        Stop,
+    }
+
+    /// The same inputs through a `DpuNode` of two shards (in one thread) and through a
+    /// `DpuControl` with two shards on two forwarding threads give the same lifecycle: the
+    /// same events, the same records, the same messages to the plane.
+    #[test]
+    fn a_control_thread_drives_shards_on_forwarding_threads_as_the_node_drives_its_own() {
+        let mut f = FabricParams::default();
+        f.dpu.shards = 2;
+        let buckets = f.dpu.redirect_buckets;
+        let conns: Vec<ConnId> = (0..5).map(ConnId).collect();
+        let plane_conns: Vec<ConnId> = (100..102).map(ConnId).collect();
+        let mirror = |conn: ConnId, colour| Msg::Sync {
+            colour,
+            kind: SyncKind::Mirror,
+            state: ConnState {
+                conn,
+                tenant: TenantId(1),
+                phase: ConnPhase::Established,
+                packets: 3,
+                version: 1,
+                opened: ms(4),
+            },
+        };
+
+        // One thread: the node.
+        let mut node = DpuNode::sharded(&f);
+        for c in &conns {
+            node.handle_train(ms(0), &open(*c, ms(0)));
+        }
+        node.handle_timeout(ms(1));
+        node.handle_hold(ms(1), Hold::Shadow);
+        node.handle_plane_up(ms(2));
+        let colour = match node.phase() {
+            Phase::Shadow { colour, .. } => colour,
+            p => panic!("{p:?}"),
+        };
+        let mut node_out: Vec<Msg> = std::iter::from_fn(|| node.poll_transmit())
+            .map(|t| t.msg)
+            .collect();
+        for c in &plane_conns {
+            node.handle_msg(ms(4), mirror(*c, colour));
+        }
+        node.handle_plane_failed(ms(5), "killed");
+        node_out.extend(std::iter::from_fn(|| node.poll_transmit()).map(|t| t.msg));
+        let node_events: Vec<(EventKind, String)> = std::iter::from_fn(|| node.poll_event())
+            .map(|e| (e.what, e.reason))
+            .collect();
+        let mut node_records: Vec<(ConnId, Role)> = node
+            .conns_sorted()
+            .into_iter()
+            .map(|(k, c)| (k, c.role))
+            .collect();
+        node_records.sort_unstable();
+
+        // Threads: a control part here, a shard on each of two forwarding threads.
+        let res = SharedResources::new(Resources::new(&f, Box::new(EmulatedHardware::new(&f))));
+        let mut shards = ThreadShards::new();
+        let mut work = Vec::new();
+        let mut threads = Vec::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        for _ in 0..2 {
+            let (work_tx, work_rx) = channel::<Work>();
+            let mut shard = DpuShard::with_resources(&f, res.share());
+            let waker = Arc::new(std::sync::OnceLock::<thread::Thread>::new());
+            let w = Arc::clone(&waker);
+            let end = shards.add(move || {
+                if let Some(t) = w.get() {
+                    t.unpark();
+                }
+            });
+            let stop = Arc::clone(&stop);
+            let (ready_tx, ready_rx) = sync_channel(0);
+            threads.push(thread::spawn(move || {
+                waker.set(thread::current()).expect("set once");
+                ready_tx.send(()).expect("the test waits");
+                let mut out = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    while let Ok(w) = work_rx.try_recv() {
+                        match w {
+                            Work::Train(t, view) => shard.handle_train(t.born, &t, view),
+                            Work::Msg(m, view) => shard.handle_msg(ms(4), m, view),
+                            Work::Report(tx) => {
+                                out.extend(
+                                    std::iter::from_fn(|| shard.poll_transmit()).map(|t| t.msg),
+                                );
+                                let records = (0..200)
+                                    .map(ConnId)
+                                    .filter_map(|c| shard.conn(c).map(|r| (c, r.role)))
+                                    .collect();
+                                tx.send((records, core::mem::take(&mut out)))
+                                    .expect("the test waits");
+                            }
+                            Work::Stop => return,
+                        }
+                    }
+                    shard.complete_due_inserts(ms(1));
+                    end.serve(&mut shard);
+                    out.extend(std::iter::from_fn(|| shard.poll_transmit()).map(|t| t.msg));
+                    thread::park_timeout(std::time::Duration::from_millis(1));
+                }
+            }));
+            ready_rx.recv().expect("the thread starts");
+            work.push(work_tx);
+        }
+        // The test waits for each thread's report before moving on, so the work it sent and
+        // the requests that follow reach a shard in order.
+        let report = |work: &[Sender<Work>]| {
+            let mut records = Vec::new();
+            let mut out = Vec::new();
+            for w in work {
+                let (tx, rx) = sync_channel(1);
+                w.send(Work::Report(tx)).expect("thread alive");
+                let (r, o) = rx.recv().expect("thread alive");
+                records.extend(r);
+                out.push(o);
+            }
+            (records, out)
+        };
+        let mut control = DpuControl::new(&f);
+        for c in &conns {
+            let k = shard_of(*c, buckets, 2);
+            work[k]
+                .send(Work::Train(open(*c, ms(0)), control.view()))
+                .expect("thread alive");
+        }
+        report(&work);
+        control.handle_timeout(ms(1), &mut shards);
+        control.handle_hold(ms(1), Hold::Shadow, &mut shards);
+        control.handle_plane_up(ms(2), &mut shards);
+        assert_eq!(
+            control.phase(),
+            Phase::Shadow {
+                colour,
+                synced: false
+            }
+        );
+        let (_, out) = report(&work);
+        let mut thread_out: Vec<Msg> = out.concat();
+        for c in &plane_conns {
+            let k = shard_of(*c, buckets, 2);
+            work[k]
+                .send(Work::Msg(mirror(*c, colour), control.view()))
+                .expect("thread alive");
+        }
+        report(&work);
+        control.handle_plane_failed(ms(5), "killed", &mut shards);
+        let (mut records, out) = report(&work);
+        thread_out.extend(out.concat());
+        records.sort_unstable();
+        let events: Vec<(EventKind, String)> = std::iter::from_fn(|| control.poll_event())
+            .map(|e| (e.what, e.reason))
+            .collect();
+        stop.store(true, Ordering::Relaxed);
+        for w in &work {
+            let _ = w.send(Work::Stop);
+        }
+        for t in threads {
+            t.join().expect("forwarding thread");
+        }
+
+        assert_eq!(events, node_events);
+        let reason = |k: EventKind| {
+            events
+                .iter()
+                .find(|(what, _)| *what == k)
+                .map_or("", |(_, r)| r.as_str())
+        };
+        assert!(
+            reason(EventKind::Shadow).contains("bulk sync of 5 connections"),
+            "{events:?}"
+        );
+        assert!(
+            reason(EventKind::FailOpen).contains("2 connections taken over"),
+            "{events:?}"
+        );
+        assert_eq!(records, node_records);
+        let key = |m: &Msg| format!("{m:?}");
+        let (mut a, mut b): (Vec<String>, Vec<String>) = (
+            thread_out.iter().map(key).collect(),
+            node_out.iter().map(key).collect(),
+        );
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b, "the same messages to the plane");
+        assert!(
+            records.iter().all(|(_, r)| *r == Role::Owner),
+            "{records:?}"
+        );
+        assert_eq!(records.len(), conns.len() + plane_conns.len());
+    }
+}
