@@ -9,7 +9,8 @@
 //!   when the plane has acknowledged both shards' end markers; a fail-open promotes the mirrors
 //!   of both.
 //! - The handles work across threads: two nodes on two threads charging one `Resources`
-//!   together still admit the fast path's rate in total.
+//!   together still admit the fast path's rate in total, and never take more memory for
+//!   connection records than the DPU has (the check and the charge are one call).
 
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -326,4 +327,32 @@ fn nodes_on_two_threads_share_one_fast_path_rate() {
     let total = a.join().unwrap() + b.join().unwrap();
     assert!(total <= most(), "admitted {total} > {}", most());
     assert!(total >= most() * 95 / 100, "admitted only {total}");
+}
+
+#[test]
+fn shards_on_two_threads_never_take_more_memory_than_the_dpu_has() {
+    // Room for exactly 100 connection records (entries cost nothing here); two threads open
+    // 1,000 connections each at once.
+    let mut f = params();
+    f.dpu.mem_per_entry = 0;
+    f.dpu.mem_bytes = 100 * f.dpu.mem_per_conn;
+    f.validate().expect("valid parameters");
+    let res = resources(&f);
+    let go = Arc::new(Barrier::new(2));
+    let spawn = |first: u64| {
+        let (res, go, f) = (Arc::clone(&res), Arc::clone(&go), f.clone());
+        thread::spawn(move || {
+            let mut dpu = DpuNode::with_resources(&f, Shared(res));
+            go.wait();
+            for c in first..first + 1_000 {
+                dpu.handle_train(ms(0), &train(ConnId(c), Kind::Open, 1, ms(0)));
+            }
+            dpu.check_invariants().expect("invariants");
+            (dpu.conns_len(), dpu.mem_used())
+        })
+    };
+    let (a, b) = (spawn(0), spawn(10_000));
+    let ((a, mem), (b, _)) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!(a + b, 100, "records: {a} + {b}");
+    assert_eq!(mem, f.dpu.mem_bytes, "memory in use");
 }

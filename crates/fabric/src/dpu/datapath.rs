@@ -125,7 +125,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
         match known {
             None if t.kind == Kind::Open => {
-                if !self.res.read().conn_fits() {
+                if !self.res.write().reserve_conn() {
                     self.drops.add(FabricDrop::MemFull, u64::from(t.packets));
                     self.counters.open_dropped += 1;
                     return;
@@ -134,6 +134,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 self.drops
                     .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
                 if a.count == 0 {
+                    self.res.write().conn_removed();
                     self.counters.open_dropped += 1;
                     return;
                 }
@@ -141,7 +142,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 let state = ConnState::open(now, t);
                 // The insert commands leave when the slow path has finished this packet.
                 let queued = self.queue_inserts(at_ps(a.finish_ps), t.conn, false);
-                self.add_conn(
+                self.add_reserved(
                     t.conn,
                     DpuConn {
                         state,

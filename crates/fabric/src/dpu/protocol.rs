@@ -239,23 +239,23 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 // A mirror needs memory like any connection. Without room the DPU keeps no
                 // copy and could not fail this connection open (`dpu.mirror.skipped`); a
                 // handover is taken regardless, since refusing it would lose the state.
-                if role == Role::Copy && !self.res.read().conn_fits() {
+                let rec = DpuConn {
+                    state,
+                    role,
+                    hw_live: 0,
+                    inserts_pending: 0,
+                    recalled: false,
+                    hw_pkts_mark: 0,
+                    hw_mark_at: Instant::ZERO,
+                    history: RecallHistory::Never,
+                };
+                if role == Role::Owner {
+                    self.add_conn(state.conn, rec);
+                } else if self.res.write().reserve_conn() {
+                    self.add_reserved(state.conn, rec);
+                } else {
                     self.counters.mirror_skipped += 1;
-                    return;
                 }
-                self.add_conn(
-                    state.conn,
-                    DpuConn {
-                        state,
-                        role,
-                        hw_live: 0,
-                        inserts_pending: 0,
-                        recalled: false,
-                        hw_pkts_mark: 0,
-                        hw_mark_at: Instant::ZERO,
-                        history: RecallHistory::Never,
-                    },
-                );
             }
         }
     }
@@ -273,7 +273,8 @@ impl<R: ResourcesHandle> DpuShard<R> {
         let charge = (pps - replaces_pps).max(0.0);
         let fits_pps = self.res.read().recall_fits(charge);
         let known = self.conns.contains_key(&state.conn);
-        if free < 2 || !fits_pps || (!known && !self.res.read().conn_fits()) {
+        // A new record's memory is taken here, with the check, and used below.
+        if free < 2 || !fits_pps || (!known && !self.res.write().reserve_conn()) {
             self.counters.recalls_refused += 1;
             self.send(
                 now,
@@ -296,7 +297,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 c.hw_pkts_mark = 0;
                 c.hw_mark_at = now;
             }
-            None => self.add_conn(
+            None => self.add_reserved(
                 state.conn,
                 DpuConn {
                     state,

@@ -235,9 +235,18 @@ impl Resources {
         self.mem_used + self.mem_per_conn <= self.mem_bytes
     }
 
-    /// A connection record was created. Not refused: the caller asked [`Resources::conn_fits`]
-    /// first. With several shards two may both have been told yes, so memory may exceed
-    /// `mem_bytes` by at most one record per other shard.
+    /// Takes the memory of one more connection record if it fits: the check and the charge
+    /// in one call, so that two shards on two threads can never both take the last room.
+    /// [`Resources::conn_removed`] gives it back.
+    pub(crate) fn reserve_conn(&mut self) -> bool {
+        if !self.conn_fits() {
+            return false;
+        }
+        self.conn_added();
+        true
+    }
+
+    /// A connection record was created whatever the memory (a handover the DPU must take).
     pub(crate) fn conn_added(&mut self) {
         self.conns += 1;
         self.mem_used += self.mem_per_conn;

@@ -178,6 +178,16 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
     }
 
+    /// Adds the record of a connection whose memory [`Resources::reserve_conn`] took.
+    ///
+    /// [`Resources::reserve_conn`]: super::Resources
+    pub(crate) fn add_reserved(&mut self, conn: ConnId, rec: DpuConn) {
+        if self.conns.insert(conn, rec).is_some() {
+            // It had a record after all: that one's memory is the reservation's.
+            self.res.write().conn_removed();
+        }
+    }
+
     pub(crate) fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
         self.retire_recalled(conn);
         let rec = self.conns.remove(conn)?;
