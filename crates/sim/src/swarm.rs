@@ -50,6 +50,13 @@ pub fn scenario(seed: u64) -> Scenario {
     // Every third seed delivers VM-bound packets with vATC, from the seed itself rather than the
     // stream, so the other picks are what they always were.
     f.host.vatc = seed % 3 == 2;
+    // Half the seeds split the DPU's connections over two or three shards (ADR 0011), also
+    // from the seed itself: one lifecycle and one budget over several shards, under faults.
+    f.dpu.shards = match seed % 4 {
+        1 => 2,
+        3 => 3,
+        _ => 1,
+    };
     f.sched.release_windows = [10, 30][pick(&mut rng, 2)];
     f.placement.policy = [
         PlacementKind::FirstCome,

@@ -1,6 +1,6 @@
 //! Seed swarm: 100 seeds, each a random workload mix, placement policy and fault schedule
 //! (plane kills, control-channel loss, vNIC delays) in the safety phase, then a liveness phase
-//! without faults. Every run must pass every checker after every event (conservation, table and
+//! without faults; half the seeds split the DPU over two or three shards (ADR 0011). Every run must pass every checker after every event (conservation, table and
 //! queue bounds, insertion budget, ownership, state continuity) and the end-of-run ownership
 //! check. A failing seed prints the line that replays it. `SPILLWAY_SWARM_SEEDS=N` runs more;
 //! `SPILLWAY_TRACE_CONN=N` traces one connection. A second swarm runs the same seeds' scenarios
