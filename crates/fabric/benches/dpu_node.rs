@@ -13,15 +13,18 @@ use std::sync::Arc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use spillway_fabric::dpu::{DpuNode, ResourcesHandle};
 use spillway_fabric::params::FabricParams;
-use spillway_fabric::types::{ConnId, Dest, Kind, Side, Train};
-use spillway_vswitch::{Instant, TenantId};
+use spillway_fabric::types::{ConnId, Kind};
+use spillway_vswitch::Instant;
 
 const CONNS: u64 = 1_024;
 const STEP_NS: u64 = 200;
 
 #[path = "../tests/common/locked.rs"]
 mod locked;
+#[path = "../tests/common/train.rs"]
+mod train;
 use locked::{Locked, resources};
+use train::train;
 
 fn params(shards: u32) -> FabricParams {
     let mut f = FabricParams {
@@ -39,24 +42,10 @@ fn locked(shards: u32) -> DpuNode<Locked> {
     DpuNode::with_shards(&f, (0..shards).map(|_| Locked(Arc::clone(&res))).collect())
 }
 
-fn train(conn: ConnId, kind: Kind, at: Instant) -> Train {
-    Train {
-        conn,
-        tenant: TenantId(1),
-        side: Side::Orig,
-        dest: Dest::Wire,
-        kind,
-        packets: 1,
-        packet_bytes: 64,
-        born: at,
-        denied: false,
-    }
-}
-
 fn bench_node<R: ResourcesHandle>(c: &mut Criterion, name: &str, mut dpu: DpuNode<R>) {
     let mut now = Instant(0);
     for i in 0..CONNS {
-        dpu.handle_train(now, &train(ConnId(i), Kind::Open, now));
+        dpu.handle_train(now, &train(ConnId(i), Kind::Open, 1, now));
     }
     // The SoC opens them in about 1 ms (8 us each on 8 cores); the inserts follow.
     now = Instant(5_000_000);
@@ -74,7 +63,7 @@ fn bench_node<R: ResourcesHandle>(c: &mut Criterion, name: &str, mut dpu: DpuNod
                 dpu.handle_timeout(now);
             }
             i = (i + 1) % CONNS;
-            dpu.handle_train(now, &train(ConnId(i), Kind::Data, now));
+            dpu.handle_train(now, &train(ConnId(i), Kind::Data, 1, now));
             black_box(dpu.delivered_last())
         });
     });

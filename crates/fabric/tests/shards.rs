@@ -17,14 +17,15 @@ use std::thread;
 
 use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role};
 use spillway_fabric::params::FabricParams;
-use spillway_fabric::types::{
-    Channel, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Side, SyncKind, Train,
-};
+use spillway_fabric::types::{Channel, ConnId, ConnPhase, ConnState, Kind, Msg, SyncKind};
 use spillway_vswitch::{Instant, TenantId};
 
 #[path = "common/locked.rs"]
 mod locked;
+#[path = "common/train.rs"]
+mod train;
 use locked::{Locked as Shared, resources};
+use train::train;
 
 const FAST_PATH_PPS: f64 = 30_000.0;
 const QUEUE: u32 = 32;
@@ -50,20 +51,6 @@ fn two_shards(f: &FabricParams) -> DpuNode<Shared> {
 
 fn ms(m: u64) -> Instant {
     Instant(m * 1_000_000)
-}
-
-fn train(conn: ConnId, kind: Kind, packets: u32, at: Instant) -> Train {
-    Train {
-        conn,
-        tenant: TenantId(1),
-        side: Side::Orig,
-        dest: Dest::Wire,
-        kind,
-        packets,
-        packet_bytes: 64,
-        born: at,
-        denied: false,
-    }
 }
 
 /// `n` connection ids of shard `shard` of `dpu`.

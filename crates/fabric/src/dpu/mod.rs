@@ -47,7 +47,7 @@
 //! its shards in turn; a driver with a thread per shard (ADR 0011) implements [`Shards`] over
 //! its threads instead. The methods are split by input: `datapath` (trains, the shard's),
 //! `protocol` (the plane's messages: lifecycle replies to the control part, per-connection
-//! messages and insert completions to the connection's shard, [`plane_msg_conn`]) and
+//! messages and insert completions to the connection's shard, by [`Msg::conn`]) and
 //! `transitions` (the control part's lifecycle steps, timers, windows, the operator's hold).
 //!
 //! # What the model charges
@@ -84,7 +84,6 @@ pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
 pub use control::{DpuControl, ShardReply, ShardRequest, Shards};
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
-pub use protocol::plane_msg_conn;
 pub use resources::{Resources, ResourcesHandle, ShardCell};
 pub use shard::{DpuShard, ShardView};
 pub use window::{Totals, Utils};
@@ -487,8 +486,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
     /// entries and the fast-path headroom left, pps.
     pub fn recall_budget(&self) -> (usize, f64) {
-        let res = self.res();
-        (res.free_entries(), res.headroom_left())
+        self.res().recall_budget()
     }
 
     /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.

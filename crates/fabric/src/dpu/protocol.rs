@@ -15,47 +15,24 @@ use crate::hw::{HwKey, HwRule};
 use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
 
 impl<R: ResourcesHandle> DpuNode<R> {
-    /// A message from the spill plane: one about a connection goes to the connection's shard,
-    /// a lifecycle reply to the control part.
+    /// A message from the spill plane: one about a connection ([`Msg::conn`]) goes to the
+    /// connection's shard, a lifecycle reply to the control part.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
-        for s in &mut self.shards {
-            s.delivered_last = 0;
-        }
         let view = self.control.view();
-        match plane_msg_conn(&msg) {
+        match msg.conn() {
             Some(conn) => self.shard_for(conn).handle_msg(now, msg, view),
-            None => self
-                .control
-                .handle_msg(now, msg, &mut Local(&mut self.shards)),
+            None => {
+                // It delivered nothing (see `delivered_last`).
+                self.shards[self.last].delivered_last = 0;
+                self.control
+                    .handle_msg(now, msg, &mut Local(&mut self.shards));
+            }
         }
-    }
-}
-
-/// The connection a message from the plane is about, if it is about one: what picks its
-/// shard.
-pub fn plane_msg_conn(msg: &Msg) -> Option<ConnId> {
-    match msg {
-        Msg::Packets(t) | Msg::Punt(t) => Some(t.conn),
-        Msg::Sync { state, .. } | Msg::Recall { state, .. } => Some(state.conn),
-        Msg::Adopted { conn } | Msg::Delete { conn, .. } => Some(*conn),
-        Msg::SyncDone { .. }
-        | Msg::Released { .. }
-        | Msg::Heartbeat { .. }
-        | Msg::Absorbing
-        | Msg::Drained { .. }
-        | Msg::RecallDone { .. }
-        | Msg::DeleteAck { .. }
-        | Msg::Release { .. }
-        | Msg::SetWorkers { .. }
-        | Msg::Activated { .. }
-        | Msg::OffloadStats { .. }
-        | Msg::Budget { .. }
-        | Msg::Drain { .. } => None,
     }
 }
 
 impl DpuControl {
-    /// A lifecycle reply from the plane (what [`plane_msg_conn`] gives no connection for).
+    /// A lifecycle reply from the plane (a message [`Msg::conn`] names no connection of).
     pub fn handle_msg(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
         match msg {
             Msg::SyncDone { colour, count } => {
@@ -201,7 +178,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 self.strip_entries(conn);
             }
             Msg::Delete { seq, conn } => self.handle_delete(now, seq, conn),
-            // The control part's (see `plane_msg_conn`).
+            // Lifecycle replies are the control part's; DPU-to-plane messages never come back.
             _ => {}
         }
     }

@@ -221,6 +221,12 @@ impl Resources {
         (self.headroom_pps - self.recalled_pps).max(0.0)
     }
 
+    /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware
+    /// entries and the fast-path headroom left, packets/s.
+    pub(crate) fn recall_budget(&self) -> (usize, f64) {
+        (self.free_entries(), self.headroom_left())
+    }
+
     /// When everything queued toward the host has left (the phy vNIC and the PCIe link), not
     /// before `now`, in picoseconds.
     pub(crate) fn host_idle_ps(&self, now: Instant) -> u64 {
@@ -230,16 +236,11 @@ impl Resources {
             .max(ps(now))
     }
 
-    /// Room for one more connection record.
-    pub(crate) fn conn_fits(&self) -> bool {
-        self.mem_used + self.mem_per_conn <= self.mem_bytes
-    }
-
     /// Takes the memory of one more connection record if it fits: the check and the charge
     /// in one call, so that two shards on two threads can never both take the last room.
     /// [`Resources::conn_removed`] gives it back.
     pub(crate) fn reserve_conn(&mut self) -> bool {
-        if !self.conn_fits() {
+        if self.mem_used + self.mem_per_conn > self.mem_bytes {
             return false;
         }
         self.conn_added();

@@ -411,8 +411,8 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 ShardReply::Done
             }
             ShardRequest::Budget => {
-                let res = self.res.read();
-                ShardReply::Budget(res.free_entries(), res.headroom_left())
+                let (free, headroom) = self.res.read().recall_budget();
+                ShardReply::Budget(free, headroom)
             }
             ShardRequest::HostIdle { now } => ShardReply::Ps(self.res.read().host_idle_ps(now)),
         }

@@ -121,7 +121,7 @@ impl DpuControl {
             sh.drain_tenant_packets(&mut self.tenant_spare, &mut |tenant, packets| {
                 sched.count_tenant(tenant, packets)
             });
-            self.win.roll_variance(now);
+            self.win.roll_variance();
         }
     }
 

@@ -119,13 +119,11 @@ impl Windows {
         now >= self.next_variance
     }
 
-    /// Rolls URSched's variance window when it is due at `now`.
-    pub(crate) fn roll_variance(&mut self, now: Instant) {
-        if now >= self.next_variance {
-            self.next_variance = self.next_variance + self.variance_window;
-            self.sched
-                .variance_window(self.variance_window.as_secs_f64());
-        }
+    /// Rolls URSched's variance window (when [`Windows::variance_due`]).
+    pub(crate) fn roll_variance(&mut self) {
+        self.next_variance = self.next_variance + self.variance_window;
+        self.sched
+            .variance_window(self.variance_window.as_secs_f64());
     }
 
     /// True (once per period) when the recalled entries' rates are due to the plane.

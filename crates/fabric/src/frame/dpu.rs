@@ -58,7 +58,7 @@ impl<R: ResourcesHandle> DpuModel for DpuNode<R> {
 /// One shard of the DPU model with the control part's latest [`ShardView`]: what a forwarding
 /// thread of a driver with a thread per shard joins to its own pipeline (ADR 0011). The driver
 /// gives it the frames and the plane's messages of the shard's connections
-/// ([`crate::dpu::DpuNode::shard_of`], [`crate::dpu::plane_msg_conn`]); the plane's lifecycle
+/// ([`crate::dpu::shard_of`] of [`Msg::conn`]); the plane's lifecycle
 /// replies go to the control part, and the control part's requests reach the shard through the
 /// driver's [`crate::dpu::Shards`].
 #[derive(Debug)]
