@@ -196,3 +196,30 @@ fn two_forwarding_threads_share_one_fast_path() {
         );
     }
 }
+
+#[test]
+fn a_frame_names_its_connection_before_the_node_touches_it() {
+    let f = FabricParams::default();
+    let res = resources(&f);
+    let sw = shard_switch(&f, &res);
+    for sport in [40_000, 40_001, 51_234] {
+        let want = sw.conns().id_of(ACME, &key(sport));
+        // Both directions name the same connection, so both reach its shard's thread.
+        for (port, frame) in handshake(sport) {
+            assert_eq!(sw.conn_of_frame(port, &frame), Some(want), "sport {sport}");
+        }
+    }
+    assert_eq!(sw.conns().len(), 0, "nothing was learnt");
+    // A frame of no connection is any shard's.
+    let arp = FrameBuilder::new()
+        .eth(WEB2_MAC, spillway_wire::MacAddr::BROADCAST)
+        .arp(
+            1,
+            WEB2_IP.octets(),
+            spillway_wire::MacAddr([0; 6]),
+            WEB_IP.octets(),
+        )
+        .build();
+    assert_eq!(sw.conn_of_frame(WEB2, &arp), None);
+    assert_eq!(sw.conn_of_frame(WEB2, &[0u8; 7]), None);
+}

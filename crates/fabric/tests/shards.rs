@@ -15,7 +15,9 @@
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role};
+use spillway_fabric::dpu::{
+    Command, DpuNode, DpuShard, EventKind, Hold, Phase, Role, ShardReply, ShardRequest, Shards,
+};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::{Channel, ConnId, ConnPhase, ConnState, Kind, Msg, SyncKind};
 use spillway_vswitch::{Instant, TenantId};
@@ -342,4 +344,85 @@ fn shards_on_two_threads_never_take_more_memory_than_the_dpu_has() {
     let ((a, mem), (b, _)) = (a.join().unwrap(), b.join().unwrap());
     assert_eq!(a + b, 100, "records: {a} + {b}");
     assert_eq!(mem, f.dpu.mem_bytes, "memory in use");
+}
+
+/// Shards served outside the node, as a driver's other threads serve them; here in the
+/// test's thread, shared with the test so that it can give them their connections' inputs.
+struct Elsewhere(std::rc::Rc<std::cell::RefCell<Vec<DpuShard<Shared>>>>);
+
+impl Shards for Elsewhere {
+    fn count(&self) -> usize {
+        self.0.borrow().len()
+    }
+    fn call(&mut self, shard: usize, req: ShardRequest) -> ShardReply {
+        self.0.borrow_mut()[shard].serve(req)
+    }
+}
+
+#[test]
+fn a_node_with_a_remote_shard_runs_one_lifecycle_over_both() {
+    let mut f = params();
+    f.dpu_only = false;
+    let res = resources(&f);
+    let remote = std::rc::Rc::new(std::cell::RefCell::new(vec![DpuShard::with_resources(
+        &f,
+        Shared(Arc::clone(&res)),
+    )]));
+    let mut dpu = DpuNode::with_remote(
+        &f,
+        Shared(Arc::clone(&res)),
+        Box::new(Elsewhere(std::rc::Rc::clone(&remote))),
+    );
+    let whole = two_shards(&f);
+    let (a, b) = (conns_of(&whole, 0, 3), conns_of(&whole, 1, 2));
+    // The node numbers its shards as a node that holds both does.
+    assert!(a.iter().all(|c| dpu.shard_of(*c) == 0));
+    assert!(b.iter().all(|c| dpu.shard_of(*c) == 1));
+    open(&mut dpu, &a);
+    for c in &b {
+        let view = dpu.view();
+        remote.borrow_mut()[0].handle_train(ms(0), &train(*c, Kind::Open, 1, ms(0)), view);
+    }
+    assert_eq!(dpu.conns_owned(), 3, "the node reports its own shard");
+    assert_eq!(
+        dpu.conn(b[0]),
+        None,
+        "another thread's connection is not the node's"
+    );
+    assert_eq!(
+        remote.borrow()[0].conn(b[0]).map(|c| c.role),
+        Some(Role::Owner)
+    );
+
+    // The control part's bulk sync reaches the remote shard too; each sends its own marker.
+    dpu.handle_hold(ms(1), Hold::Shadow);
+    dpu.handle_plane_up(ms(2));
+    let colour = match dpu.phase() {
+        Phase::Shadow { colour, .. } => colour,
+        p => panic!("{p:?}"),
+    };
+    let done = |t: Option<_>| match t {
+        Some(spillway_fabric::types::Transmit {
+            msg: Msg::SyncDone { count, .. },
+            ..
+        }) => Some(count),
+        _ => None,
+    };
+    let here: Vec<u64> = std::iter::from_fn(|| dpu.poll_transmit().map(Some))
+        .filter_map(done)
+        .collect();
+    let there: Vec<u64> = std::iter::from_fn(|| remote.borrow_mut()[0].poll_transmit().map(Some))
+        .filter_map(done)
+        .collect();
+    assert_eq!((here, there), (vec![3], vec![2]));
+    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 3 });
+    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 2 });
+    assert_eq!(
+        dpu.phase(),
+        Phase::Shadow {
+            colour,
+            synced: true
+        }
+    );
+    dpu.check_invariants().expect("invariants");
 }

@@ -233,6 +233,32 @@ pub struct DpuNode<R: ResourcesHandle = Resources> {
     shards: Vec<DpuShard<R>>,
     /// The shard the last input went to (whose `delivered_last` the driver asks for).
     last: usize,
+    /// Shards served elsewhere (other threads of a driver that forwards on several), numbered
+    /// after `shards`: the control part reaches them through this, and the driver gives them
+    /// their connections' inputs itself. See [`DpuNode::with_remote`].
+    remote: Option<Remote>,
+}
+
+/// The shards the control part asks: the node's own, then the remote ones.
+fn all<'a, R: ResourcesHandle>(
+    shards: &'a mut [DpuShard<R>],
+    remote: &'a mut Option<Remote>,
+) -> Local<'a, R> {
+    Local(
+        shards,
+        remote.as_mut().map(|r| &mut *r.0 as &mut dyn Shards),
+    )
+}
+
+/// The transport to a node's shards served elsewhere.
+struct Remote(Box<dyn Shards>);
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("shards", &self.0.count())
+            .finish()
+    }
 }
 
 impl DpuNode {
@@ -276,18 +302,48 @@ impl<R: ResourcesHandle> DpuNode<R> {
             control: DpuControl::new(f),
             shards: res.into_iter().map(|r| DpuShard::new(f, r)).collect(),
             last: 0,
+            remote: None,
         }
+    }
+
+    /// A DPU node that holds shard 0 itself, charging `res`, and reaches shards `1..` through
+    /// `remote` (shard `i` is `remote`'s `i - 1`), every shard charging the same resources:
+    /// the control thread of a driver that forwards on several threads, each of the others
+    /// with a [`DpuShard`] of its own. The node's inputs must be of shard 0's connections
+    /// (the driver hands the others' to their threads); its getters report shard 0, and the
+    /// lifecycle (timers, the plane's replies, holds) asks every shard.
+    pub fn with_remote(f: &FabricParams, res: R, remote: Box<dyn Shards>) -> DpuNode<R> {
+        let mut node = DpuNode::with_resources(f, res);
+        node.remote = Some(Remote(remote));
+        node
+    }
+
+    /// How many shards the DPU has, here and elsewhere.
+    fn shards_total(&self) -> usize {
+        self.shards.len() + self.remote.as_ref().map_or(0, |r| r.0.count())
     }
 
     /// The shard that holds `conn` (see [`shard_of`]).
     pub fn shard_of(&self, conn: ConnId) -> usize {
-        shard_of(conn, self.control.f.dpu.redirect_buckets, self.shards.len())
+        shard_of(
+            conn,
+            self.control.f.dpu.redirect_buckets,
+            self.shards_total(),
+        )
     }
 
     /// The shard of `conn`, which becomes the one the driver asks about the input.
+    ///
+    /// # Panics
+    ///
+    /// If `conn` belongs to a shard served elsewhere: its thread, not this node, takes its
+    /// inputs, and a driver that gives them here has routed them wrong.
     fn shard_for(&mut self, conn: ConnId) -> &mut DpuShard<R> {
         self.last = self.shard_of(conn);
-        &mut self.shards[self.last]
+        let here = self.shards.len();
+        self.shards
+            .get_mut(self.last)
+            .unwrap_or_else(|| panic!("an input for shard {} given to a node of {here}", self.last))
     }
 
     /// The resources (any shard's handle reaches them).
@@ -297,9 +353,14 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
     // ---- getters -------------------------------------------------------------------------
 
-    /// Shards.
+    /// Shards this node holds itself (see [`DpuNode::with_remote`]).
     pub fn shard_count(&self) -> usize {
         self.shards.len()
+    }
+    /// What the shards see of the lifecycle now: a driver with shards on other threads
+    /// ([`DpuNode::with_remote`]) passes it on after every lifecycle input.
+    pub fn view(&self) -> ShardView {
+        self.control.view()
     }
     /// The lifecycle phase.
     pub fn phase(&self) -> Phase {
@@ -390,7 +451,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
     /// The DPU's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&DpuConn> {
-        self.shards[self.shard_of(conn)].conns.get(&conn)
+        self.shards.get(self.shard_of(conn))?.conns.get(&conn)
     }
     /// Connections the DPU has a record of.
     pub fn conns_len(&self) -> usize {
@@ -457,13 +518,13 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// The plane's process runs (the driver's report after [`Command::StartPlane`]).
     pub fn handle_plane_up(&mut self, now: Instant) {
         self.control
-            .handle_plane_up(now, &mut Local(&mut self.shards));
+            .handle_plane_up(now, &mut all(&mut self.shards, &mut self.remote));
     }
 
     /// The plane's process died (the driver saw it exit). Same as a lost heartbeat.
     pub fn handle_plane_failed(&mut self, now: Instant, reason: &str) {
         self.control
-            .handle_plane_failed(now, reason, &mut Local(&mut self.shards));
+            .handle_plane_failed(now, reason, &mut all(&mut self.shards, &mut self.remote));
     }
 
     /// Timers: insert completions, redirect install/removal, URSched windows.
@@ -472,7 +533,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
             s.complete_due_inserts(now);
         }
         self.control
-            .handle_timeout(now, &mut Local(&mut self.shards));
+            .handle_timeout(now, &mut all(&mut self.shards, &mut self.remote));
     }
 
     /// An operator sets (or clears, with [`Hold::Auto`]) a hold on the lifecycle. The DPU takes
@@ -480,7 +541,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// synced one, release an active one), and the rest as the protocol completes.
     pub fn handle_hold(&mut self, now: Instant, hold: Hold) {
         self.control
-            .handle_hold(now, hold, &mut Local(&mut self.shards));
+            .handle_hold(now, hold, &mut all(&mut self.shards, &mut self.remote));
     }
 
     /// The recall budget the DPU sends the plane every window (`Msg::Budget`): free hardware

@@ -9,7 +9,7 @@ use super::control::{DpuControl, Shards};
 use super::inserts::PendingInsert;
 use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase};
 use super::resources::SocWork;
-use super::shard::{DpuShard, Local, ShardView};
+use super::shard::{DpuShard, ShardView};
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::hw::{HwKey, HwRule};
 use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
@@ -24,8 +24,11 @@ impl<R: ResourcesHandle> DpuNode<R> {
             None => {
                 // It delivered nothing (see `delivered_last`).
                 self.shards[self.last].delivered_last = 0;
-                self.control
-                    .handle_msg(now, msg, &mut Local(&mut self.shards));
+                self.control.handle_msg(
+                    now,
+                    msg,
+                    &mut super::all(&mut self.shards, &mut self.remote),
+                );
             }
         }
     }

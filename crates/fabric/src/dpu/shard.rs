@@ -425,15 +425,22 @@ impl<R: ResourcesHandle> DpuShard<R> {
     }
 }
 
-/// The shards of one [`super::DpuNode`], asked in turn, in the node's thread.
-#[derive(Debug)]
-pub(crate) struct Local<'a, R: ResourcesHandle>(pub(crate) &'a mut [DpuShard<R>]);
+/// The shards of one [`super::DpuNode`]: its own, asked in turn in the node's thread, then
+/// those served elsewhere ([`super::DpuNode::with_remote`]), numbered after them.
+pub(crate) struct Local<'a, R: ResourcesHandle>(
+    pub(crate) &'a mut [DpuShard<R>],
+    pub(crate) Option<&'a mut dyn Shards>,
+);
 
 impl<R: ResourcesHandle> Shards for Local<'_, R> {
     fn count(&self) -> usize {
-        self.0.len()
+        self.0.len() + self.1.as_ref().map_or(0, |r| r.count())
     }
     fn call(&mut self, shard: usize, req: ShardRequest) -> ShardReply {
-        self.0[shard].serve(req)
+        match (self.0.get_mut(shard), self.1.as_deref_mut()) {
+            (Some(s), _) => s.serve(req),
+            (None, Some(remote)) => remote.call(shard - self.0.len(), req),
+            (None, None) => panic!("no shard {shard}: the node has {}", self.0.len()),
+        }
     }
 }

@@ -266,6 +266,27 @@ impl<M: DpuModel> DpuSwitch<M> {
         }
     }
 
+    /// The connection a frame from `port` is of, found as [`DpuSwitch::process`] would find
+    /// it but touching no state: what a driver that shards connections over threads routes a
+    /// frame by ([`crate::dpu::shard_of`]) before it picks the thread whose node processes it.
+    /// `None` for a frame of no connection (one that does not parse, of no tenant, not IP,
+    /// ARP and neighbour discovery): any shard's node answers or drops it.
+    pub fn conn_of_frame(&self, port: PortId, frame: &[u8]) -> Option<ConnId> {
+        let decap = self.sw.pipeline.policy().host().decap_at(port);
+        let parsed = spillway_wire::parse_frame_decap(frame, decap).ok()?;
+        let tenant = self.sw.tenant_of(port, &parsed)?;
+        if spillway_vswitch::neigh::claims(&parsed) {
+            return None;
+        }
+        let key = parsed.innermost().key?;
+        Some(self.sw.conns.id_of(tenant, &key))
+    }
+
+    /// The connection a conntrack snapshot from the plane is of (whose shard adopts it).
+    pub fn conn_of_snapshot(&self, snap: &spillway_vswitch::conntrack::CtSnapshot) -> ConnId {
+        self.sw.conns.id_of(snap.zone, &snap.orig)
+    }
+
     /// What [`DpuSwitch::process`] does to the frame in the node's buffer; drops are counted.
     fn decide(&mut self, now: Instant, port: PortId, gso_size: u16) -> Decided {
         // Decapsulation by where the frame came from: VXLAN only on the uplink; a VM port's
@@ -274,12 +295,7 @@ impl<M: DpuModel> DpuSwitch<M> {
             Ok(p) => p,
             Err(d) => return Decided::Drop(d),
         };
-        let policy = self.sw.pipeline.policy();
-        let tenant = match parsed.vxlan {
-            Some(v) if port == policy.host().uplink_port => policy.tenant_by_vni(v.vni),
-            _ => policy.port(port).map(|p| p.tenant),
-        };
-        let Some(tenant) = tenant else {
+        let Some(tenant) = self.sw.tenant_of(port, &parsed) else {
             return Decided::Drop(self.sw.count(FrameDrop::NoTenant));
         };
         if spillway_vswitch::neigh::claims(&parsed) {

@@ -409,6 +409,16 @@ impl SwitchCore {
         })
     }
 
+    /// The tenant of a frame from `port`, `parsed`: its VNI's when it came VXLAN-encapsulated
+    /// on the uplink, else the port's.
+    pub(crate) fn tenant_of(&self, port: PortId, parsed: &ParsedFrame) -> Option<TenantId> {
+        let policy = self.pipeline.policy();
+        match parsed.vxlan {
+            Some(v) if port == policy.host().uplink_port => policy.tenant_by_vni(v.vni),
+            _ => policy.port(port).map(|p| p.tenant),
+        }
+    }
+
     /// Runs the pipeline, where it is, on the frame in the node's buffer from `ingress`,
     /// `parsed` by [`SwitchCore::parse_loaded`]: the egress port, or why it was dropped
     /// (counted), and the conntrack change to mirror if `watch` saw one.
