@@ -5,7 +5,9 @@
 //! every reply received, transfers completed) and what the fabric reports; on the way out it
 //! stops the daemon with SIGINT and checks that no namespace, cgroup, process or ledger is left.
 //! One test floods the bed with `spillway traffic gen` and checks that the DPU process's
-//! forwarding thread allocates nothing per frame (`forwarding_allocs` in `ctl status`).
+//! forwarding thread allocates nothing per frame (`forwarding_allocs` in `ctl status`). The
+//! tests named `two_forwarding_threads_*` run the same checks with the DPU's connections split
+//! over two forwarding threads (`fabric.dpu.shards = 2`).
 //!
 //! Needs root and the programs (`.ci/run` installs them). Under `CI=true` a missing one fails
 //! the test; elsewhere the test prints why it skips. The tests take a global lock so their
@@ -76,6 +78,24 @@ impl Bed {
     ) -> Bed {
         let mut bed = Bed::configure(hw_entries, vm_extra, host_extra, hw_pps);
         bed.spawn(hold);
+        bed
+    }
+
+    /// [`Bed::start_config`] with the DPU's connections split over `shards` forwarding
+    /// threads (`fabric.dpu.shards`; 1 is today's one thread).
+    fn start_sharded(hold: &str, hw_entries: u32, hw_pps: u32, shards: u32) -> Bed {
+        let mut bed = Bed::configure(hw_entries, "", "", hw_pps);
+        let text = std::fs::read_to_string(&bed.config).unwrap();
+        let text = text.replacen(
+            "[fabric.dpu]\n",
+            &format!("[fabric.dpu]\nshards = {shards}\n"),
+            1,
+        );
+        std::fs::write(&bed.config, text).unwrap();
+        bed.spawn(hold);
+        if shards > 1 {
+            assert_eq!(bed.status()["forwarding_threads"], shards, "{}", bed.log());
+        }
         bed
     }
 
@@ -788,18 +808,31 @@ fn flood_windows(bed: &mut Bed, read: fn(&serde_json::Value) -> (u64, u64)) -> (
 /// allocate at most one more per thousand frames than the idle one.
 #[test]
 fn the_forwarding_thread_allocates_nothing_per_frame() {
+    forwarding_allocates_nothing_per_frame(1);
+}
+
+/// The same with two forwarding threads: `forwarding_allocs` sums both, and the flood's frames
+/// that arrive on the other shard's thread are handed over in pooled buffers.
+#[test]
+fn two_forwarding_threads_allocate_nothing_per_frame() {
+    forwarding_allocates_nothing_per_frame(2);
+}
+
+fn forwarding_allocates_nothing_per_frame(shards: u32) {
     if !spillway_testkit::prerequisites(&["ip"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start("released", 2000);
+    let mut bed = Bed::start_sharded("released", 2000, 30_000, shards);
     let (idle, busy, frames) = flood_windows(&mut bed, |s| {
         let allocs = s["forwarding_allocs"]
             .as_u64()
             .unwrap_or_else(|| panic!("ctl status reports forwarding_allocs: {s:#}"));
         (allocs, counter(s, "rt.rx.frames"))
     });
-    eprintln!("DPU forwarding thread: {idle} allocations idle, {busy} over {frames} frames");
+    eprintln!(
+        "DPU forwarding threads ({shards}): {idle} allocations idle, {busy} over {frames} frames"
+    );
     assert!(
         frames >= 10_000,
         "the flood went through the DPU process: {frames} frames"
@@ -881,11 +914,22 @@ fn taps_without_virtio_net_headers_forward_in_place_too() {
 
 #[test]
 fn the_fast_path_admits_no_more_than_its_limit() {
+    fast_path_admits_no_more_than_its_limit(1);
+}
+
+/// The limit is the DPU's, not a thread's: two forwarding threads share the 10 kpps fast path
+/// (not 10 kpps each), and the flows of the flood spread over both shards.
+#[test]
+fn two_forwarding_threads_share_the_fast_path_limit() {
+    fast_path_admits_no_more_than_its_limit(2);
+}
+
+fn fast_path_admits_no_more_than_its_limit(shards: u32) {
     if !spillway_testkit::prerequisites(&["ip"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start_config("released", 2000, "", "", 10_000);
+    let mut bed = Bed::start_sharded("released", 2000, 10_000, shards);
     bed.udp_sink();
     std::thread::sleep(Duration::from_millis(300));
     let flood = bed.udp_flood(30_000, 4);
@@ -902,8 +946,9 @@ fn the_fast_path_admits_no_more_than_its_limit() {
     let hw = rate("dpu.hw.packets");
     let overload = (dropped(&s1) - dropped(&s0)) as f64 / secs;
     eprintln!(
-        "offered {offered:.0} pps, fast path {hw:.0} pps, overload drops {overload:.0} pps; \
-         gen: {sent}"
+        "{shards} thread(s): offered {offered:.0} pps, fast path {hw:.0} pps, overload drops \
+         {overload:.0} pps, handed between threads {:.0} pps; gen: {sent}",
+        rate("rt.handoff.frames")
     );
     assert!(
         offered > 12_000.0,
@@ -924,18 +969,102 @@ fn the_fast_path_admits_no_more_than_its_limit() {
         offered - hw
     );
     assert_eq!(s1["phase"], "idle", "the plane stayed off");
+    if shards > 1 {
+        assert!(
+            rate("rt.handoff.frames") > 0.0,
+            "some of the flood arrived on the other shard's thread: {s1:#}"
+        );
+    }
+    bed.stop_and_check_clean();
+}
+
+/// `ctl reload` reaches every forwarding thread's pipeline: after a reload that denies UDP to
+/// port 9001, a flood of 8 new flows to that port (spread over both shards by their hash) is
+/// dropped by the vSwitch whichever thread's connection it is; with the policy on thread 0
+/// only, about half would be forwarded.
+#[test]
+fn two_forwarding_threads_take_a_reloaded_policy() {
+    if !spillway_testkit::prerequisites(&["ip"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start_sharded("released", 2000, 30_000, 2);
+    let sink = [
+        "traffic",
+        "sink",
+        "--bind",
+        "10.66.0.2:9001",
+        "--idle",
+        "30",
+    ];
+    bed.server("b", BIN, &sink);
+    let text = std::fs::read_to_string(&bed.config).unwrap();
+    let deny = "[[policy.security_group.rule]]\ndirection = \"ingress\"\npriority = 0\n\
+                action = \"deny\"\nprotocol = \"udp\"\nremote = \"10.66.0.0/24\"\nports = 9001\n";
+    let text = text.replacen("[[vm]]\n", &format!("{deny}[[vm]]\n"), 1);
+    std::fs::write(&bed.config, text).unwrap();
+    let r = bed.ctl(&["reload"]);
+    assert!(r["epoch"].as_u64().is_some(), "{r:#}");
+    let s0 = bed.status();
+    let flood = bed
+        .exec("a", BIN)
+        .args(["traffic", "gen", "--dst", "10.66.0.2:9001", "--flows", "8"])
+        .args(["--rate", "5000", "--duration", "2", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sent = finish(flood, "traffic gen");
+    std::thread::sleep(Duration::from_millis(300));
+    let s1 = bed.status();
+    let delta = |key: &str| counter(&s1, key) - counter(&s0, key);
+    let sum = |s: &serde_json::Value| -> u64 {
+        s["vswitch_drops"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
+    };
+    let (rx, tx, denied) = (
+        delta("rt.rx.frames"),
+        delta("rt.tx.frames"),
+        sum(&s1) - sum(&s0),
+    );
+    eprintln!(
+        "after reload: {rx} frames in, {tx} out, {denied} dropped by the vSwitch, {} handed \
+         between threads; gen: {sent}",
+        delta("rt.handoff.frames")
+    );
+    assert!(rx >= 5_000, "the flood reached the DPU process: {rx}");
+    assert!(
+        delta("rt.handoff.frames") > 0,
+        "some flows are the other thread's: {s1:#}"
+    );
+    assert!(
+        denied >= rx * 95 / 100 && tx <= rx / 20,
+        "every thread denies the new flows: {rx} in, {tx} out, {denied} denied: {s1:#}"
+    );
     bed.stop_and_check_clean();
 }
 
 #[test]
 fn established_connections_survive_activation_and_release() {
+    connections_survive_activation_and_release(1);
+}
+
+/// The same with two forwarding threads: the control thread's bulk sync, hand-over and
+/// release reach both shards, and the plane's messages reach the shard of their connection.
+#[test]
+fn two_forwarding_threads_keep_connections_across_activation_and_release() {
+    connections_survive_activation_and_release(2);
+}
+
+fn connections_survive_activation_and_release(shards: u32) {
     if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Two hardware entries: the first connection takes them, so the long-lived ones live on
     // the slow path, and activation hands them to the plane (hardware flows stay on the DPU).
-    let mut bed = Bed::start("released", 2);
+    let mut bed = Bed::start_sharded("released", 2, 30_000, shards);
     bed.redis();
     bed.iperf3_server();
     let long = LongLived::start(&bed, 9);
@@ -971,11 +1100,21 @@ fn established_connections_survive_activation_and_release() {
 
 #[test]
 fn killing_the_plane_fails_open_without_breaking_connections_and_the_fabric_recovers() {
+    plane_kill_fails_open_and_recovers(1);
+}
+
+/// The same with two forwarding threads: the fail-open promotes both shards' mirrors.
+#[test]
+fn two_forwarding_threads_fail_open_when_the_plane_is_killed() {
+    plane_kill_fails_open_and_recovers(2);
+}
+
+fn plane_kill_fails_open_and_recovers(shards: u32) {
     if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start("active", 2);
+    let mut bed = Bed::start_sharded("active", 2, 30_000, shards);
     bed.wait_phase("active", Duration::from_secs(10));
     bed.redis();
     bed.iperf3_server();

@@ -633,6 +633,27 @@ impl Testbed {
                 uid: v.uid.unwrap_or(0),
             });
         }
+        // One forwarding thread per shard, each over its own queue of every TAP: every port a
+        // multi-queue TAP in the ring (a shared-memory port has one queue, which one thread
+        // would have to serve for all).
+        if raw.fabric.dpu.shards > 1 {
+            let threads = |why: &str| {
+                err(
+                    "fabric.dpu.shards",
+                    &format!("1 (one forwarding thread) {why}"),
+                    raw.fabric.dpu.shards.to_string(),
+                )
+            };
+            if let Some(v) = vms.iter().find(|v| v.backend != VmBackend::Tap) {
+                return Err(threads(&format!(
+                    "while vm {} has backend = \"shm\"; several threads need TAP ports",
+                    v.name
+                )));
+            }
+            if tap_io != TapIo::Uring {
+                return Err(threads("with testbed.tap_io = \"syscalls\""));
+            }
+        }
         Ok(Testbed {
             file: path.to_path_buf(),
             ctl_socket: raw
@@ -788,6 +809,19 @@ netns = "swvs-b"
         ));
         assert_eq!(e.field, "policy.tenant[0].snat.port_min", "{e}");
         assert_eq!(e.place, Some((18, 1)), "{e}");
+    }
+
+    #[test]
+    fn several_forwarding_threads_need_tap_ports_on_io_uring() {
+        let sharded = GOOD.replace("[fabric.dpu]\n", "[fabric.dpu]\nshards = 2\n");
+        let t = Testbed::from_toml_str(&sharded, Path::new("t.toml")).unwrap();
+        assert_eq!(t.fabric.dpu.shards, 2);
+        let e = load_err(&sharded.replace("port = 2\nnetns", "port = 2\nbackend = \"shm\"\nnetns"));
+        assert_eq!(e.field, "fabric.dpu.shards", "{e}");
+        assert!(e.expected.contains("vm b has backend = \"shm\""), "{e}");
+        let e = load_err(&sharded.replace("name = \"t1\"", "name = \"t1\"\ntap_io = \"syscalls\""));
+        assert_eq!(e.field, "fabric.dpu.shards", "{e}");
+        assert!(e.expected.contains("syscalls"), "{e}");
     }
 
     #[test]

@@ -371,6 +371,13 @@ impl DropCounters {
         self.0[kind as usize]
     }
 
+    /// Adds every count of `other` to this one's (totals over several pipelines).
+    pub fn merge(&mut self, other: &DropCounters) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+    }
+
     /// Sum over all kinds.
     pub fn total(&self) -> u64 {
         self.0.iter().sum()

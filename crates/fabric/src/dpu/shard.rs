@@ -129,6 +129,16 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.conns.get(&conn)
     }
 
+    /// Connections the shard holds a record of.
+    pub fn conns_len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Every record, sorted by connection (for dumps; O(n log n)).
+    pub fn conns_sorted(&self) -> Vec<(ConnId, DpuConn)> {
+        self.conns.sorted()
+    }
+
     /// The next message for the plane.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.pop()

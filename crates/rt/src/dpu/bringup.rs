@@ -53,7 +53,8 @@ fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, St
     let opts = TapOptions {
         vnet_hdr: vnet,
         offload: vnet,
-        queues: 1,
+        // One queue per forwarding thread (each shard's thread reads and writes its own).
+        queues: u16::try_from(tb.fabric.dpu.shards.max(1)).unwrap_or(u16::MAX),
     };
     let tap = Tap::create(&vm.tap, opts).map_err(|e| e.to_string())?;
     ledger

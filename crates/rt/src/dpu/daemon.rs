@@ -37,12 +37,16 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
+use spillway_fabric::dpu::DpuNode;
 use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent};
-use spillway_fabric::frame::{DpuSwitch, Outcome};
+use spillway_fabric::frame::{DpuModel, DpuSwitch, Outcome};
+use spillway_fabric::types::Msg;
 use spillway_vswitch::{Instant, PacketBuf, PortId};
 
+use crate::dpu::forward::{self, Forwarders, Links, Parcel};
 use crate::dpu::plane_proc::PlaneProc;
 use crate::dpu::ports::{DataPath, DetachReason, PortIo};
+use crate::dpu::shards::DpuResources;
 use crate::host::allocs;
 use crate::host::cgroup::Cgroup;
 use crate::host::clock::Clock;
@@ -59,6 +63,10 @@ use crate::testbed::Testbed;
 /// The driver's counters, kept with the ports they count (`ports.rs`); re-exported so that
 /// their public path stays `dpu::daemon::RtCounters`.
 pub use crate::dpu::ports::RtCounters;
+
+/// Thread 0's frame node: the whole DPU model, or its control part and shard 0 with the other
+/// shards on forwarding threads.
+pub(super) type Switch = DpuSwitch<DpuNode<DpuResources>>;
 
 /// Frames read from one port (TAP or shared-memory) per loop turn before the next port gets
 /// its turn.
@@ -135,7 +143,7 @@ pub struct RunReport {
 /// Sends the node's messages to the plane (its snapshots attached), then rings the plane's
 /// doorbell. With no plane connected they are dropped: the model's fail-open has them covered.
 fn send_outgoing(
-    sw: &mut DpuSwitch,
+    sw: &mut Switch,
     plane: Option<&mut PlaneProc>,
     now: Instant,
 ) -> Result<(), String> {
@@ -151,54 +159,76 @@ fn send_outgoing(
     Ok(())
 }
 
-/// A frame from VM port slot `i` of `dp`, read into `pkt` (its virtio-net header, if the port
-/// has one, right in front of it), through the DPU node and on: out of a port (from `pkt`
-/// itself where the ring can send it from there), or to the plane on the phy ring with the
-/// virtio-net header it came with.
-fn on_vm_frame(
-    sw: &mut DpuSwitch,
-    dp: &mut DataPath,
-    (plane, tx): (Option<&mut PlaneProc>, Option<&mut TapTx>),
-    now: Instant,
-    i: usize,
+/// Where a DPU thread's frames go once its node has decided: thread 0's ports and the plane's
+/// vNIC ([`PortsOut`]), or a forwarding thread's TAP queues and thread 0
+/// (`forward::ShardOut`).
+pub(super) trait Egress {
+    /// Out of `port`, from `pkt` (with no copy where the ring can send it from there).
+    fn forward_buf(&mut self, now: Instant, port: PortId, vnet: &Vnet, pkt: &mut PacketBuf);
+    /// Out of `port`, from `frame`.
+    fn forward_bytes(&mut self, now: Instant, port: PortId, vnet: &[u8], frame: &[u8]);
+    /// To the plane as it came from `port`, with the node's message; false if it could not go.
+    fn steer(&mut self, msg: &Msg, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool;
+    /// The driver's counters.
+    fn counters(&mut self) -> &mut RtCounters;
+}
+
+/// A virtio-net header.
+pub(super) type Vnet = [u8; VnetHdr::LEN];
+
+/// The GSO segment size a virtio-net header asks for (0: none, or a header that does not
+/// parse).
+pub(super) fn gso_size(vnet: &Vnet) -> u16 {
+    VnetHdr::parse(vnet).map_or(0, |h| h.gso_segment())
+}
+
+/// The virtio-net header in front of the frame in `pkt` if the port has one (`has_hdr`),
+/// taken off it, with the frame's GSO size set from it; `None` (counted) if the frame is too
+/// short to have one.
+pub(super) fn take_vnet(
     pkt: &mut PacketBuf,
-) -> Result<(), String> {
-    dp.counters.rx_frames += 1;
-    let vnet_hdr = match dp.ports[i].io {
-        PortIo::Tap(_) => dp.vnet_hdr,
-        PortIo::Shm(_) => true,
-    };
+    has_hdr: bool,
+    counters: &mut RtCounters,
+) -> Option<Vnet> {
     let mut vnet = PLAIN_VNET;
-    if vnet_hdr {
+    if has_hdr {
         match pkt.prefix(VnetHdr::LEN) {
             Some(h) => vnet.copy_from_slice(h),
             None => {
-                dp.counters.drop_vnet_hdr += 1;
-                return Ok(());
+                counters.drop_vnet_hdr += 1;
+                return None;
             }
         }
     }
-    pkt.set_gso_size(VnetHdr::parse(&vnet).map_or(0, |h| h.gso_segment()));
-    let port = dp.ports[i].id;
-    let mut plane = plane;
+    pkt.set_gso_size(gso_size(&vnet));
+    Some(vnet)
+}
+
+/// A VM's frame from `port`, in `pkt`, through a DPU node and on: out of a port (from `pkt`
+/// itself where the ring can send it from there), or to the plane with the virtio-net header
+/// it came with.
+pub(super) fn offer_frame<M: DpuModel>(
+    sw: &mut DpuSwitch<M>,
+    out: &mut impl Egress,
+    now: Instant,
+    port: PortId,
+    vnet: &Vnet,
+    pkt: &mut PacketBuf,
+) {
     match sw.process_in_place(now, port, pkt) {
         Outcome::Forward {
-            port: out,
+            port: to,
             generated,
             ..
         } => {
-            let vnet = if generated { &PLAIN_VNET } else { &vnet };
-            dp.write_port_buf(now, tx, out, vnet, pkt);
+            let vnet = if generated { &PLAIN_VNET } else { vnet };
+            out.forward_buf(now, to, vnet, pkt);
         }
         Outcome::Steer { msg } => {
-            let sent = plane
-                .as_deref_mut()
-                .and_then(|p| p.vnic.as_mut())
-                .is_some_and(|v| v.send_frame(&msg, port.0, &vnet, pkt.data()));
-            if sent {
-                dp.counters.steered += 1;
+            if out.steer(&msg, port, vnet, pkt.data()) {
+                out.counters().steered += 1;
             } else {
-                dp.counters.drop_plane_gone += 1;
+                out.counters().drop_plane_gone += 1;
             }
         }
         Outcome::Drop(why) => {
@@ -208,11 +238,76 @@ fn on_vm_frame(
             tracing::error!(target: "spillway::run", outcome = ?other, "a DPU outcome only the plane has");
         }
     }
+}
+
+/// Thread 0's way out: its ports (through the ring `tx` where they are in it) and the plane's
+/// phy ring.
+pub(super) struct PortsOut<'a> {
+    pub(super) dp: &'a mut DataPath,
+    pub(super) plane: Option<&'a mut PlaneProc>,
+    pub(super) tx: Option<&'a mut TapTx>,
+}
+
+impl Egress for PortsOut<'_> {
+    fn forward_buf(&mut self, now: Instant, port: PortId, vnet: &Vnet, pkt: &mut PacketBuf) {
+        self.dp
+            .write_port_buf(now, self.tx.as_deref_mut(), port, vnet, pkt);
+    }
+    fn forward_bytes(&mut self, now: Instant, port: PortId, vnet: &[u8], frame: &[u8]) {
+        self.dp
+            .write_port(now, self.tx.as_deref_mut(), port, vnet, frame);
+    }
+    fn steer(&mut self, msg: &Msg, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
+        self.plane
+            .as_deref_mut()
+            .and_then(|p| p.vnic.as_mut())
+            .is_some_and(|v| v.send_frame(msg, port.0, vnet, frame))
+    }
+    fn counters(&mut self) -> &mut RtCounters {
+        &mut self.dp.counters
+    }
+}
+
+/// A frame from VM port slot `i` of `dp`, read into `pkt` (its virtio-net header, if the port
+/// has one, right in front of it): to the thread of its shard if that is another
+/// (`links`, with several forwarding threads), else through the DPU node and on
+/// ([`offer_frame`]).
+fn on_vm_frame(
+    sw: &mut Switch,
+    dp: &mut DataPath,
+    (plane, tx): (Option<&mut PlaneProc>, Option<&mut TapTx>),
+    links: Option<&mut Links>,
+    now: Instant,
+    i: usize,
+    pkt: &mut PacketBuf,
+) -> Result<(), String> {
+    dp.counters.rx_frames += 1;
+    let has_hdr = match dp.ports[i].io {
+        PortIo::Tap(_) => dp.vnet_hdr,
+        PortIo::Shm(_) => true,
+    };
+    let Some(vnet) = take_vnet(pkt, has_hdr, &mut dp.counters) else {
+        return Ok(());
+    };
+    let port = dp.ports[i].id;
+    if let Some(l) = links
+        && let Some(to) = l.elsewhere(sw, port, pkt.data())
+    {
+        l.hand_off(to, port, &vnet, pkt.data());
+        return Ok(());
+    }
+    let mut plane = plane;
+    let mut out = PortsOut {
+        dp,
+        plane: plane.as_deref_mut(),
+        tx,
+    };
+    offer_frame(sw, &mut out, now, port, &vnet, pkt);
     send_outgoing(sw, plane, now)
 }
 
 /// The virtio-net header of a frame with nothing offloaded.
-const PLAIN_VNET: [u8; VnetHdr::LEN] = [0; VnetHdr::LEN];
+pub(super) const PLAIN_VNET: Vnet = [0; VnetHdr::LEN];
 
 /// Per-second rates for `ctl status`, from counter deltas.
 #[derive(Debug, Default)]
@@ -229,7 +324,11 @@ pub(super) struct Rates {
 pub struct DpuDaemon {
     pub(super) tb: Testbed,
     pub(super) clock: Clock,
-    pub(super) sw: DpuSwitch,
+    pub(super) sw: Switch,
+    /// With several forwarding threads (`fabric.dpu.shards > 1`): this thread's ends of the
+    /// hand-off between them, and the others.
+    pub(super) links: Option<Links>,
+    pub(super) fwd: Option<Forwarders>,
     /// The TAPs' io_uring; declared before `dp`, whose TAPs it holds registered, so it goes
     /// first.
     pub(super) taps: Option<TapUring>,
@@ -282,6 +381,7 @@ impl DpuDaemon {
             let now = self.clock.now();
             let mut busy = self.poll_taps(now)?;
             busy |= self.poll_plane(now);
+            busy |= self.poll_links(now);
             // This turn's writes go out at once; the frames that came meanwhile come in, for
             // the next turn.
             self.enter_ring()?;
@@ -291,6 +391,9 @@ impl DpuDaemon {
                 self.sw.dpu_mut().handle_timeout(now);
             }
             self.after_input(now);
+            if let Some(l) = self.links.as_mut() {
+                l.publish_view(self.sw.dpu().view());
+            }
             // The plane's process (accept, waitpid) and ctl every 2 ms, not every turn: two
             // syscalls a turn cost a busy loop about as much as forwarding a frame.
             if now.0.saturating_sub(self.last_manage.0) >= 2_000_000 {
@@ -399,6 +502,7 @@ impl DpuDaemon {
                     &mut self.sw,
                     &mut self.dp,
                     (self.plane.as_mut(), self.taps.as_mut().map(|t| t.tx())),
+                    self.links.as_mut(),
                     now,
                     i,
                     &mut self.rx,
@@ -412,12 +516,14 @@ impl DpuDaemon {
         // The TAPs in the ring: the frames its last `enter` collected, at most
         // `TAP_RING_READS` a TAP (one per armed read), so no TAP holds the loop.
         if let Some(taps) = self.taps.as_mut() {
-            let (sw, dp, plane) = (&mut self.sw, &mut self.dp, &mut self.plane);
+            let (sw, dp, plane, links) =
+                (&mut self.sw, &mut self.dp, &mut self.plane, &mut self.links);
             let mut failed = None;
             let n = taps
                 .drain_frames(|file, pkt, tx| {
                     let i = dp.tap_slots[file];
-                    if let Err(e) = on_vm_frame(sw, dp, (plane.as_mut(), Some(tx)), now, i, pkt) {
+                    let out = (plane.as_mut(), Some(tx));
+                    if let Err(e) = on_vm_frame(sw, dp, out, links.as_mut(), now, i, pkt) {
                         failed = Some(e);
                     }
                 })
@@ -446,28 +552,32 @@ impl DpuDaemon {
         let Some(vnic) = plane.vnic.as_mut() else {
             return false;
         };
-        let (sw, dp, taps) = (&mut self.sw, &mut self.dp, &mut self.taps);
+        let (sw, dp, taps, links) = (&mut self.sw, &mut self.dp, &mut self.taps, &mut self.links);
         let mut busy = false;
         let r = vnic.recv_frames(RING_BATCH, |rec| {
             dp.counters.from_plane += 1;
             let port = PortId(rec.port);
-            let gso = VnetHdr::parse(rec.vnet).map_or(0, |h| h.gso_segment());
-            match sw.process_from_plane(now, port, rec.msg, gso, rec.frame) {
-                Outcome::Forward {
-                    port: out,
-                    bytes,
-                    generated,
-                } => {
-                    let vnet = if generated { &PLAIN_VNET } else { rec.vnet };
-                    dp.write_port(now, taps.as_mut().map(|t| t.tx()), out, vnet, bytes);
-                }
-                Outcome::Drop(why) => {
-                    tracing::debug!(target: "spillway::drop", ?why, len = rec.frame.len(), "the DPU dropped a frame from the plane");
-                }
-                other => {
-                    tracing::error!(target: "spillway::run", outcome = ?other, "a DPU outcome only the plane has");
-                }
+            let vnet = *rec.vnet;
+            // Another shard's connection: to its thread.
+            if let Some(l) = links.as_mut()
+                && let Some(to) = l.shard_of_conn(rec.msg.conn())
+            {
+                let (from, msg) = (l.me(), rec.msg);
+                l.send_frame(to, rec.frame, |pkt| Parcel::FromPlane {
+                    from,
+                    port,
+                    msg,
+                    vnet,
+                    pkt,
+                });
+                return;
             }
+            let mut out = PortsOut {
+                dp,
+                plane: None,
+                tx: taps.as_mut().map(|t| t.tx()),
+            };
+            forward::from_plane(sw, &mut out, now, port, rec.msg, &vnet, rec.frame);
         });
         let mut failure = None;
         match r {
@@ -523,13 +633,93 @@ impl DpuDaemon {
             sw.dpu_mut().handle_plane_up(now);
         }
         for (m, s) in inbox {
-            sw.handle_msg(now, m, s);
+            match links
+                .as_mut()
+                .and_then(|l| Some((l.shard_of_conn(m.conn())?, l)))
+            {
+                Some((to, l)) => l.send(to, Parcel::Msg(m, s)),
+                None => sw.handle_msg(now, m, s),
+            }
         }
         for snap in ct_updates {
-            sw.handle_conntrack(now, &snap);
+            let conn = sw.conn_of_snapshot(&snap);
+            match links
+                .as_mut()
+                .and_then(|l| Some((l.shard_of_conn(Some(conn))?, l)))
+            {
+                Some((to, l)) => l.send(to, Parcel::Ct(snap)),
+                None => sw.handle_conntrack(now, &snap),
+            }
         }
         if let Some(e) = failure {
             self.plane_failed(now, &e);
+        }
+        busy
+    }
+
+    /// What the forwarding threads handed this one: frames of shard 0's connections, frames
+    /// their shards steered to the plane, their messages for the plane. True if there were any.
+    fn poll_links(&mut self, now: Instant) -> bool {
+        let Some(links) = self.links.as_mut() else {
+            return false;
+        };
+        let mut busy = false;
+        for _ in 0..RING_BATCH {
+            let Some(p) = links.recv() else {
+                break;
+            };
+            busy = true;
+            let vnic = self.plane.as_mut().and_then(|p| p.vnic.as_mut());
+            match p {
+                Parcel::Frame {
+                    from,
+                    port,
+                    vnet,
+                    mut pkt,
+                } => {
+                    pkt.set_gso_size(gso_size(&vnet));
+                    let mut out = PortsOut {
+                        dp: &mut self.dp,
+                        plane: self.plane.as_mut(),
+                        tx: self.taps.as_mut().map(|t| t.tx()),
+                    };
+                    offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
+                    links.recycle(from, pkt);
+                }
+                Parcel::Steer {
+                    from,
+                    port,
+                    msg,
+                    vnet,
+                    pkt,
+                } => {
+                    if vnic.is_some_and(|v| v.send_frame(&msg, port.0, &vnet, pkt.data())) {
+                        self.dp.counters.steered += 1;
+                    } else {
+                        self.dp.counters.drop_plane_gone += 1;
+                    }
+                    links.recycle(from, pkt);
+                }
+                Parcel::Out(o) => {
+                    if let Some(v) = vnic
+                        && let Err(e) = v.send_outgoing(&o)
+                    {
+                        let e = e.to_string();
+                        self.plane_failed(now, &e);
+                        return true;
+                    }
+                }
+                p @ (Parcel::FromPlane { .. }
+                | Parcel::Msg(..)
+                | Parcel::Ct(_)
+                | Parcel::Flows(..)
+                | Parcel::Policy(_)) => {
+                    tracing::error!(target: "spillway::run", parcel = ?p, "a parcel for a forwarding thread reached thread 0");
+                }
+            }
+        }
+        if let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
+            v.kick();
         }
         busy
     }
@@ -593,6 +783,9 @@ impl DpuDaemon {
             Some(v) => v.prepare_sleep(),
             None => true,
         };
+        if let Some(l) = self.links.as_mut() {
+            armed &= l.prepare_sleep();
+        }
         for p in &mut self.dp.ports {
             if let PortIo::Shm(slot) = &mut p.io
                 && let Some(port) = slot.port.as_mut()
@@ -622,6 +815,9 @@ impl DpuDaemon {
             set.extend(v.poll_fds().map(readable));
         }
         set.push(readable(self.listener.as_fd()));
+        if let Some(l) = &self.links {
+            set.push(readable(l.bell_fd()));
+        }
         // SAFETY: `set` holds `set.len()` initialised `pollfd`s; every fd in it belongs to a
         // port, the plane's vNIC or the ctl listener, all owned by `self` and none closed
         // during the call; `poll` only writes the entries' `revents`. The result is not needed:
@@ -630,6 +826,9 @@ impl DpuDaemon {
         if let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
             v.woke();
         }
+        if let Some(l) = &self.links {
+            l.woke();
+        }
         self.dp.woke_ports();
     }
 
@@ -637,7 +836,11 @@ impl DpuDaemon {
         self.stop_plane();
         self.ctl.take();
         self.metrics.take();
-        let counters = self.rt_counters().collect();
+        // The forwarding threads last publish their counters as they stop.
+        if let Some(f) = self.fwd.as_mut() {
+            f.stop();
+        }
+        let counters = self.rt_counters();
         // Close the TAPs (the ring first, which holds them) before removing the namespaces
         // they live in.
         self.taps.take();

@@ -8,6 +8,7 @@
 
 pub mod bringup;
 pub mod daemon;
+mod forward;
 mod plane_ctl;
 mod plane_proc;
 mod ports;

@@ -32,10 +32,10 @@ const ATTACH_WAIT_NS: u64 = 2_000_000_000;
 
 /// Reads kept armed on each TAP in the ring: at most this many frames of one TAP per loop turn.
 /// 32 measured as well as 64 (docs/adr/0005-tap-io.md).
-const TAP_RING_READS: usize = 32;
+pub(super) const TAP_RING_READS: usize = 32;
 
 /// Transmit buffers of the ring: writes a loop turn may queue before its `enter`.
-const TAP_RING_TX: usize = 256;
+pub(super) const TAP_RING_TX: usize = 256;
 
 spillway_vswitch::counters! {
     /// Driver counters (`rt.*`): what it moved and could not move. What became of each frame
@@ -166,6 +166,15 @@ pub(super) enum VmChange {
     Detached(PortId),
 }
 
+/// The virtio-net header a TAP gets for a frame that came with `vnet`: the same offloads, or
+/// none if `vnet` does not parse.
+pub(super) fn tap_hdr(vnet: &[u8]) -> [u8; VnetHdr::LEN] {
+    match VnetHdr::parse(vnet) {
+        Ok(h) => h.to_bytes(),
+        Err(_) => VnetHdr::NONE.to_bytes(),
+    }
+}
+
 /// The vATC's name for a port's VM.
 pub(super) fn vm_id(port: PortId) -> VmId {
     VmId(port.0)
@@ -209,7 +218,7 @@ impl DataPath {
         };
         let r = match (&self.ports[i].io, self.ports[i].file.zip(tx)) {
             (PortIo::Tap(_), Some((file, tx))) => {
-                let hdr = self.tap_hdr(vnet);
+                let hdr = tap_hdr(vnet);
                 let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
                 tx.write(file, [hdr, frame])
             }
@@ -235,21 +244,12 @@ impl DataPath {
             .and_then(|i| self.ports[i].file);
         match (ring, tx) {
             (Some(file), Some(tx)) => {
-                let hdr = self.tap_hdr(vnet);
+                let hdr = tap_hdr(vnet);
                 let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
                 let r = tx.send_in_place(file, hdr, pkt) || tx.write(file, [hdr, pkt.data()]);
                 self.count_write(r);
             }
             (_, tx) => self.write_port(now, tx, port, vnet, pkt.data()),
-        }
-    }
-
-    /// The virtio-net header a TAP gets for a frame that came with `vnet`: the same offloads,
-    /// or none if `vnet` does not parse.
-    fn tap_hdr(&self, vnet: &[u8]) -> [u8; VnetHdr::LEN] {
-        match VnetHdr::parse(vnet) {
-            Ok(h) => h.to_bytes(),
-            Err(_) => VnetHdr::NONE.to_bytes(),
         }
     }
 

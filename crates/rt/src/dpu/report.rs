@@ -6,12 +6,15 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
-use spillway_fabric::dpu::{Hold, Role};
+use spillway_fabric::dpu::{DpuConn, Hold, Role};
+use spillway_fabric::frame::{DpuModel, DpuSwitch};
 use spillway_fabric::params::PlacementKind;
+use spillway_fabric::types::ConnId;
 use spillway_vswitch::Instant;
 use spillway_vswitch::policy::Policy;
 
 use crate::dpu::daemon::DpuDaemon;
+use crate::dpu::forward::ShardStats;
 use crate::dpu::ports::{PortIo, vm_id};
 use crate::ops::ctl::{
     CtlCall, CtlRequest, CtlResponse, FLOWS_LIMIT_DEFAULT, FLOWS_LIMIT_MAX, FlowOwner,
@@ -97,6 +100,9 @@ impl DpuDaemon {
                     Err(e) => return CtlResponse::error(e.to_string()),
                 };
                 let policy: Policy = tb.policy.clone();
+                if let Some(l) = self.links.as_mut() {
+                    l.set_policy(&policy);
+                }
                 self.sw.set_policy(policy);
                 self.tb.policy_text = tb.policy_text.clone();
                 self.tb.policy = tb.policy;
@@ -110,13 +116,14 @@ impl DpuDaemon {
     }
 
     fn status(&mut self, now: Instant) -> serde_json::Value {
+        let stats = self.stats();
         let dpu = self.sw.dpu();
         let last = self.events.back();
-        let counters: BTreeMap<String, u64> = dpu
-            .counters()
+        let counters: BTreeMap<String, u64> = stats
+            .dpu
             .iter()
             .map(|(k, v)| (k.to_string(), v))
-            .chain(self.rt_counters())
+            .chain(rt_counters(&stats))
             .collect();
         json!({
             "testbed": self.tb.name,
@@ -151,11 +158,14 @@ impl DpuDaemon {
             "rates_per_s": self.rates.per_sec,
             // Allocations of the forwarding thread outside upkeep (see `host::allocs` and
             // `upkeep`), up to the start of the upkeep that answers this request.
-            "forwarding_allocs": self.allocs.forwarding(),
-            "upkeep_allocs": self.allocs.upkeep(),
+            // Summed over the forwarding threads, each up to its last report.
+            "forwarding_allocs": stats.forwarding_allocs,
+            "upkeep_allocs": stats.upkeep_allocs,
+            "forwarding_threads": self.tb.fabric.dpu.shards.max(1),
+            "conns": stats.conns_held,
             "counters": counters,
-            "drops": dpu.drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
-            "vswitch_drops": self.sw.pipeline().drops().iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
+            "drops": stats.drops.iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
+            "vswitch_drops": stats.vswitch_drops.iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "activations": self.activations,
             "events": self.events.iter().rev().map(|e| json!({
                 "at_s": e.at.0 as f64 / 1e9, "event": e.what.name(), "reason": e.reason,
@@ -163,85 +173,48 @@ impl DpuDaemon {
         })
     }
 
-    fn flow_dump(&self, limit: Option<usize>, owner: Option<FlowOwner>) -> serde_json::Value {
-        let limit = limit.unwrap_or(FLOWS_LIMIT_DEFAULT).min(FLOWS_LIMIT_MAX);
-        let quota = self.sw.dpu().quota();
-        let buckets = self.tb.fabric.dpu.redirect_buckets;
-        let mut rows = Vec::new();
-        for (conn, c) in self.sw.dpu().conns_sorted() {
-            let (who, why) = match (c.role, c.hw_live) {
-                (Role::Owner, n) if n > 0 => (
-                    FlowOwner::DpuHw,
-                    if c.recalled {
-                        "recalled to the fast path by the plane's placement".to_string()
-                    } else {
-                        "fast-path entries installed by the SoC slow path".to_string()
-                    },
-                ),
-                (Role::Owner, _) if c.inserts_pending > 0 => {
-                    (FlowOwner::DpuSoc, "hardware inserts pending".to_string())
-                }
-                (Role::Owner, _) => (
-                    FlowOwner::DpuSoc,
-                    "no hardware entry (table full, memory, or insertion budget)".to_string(),
-                ),
-                (Role::Copy, _) => (
-                    FlowOwner::Spill,
-                    if conn.bucket(buckets) < quota {
-                        format!(
-                            "redirected: bucket {} < quota {quota}",
-                            conn.bucket(buckets)
-                        )
-                    } else {
-                        "handed to the plane (shed from the fast path or opened while redirected)"
-                            .to_string()
-                    },
-                ),
-            };
-            if owner.is_some_and(|o| o != who) {
-                continue;
-            }
-            let key = self.sw.conns().get(conn).map(|r| {
-                format!(
-                    "{}:{} > {}:{} proto {}",
-                    r.orig.src_ip.to_std(),
-                    r.orig.src_port,
-                    r.orig.dst_ip.to_std(),
-                    r.orig.dst_port,
-                    r.orig.proto
-                )
-            });
-            rows.push(json!({
-                "conn": conn.0, "flow": key, "tenant": c.state.tenant.0, "owner": who.name(), "why": why,
-                "packets": c.state.packets, "phase": format!("{:?}", c.state.phase),
-            }));
-            if rows.len() >= limit {
-                break;
-            }
+    /// The flow dump: this thread's shard's records and, with several forwarding threads,
+    /// every other shard's (each thread answers at its next turn), merged in connection order.
+    fn flow_dump(&mut self, limit: Option<usize>, owner: Option<FlowOwner>) -> serde_json::Value {
+        let q = FlowQuery {
+            limit: limit.unwrap_or(FLOWS_LIMIT_DEFAULT).min(FLOWS_LIMIT_MAX),
+            owner,
+            quota: self.sw.dpu().quota(),
+            buckets: self.tb.fabric.dpu.redirect_buckets,
+        };
+        let mut rows = flow_rows(&self.sw, self.sw.dpu().conns_sorted(), &q);
+        let mut total = self.sw.dpu().conns_len();
+        if let Some(links) = self.links.as_mut() {
+            let (more, n) = links.ask_flows(&q);
+            rows.extend(more);
+            total += n;
+            rows.sort_by_key(|(conn, _)| *conn);
+            rows.truncate(q.limit);
         }
-        json!({ "flows": rows, "total": self.sw.dpu().conns_len() })
+        let rows: Vec<serde_json::Value> = rows.into_iter().map(|(_, r)| r).collect();
+        json!({ "flows": rows, "total": total })
     }
 
     fn fill_samples(&self, out: &mut Vec<Sample>) {
+        let stats = self.stats();
         let dpu = self.sw.dpu();
-        for (n, v) in dpu.counters().iter() {
+        for (n, v) in stats.dpu.iter() {
             out.push(Sample::counter(n, v));
         }
-        for (n, v) in dpu.drops().iter() {
+        for (n, v) in stats.drops.iter() {
             out.push(
                 Sample::counter(n, v)
                     .with_help("packets a DPU limit dropped")
                     .with_label("layer", "fabric"),
             );
         }
-        for (n, v) in self.rt_counters() {
+        for (n, v) in rt_counters(&stats) {
             out.push(Sample::counter(n, v));
         }
         for (n, v) in self.ctl.iter().flat_map(|c| c.refused()) {
             out.push(Sample::counter(n, v).with_help("control connections refused"));
         }
         // The DPU vSwitch's counter groups, each under its own help text.
-        let pipeline = self.sw.pipeline();
         let mut group = |counters: &mut dyn Iterator<Item = (&'static str, u64)>, help| {
             for (n, v) in counters {
                 out.push(
@@ -252,25 +225,25 @@ impl DpuDaemon {
             }
         };
         group(
-            &mut pipeline.drops().iter(),
+            &mut stats.vswitch_drops.iter(),
             "frames the DPU's vSwitch pipeline dropped",
         );
         group(
-            &mut pipeline.neigh_counters().iter(),
+            &mut stats.neigh.iter(),
             "ARP and neighbour discovery the DPU's vSwitch answered or took",
         );
         group(
-            &mut pipeline.icmp_error_counters().iter(),
+            &mut stats.icmp.iter(),
             "ICMP errors the DPU's vSwitch router sent or held back",
         );
         group(
-            &mut pipeline.frag_counters().iter(),
+            &mut stats.frag.iter(),
             "IP fragments the DPU's vSwitch tracked",
         );
         out.push(Sample::gauge("dpu.hw.entries", dpu.hw_entries() as f64));
         out.push(Sample::gauge("dpu.hw.capacity", dpu.hw_capacity() as f64));
         out.push(Sample::gauge("dpu.redirect.quota", f64::from(dpu.quota())));
-        out.push(Sample::gauge("dpu.conns", dpu.conns_len() as f64));
+        out.push(Sample::gauge("dpu.conns", stats.conns_held as f64));
         out.push(Sample::gauge(
             "spill.up",
             if self.plane.as_ref().is_some_and(|p| p.up) {
@@ -303,17 +276,30 @@ impl DpuDaemon {
         }
     }
 
-    /// The process's own counters under `rt.`: what the driver moved, and what became of the
-    /// frames inside the DPU node.
-    pub(super) fn rt_counters(&self) -> impl Iterator<Item = (String, u64)> + '_ {
-        let node = self.sw.counters().iter(self.sw.conns().counters());
-        let ring = self.taps.iter().flat_map(|t| t.counters().iter());
-        self.dp
-            .counters
-            .iter()
-            .chain(ring)
-            .map(|(k, v)| (k.to_string(), v))
-            .chain(node.map(|(k, v)| (format!("rt.{k}"), v)))
+    /// Every thread's counters summed: this one's, and the forwarding threads' as each last
+    /// published them.
+    pub(super) fn stats(&self) -> ShardStats {
+        let dpu = self.sw.dpu();
+        let mut s = ShardStats::of(
+            &self.sw,
+            (&dpu.counters(), &dpu.drops(), dpu.conns_len() as u64),
+            &self.dp.counters,
+            self.taps.as_ref().map(|t| t.counters()),
+        );
+        if let Some(l) = &self.links {
+            s.handoff = l.counters.clone();
+        }
+        s.forwarding_allocs = self.allocs.forwarding();
+        s.upkeep_allocs = self.allocs.upkeep();
+        if let Some(f) = &self.fwd {
+            s.add(&f.stats());
+        }
+        s
+    }
+
+    /// The process's own counters under `rt.` (see [`rt_counters`]).
+    pub(super) fn rt_counters(&self) -> BTreeMap<String, u64> {
+        rt_counters(&self.stats()).collect()
     }
 
     pub(super) fn publish(&mut self, now: Instant) {
@@ -328,13 +314,12 @@ impl DpuDaemon {
         // Rates once a second.
         if now.0.saturating_sub(self.rates.at.0) >= 1_000_000_000 {
             let secs = (now.0 - self.rates.at.0) as f64 / 1e9;
-            let mut cur: BTreeMap<String, u64> = self
-                .sw
-                .dpu()
-                .counters()
+            let stats = self.stats();
+            let mut cur: BTreeMap<String, u64> = stats
+                .dpu
                 .iter()
                 .map(|(k, v)| (k.to_string(), v))
-                .chain(self.rt_counters())
+                .chain(rt_counters(&stats))
                 .collect();
             if let Some(obj) = self
                 .plane
@@ -359,4 +344,90 @@ impl DpuDaemon {
             self.rates.at = now;
         }
     }
+}
+
+/// The process's own counters under `rt.`: what the driver moved, handed between its threads,
+/// and what became of the frames inside the DPU's frame nodes.
+fn rt_counters(s: &ShardStats) -> impl Iterator<Item = (String, u64)> + '_ {
+    let node = s.frame.iter(&s.conns);
+    s.rt.iter()
+        .chain(s.ring.iter())
+        .chain(s.handoff.iter())
+        .map(|(k, v)| (k.to_string(), v))
+        .chain(node.map(|(k, v)| (format!("rt.{k}"), v)))
+}
+
+/// What `ctl flows` asks each shard for.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FlowQuery {
+    pub(super) limit: usize,
+    pub(super) owner: Option<FlowOwner>,
+    pub(super) quota: u16,
+    pub(super) buckets: u16,
+}
+
+/// The flow dump's rows of one frame node's `records` (sorted by connection), at most
+/// `q.limit`, each with its connection id.
+pub(super) fn flow_rows<M: DpuModel>(
+    sw: &DpuSwitch<M>,
+    records: Vec<(ConnId, DpuConn)>,
+    q: &FlowQuery,
+) -> Vec<(u64, serde_json::Value)> {
+    let (quota, buckets) = (q.quota, q.buckets);
+    let mut rows = Vec::new();
+    for (conn, c) in records {
+        let (who, why) = match (c.role, c.hw_live) {
+            (Role::Owner, n) if n > 0 => (
+                FlowOwner::DpuHw,
+                if c.recalled {
+                    "recalled to the fast path by the plane's placement".to_string()
+                } else {
+                    "fast-path entries installed by the SoC slow path".to_string()
+                },
+            ),
+            (Role::Owner, _) if c.inserts_pending > 0 => {
+                (FlowOwner::DpuSoc, "hardware inserts pending".to_string())
+            }
+            (Role::Owner, _) => (
+                FlowOwner::DpuSoc,
+                "no hardware entry (table full, memory, or insertion budget)".to_string(),
+            ),
+            (Role::Copy, _) => (
+                FlowOwner::Spill,
+                if conn.bucket(buckets) < quota {
+                    format!(
+                        "redirected: bucket {} < quota {quota}",
+                        conn.bucket(buckets)
+                    )
+                } else {
+                    "handed to the plane (shed from the fast path or opened while redirected)"
+                        .to_string()
+                },
+            ),
+        };
+        if q.owner.is_some_and(|o| o != who) {
+            continue;
+        }
+        let key = sw.conns().get(conn).map(|r| {
+            format!(
+                "{}:{} > {}:{} proto {}",
+                r.orig.src_ip.to_std(),
+                r.orig.src_port,
+                r.orig.dst_ip.to_std(),
+                r.orig.dst_port,
+                r.orig.proto
+            )
+        });
+        rows.push((
+                conn.0,
+                json!({
+                    "conn": conn.0, "flow": key, "tenant": c.state.tenant.0, "owner": who.name(), "why": why,
+                    "packets": c.state.packets, "phase": format!("{:?}", c.state.phase),
+                }),
+            ));
+        if rows.len() >= q.limit {
+            break;
+        }
+    }
+    rows
 }

@@ -12,9 +12,7 @@ use std::process::{Child, Command, Stdio};
 
 use spillway_fabric::atc::RegionTable;
 use spillway_fabric::dpu::Hold;
-use spillway_fabric::frame::{CONNS_MAX, DpuSwitch};
 use spillway_vswitch::packet::HEADROOM;
-use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::{Instant, PacketBuf};
 
 use crate::dpu::daemon::{DpuDaemon, Rates, RunError, RunOptions, io_err};
@@ -108,13 +106,11 @@ impl DpuDaemon {
                 TapIo::Uring => tap_ring(&mut ports, tb.vnet_hdr),
                 TapIo::Syscalls => (None, Vec::new()),
             };
-            let mut sw = DpuSwitch::new(
-                &tb.fabric,
-                tb.policy.clone(),
-                PipelineConfig::default(),
-                CONNS_MAX,
-            )
-            .map_err(|e| RunError::Setup(format!("pipeline: {e}")))?;
+            let clock = Clock::start();
+            let (mut sw, threads) =
+                crate::dpu::forward::start(&tb.fabric, &tb.policy, &ports, tb.vnet_hdr, clock)
+                    .map_err(RunError::Setup)?;
+            let (links, fwd) = threads.unzip();
             let cgroup = {
                 let spec = CgroupSpec {
                     cpus: tb.spill_cpus.clone(),
@@ -159,7 +155,6 @@ impl DpuDaemon {
                         .map_err(|e| RunError::Setup(format!("metrics endpoint {a}: {e}")))?,
                 ),
             };
-            let clock = Clock::start();
             let now = clock.now();
             match tb.hold {
                 InitialHold::Auto => {}
@@ -168,6 +163,8 @@ impl DpuDaemon {
             }
             Ok(DpuDaemon {
                 sw,
+                links,
+                fwd,
                 taps,
                 dp: DataPath {
                     ports,

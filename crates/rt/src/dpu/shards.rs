@@ -10,7 +10,7 @@
 //! thread microseconds now and then and the forwarding threads nothing per frame. The core
 //! decides what to ask and what the replies mean; this module only carries them.
 //!
-//! Not wired into the daemon yet: the DPU process still forwards on one thread.
+//! The DPU process's forwarding threads (`forward.rs`) use them when `fabric.dpu.shards > 1`.
 
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, channel, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,6 +54,89 @@ impl ResourcesHandle for SharedResources {
     }
     fn write(&mut self) -> MutexGuard<'_, Resources> {
         self.lock()
+    }
+}
+
+/// How the DPU process's thread 0 reaches the DPU's [`Resources`]: its own with one
+/// forwarding thread (today's process: no lock), or the [`SharedResources`] every forwarding
+/// thread charges.
+#[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "the owned variant is the one-thread process's hot path: a box would add a \
+              pointer chase to every charge; there is one of these per process"
+)]
+pub enum DpuResources {
+    /// The only thread's.
+    Own(Resources),
+    /// Shared with the other forwarding threads.
+    Shared(SharedResources),
+}
+
+/// A read guard of [`DpuResources`].
+#[derive(Debug)]
+pub enum ResourcesRead<'a> {
+    /// The thread's own.
+    Own(&'a Resources),
+    /// The shared ones, locked.
+    Shared(MutexGuard<'a, Resources>),
+}
+
+/// A write guard of [`DpuResources`].
+#[derive(Debug)]
+pub enum ResourcesWrite<'a> {
+    /// The thread's own.
+    Own(&'a mut Resources),
+    /// The shared ones, locked.
+    Shared(MutexGuard<'a, Resources>),
+}
+
+impl std::ops::Deref for ResourcesRead<'_> {
+    type Target = Resources;
+    fn deref(&self) -> &Resources {
+        match self {
+            ResourcesRead::Own(r) => r,
+            ResourcesRead::Shared(g) => g,
+        }
+    }
+}
+
+impl std::ops::Deref for ResourcesWrite<'_> {
+    type Target = Resources;
+    fn deref(&self) -> &Resources {
+        match self {
+            ResourcesWrite::Own(r) => r,
+            ResourcesWrite::Shared(g) => g,
+        }
+    }
+}
+
+impl std::ops::DerefMut for ResourcesWrite<'_> {
+    fn deref_mut(&mut self) -> &mut Resources {
+        match self {
+            ResourcesWrite::Own(r) => r,
+            ResourcesWrite::Shared(g) => g,
+        }
+    }
+}
+
+impl ResourcesHandle for DpuResources {
+    type Read<'a> = ResourcesRead<'a>;
+    type Write<'a> = ResourcesWrite<'a>;
+    // With one thread the node's records are all of them, but the handle's type cannot say
+    // which variant it holds: the node's own count check is the simulator's.
+    const EXCLUSIVE: bool = false;
+    fn read(&self) -> ResourcesRead<'_> {
+        match self {
+            DpuResources::Own(r) => ResourcesRead::Own(r),
+            DpuResources::Shared(s) => ResourcesRead::Shared(s.lock()),
+        }
+    }
+    fn write(&mut self) -> ResourcesWrite<'_> {
+        match self {
+            DpuResources::Own(r) => ResourcesWrite::Own(r),
+            DpuResources::Shared(s) => ResourcesWrite::Shared(s.lock()),
+        }
     }
 }
 

@@ -1,0 +1,996 @@
+//! The DPU process's forwarding threads (ADR 0011, step 3): with `fabric.dpu.shards = N > 1`,
+//! the DPU model is split into N shards by connection bucket and each shard forwards on a
+//! thread of its own.
+//!
+//! ```text
+//!            TAP queue 0 ──▶ thread 0: control part + shard 0 ◀──▶ spill plane (vNIC set)
+//!                                 ▲  │ requests (ThreadShards)        ctl, metrics, timers
+//!              parcels (Links)    │  ▼ view (ViewCell)
+//!            TAP queue k ──▶ thread k: shard k
+//! ```
+//!
+//! - Every thread reads queue k of every TAP through its own io_uring (the kernel picks a
+//!   frame's queue by its own flow hash) and writes out of that queue.
+//! - A frame whose connection belongs to another shard ([`dpu::shard_of`] of
+//!   [`DpuSwitch::conn_of_frame`]) is copied into a pooled buffer and handed to that shard's
+//!   thread ([`Parcel::Frame`]), as software steering after RSS does; a frame of no connection
+//!   (ARP, neighbour discovery, one that does not parse) is served where it arrived.
+//! - Thread 0 holds the control part (the lifecycle, URSched's windows) inside its
+//!   [`DpuNode::with_remote`](spillway_fabric::dpu::DpuNode::with_remote), the plane's process
+//!   and its one vNIC set, `ctl` and the metrics. What the plane sends about shard k's
+//!   connections it passes to thread k; what shard k sends the plane (steered frames, its
+//!   messages) comes to thread 0 to go out on the vNIC. The plane's own workers are one
+//!   thread until step 4 of the ADR.
+//! - The control part's requests reach shard k at thread k's next batch boundary
+//!   ([`ShardEnd::serve`]); its view of the lifecycle (phase, colour, quota) is published after
+//!   every turn of thread 0 and picked up by every thread at its next turn.
+//! - The DPU's limits are one [`SharedResources`]: a 30 kpps fast path admits 30 kpps in total.
+//! - `ctl status` and `/metrics` sum the threads' counters, which each thread publishes every
+//!   100 ms ([`ShardStats`]).
+//!
+//! Nothing here blocks a forwarding thread on another: a parcel that finds its queue full (or
+//! no free buffer) is dropped and counted (`rt.handoff.full`), except what thread 0 passes on
+//! from the plane's reliable channel, for which it waits; and thread k holds a message for
+//! the plane in its node's outbox until thread 0's queue has room.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use spillway_fabric::dpu::{
+    DpuControl, DpuCounters, DpuNode, DpuShard, EmulatedHardware, Resources, ShardView, shard_of,
+};
+use spillway_fabric::frame::{
+    CONNS_MAX, ConnTableCounters, DpuModel, DpuSwitch, FrameCounters, Outgoing, ShardModel,
+};
+use spillway_fabric::params::FabricParams;
+use spillway_fabric::stats::Drops;
+use spillway_fabric::types::Msg;
+use spillway_vswitch::conntrack::CtSnapshot;
+use spillway_vswitch::frag::FragCounters;
+use spillway_vswitch::neigh::NeighCounters;
+use spillway_vswitch::packet::HEADROOM;
+use spillway_vswitch::pipeline::PipelineConfig;
+use spillway_vswitch::policy::Policy;
+use spillway_vswitch::router::IcmpErrorCounters;
+use spillway_vswitch::{DropCounters, Instant, PacketBuf, PortId};
+
+use crate::dpu::daemon::{Egress, PLAIN_VNET, Switch, gso_size, offer_frame, take_vnet};
+use crate::dpu::ports::{
+    FRAME_MAX, Port, PortIo, RtCounters, TAP_RING_READS, TAP_RING_TX, tap_hdr,
+};
+use crate::dpu::report::{FlowQuery, flow_rows};
+use crate::dpu::shards::{DpuResources, ShardEnd, SharedResources, ThreadShards};
+use crate::host::allocs;
+use crate::host::clock::Clock;
+use crate::host::tap_uring::{TapTx, TapUring, TapUringCounters};
+use crate::host::vnet::VnetHdr;
+use crate::shm::ring::Doorbell;
+
+/// Parcels a thread's inbox holds.
+const INBOX: usize = 1024;
+/// Frame buffers each thread hands frames to the others in. Each is big enough for a GSO
+/// frame (64 KiB), so this bounds the memory the hand-off takes: about 17 MiB a thread.
+const POOL: usize = 256;
+/// Parcels a thread takes from its inbox per turn.
+const INBOX_BATCH: usize = 256;
+/// Turns without work before a forwarding thread sleeps.
+const SPIN_TURNS: u32 = 64;
+/// How often a forwarding thread publishes its counters and expires idle state, ns.
+const PUBLISH_NS: u64 = 100_000_000;
+
+use crate::dpu::daemon::Vnet;
+
+/// What one thread hands another.
+#[derive(Debug)]
+pub(super) enum Parcel {
+    /// A VM's frame read on thread `from`'s queue, of a connection of the receiver's shard.
+    Frame {
+        from: usize,
+        port: PortId,
+        vnet: Vnet,
+        pkt: PacketBuf,
+    },
+    /// A frame the plane sent on the phy ring (thread 0's) for the receiver's connection.
+    FromPlane {
+        from: usize,
+        port: PortId,
+        msg: Msg,
+        vnet: Vnet,
+        pkt: PacketBuf,
+    },
+    /// A flow or control message from the plane about the receiver's connection.
+    Msg(Msg, Option<CtSnapshot>),
+    /// A conntrack change from the plane of the receiver's connection.
+    Ct(CtSnapshot),
+    /// To thread 0: a frame shard `from` steered to the plane.
+    Steer {
+        from: usize,
+        port: PortId,
+        msg: Msg,
+        vnet: Vnet,
+        pkt: PacketBuf,
+    },
+    /// To thread 0: a message for the plane.
+    Out(Outgoing),
+    /// From thread 0: `ctl flows` asks for this shard's rows and its record count.
+    Flows(FlowQuery, SyncSender<FlowReply>),
+    /// From thread 0: a new vSwitch policy (`ctl reload`) for this thread's pipeline.
+    Policy(Box<Policy>),
+}
+
+/// A shard's answer to [`Parcel::Flows`]: its rows (with their connection ids) and how many
+/// records it holds.
+pub(super) type FlowReply = (Vec<(u64, serde_json::Value)>, usize);
+
+/// A thread's wake-up: an eventfd it polls while asleep, rung by a sender that finds it so.
+#[derive(Debug)]
+pub(super) struct Bell {
+    bell: Doorbell,
+    asleep: AtomicBool,
+}
+
+impl Bell {
+    fn new() -> io::Result<Bell> {
+        Ok(Bell {
+            bell: Doorbell::new().map_err(|e| io::Error::other(e.to_string()))?,
+            asleep: AtomicBool::new(false),
+        })
+    }
+    /// Wakes the thread if it sleeps (or is about to).
+    fn ring_if_asleep(&self) {
+        if self.asleep.swap(false, Ordering::SeqCst) {
+            let _ = self.bell.kick();
+        }
+    }
+    /// Wakes the thread whatever it is doing (a request waits for it, or it must stop).
+    pub(super) fn ring(&self) {
+        self.asleep.store(false, Ordering::SeqCst);
+        let _ = self.bell.kick();
+    }
+}
+
+/// The control part's view of the lifecycle, as thread 0 last published it.
+#[derive(Debug)]
+pub(super) struct ViewCell {
+    view: Mutex<ShardView>,
+    generation: AtomicU64,
+}
+
+impl ViewCell {
+    fn read(&self) -> ShardView {
+        *self
+            .view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+spillway_vswitch::counters! {
+    /// What the hand-off between forwarding threads did.
+    pub struct HandoffCounters {
+        /// Frames handed to the thread of their connection's shard.
+        handed_off => "rt.handoff.frames",
+        /// Parcels dropped because the receiver's queue or the sender's buffers were full.
+        full => "rt.handoff.full",
+    }
+}
+
+/// A thread's ends of the hand-off between threads.
+#[derive(Debug)]
+pub(super) struct Links {
+    me: usize,
+    buckets: u16,
+    inbox: Receiver<Parcel>,
+    /// A parcel taken from the inbox while getting ready to sleep.
+    peeked: Option<Parcel>,
+    to: Vec<SyncSender<Parcel>>,
+    bells: Vec<Arc<Bell>>,
+    /// This thread's free frame buffers; the receivers give them back here.
+    free: Receiver<PacketBuf>,
+    give_back: Vec<SyncSender<PacketBuf>>,
+    pub(super) counters: HandoffCounters,
+    /// The view last published (thread 0) or read (the others), and its generation.
+    view: Arc<ViewCell>,
+    seen: u64,
+    published: Option<ShardView>,
+}
+
+impl Links {
+    /// This thread's shard.
+    pub(super) fn me(&self) -> usize {
+        self.me
+    }
+
+    /// The shard `frame` from `port` belongs to if it is not this thread's.
+    pub(super) fn elsewhere<M: DpuModel>(
+        &self,
+        sw: &DpuSwitch<M>,
+        port: PortId,
+        frame: &[u8],
+    ) -> Option<usize> {
+        self.shard_of_conn(Some(sw.conn_of_frame(port, frame)?))
+    }
+
+    /// The shard of connection `conn` if it is not this thread's.
+    pub(super) fn shard_of_conn(
+        &self,
+        conn: Option<spillway_fabric::types::ConnId>,
+    ) -> Option<usize> {
+        let shard = shard_of(conn?, self.buckets, self.to.len());
+        (shard != self.me).then_some(shard)
+    }
+
+    /// Sends `p` to thread `to`, waking it if it sleeps; `Err(p)` if its queue is full.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the parcel comes back by value, as `TrySendError` gives it back"
+    )]
+    pub(super) fn try_send(&mut self, to: usize, p: Parcel) -> Result<(), Parcel> {
+        match self.to[to].try_send(p) {
+            Ok(()) => {
+                self.bells[to].ring_if_asleep();
+                Ok(())
+            }
+            Err(TrySendError::Full(p) | TrySendError::Disconnected(p)) => Err(p),
+        }
+    }
+
+    /// Sends `p` to thread `to`, waiting for room: only thread 0 does, for what the plane's
+    /// reliable channel carried (no other thread ever waits for thread 0).
+    pub(super) fn send(&mut self, to: usize, p: Parcel) {
+        self.bells[to].ring_if_asleep();
+        if self.to[to].send(p).is_ok() {
+            self.bells[to].ring_if_asleep();
+        }
+    }
+
+    /// Copies `frame` into a free buffer and sends what `make` builds of it to thread `to`;
+    /// false (counted) if there was no buffer or no room.
+    pub(super) fn send_frame(
+        &mut self,
+        to: usize,
+        frame: &[u8],
+        make: impl FnOnce(PacketBuf) -> Parcel,
+    ) -> bool {
+        let Ok(mut pkt) = self.free.try_recv() else {
+            self.counters.full += 1;
+            return false;
+        };
+        if pkt.load(frame).is_err() {
+            self.recycle(self.me, pkt);
+            self.counters.full += 1;
+            return false;
+        }
+        match self.try_send(to, make(pkt)) {
+            Ok(()) => true,
+            Err(p) => {
+                self.counters.full += 1;
+                self.recycle_parcel(p);
+                false
+            }
+        }
+    }
+
+    /// Hands a VM's frame to the thread of its shard.
+    pub(super) fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]) {
+        let from = self.me;
+        let vnet = *vnet;
+        if self.send_frame(to, frame, |pkt| Parcel::Frame {
+            from,
+            port,
+            vnet,
+            pkt,
+        }) {
+            self.counters.handed_off += 1;
+        }
+    }
+
+    /// Thread 0: every other shard's flow rows for `q` and their record counts, summed.
+    pub(super) fn ask_flows(&mut self, q: &FlowQuery) -> FlowReply {
+        let (mut rows, mut total) = (Vec::new(), 0);
+        let me = self.me;
+        for to in (0..self.to.len()).filter(|&k| k != me) {
+            let (tx, rx) = sync_channel(1);
+            self.send(to, Parcel::Flows(*q, tx));
+            self.bells[to].ring();
+            // A thread that is gone answers nothing; its rows are missing from the dump.
+            if let Ok((r, n)) = rx.recv() {
+                rows.extend(r);
+                total += n;
+            }
+        }
+        (rows, total)
+    }
+
+    /// Thread 0: gives every other thread's pipeline `policy` (a new epoch there too), each
+    /// at its next turn.
+    pub(super) fn set_policy(&mut self, policy: &Policy) {
+        let me = self.me;
+        for to in (0..self.to.len()).filter(|&k| k != me) {
+            self.send(to, Parcel::Policy(Box::new(policy.clone())));
+        }
+    }
+
+    /// Gives a buffer back to the thread it came from.
+    pub(super) fn recycle(&self, from: usize, pkt: PacketBuf) {
+        // The pool's channel holds every buffer the thread has: a give-back never waits.
+        let _ = self.give_back[from].try_send(pkt);
+    }
+
+    fn recycle_parcel(&self, p: Parcel) {
+        match p {
+            Parcel::Frame { from, pkt, .. }
+            | Parcel::FromPlane { from, pkt, .. }
+            | Parcel::Steer { from, pkt, .. } => self.recycle(from, pkt),
+            Parcel::Msg(..)
+            | Parcel::Ct(_)
+            | Parcel::Out(_)
+            | Parcel::Flows(..)
+            | Parcel::Policy(_) => {}
+        }
+    }
+
+    /// The next parcel for this thread.
+    pub(super) fn recv(&mut self) -> Option<Parcel> {
+        self.peeked.take().or_else(|| self.inbox.try_recv().ok())
+    }
+
+    /// Before sleeping: marks the thread asleep; false if a parcel came meanwhile (then do
+    /// not sleep).
+    pub(super) fn prepare_sleep(&mut self) -> bool {
+        self.bells[self.me].asleep.store(true, Ordering::SeqCst);
+        if self.peeked.is_none() {
+            match self.inbox.try_recv() {
+                Ok(p) => self.peeked = Some(p),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return true,
+            }
+        }
+        self.bells[self.me].asleep.store(false, Ordering::SeqCst);
+        false
+    }
+
+    /// This thread's bell, to poll while asleep.
+    pub(super) fn bell_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.bells[self.me].bell.as_fd()
+    }
+
+    /// After waking.
+    pub(super) fn woke(&self) {
+        self.bells[self.me].asleep.store(false, Ordering::SeqCst);
+        let _ = self.bells[self.me].bell.drain();
+    }
+
+    /// Thread 0: publishes the control part's view if it changed.
+    pub(super) fn publish_view(&mut self, view: ShardView) {
+        if self.published != Some(view) {
+            self.published = Some(view);
+            *self
+                .view
+                .view
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
+            self.view.generation.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// A forwarding thread: the view, if thread 0 published a new one since the last call.
+    fn new_view(&mut self) -> Option<ShardView> {
+        let g = self.view.generation.load(Ordering::Acquire);
+        (g != self.seen).then(|| {
+            self.seen = g;
+            self.view.read()
+        })
+    }
+}
+
+/// Every thread's ends of the hand-off, thread `i`'s at index `i`.
+pub(super) fn links(shards: usize, buckets: u16, view: ShardView) -> io::Result<Vec<Links>> {
+    let bells: Vec<Arc<Bell>> = (0..shards)
+        .map(|_| Bell::new().map(Arc::new))
+        .collect::<io::Result<_>>()?;
+    let cell = Arc::new(ViewCell {
+        view: Mutex::new(view),
+        generation: AtomicU64::new(0),
+    });
+    let (to, inboxes): (Vec<_>, Vec<_>) = (0..shards).map(|_| sync_channel(INBOX)).unzip();
+    let (give_back, pools): (Vec<_>, Vec<_>) = (0..shards)
+        .map(|_| {
+            let (tx, rx) = sync_channel(POOL);
+            for _ in 0..POOL {
+                let _ = tx.try_send(PacketBuf::with_capacity(HEADROOM + FRAME_MAX));
+            }
+            (tx, rx)
+        })
+        .unzip();
+    Ok(inboxes
+        .into_iter()
+        .zip(pools)
+        .enumerate()
+        .map(|(me, (inbox, free))| Links {
+            me,
+            buckets,
+            inbox,
+            peeked: None,
+            to: to.clone(),
+            bells: bells.clone(),
+            free,
+            give_back: give_back.clone(),
+            counters: HandoffCounters::default(),
+            view: Arc::clone(&cell),
+            seen: 0,
+            published: None,
+        })
+        .collect())
+}
+
+/// A thread's counters, published for `ctl status` and `/metrics` to sum.
+#[derive(Clone, Debug, Default)]
+pub(super) struct ShardStats {
+    pub(super) dpu: DpuCounters,
+    pub(super) drops: Drops,
+    pub(super) rt: RtCounters,
+    pub(super) handoff: HandoffCounters,
+    pub(super) ring: TapUringCounters,
+    pub(super) frame: FrameCounters,
+    pub(super) conns: ConnTableCounters,
+    pub(super) vswitch_drops: DropCounters,
+    pub(super) neigh: NeighCounters,
+    pub(super) icmp: IcmpErrorCounters,
+    pub(super) frag: FragCounters,
+    /// Connections the shard's model holds.
+    pub(super) conns_held: u64,
+    pub(super) forwarding_allocs: u64,
+    pub(super) upkeep_allocs: u64,
+}
+
+impl ShardStats {
+    /// The counters of a thread's frame node, its driver counters and its ring.
+    pub(super) fn of<M: DpuModel>(
+        sw: &DpuSwitch<M>,
+        (dpu, drops, conns_held): (&DpuCounters, &Drops, u64),
+        rt: &RtCounters,
+        ring: Option<&TapUringCounters>,
+    ) -> ShardStats {
+        let p = sw.pipeline();
+        ShardStats {
+            dpu: *dpu,
+            drops: *drops,
+            rt: *rt,
+            handoff: HandoffCounters::default(),
+            ring: ring.cloned().unwrap_or_default(),
+            frame: *sw.counters(),
+            conns: *sw.conns().counters(),
+            vswitch_drops: p.drops().clone(),
+            neigh: p.neigh_counters().clone(),
+            icmp: p.icmp_error_counters().clone(),
+            frag: p.frag_counters(),
+            conns_held,
+            forwarding_allocs: 0,
+            upkeep_allocs: 0,
+        }
+    }
+
+    /// Adds `o`'s counters to these.
+    pub(super) fn add(&mut self, o: &ShardStats) {
+        self.dpu.add(&o.dpu);
+        self.drops = self.drops.merged(&o.drops);
+        self.rt.add(&o.rt);
+        self.handoff.add(&o.handoff);
+        self.ring.add(&o.ring);
+        self.frame.add(&o.frame);
+        self.conns.add(&o.conns);
+        self.vswitch_drops.merge(&o.vswitch_drops);
+        self.neigh.add(&o.neigh);
+        self.icmp.add(&o.icmp);
+        self.frag.add(&o.frag);
+        self.conns_held += o.conns_held;
+        self.forwarding_allocs += o.forwarding_allocs;
+        self.upkeep_allocs += o.upkeep_allocs;
+    }
+}
+
+/// Thread 0's handle on the forwarding threads: their published counters, and stopping them.
+#[derive(Debug)]
+pub(super) struct Forwarders {
+    pub(super) stats: Vec<Arc<Mutex<ShardStats>>>,
+    stop: Arc<AtomicBool>,
+    bells: Vec<Arc<Bell>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Forwarders {
+    /// The forwarding threads' counters summed (thread 0's not included).
+    pub(super) fn stats(&self) -> ShardStats {
+        let mut sum = ShardStats::default();
+        for s in &self.stats {
+            sum.add(&s.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        }
+        sum
+    }
+
+    /// Stops and joins every forwarding thread.
+    pub(super) fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for b in &self.bells {
+            b.ring();
+        }
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!(target: "spillway::run", "a forwarding thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Forwarders {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// What a forwarding thread is started with.
+pub(super) struct ForwarderSpec {
+    pub(super) sw: DpuSwitch<ShardModel<SharedResources>>,
+    /// Queue k of every TAP in the ring, and the port each is.
+    pub(super) queues: Vec<(PortId, OwnedFd)>,
+    pub(super) vnet_hdr: bool,
+    pub(super) links: Links,
+    pub(super) end: ShardEnd,
+    pub(super) clock: Clock,
+}
+
+/// Starts forwarding threads `1..`, one per spec (in shard order); `bells` are every thread's
+/// (from [`links`]). A thread whose ring the kernel refuses fails the start.
+pub(super) fn spawn(specs: Vec<ForwarderSpec>) -> io::Result<Forwarders> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bells = specs
+        .first()
+        .map(|s| s.links.bells.clone())
+        .unwrap_or_default();
+    let mut f = Forwarders {
+        stats: Vec::new(),
+        stop: Arc::clone(&stop),
+        bells,
+        threads: Vec::new(),
+    };
+    for spec in specs {
+        let stats = Arc::new(Mutex::new(ShardStats::default()));
+        f.stats.push(Arc::clone(&stats));
+        let stop = Arc::clone(&stop);
+        let (ready_tx, ready_rx) = sync_channel(1);
+        let k = spec.links.me;
+        let t = std::thread::Builder::new()
+            .name(format!("dpu-shard-{k}"))
+            .spawn(move || match Forwarder::new(spec, stats, stop) {
+                Ok(mut fwd) => {
+                    let _ = ready_tx.send(Ok(()));
+                    fwd.run();
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })?;
+        f.threads.push(t);
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::other(format!("forwarding thread {k} died"))),
+        }
+    }
+    Ok(f)
+}
+
+/// One forwarding thread: shard k of the DPU over queue k of every TAP.
+struct Forwarder {
+    sw: DpuSwitch<ShardModel<SharedResources>>,
+    ring: TapUring,
+    /// The port of each file in the ring, and the file of each port.
+    ports: Vec<PortId>,
+    files: BTreeMap<PortId, usize>,
+    /// The queues the ring reads and writes (registered in it; closed after it).
+    queues: Vec<OwnedFd>,
+    vnet_hdr: bool,
+    counters: RtCounters,
+    links: Links,
+    end: ShardEnd,
+    clock: Clock,
+    stats: Arc<Mutex<ShardStats>>,
+    stop: Arc<AtomicBool>,
+    allocs: allocs::Upkeep,
+    last_publish: Instant,
+    idle_turns: u32,
+    poll_set: Vec<libc::pollfd>,
+    /// A message for the plane thread 0's queue had no room for.
+    held: Option<Outgoing>,
+}
+
+impl Forwarder {
+    fn new(
+        spec: ForwarderSpec,
+        stats: Arc<Mutex<ShardStats>>,
+        stop: Arc<AtomicBool>,
+    ) -> io::Result<Forwarder> {
+        let (ports, queues): (Vec<PortId>, Vec<OwnedFd>) = spec.queues.into_iter().unzip();
+        let fds: Vec<_> = queues.iter().map(AsFd::as_fd).collect();
+        let prefix = if spec.vnet_hdr { VnetHdr::LEN } else { 0 };
+        // Made on this thread: the ring takes submissions from the thread that made it only.
+        let ring = TapUring::new(&fds, TAP_RING_READS, TAP_RING_TX, prefix, FRAME_MAX)?;
+        let files = ports.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+        Ok(Forwarder {
+            sw: spec.sw,
+            ring,
+            ports,
+            files,
+            queues,
+            vnet_hdr: spec.vnet_hdr,
+            counters: RtCounters::default(),
+            links: spec.links,
+            end: spec.end,
+            clock: spec.clock,
+            stats,
+            stop,
+            allocs: allocs::Upkeep::default(),
+            last_publish: Instant::ZERO,
+            idle_turns: 0,
+            poll_set: Vec::new(),
+            held: None,
+        })
+    }
+
+    fn run(&mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let now = self.clock.now();
+            if let Some(v) = self.links.new_view() {
+                self.sw.dpu_mut().set_view(v);
+            }
+            let mut busy = self.end.serve(self.sw.dpu_mut().shard_mut()) > 0;
+            busy |= self.poll_inbox(now);
+            busy |= self.poll_ring(now);
+            if self.sw.poll_timeout().is_some_and(|t| t <= now) {
+                self.sw.dpu_mut().shard_mut().complete_due_inserts(now);
+            }
+            self.relay_outgoing(now);
+            if let Err(e) = self.ring.enter() {
+                tracing::error!(target: "spillway::run", shard = self.links.me, error = %e, "io_uring_enter failed; the forwarding thread stops");
+                return;
+            }
+            if now.0.saturating_sub(self.last_publish.0) >= PUBLISH_NS {
+                self.publish(now);
+            }
+            if busy {
+                self.idle_turns = 0;
+            } else {
+                self.idle_turns += 1;
+                if self.idle_turns > SPIN_TURNS {
+                    self.idle_turns = 0;
+                    self.sleep(now);
+                }
+            }
+        }
+        self.publish(self.clock.now());
+    }
+
+    /// Frames the ring read on this thread's queues: this shard's go through its node, the
+    /// others' to their threads.
+    fn poll_ring(&mut self, now: Instant) -> bool {
+        let Forwarder {
+            sw,
+            ring,
+            ports,
+            files,
+            vnet_hdr,
+            counters,
+            links,
+            ..
+        } = self;
+        let n = ring.drain_frames(|file, pkt, tx| {
+            counters.rx_frames += 1;
+            let Some(vnet) = take_vnet(pkt, *vnet_hdr, counters) else {
+                return;
+            };
+            let port = ports[file];
+            if let Some(to) = links.elsewhere(sw, port, pkt.data()) {
+                links.hand_off(to, port, &vnet, pkt.data());
+                return;
+            }
+            let mut out = ShardOut {
+                files,
+                vnet_hdr: *vnet_hdr,
+                tx,
+                counters,
+                links,
+            };
+            offer_frame(sw, &mut out, now, port, &vnet, pkt);
+        });
+        match n {
+            Ok(n) => n > 0,
+            Err(e) => {
+                tracing::warn!(target: "spillway::run", shard = self.links.me, error = %e, "re-arming a TAP read");
+                true
+            }
+        }
+    }
+
+    /// What the other threads handed this one.
+    fn poll_inbox(&mut self, now: Instant) -> bool {
+        let mut busy = false;
+        for _ in 0..INBOX_BATCH {
+            let Some(p) = self.links.recv() else {
+                break;
+            };
+            busy = true;
+            let tx = self.ring.tx();
+            let mut out = ShardOut {
+                files: &self.files,
+                vnet_hdr: self.vnet_hdr,
+                tx,
+                counters: &mut self.counters,
+                links: &mut self.links,
+            };
+            match p {
+                Parcel::Frame {
+                    from,
+                    port,
+                    vnet,
+                    mut pkt,
+                } => {
+                    pkt.set_gso_size(gso_size(&vnet));
+                    offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
+                    self.links.recycle(from, pkt);
+                }
+                Parcel::FromPlane {
+                    from,
+                    port,
+                    msg,
+                    vnet,
+                    pkt,
+                } => {
+                    out.counters.from_plane += 1;
+                    from_plane(&mut self.sw, &mut out, now, port, msg, &vnet, pkt.data());
+                    self.links.recycle(from, pkt);
+                }
+                Parcel::Flows(q, reply) => {
+                    let mark = self.allocs.begin();
+                    let shard = self.sw.dpu().shard();
+                    let rows = flow_rows(&self.sw, shard.conns_sorted(), &q);
+                    let _ = reply.send((rows, shard.conns_len()));
+                    self.allocs.end(mark);
+                }
+                Parcel::Policy(p) => {
+                    let mark = self.allocs.begin();
+                    self.sw.set_policy(*p);
+                    self.allocs.end(mark);
+                }
+                Parcel::Msg(m, s) => self.sw.handle_msg(now, m, s),
+                Parcel::Ct(s) => self.sw.handle_conntrack(now, &s),
+                p @ (Parcel::Steer { .. } | Parcel::Out(_)) => {
+                    tracing::error!(target: "spillway::run", parcel = ?p, "a parcel for thread 0 reached a forwarding thread");
+                    self.links.recycle_parcel(p);
+                }
+            }
+        }
+        busy
+    }
+
+    /// This shard's messages for the plane, to thread 0, while its queue has room; the rest
+    /// wait in the node's outbox (the first of them here).
+    fn relay_outgoing(&mut self, now: Instant) {
+        while let Some(o) = self.held.take().or_else(|| self.sw.poll_transmit(now)) {
+            if let Err(Parcel::Out(o)) = self.links.try_send(0, Parcel::Out(o)) {
+                self.held = Some(o);
+                return;
+            }
+        }
+    }
+
+    fn publish(&mut self, now: Instant) {
+        let mark = self.allocs.begin();
+        self.last_publish = now;
+        self.sw.expire(now);
+        let shard = self.sw.dpu().shard();
+        let mut s = ShardStats::of(
+            &self.sw,
+            (shard.counters(), shard.drops(), shard.conns_len() as u64),
+            &self.counters,
+            Some(self.ring.counters()),
+        );
+        s.handoff = self.links.counters.clone();
+        s.forwarding_allocs = self.allocs.forwarding();
+        s.upkeep_allocs = self.allocs.upkeep();
+        *self
+            .stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+        self.allocs.end(mark);
+    }
+
+    fn sleep(&mut self, now: Instant) {
+        if self.ring.has_frames() || !self.links.prepare_sleep() {
+            return;
+        }
+        let next = self
+            .sw
+            .poll_timeout()
+            .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
+        let timeout_ms = (next / 1_000_000).clamp(0, 10) as i32;
+        let readable = |fd: i32| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        self.poll_set.clear();
+        self.poll_set
+            .extend(self.queues.iter().map(|q| readable(q.as_raw_fd())));
+        self.poll_set
+            .push(readable(self.links.bell_fd().as_raw_fd()));
+        // SAFETY: `poll_set` holds `len` initialised `pollfd`s of fds this thread owns (its
+        // queues, its bell), none closed during the call; `poll` writes only `revents`. Every
+        // source is polled again after waking, so the result is not needed.
+        let _ = unsafe {
+            libc::poll(
+                self.poll_set.as_mut_ptr(),
+                self.poll_set.len() as libc::nfds_t,
+                timeout_ms,
+            )
+        };
+        self.links.woke();
+    }
+}
+
+/// A frame from the plane through a shard's node, and on.
+pub(super) fn from_plane<M: DpuModel>(
+    sw: &mut DpuSwitch<M>,
+    out: &mut impl Egress,
+    now: Instant,
+    port: PortId,
+    msg: Msg,
+    vnet: &Vnet,
+    frame: &[u8],
+) {
+    use spillway_fabric::frame::Outcome;
+    let gso = gso_size(vnet);
+    match sw.process_from_plane(now, port, msg, gso, frame) {
+        Outcome::Forward {
+            port: to,
+            bytes,
+            generated,
+        } => {
+            let vnet = if generated { &PLAIN_VNET } else { vnet };
+            out.forward_bytes(now, to, vnet, bytes);
+        }
+        Outcome::Drop(why) => {
+            tracing::debug!(target: "spillway::drop", ?why, len = frame.len(), "the DPU dropped a frame from the plane");
+        }
+        other => {
+            tracing::error!(target: "spillway::run", outcome = ?other, "a DPU outcome only the plane has");
+        }
+    }
+}
+
+/// Where a forwarding thread's frames go: out of its own queue of a TAP, or to thread 0 for
+/// the plane.
+struct ShardOut<'a> {
+    files: &'a BTreeMap<PortId, usize>,
+    vnet_hdr: bool,
+    tx: &'a mut TapTx,
+    counters: &'a mut RtCounters,
+    links: &'a mut Links,
+}
+
+impl ShardOut<'_> {
+    fn count(&mut self, written: bool) {
+        if written {
+            self.counters.tx_frames += 1;
+        } else {
+            self.counters.tx_errors += 1;
+        }
+    }
+}
+
+impl Egress for ShardOut<'_> {
+    fn forward_buf(&mut self, _now: Instant, port: PortId, vnet: &Vnet, pkt: &mut PacketBuf) {
+        let Some(&file) = self.files.get(&port) else {
+            self.count(false);
+            return;
+        };
+        let hdr = tap_hdr(vnet);
+        let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
+        let r = self.tx.send_in_place(file, hdr, pkt) || self.tx.write(file, [hdr, pkt.data()]);
+        self.count(r);
+    }
+
+    fn forward_bytes(&mut self, _now: Instant, port: PortId, vnet: &[u8], frame: &[u8]) {
+        let Some(&file) = self.files.get(&port) else {
+            self.count(false);
+            return;
+        };
+        let hdr = tap_hdr(vnet);
+        let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
+        let r = self.tx.write(file, [hdr, frame]);
+        self.count(r);
+    }
+
+    fn steer(&mut self, msg: &Msg, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
+        let (from, msg, vnet) = (self.links.me, *msg, *vnet);
+        self.links.send_frame(0, frame, |pkt| Parcel::Steer {
+            from,
+            port,
+            msg,
+            vnet,
+            pkt,
+        })
+    }
+
+    fn counters(&mut self) -> &mut RtCounters {
+        self.counters
+    }
+}
+
+/// The DPU process's frame node on thread 0 and, with `f.dpu.shards > 1`, its links to the
+/// forwarding threads, which this starts: shard k's thread over queue k of every TAP port in
+/// `ports`.
+pub(super) fn start(
+    f: &FabricParams,
+    policy: &Policy,
+    ports: &[Port],
+    vnet_hdr: bool,
+    clock: Clock,
+) -> Result<(Switch, Option<(Links, Forwarders)>), String> {
+    fn node<M: DpuModel>(dpu: M, policy: &Policy) -> Result<DpuSwitch<M>, String> {
+        DpuSwitch::with_model(dpu, policy.clone(), PipelineConfig::default(), CONNS_MAX)
+            .map_err(|e| format!("pipeline: {e}"))
+    }
+    let hw = || Resources::new(f, Box::new(EmulatedHardware::new(f)));
+    let n = f.dpu.shards.max(1) as usize;
+    if n == 1 {
+        let dpu = DpuNode::with_resources(f, DpuResources::Own(hw()));
+        return Ok((node(dpu, policy)?, None));
+    }
+    let res = SharedResources::new(hw());
+    let view = DpuControl::new(f).view();
+    let mut all = links(n, f.dpu.redirect_buckets, view).map_err(|e| format!("eventfd: {e}"))?;
+    let others = all.split_off(1);
+    let mine = all.pop().expect("links for thread 0");
+    let mut transport = ThreadShards::new();
+    let mut specs = Vec::new();
+    for l in others {
+        let bell = Arc::clone(&l.bells[l.me]);
+        let end = transport.add(move || bell.ring());
+        let k = l.me;
+        let queues = ports
+            .iter()
+            .filter_map(|p| match &p.io {
+                PortIo::Tap(tap) => Some((p.id, tap)),
+                PortIo::Shm(_) => None,
+            })
+            .map(|(id, tap)| {
+                let fd = tap
+                    .as_fd(k)
+                    .ok_or_else(|| format!("TAP {} has no queue {k}", tap.name()))?;
+                let fd = fd
+                    .try_clone_to_owned()
+                    .map_err(|e| format!("TAP {} queue {k}: {e}", tap.name()))?;
+                Ok((id, fd))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let shard = DpuShard::with_resources(f, res.share());
+        specs.push(ForwarderSpec {
+            sw: node(ShardModel::new(shard, view), policy)?,
+            queues,
+            vnet_hdr,
+            links: l,
+            end,
+            clock,
+        });
+    }
+    let dpu = DpuNode::with_remote(f, DpuResources::Shared(res), Box::new(transport));
+    let sw = node(dpu, policy)?;
+    let fwd = spawn(specs).map_err(|e| format!("forwarding threads: {e}"))?;
+    tracing::info!(target: "spillway::run", threads = n, "forwarding on one thread per shard");
+    Ok((sw, Some((mine, fwd))))
+}
