@@ -2,7 +2,9 @@
 # flood-per-core: packets per second per forwarding core of Spillway's DPU process, for each of
 # its TAP I/O paths (`--tap-io io_uring` and `syscalls`, docs/adr/0005-tap-io.md), and what the
 # spill plane costs when it carries the flood (`plane`: held active, every redirect bucket live,
-# so every packet goes DPU -> plane -> DPU). Each run brings up bench/testbed-vs-ovs.toml, floods
+# so every packet goes DPU -> plane -> DPU), and the DPU process forwarding on two threads
+# (`shards2`: `fabric.dpu.shards = 2`, io_uring, docs/adr/0011-sharded-forwarding.md; not in the
+# default set). Each run brings up bench/testbed-vs-ovs.toml, floods
 # 64-byte UDP from swvs-a to swvs-b with `spillway traffic gen|sink`, and reads the DPU process's
 # (and the plane's) CPU time from /proc/<pid>/stat over the generator's run, and the plane's
 # resident memory (VmRSS) once it is active, before any traffic, and at the end. Runs are
@@ -23,7 +25,8 @@ usage() {
     cat <<EOF
 usage: bash bench/flood-per-core.sh [--runs N] [--duration S] [--modes LIST] [--rate PPS]
                                     [--perf DIR] [--json FILE] [--keep-logs DIR]
-  --modes LIST   comma-separated, out of io_uring, syscalls, plane (default: all three)
+  --modes LIST   comma-separated, out of io_uring, syscalls, plane, shards2 (default: the
+                 first three)
   --rate PPS     pace the generator (default: flat out)
   --keep-logs D  keep each run's spillway log and status under D
 EOF
@@ -72,11 +75,17 @@ rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 # plane_replaced 1 when the plane measured at the start was gone at the end: the DPU failed
 # open and started another, so that run's plane figures measure nothing and are left out).
 one_run() {
-    local mode=$1 run=$2 ready=$WORK/ready log=$WORK/spillway.log
+    local mode=$1 run=$2 ready=$WORK/ready log=$WORK/spillway.log config=$CONFIG
     local args=(--hold released --tap-io "$mode")
     [[ $mode == plane ]] && args=(--hold active --tap-io io_uring)
+    if [[ $mode == shards2 ]]; then
+        args=(--hold released --tap-io io_uring)
+        config=$WORK/shards2.toml
+        sed 's/^\[fabric\.dpu\]$/[fabric.dpu]\nshards = 2/' "$CONFIG" >"$config"
+        grep -q '^shards = 2$' "$config" || { echo "$CONFIG has no [fabric.dpu] section" >&2; return 1; }
+    fi
     rm -f "$ready"
-    (cd "$ROOT" && exec "$SPILLWAY_BIN" run --config "$CONFIG" "${args[@]}" \
+    (cd "$ROOT" && exec "$SPILLWAY_BIN" run --config "$config" "${args[@]}" \
         --ready-file "$ready" --log info) >"$log" 2>&1 &
     SPW_PID=$!
     for _ in $(seq 300); do [[ -s $ready ]] && break; sleep 0.1; done

@@ -244,6 +244,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
             "syscalls" => TapIo::Syscalls,
             _ => bail!("--tap-io: expected io_uring or syscalls, got {t:?}"),
         };
+        if testbed.tap_io == TapIo::Syscalls && testbed.fabric.dpu.shards > 1 {
+            bail!(
+                "--tap-io syscalls: {} sets fabric.dpu.shards = {}, and several forwarding \
+                 threads need io_uring",
+                testbed.file.display(),
+                testbed.fabric.dpu.shards
+            );
+        }
     }
     spillway_rt::host::signals::install().context("installing signal handlers")?;
     let plane_exe = std::env::current_exe().context("locating the spillway binary")?;

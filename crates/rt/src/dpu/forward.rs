@@ -994,3 +994,126 @@ pub(super) fn start(
     tracing::info!(target: "spillway::run", threads = n, "forwarding on one thread per shard");
     Ok((sw, Some((mine, fwd))))
 }
+
+#[cfg(test)]
+mod tests {
+    use spillway_fabric::dpu::DpuControl;
+    use spillway_fabric::params::FabricParams;
+    use spillway_fabric::types::ConnId;
+
+    use super::*;
+
+    fn two() -> (Links, Links) {
+        let f = FabricParams::default();
+        let mut l = links(2, f.dpu.redirect_buckets, DpuControl::new(&f).view()).expect("links");
+        let b = l.pop().expect("thread 1");
+        (l.pop().expect("thread 0"), b)
+    }
+
+    #[test]
+    fn a_handed_off_frame_arrives_whole_and_its_buffer_goes_home() {
+        let (mut a, mut b) = two();
+        let frame: Vec<u8> = (0..200u8).collect();
+        let vnet = [7u8; VnetHdr::LEN];
+        a.hand_off(1, PortId(3), &vnet, &frame);
+        assert_eq!(a.counters.handed_off, 1);
+        match b.recv() {
+            Some(Parcel::Frame {
+                from,
+                port,
+                vnet: v,
+                pkt,
+            }) => {
+                assert_eq!((from, port, v), (0, PortId(3), vnet));
+                assert_eq!(pkt.data(), &frame[..]);
+                b.recycle(from, pkt);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(b.recv().is_none());
+        // Every buffer is back: a full pool's worth can be handed off again.
+        for _ in 0..POOL {
+            a.hand_off(1, PortId(3), &vnet, &frame);
+        }
+        assert_eq!(
+            (a.counters.handed_off, a.counters.full),
+            (1 + POOL as u64, 0)
+        );
+    }
+
+    #[test]
+    fn a_sender_out_of_buffers_drops_and_counts_and_never_waits() {
+        let (mut a, mut b) = two();
+        let frame = [0u8; 64];
+        for _ in 0..POOL + 3 {
+            a.hand_off(1, PortId(1), &PLAIN_VNET, &frame);
+        }
+        assert_eq!((a.counters.handed_off, a.counters.full), (POOL as u64, 3));
+        // The receiver takes them and gives the buffers back; the sender can send again.
+        let mut n = 0;
+        while let Some(p) = b.recv() {
+            n += 1;
+            b.recycle_parcel(p);
+        }
+        assert_eq!(n, POOL);
+        a.hand_off(1, PortId(1), &PLAIN_VNET, &frame);
+        assert_eq!(a.counters.handed_off, POOL as u64 + 1);
+    }
+
+    #[test]
+    fn a_frame_too_big_for_a_buffer_is_dropped_and_counted() {
+        let (mut a, _b) = two();
+        a.hand_off(1, PortId(1), &PLAIN_VNET, &vec![0u8; FRAME_MAX + 1]);
+        assert_eq!((a.counters.handed_off, a.counters.full), (0, 1));
+    }
+
+    #[test]
+    fn connections_are_routed_by_bucket_and_a_thread_keeps_its_own() {
+        let (a, b) = two();
+        let f = FabricParams::default();
+        for c in (0..64).map(ConnId) {
+            let shard = shard_of(c, f.dpu.redirect_buckets, 2);
+            let (to_a, to_b) = (a.shard_of_conn(Some(c)), b.shard_of_conn(Some(c)));
+            assert_eq!(to_a, (shard != 0).then_some(shard), "{c:?}");
+            assert_eq!(to_b, (shard != 1).then_some(shard), "{c:?}");
+        }
+        assert_eq!(
+            a.shard_of_conn(None),
+            None,
+            "a frame of no connection stays"
+        );
+    }
+
+    #[test]
+    fn a_published_view_reaches_the_other_thread_once() {
+        let (mut a, mut b) = two();
+        let mut v = a.view.read();
+        assert_eq!(b.new_view(), None, "nothing published yet");
+        v.quota = 17;
+        a.publish_view(v);
+        a.publish_view(v);
+        assert_eq!(b.new_view(), Some(v));
+        assert_eq!(b.new_view(), None, "taken once");
+    }
+
+    #[test]
+    fn a_thread_that_said_it_sleeps_is_woken_by_a_parcel() {
+        let (mut a, mut b) = two();
+        assert!(b.prepare_sleep(), "nothing waiting: it may sleep");
+        let hb = Msg::Heartbeat {
+            workers: 1,
+            util: 0.0,
+        };
+        a.try_send(1, Parcel::Msg(hb, None)).expect("room");
+        assert_eq!(
+            b.bells[1].bell.drain().expect("eventfd"),
+            1,
+            "the sender rang the sleeper's bell"
+        );
+        assert!(!b.prepare_sleep(), "a parcel is waiting");
+        assert!(
+            matches!(b.recv(), Some(Parcel::Msg(..))),
+            "the peeked parcel comes first"
+        );
+    }
+}
