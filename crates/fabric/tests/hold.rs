@@ -5,10 +5,14 @@
 //! `Active` hold, the next window prepares a fresh plane.
 
 use core::time::Duration;
-use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase};
+use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role};
 use spillway_fabric::params::FabricParams;
-use spillway_fabric::types::{Colour, Msg};
+use spillway_fabric::types::{Colour, ConnId, Kind, Msg};
 use spillway_vswitch::Instant;
+
+#[path = "common/train.rs"]
+mod train;
+use train::train;
 
 fn at(ms: u64) -> Instant {
     Instant(ms * 1_000_000)
@@ -157,4 +161,51 @@ fn shadow_hold_keeps_a_synced_plane_warm_and_a_later_activation_is_timed_from_it
     // Warm: timed from the operator's command, not from the pre-warm.
     assert_eq!(active.since, Some(until));
     assert_eq!(active.at - until, f.dpu.redirect_latency);
+}
+
+/// A connection the DPU's SoC opened just before an activation still has its hardware inserts
+/// queued when every bucket is redirected; the hand-over leaves it on the DPU (it is on its way
+/// to the fast path), and its packets that miss the table until the entries are live are the
+/// SoC's: steered, the plane would only punt them back, and they could still be on their way
+/// when the connection's close took the fast path and removed their state.
+#[test]
+fn a_connection_whose_entries_are_on_their_way_stays_on_the_dpu_when_redirected() {
+    let mut f = FabricParams::default();
+    // Inserts slower than the redirect rules: the entries are still queued when they go live
+    // (as with a busy insertion engine, or a recall just before a quota change).
+    f.dpu.insert_latency = f.dpu.redirect_latency * 4;
+    f.validate().expect("valid parameters");
+    let mut dpu = DpuNode::new(&f);
+    let conn = ConnId(7);
+    dpu.handle_train(at(0), &train(conn, Kind::Open, 1, at(0)));
+    dpu.handle_hold(at(0), Hold::Active);
+    dpu.handle_plane_up(at(0));
+    let colour = match dpu.phase() {
+        Phase::Shadow { colour, .. } => colour,
+        p => panic!("{p:?}"),
+    };
+    dpu.handle_msg(at(0), Msg::SyncDone { colour, count: 1 });
+    let live_at = match dpu.phase() {
+        Phase::Activating { live_at, .. } => live_at,
+        p => panic!("{p:?}"),
+    };
+    dpu.handle_timeout(live_at);
+    assert!(matches!(dpu.phase(), Phase::Active { .. }));
+    assert_eq!(
+        dpu.quota(),
+        f.dpu.redirect_buckets,
+        "every bucket redirected"
+    );
+    let c = dpu.conn(conn).expect("the DPU keeps it");
+    assert!(
+        c.role == Role::Owner && c.hw_live == 0 && c.inserts_pending > 0,
+        "still on its way to the table: {c:?}"
+    );
+    let steered = dpu.counters().steered;
+    dpu.handle_train(live_at, &train(conn, Kind::Data, 5, live_at));
+    assert_eq!(dpu.delivered_last(), 5, "the SoC served the miss");
+    assert_eq!(dpu.counters().steered, steered, "nothing went to the plane");
+    // A new connection in a redirected bucket still goes to the plane.
+    dpu.handle_train(live_at, &train(ConnId(8), Kind::Open, 1, live_at));
+    assert_eq!(dpu.counters().steered, steered + 1);
 }

@@ -3,7 +3,7 @@
 //! without faults; half the seeds split the DPU over two or three shards (ADR 0011). Every run must pass every checker after every event (conservation, table and
 //! queue bounds, insertion budget, ownership, state continuity) and the end-of-run ownership
 //! check. A failing seed prints the line that replays it. `SPILLWAY_SWARM_SEEDS=N` runs more;
-//! `SPILLWAY_TRACE_CONN=N` traces one connection. A second swarm runs the same seeds' scenarios
+//! `SPILLWAY_TRACE_CONN=N` traces one connection (in either swarm). A second swarm runs the same seeds' scenarios
 //! with the newer workload shapes (periodic, bursty, random walk, random arrivals, exponential
 //! lifetimes) and the threshold and stability policies drawn on top (`swarm::scenario_shaped`).
 
@@ -69,9 +69,17 @@ fn shaped_swarm_passes_every_checker() {
     let mut activated = 0;
     let mut threshold_recalled = 0;
     let mut stability_recalled = 0;
+    let trace: Option<u64> = std::env::var("SPILLWAY_TRACE_CONN")
+        .ok()
+        .and_then(|v| v.parse().ok());
     for seed in base..base + n {
         let sc = swarm::scenario_shaped(seed);
-        let r = spillway_sim::run(&sc, seed, false, &mut |_| {}).unwrap_or_else(|e| {
+        let opts = spillway_sim::engine::RunOptions {
+            seed,
+            dpu_only: false,
+            trace_conn: trace.map(spillway_fabric::types::ConnId),
+        };
+        let r = spillway_sim::run_with(&sc, opts, &mut |_| {}).unwrap_or_else(|e| {
             panic!(
                 "seed {seed}: {e}\nrepro: SPILLWAY_SWARM_BASE={seed} SPILLWAY_SWARM_SEEDS=1 cargo test -p spillway-sim --test swarm shaped"
             )

@@ -52,7 +52,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
             }
             return;
         }
-        let redirected = view.redirects(t.conn, self.f.dpu.redirect_buckets) && !self.f.dpu_only;
+        let redirected = view.redirects(t.conn, self.f.dpu.redirect_buckets)
+            && !self.f.dpu_only
+            && !self.conns.get(&t.conn).is_some_and(DpuConn::stays_on_dpu);
         if redirected {
             self.steer_to_host(now, t);
             return;

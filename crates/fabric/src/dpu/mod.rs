@@ -139,6 +139,18 @@ pub enum RecallHistory {
     Left,
 }
 
+impl DpuConn {
+    /// The DPU owns it and it is on the hardware fast path or on its way there (entries live
+    /// or queued): it stays on the DPU when its bucket is redirected. A hand-over leaves it
+    /// (the fast path carries it), and its packets that miss the table meanwhile (an entry not
+    /// live yet, after an activation or a recall) are the SoC's, which has its state, not the
+    /// plane's, which would only punt them back: sent there, they could still be on their way
+    /// when the connection's close took the fast path and removed the state they need.
+    pub fn stays_on_dpu(&self) -> bool {
+        self.role == Role::Owner && (self.hw_live > 0 || self.inserts_pending > 0)
+    }
+}
+
 impl Record for DpuConn {
     fn role(&self) -> Role {
         self.role

@@ -293,7 +293,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         let buckets = self.f.dpu.redirect_buckets;
         let moving = self.conns.keys_where(|k, c| {
             let b = k.bucket(buckets);
-            b >= from && b < to && c.role == Role::Owner && c.hw_live == 0 && c.inserts_pending == 0
+            b >= from && b < to && c.role == Role::Owner && !c.stays_on_dpu()
         });
         for conn in moving {
             let st = self.conns[&conn].state;
