@@ -27,7 +27,7 @@ source "$ROOT/bench/lib/modes.sh"
 # shellcheck source=lib/report.sh
 source "$ROOT/bench/lib/report.sh"
 
-ALL_MODES=(veth ovs ovs-tso spillway spillway-syscalls dpu-only elastic)
+ALL_MODES=(veth ovs ovs-tso spillway spillway-2t spillway-syscalls dpu-only elastic)
 LOCK_FILE=/run/swvs-bench.lock
 TMP_PREFIX=/tmp/swvs-bench.
 

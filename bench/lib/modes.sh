@@ -152,6 +152,19 @@ mode_missing_spillway-syscalls() { mode_missing_spillway; }
 mode_up_spillway-syscalls() { spillway_up "$SPILLWAY_CONFIG" --tap-io syscalls; }
 mode_down_spillway-syscalls() { mode_down_spillway; }
 
+# spillway-2t: the same with the DPU process forwarding on two threads, one per shard of the DPU
+# model (`fabric.dpu.shards = 2`, docs/adr/0011-sharded-forwarding.md), from a copy of the config.
+mode_missing_spillway-2t() {
+    mode_missing_spillway
+    grep -q '^\[fabric\.dpu\]$' "$SPILLWAY_CONFIG" 2>/dev/null ||
+        echo "$SPILLWAY_CONFIG has no [fabric.dpu] section to add shards = 2 to"
+}
+mode_up_spillway-2t() {
+    sed 's/^\[fabric\.dpu\]$/[fabric.dpu]\nshards = 2/' "$SPILLWAY_CONFIG" >"$MODE_DIR/two-threads.toml"
+    spillway_up "$MODE_DIR/two-threads.toml"
+}
+mode_down_spillway-2t() { mode_down_spillway; }
+
 # ---- dpu-only / elastic: Spillway with the DPU's limits scaled down ---------------------------
 #
 # bench/testbed-apps-vs.toml gives the emulated DPU limits the applications saturate (a slow path

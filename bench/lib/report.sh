@@ -49,6 +49,7 @@ for mode in modes:
 
 pairs = [
     ("spillway", "ovs"), ("spillway", "ovs-tso"), ("spillway", "veth"), ("elastic", "dpu-only"),
+    ("spillway-2t", "spillway"), ("spillway-2t", "ovs"), ("spillway-2t", "ovs-tso"),
     ("ovs", "veth"), ("ovs-tso", "veth"), ("ovs-tso", "ovs"),
 ]
 ratios = {}
