@@ -3,7 +3,8 @@
 //! fail open run through the engine's checkers after every event (every connection's state
 //! in exactly one owner, resource bounds, memory accounting), and their figures stay those of
 //! one shard where the split has nothing to change: the same packets offered, carried by the
-//! DPU and by the plane, and no loss where one shard loses none.
+//! DPU and by the plane, and no loss where one shard loses none; an overloaded fast path sheds
+//! the same connections.
 
 use spillway_sim::report::RunReport;
 use spillway_sim::scenario::Scenario;
@@ -69,4 +70,16 @@ fn a_fail_open_over_two_shards_takes_over_every_mirror() {
         "a new plane absorbs the overflow again: {:?}",
         r.phases
     );
+}
+
+/// An overloaded fast path sheds the highest-rate connections over every shard, not shard by
+/// shard: the noisy tenant's burst over two shards sheds the same connections and loses the
+/// same packets as over one.
+#[test]
+fn a_shed_over_two_shards_chooses_what_one_shard_chooses() {
+    let (one, two) = (run("noisy-tenant", 1), run("noisy-tenant", 2));
+    assert!(one.counters["dpu.shed"] > 0, "the scenario sheds");
+    assert_eq!(two.counters["dpu.shed"], one.counters["dpu.shed"]);
+    assert_eq!(two.lost_packets, one.lost_packets, "drops {:?}", two.drops);
+    assert_eq!(two.dpu_mpps, one.dpu_mpps);
 }

@@ -18,7 +18,7 @@ use super::lifecycle::{Command, FabricEvent, Hold, Lifecycle, Phase};
 use super::shard::ShardView;
 use super::window::{Totals, Utils, Windows};
 use crate::params::FabricParams;
-use crate::types::{Channel, Colour, Msg};
+use crate::types::{Channel, Colour, ConnId, Msg};
 use crate::ursched::Load;
 
 /// One thing the control part asks of one shard. The driver carries it to the shard (on the
@@ -48,17 +48,25 @@ pub enum ShardRequest {
         /// One past the last bucket.
         to: u16,
     },
-    /// Connections of buckets `[0, quota)` with live entries move to the plane until
-    /// `excess` packets/s are covered. [`ShardReply::Shed`].
+    /// The shard's connections of buckets `[0, quota)` with live entries, with each one's rate
+    /// (packets/s, whole) appended to `into`: what a shed chooses from.
+    /// [`ShardReply::Candidates`].
+    ShedCandidates {
+        /// When.
+        now: Instant,
+        /// Redirected buckets.
+        quota: u16,
+        /// The vector to append to (it travels with the request and comes back).
+        into: Vec<(u64, ConnId)>,
+    },
+    /// These connections of the shard, chosen by a shed, move to the plane, entries and all.
     Shed {
         /// When.
         now: Instant,
         /// The activation's colour.
         colour: Colour,
-        /// Redirected buckets.
-        quota: u16,
-        /// Packets/s to cover.
-        excess: f64,
+        /// The connections, in the order the shed chose them.
+        conns: Vec<ConnId>,
     },
     /// The recalled entries' rates to the plane.
     OffloadStats {
@@ -113,13 +121,8 @@ pub enum ShardReply {
     Done,
     /// How many.
     Count(u64),
-    /// A shed: connections moved and their rate, packets/s.
-    Shed {
-        /// Connections moved.
-        moved: u64,
-        /// Their rate.
-        pps: f64,
-    },
+    /// A shed's candidates: rate (packets/s) and connection.
+    Candidates(Vec<(u64, ConnId)>),
     /// A window's counts.
     Totals(Totals),
     /// Packets per tenant, indexed by tenant id (ids from `ursched::TENANTS_MAX - 1` up
@@ -181,32 +184,44 @@ impl dyn Shards + '_ {
         });
     }
 
-    /// Each shard in turn sheds, highest rate first, what the shards before it left
-    /// uncovered.
+    /// Hands connections with live entries in the redirected buckets `[0, quota)` to the
+    /// plane until `excess` packets/s are covered: highest rate first over every shard (fewest
+    /// entries moved), ties by connection id. Every shard names its candidates, the choice is
+    /// made here, and each shard moves its own. `buckets` is the redirect bucket count (a
+    /// connection's shard is [`super::shard_of`] it). Returns how many moved and their rate.
     pub(crate) fn shed(
         &mut self,
         now: Instant,
-        colour: Colour,
-        quota: u16,
+        (colour, quota, buckets): (Colour, u16, u16),
         excess: f64,
     ) -> (u64, f64) {
-        let (mut moved, mut shed) = (0, 0.0);
-        for i in 0..self.count() {
-            if shed >= excess {
-                break;
-            }
-            let req = ShardRequest::Shed {
+        let n = self.count();
+        let mut all = Vec::new();
+        for i in 0..n {
+            let req = ShardRequest::ShedCandidates {
                 now,
-                colour,
                 quota,
-                excess: excess - shed,
+                into: core::mem::take(&mut all),
             };
             match self.call(i, req) {
-                ShardReply::Shed { moved: m, pps } => {
-                    moved += m;
-                    shed += pps;
-                }
-                r => mismatch("a shed", &r),
+                ShardReply::Candidates(v) => all = v,
+                r => mismatch("shed candidates", &r),
+            }
+        }
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        let mut chosen: Vec<Vec<ConnId>> = vec![Vec::new(); n];
+        let (mut moved, mut shed) = (0u64, 0.0);
+        for (pps, conn) in all {
+            if shed >= excess || pps == 0 {
+                break;
+            }
+            shed += pps as f64;
+            moved += 1;
+            chosen[super::shard_of(conn, buckets, n)].push(conn);
+        }
+        for (i, conns) in chosen.into_iter().enumerate() {
+            if !conns.is_empty() {
+                self.call(i, ShardRequest::Shed { now, colour, conns });
             }
         }
         (moved, shed)

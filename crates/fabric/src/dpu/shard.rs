@@ -302,56 +302,47 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
     }
 
-    /// Hands connections of the redirected buckets `[0, quota)`, entries and all, to the plane
-    /// until `excess` packets/s are covered: highest rate first (fewest entries moved), ties by
-    /// connection id. Returns how many moved and the rate they carried.
-    pub(crate) fn shed(
-        &mut self,
-        now: Instant,
-        colour: Colour,
-        quota: u16,
-        excess: f64,
-    ) -> (u64, f64) {
+    /// Appends to `into` this shard's connections of the redirected buckets `[0, quota)` with
+    /// live entries, each with its rate over its life in the table (hardware counters since
+    /// install), packets/s: what a shed chooses from ([`Shards::shed`]).
+    pub(crate) fn shed_candidates(&self, now: Instant, quota: u16, into: &mut Vec<(u64, ConnId)>) {
         let secs = self.f.sched.window.as_secs_f64();
         let buckets = self.f.dpu.redirect_buckets;
-        // Each entry's rate over its life in the table (hardware counters since install).
         let res = self.res.read();
-        let mut v: Vec<(u64, ConnId)> = self
-            .conns
-            .iter()
-            .filter(|(k, c)| c.role == Role::Owner && c.hw_live == 2 && k.bucket(buckets) < quota)
-            .map(|(k, _)| {
-                let pps: f64 = [Side::Orig, Side::Reply]
-                    .iter()
-                    .filter_map(|side| {
-                        res.entry(&HwKey {
-                            conn: *k,
-                            side: *side,
+        into.extend(
+            self.conns
+                .iter()
+                .filter(|(k, c)| {
+                    c.role == Role::Owner && c.hw_live == 2 && k.bucket(buckets) < quota
+                })
+                .map(|(k, _)| {
+                    let pps: f64 = [Side::Orig, Side::Reply]
+                        .iter()
+                        .filter_map(|side| {
+                            res.entry(&HwKey {
+                                conn: *k,
+                                side: *side,
+                            })
                         })
-                    })
-                    .map(|e| e.packets as f64 / (now - e.installed).as_secs_f64().max(secs))
-                    .sum();
-                (pps as u64, *k)
-            })
-            .collect();
-        drop(res);
-        v.sort_unstable_by(|a, b| b.cmp(a));
-        let mut shed = 0.0;
-        let mut moved = 0u64;
-        for (pps, conn) in &v {
-            if shed >= excess || *pps == 0 {
-                break;
-            }
-            shed += *pps as f64;
-            moved += 1;
-            let st = self.conns[conn].state;
-            // Entries stay until the plane adopts it (see `Msg::Adopted`).
+                        .map(|e| e.packets as f64 / (now - e.installed).as_secs_f64().max(secs))
+                        .sum();
+                    (pps as u64, *k)
+                }),
+        );
+    }
+
+    /// Hands `conns`, chosen by a shed, to the plane, entries and all (they stay until the
+    /// plane adopts it, see `Msg::Adopted`).
+    pub(crate) fn shed(&mut self, now: Instant, colour: Colour, conns: &[ConnId]) {
+        for conn in conns {
+            let Some(st) = self.conns.get(conn).map(|c| c.state) else {
+                continue;
+            };
             self.set_role(*conn, Role::Copy);
             self.counters.shed += 1;
             self.left_fast_path(*conn);
             self.send_sync(now, colour, SyncKind::Handover, st);
         }
-        (moved, shed)
     }
 
     /// The inserts due at `now` reach the hardware.
@@ -389,14 +380,17 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 self.hand_over_buckets(now, colour, from, to);
                 ShardReply::Done
             }
-            ShardRequest::Shed {
+            ShardRequest::ShedCandidates {
                 now,
-                colour,
                 quota,
-                excess,
+                mut into,
             } => {
-                let (moved, pps) = self.shed(now, colour, quota, excess);
-                ShardReply::Shed { moved, pps }
+                self.shed_candidates(now, quota, &mut into);
+                ShardReply::Candidates(into)
+            }
+            ShardRequest::Shed { now, colour, conns } => {
+                self.shed(now, colour, &conns);
+                ShardReply::Done
             }
             ShardRequest::OffloadStats { now } => {
                 self.send_offload_stats(now);

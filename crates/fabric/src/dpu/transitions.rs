@@ -280,7 +280,7 @@ impl DpuControl {
     /// or the DPU took a failed plane's connections back): hand connections of redirected
     /// buckets, entries and all, to the plane until the measured excess is covered. Redirect
     /// rules only catch misses, so without this an overloaded fast path would stay overloaded.
-    /// Highest rate first (fewest entries moved), ties by connection id, within a shard; the
+    /// Highest rate first (fewest entries moved) over every shard, ties by connection id; the
     /// recall headroom is zero afterwards, so placement does not bring them straight back.
     pub(super) fn shed(&mut self, now: Instant, load: &Load, sh: &mut dyn Shards) {
         let target = self.f.sched.dpu_target_util * self.f.dpu.hw_pps_limit;
@@ -288,7 +288,12 @@ impl DpuControl {
         if excess <= 0.0 {
             return;
         }
-        let (moved, shed) = sh.shed(now, self.life.colour, self.life.quota, excess);
+        let shape = (
+            self.life.colour,
+            self.life.quota,
+            self.f.dpu.redirect_buckets,
+        );
+        let (moved, shed) = sh.shed(now, shape, excess);
         if moved > 0 {
             self.event(
                 now,
