@@ -333,7 +333,7 @@ impl<'a> Sim<'a> {
     fn drops(&self) -> Drops {
         self.dpu
             .drops()
-            .merged(self.plane.node().drops())
+            .merged(&self.plane.node().drops())
             .merged(self.links.lost())
     }
 

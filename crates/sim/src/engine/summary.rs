@@ -78,7 +78,7 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
             .map(|e| e.at)
     });
     let mut latency = record.latency.clone();
-    latency.merge(spill.latency());
+    latency.merge(&spill.latency());
     let d = dpu.counters();
     let delivered = t.dpu + t.host;
     let mut counters = BTreeMap::new();

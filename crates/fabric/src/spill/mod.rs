@@ -81,24 +81,37 @@
 //! [`Msg::Budget`], and sends recalls on the flow vNIC and demotions (deletes) on the reliable
 //! control channel, retransmitted every `control_rto` until acknowledged.
 //!
-//! Just over 1,000 lines with its tests and this doc; the node's code is under 1,000. A split
-//! like `DpuNode`'s (`crate::dpu`) is the way to go when it grows.
+//! # Control and shards
+//!
+//! As on the DPU ([`crate::dpu`]), the plane is a control part and shards
+//! ([`PlaneShard`], `shard.rs`). The control part, [`SpillPlane`], keeps what concerns the
+//! plane as a whole: the lifecycle flags and colour, the workers (one budget, charged by every
+//! shard per train), heartbeats, `SetWorkers`, the placement policy with the DPU's budget, and
+//! the reliable delete channel. A shard keeps the records of its connections (a connection's
+//! shard is its redirect bucket modulo the shard count, as on the DPU), the entries of its
+//! connections on the fast path, its counters, drops and latency, and its side of a vNIC set:
+//! the outbox, the phy vNIC and the PCIe link toward the DPU. A message about a connection
+//! goes straight to its shard with the control part's [`PlaneView`]; the control part reaches
+//! the shards only by [`PlaneRequest`]s (a placement tick's candidates, a recall, an
+//! acknowledged demotion, release, drain, stop), so that a driver can run each shard on a
+//! thread of its own. Its own messages leave on the first shard's channels. There is one shard
+//! today.
+
+mod shard;
 
 use std::collections::BTreeMap;
 
 use spillway_sketch::features::FlowCounters;
 use spillway_vswitch::Instant;
 
-use crate::links::{PcieLink, PhyVnic, at_ps, ps};
-use crate::params::{FabricParams, ns};
+pub use self::shard::{PlaneReply, PlaneRequest, PlaneShard, PlaneView};
+use crate::links::ps;
+use crate::params::FabricParams;
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
-use crate::records::Role;
-use crate::records::{Outbox, Record, Records};
-use crate::server::{PS_PER_NS, Server};
-use crate::stats::{Drops, FabricDrop, LatencyHist};
-use crate::types::{
-    Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
-};
+use crate::records::{Record, Role};
+use crate::server::Server;
+use crate::stats::{Drops, LatencyHist};
+use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Train, Transmit};
 
 /// The plane's record of a connection.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -116,6 +129,20 @@ pub struct SpillConn {
     pub pps: f64,
     /// When the plane took it.
     pub since: Instant,
+}
+
+impl SpillConn {
+    /// A record of `state` in `role`, taken at `now`, not yet measured.
+    pub(crate) fn new(state: ConnState, role: Role, now: Instant) -> SpillConn {
+        SpillConn {
+            state,
+            role,
+            recalling: false,
+            counters: FlowCounters::default(),
+            pps: -1.0,
+            since: now,
+        }
+    }
 }
 
 impl Record for SpillConn {
@@ -183,69 +210,44 @@ struct PendingDelete {
     then_recall: Option<(ConnId, f64, f64)>,
 }
 
-/// The spill plane. See the module doc.
+/// The spill plane: its control part (lifecycle, workers, heartbeats, placement, the reliable
+/// delete channel) and its shards. See the module doc.
 #[derive(Debug)]
 pub struct SpillPlane {
     f: FabricParams,
     up: bool,
     workers: Server,
     pending_workers: Option<(Instant, u32)>,
-    pkt_ps: u64,
-    new_ps: u64,
-    /// vATC: fixed cost per packet (copy setup plus the expected miss cost), ps.
-    vatc_ps: u64,
-    /// vATC: copy cost per byte, ps.
-    copy_ps_per_byte: f64,
-    /// Expected translation misses not yet counted whole.
-    atc_miss_acc: f64,
-    to_dpu: PhyVnic,
-    /// The PCIe link toward the DPU.
-    link_up: PcieLink,
-    conns: Records<SpillConn>,
     colour: Colour,
     active: bool,
     releasing: bool,
-    absorbed_sent: bool,
     next_heartbeat: Instant,
     next_tick: Instant,
     budget: Budget,
-    offloaded: BTreeMap<ConnId, f64>,
     deletes: BTreeMap<u64, PendingDelete>,
     next_seq: u64,
     policy: Box<dyn PlacementPolicy + Send>,
     moves: Vec<Move>,
     cands: Vec<Candidate>,
     offl: Vec<Offloaded>,
-    first_no_state: Option<ConnId>,
-    out: Outbox,
+    closed: Vec<ConnId>,
+    /// The control part's counters (deletes); the shards count the rest.
     counters: SpillCounters,
-    /// Packets the current input sent the vATC way (see [`SpillPlane::direct_last`]).
-    direct_last: u32,
-    drops: Drops,
-    latency: LatencyHist,
+    shards: Vec<PlaneShard>,
+    /// The shard the last input went to.
+    last: usize,
 }
 
 impl SpillPlane {
     /// A plane (not yet started) with the fabric's parameters.
     pub fn new(f: &FabricParams) -> SpillPlane {
-        let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
         SpillPlane {
             up: false,
             workers: Server::new(f.host.workers_initial, f.pcie.phy_vnic_ring),
             pending_workers: None,
-            pkt_ps: per_ps(f.host.pkt_cost),
-            new_ps: per_ps(f.host.new_conn_cost),
-            vatc_ps: per_ps(f.host.vatc_copy_cost)
-                + ((1.0 - f.host.vatc_hit_ratio) * per_ps(f.host.vatc_miss_cost) as f64) as u64,
-            copy_ps_per_byte: 1e12 / f.host.copy_bandwidth_bytes,
-            atc_miss_acc: 0.0,
-            to_dpu: PhyVnic::new(f),
-            link_up: PcieLink::new(f),
-            conns: Records::new(11),
             colour: Colour(0),
             active: false,
             releasing: false,
-            absorbed_sent: false,
             next_heartbeat: Instant::ZERO,
             next_tick: Instant::ZERO,
             budget: Budget {
@@ -253,19 +255,16 @@ impl SpillPlane {
                 headroom_pps: 0.0,
                 recalls_max: f.placement.recalls_per_tick_max,
             },
-            offloaded: BTreeMap::new(),
             deletes: BTreeMap::new(),
             next_seq: 1,
             policy: f.placement.build(),
             moves: Vec::new(),
             cands: Vec::new(),
             offl: Vec::new(),
-            first_no_state: None,
-            out: Outbox::new(f),
+            closed: Vec::new(),
             counters: SpillCounters::default(),
-            direct_last: 0,
-            drops: Drops::default(),
-            latency: LatencyHist::default(),
+            shards: vec![PlaneShard::new(f, 1)],
+            last: 0,
             f: f.clone(),
         }
     }
@@ -280,37 +279,49 @@ impl SpillPlane {
     pub fn workers(&self) -> u32 {
         self.workers.parallel()
     }
-    /// Counters.
-    pub fn counters(&self) -> &SpillCounters {
-        &self.counters
+    /// Counters, summed over the control part and the shards.
+    pub fn counters(&self) -> SpillCounters {
+        let mut c = self.counters;
+        for s in &self.shards {
+            c.add(&s.counters);
+        }
+        c
     }
-    /// Drops by reason.
-    pub fn drops(&self) -> &Drops {
-        &self.drops
+    /// Drops by reason, summed over the shards.
+    pub fn drops(&self) -> Drops {
+        self.shards[1..]
+            .iter()
+            .fold(self.shards[0].drops, |d, s| d.merged(&s.drops))
     }
     /// Latency of packets the plane delivered itself (vATC), ns.
-    pub fn latency(&self) -> &LatencyHist {
-        &self.latency
+    pub fn latency(&self) -> LatencyHist {
+        let mut h = self.shards[0].latency.clone();
+        for s in &self.shards[1..] {
+            h.merge(&s.latency);
+        }
+        h
     }
-    /// The first connection a packet of which found no state here.
+    /// The first connection a packet of which found no state here (and was punted back).
     pub fn first_no_state(&self) -> Option<ConnId> {
-        self.first_no_state
+        self.shards.iter().find_map(|s| s.first_no_state)
     }
     /// The plane's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&SpillConn> {
-        self.conns.get(&conn)
+        self.shards[self.shard_of(conn)].conns.get(&conn)
     }
     /// Records held.
     pub fn conns_len(&self) -> usize {
-        self.conns.len()
+        self.shards.iter().map(|s| s.conns.len()).sum()
     }
     /// Connections owned.
     pub fn conns_owned(&self) -> u64 {
-        self.conns.owned()
+        self.shards.iter().map(|s| s.conns.owned()).sum()
     }
     /// Every record, sorted by connection.
     pub fn conns_sorted(&self) -> Vec<(ConnId, SpillConn)> {
-        self.conns.sorted()
+        let mut v: Vec<_> = self.shards.iter().flat_map(|s| s.conns.sorted()).collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        v
     }
     /// The placement policy's name.
     pub fn policy_name(&self) -> &'static str {
@@ -320,12 +331,26 @@ impl SpillPlane {
     pub fn deletes_pending(&self) -> usize {
         self.deletes.len()
     }
+    /// The shard that holds `conn`: its redirect bucket modulo the shard count, as on the DPU
+    /// ([`crate::dpu::shard_of`]).
+    pub fn shard_of(&self, conn: ConnId) -> usize {
+        crate::dpu::shard_of(conn, self.f.dpu.redirect_buckets, self.shards.len())
+    }
+    /// What the shards know of the lifecycle.
+    pub fn view(&self) -> PlaneView {
+        PlaneView {
+            colour: self.colour,
+            active: self.active,
+            releasing: self.releasing,
+            vatc: self.f.host.vatc,
+        }
+    }
 
     // ---- outputs ---------------------------------------------------------------------------
 
     /// The next message for the DPU.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.out.pop()
+        self.shards.iter_mut().find_map(PlaneShard::poll_transmit)
     }
 
     /// When [`SpillPlane::handle_timeout`] must next run.
@@ -343,29 +368,13 @@ impl SpillPlane {
         Some(t)
     }
 
+    /// The control part's own messages leave on the first shard's channels.
     fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
-        self.out.send(at, channel, msg);
+        self.call(0, PlaneRequest::Send { at, channel, msg });
     }
 
-    fn send_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
-        self.counters.sync_tx += 1;
-        self.out.sync(now, self.colour, kind, state);
-    }
-
-    fn set_role(&mut self, conn: ConnId, role: Role) {
-        self.conns.set_role(conn, role);
-    }
-
-    fn insert_conn(&mut self, conn: ConnId, rec: SpillConn) {
-        self.conns.insert(conn, rec);
-    }
-
-    fn remove_conn(&mut self, conn: ConnId) -> Option<SpillConn> {
-        // A closed connection is no longer on the fast path either: placement must not see it
-        // among the offloaded flows (a swap would demote a connection that is gone).
-        self.offloaded.remove(&conn);
-        self.policy.closed(conn);
-        self.conns.remove(conn)
+    fn call(&mut self, shard: usize, req: PlaneRequest) -> PlaneReply {
+        self.shards[shard].serve(req)
     }
 
     // ---- inputs ----------------------------------------------------------------------------
@@ -379,7 +388,6 @@ impl SpillPlane {
         self.next_tick = now + self.f.placement.tick;
         self.active = false;
         self.releasing = false;
-        self.absorbed_sent = false;
         self.budget.free_entries = 0;
         self.budget.headroom_pps = 0.0;
         self.send_heartbeat(now);
@@ -390,11 +398,11 @@ impl SpillPlane {
     pub fn stop(&mut self, now: Instant) -> u32 {
         let lost = self.workers.fail(ps(now));
         self.up = false;
-        self.conns.clear();
-        self.offloaded.clear();
+        for i in 0..self.shards.len() {
+            self.call(i, PlaneRequest::Stop);
+        }
         self.deletes.clear();
         self.pending_workers = None;
-        self.out.clear();
         // A new process starts with a new policy: nothing it learnt about flows survives.
         self.policy = self.f.placement.build();
         lost
@@ -418,7 +426,7 @@ impl SpillPlane {
     /// into VM memory itself (no phy message comes for them), or hands them back with
     /// [`SpillPlane::handle_direct_refused`].
     pub fn direct_last(&self) -> u32 {
-        self.direct_last
+        self.shards[self.last].direct_last
     }
 
     /// Whether VM-bound packets take the vATC path.
@@ -431,13 +439,8 @@ impl SpillPlane {
     /// instead, as without vATC, charged to the phy vNIC and the PCIe link toward the DPU
     /// (`atc.direct_refused`).
     pub fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
-        self.counters.direct_refused += u64::from(t.packets);
-        if let Some((n, at)) = self.cross_back(ps(now), t) {
-            let mut back = *t;
-            back.packets = n;
-            self.counters.to_dpu += u64::from(n);
-            self.send(at, Channel::PhyVnic, Msg::Packets(back));
-        }
+        let i = self.shard_of(t.conn);
+        self.shards[i].handle_direct_refused(now, t);
     }
 
     fn send_heartbeat(&mut self, now: Instant) {
@@ -447,76 +450,56 @@ impl SpillPlane {
         self.next_heartbeat = now + self.f.host.heartbeat;
     }
 
-    /// A message from the DPU.
+    /// A message from the DPU. One about a connection ([`Msg::conn`]) goes to its shard, the
+    /// end of a bulk sync to the shard whose flow vNIC carried it (the first: one shard
+    /// today); the rest are the control part's.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
-        self.direct_last = 0;
+        for s in &mut self.shards {
+            s.direct_last = 0;
+        }
         if !self.up {
             return;
         }
+        if let Msg::Sync { colour, .. } = msg {
+            self.colour = self.colour.max(colour);
+        }
+        let shard = match msg {
+            Msg::DeleteAck { .. } => None,
+            Msg::SyncDone { .. } => Some(0),
+            _ => msg.conn().map(|c| self.shard_of(c)),
+        };
+        if let Some(i) = shard {
+            self.last = i;
+            let view = self.view();
+            self.shards[i].handle_msg(now, msg, &view, &mut self.workers);
+            return;
+        }
         match msg {
-            Msg::Packets(t) => self.handle_packets(now, &t),
-            Msg::Sync {
-                kind,
-                state,
-                colour,
-            } => {
-                self.colour = self.colour.max(colour);
-                self.ingest_sync(now, kind, state);
-            }
-            Msg::SyncDone { colour, count } => {
-                // In order on the flow vNIC: every state of the bulk sync is in.
-                self.out.send_flow(now, Msg::SyncDone { colour, count });
-            }
             Msg::Activated { colour } => {
                 self.colour = colour;
                 self.active = true;
-            }
-            Msg::RecallDone { conn, ok } => {
-                if ok {
-                    self.counters.recalls_ok += 1;
-                    // Keep a copy: packets redirected before the entries went live may still
-                    // be on their way, and the DPU mirrors the connection's changes to it.
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        c.recalling = false;
-                        self.offloaded.insert(conn, c.pps.max(0.0));
-                    }
-                } else {
-                    self.counters.recalls_refused += 1;
-                    if let Some(c) = self.conns.get_mut(&conn) {
-                        c.recalling = false;
-                    }
-                    self.set_role(conn, Role::Owner);
-                }
             }
             Msg::DeleteAck { seq, state } => {
                 let Some(d) = self.deletes.remove(&seq) else {
                     return; // a duplicate ack of a retransmission
                 };
                 self.counters.deletes_acked += 1;
-                self.offloaded.remove(&d.conn);
-                if let Some(st) = state {
-                    self.send(now, Channel::Control, Msg::Adopted { conn: d.conn });
-                    self.insert_conn(
-                        d.conn,
-                        SpillConn {
-                            state: st,
-                            role: Role::Owner,
-                            recalling: false,
-                            counters: FlowCounters::default(),
-                            pps: -1.0,
-                            since: now,
-                        },
-                    );
-                }
-                if let Some((conn, pps, replaces)) = d.then_recall {
+                let conn = d.conn;
+                self.call(
+                    self.shard_of(conn),
+                    PlaneRequest::Demoted { now, conn, state },
+                );
+                if let Some((conn, pps, replaces_pps)) = d.then_recall {
                     // A swap: the recall follows the adoption on the same (FIFO) channel, so
                     // the DPU has freed the demoted entries when it reads the recall.
-                    self.recall_on(now, conn, pps, replaces, Channel::Control);
-                }
-            }
-            Msg::OffloadStats { conn, pps } => {
-                if let Some(v) = self.offloaded.get_mut(&conn) {
-                    *v = pps;
+                    let req = PlaneRequest::Recall {
+                        now,
+                        conn,
+                        pps,
+                        replaces_pps,
+                        channel: Channel::Control,
+                    };
+                    self.call(self.shard_of(conn), req);
                 }
             }
             Msg::Budget {
@@ -528,31 +511,38 @@ impl SpillPlane {
             }
             Msg::Release { colour } => {
                 self.releasing = true;
-                let owned = self.conns.keys_where(|_, c| c.role == Role::Owner);
-                let count = owned.len() as u64;
-                for conn in owned {
-                    self.hand_over(now, conn);
+                let sync_colour = self.colour;
+                for i in 0..self.shards.len() {
+                    let req = PlaneRequest::Release {
+                        now,
+                        colour,
+                        sync_colour,
+                    };
+                    self.call(i, req);
                 }
-                let at = self.out.flow_idle_at(now);
-                // On the flow vNIC, after the handovers, so the DPU has them all first.
-                self.send(at, Channel::FlowVnic, Msg::Released { colour, count });
             }
             Msg::Drain { colour } => {
-                let done = self
-                    .workers
-                    .busy_until_ps()
-                    .max(ps(self.out.flow_idle_at(now)))
-                    .max(self.to_dpu.busy_until_ps())
-                    .max(ps(now));
-                // On the flow vNIC, behind every handover the plane has sent: the DPU must own
-                // all of them before it stops the plane.
-                self.send(at_ps(done), Channel::FlowVnic, Msg::Drained { colour });
+                let workers_until_ps = self.workers.busy_until_ps();
+                for i in 0..self.shards.len() {
+                    let req = PlaneRequest::Drain {
+                        now,
+                        colour,
+                        workers_until_ps,
+                    };
+                    self.call(i, req);
+                }
             }
             Msg::SetWorkers { workers } => {
                 self.pending_workers = Some((now + self.f.host.worker_start, workers));
             }
-            // Plane-to-DPU messages never arrive here.
-            Msg::Recall { .. }
+            // Messages about a connection went to its shard; plane-to-DPU messages never
+            // arrive here.
+            Msg::Packets(_)
+            | Msg::Sync { .. }
+            | Msg::SyncDone { .. }
+            | Msg::RecallDone { .. }
+            | Msg::OffloadStats { .. }
+            | Msg::Recall { .. }
             | Msg::Punt(_)
             | Msg::Delete { .. }
             | Msg::Released { .. }
@@ -560,261 +550,6 @@ impl SpillPlane {
             | Msg::Drained { .. }
             | Msg::Adopted { .. }
             | Msg::Absorbing => {}
-        }
-    }
-
-    fn hand_over(&mut self, now: Instant, conn: ConnId) {
-        let Some(c) = self.conns.get(&conn).copied() else {
-            return;
-        };
-        self.set_role(conn, Role::Copy);
-        self.counters.handovers += 1;
-        self.send_sync(now, SyncKind::Handover, c.state);
-    }
-
-    fn ingest_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState) {
-        match kind {
-            SyncKind::Closed => {
-                // Its last packet went through the DPU: forget it, owner or copy.
-                self.remove_conn(state.conn);
-            }
-            SyncKind::Update => {
-                if let Some(c) = self.conns.get_mut(&state.conn)
-                    && state.version >= c.state.version
-                {
-                    c.state = state;
-                }
-            }
-            SyncKind::Mirror | SyncKind::Handover => {
-                let role = if kind == SyncKind::Handover {
-                    Role::Owner
-                } else {
-                    Role::Copy
-                };
-                match self.conns.get_mut(&state.conn) {
-                    Some(c) => {
-                        if state.version >= c.state.version {
-                            c.state = state;
-                        }
-                        if role == Role::Owner {
-                            c.recalling = false;
-                            self.set_role(state.conn, Role::Owner);
-                        }
-                    }
-                    None => {
-                        if self.conns.len() * 2 + 2 > self.f.host.flow_cache_max {
-                            // No room for a mirror: counted; a handover is taken regardless.
-                            if role == Role::Copy {
-                                self.drops.add(FabricDrop::SpillCacheFull, 0);
-                                return;
-                            }
-                        }
-                        self.insert_conn(
-                            state.conn,
-                            SpillConn {
-                                state,
-                                role,
-                                recalling: false,
-                                counters: FlowCounters::default(),
-                                pps: -1.0,
-                                since: now,
-                            },
-                        );
-                    }
-                }
-                if role == Role::Owner {
-                    self.send(now, Channel::Control, Msg::Adopted { conn: state.conn });
-                }
-                if role == Role::Owner && self.releasing {
-                    // Handed to a releasing plane (a demotion crossing the release): give it
-                    // straight back.
-                    self.hand_over(now, state.conn);
-                }
-            }
-        }
-    }
-
-    fn handle_packets(&mut self, now: Instant, t: &Train) {
-        self.counters.rx += u64::from(t.packets);
-        // The cost depends on the packet, not on what the plane knows of its connection.
-        let direct = self.f.host.vatc && t.dest == Dest::Vm && !t.denied;
-        let copy = if direct {
-            self.vatc_ps + (f64::from(t.packet_bytes) * self.copy_ps_per_byte) as u64
-        } else {
-            0
-        };
-        let cost = copy
-            + if t.kind == Kind::Open || t.denied {
-                self.new_ps
-            } else {
-                self.pkt_ps
-            };
-        let a = self.workers.offer(ps(now), t.packets, cost);
-        self.counters.busy_ns += u64::from(a.count) * (cost / PS_PER_NS);
-        self.drops
-            .add_refused(FabricDrop::SpillQueueFull, t.packets, a.count);
-        if a.count == 0 {
-            if t.kind == Kind::Open {
-                self.counters.open_dropped += 1;
-            }
-            return;
-        }
-        if t.denied {
-            self.drops.add(FabricDrop::Policy, u64::from(a.count));
-            return;
-        }
-        self.counters.processed += u64::from(a.count);
-        let bytes = u64::from(a.count) * u64::from(t.packet_bytes);
-        // Control packets: the trains that step the connection (open, control, close).
-        let ctrl = if t.kind == Kind::Data { 0 } else { a.count };
-        // One lookup of the connection per train.
-        match self.conns.get_mut(&t.conn) {
-            None if t.kind == Kind::Open => {
-                if self.conns.len() * 2 + 2 > self.f.host.flow_cache_max {
-                    self.drops
-                        .add(FabricDrop::SpillCacheFull, u64::from(a.count));
-                    self.counters.open_dropped += 1;
-                    return;
-                }
-                self.counters.new_conn += 1;
-                let st = ConnState::open(now, t);
-                let mut counters = FlowCounters::default();
-                counters.record(now.0, a.count, bytes, ctrl);
-                self.insert_conn(
-                    t.conn,
-                    SpillConn {
-                        state: st,
-                        role: Role::Owner,
-                        recalling: false,
-                        counters,
-                        pps: -1.0,
-                        since: now,
-                    },
-                );
-                if self.releasing {
-                    self.hand_over(now, t.conn);
-                } else {
-                    self.send_sync(now, SyncKind::Mirror, st);
-                }
-            }
-            None => {
-                // No state here (yet): the owner's mirror is still on its way, or the DPU kept
-                // it. Hand the packets back to the DPU's slow path rather than drop them.
-                let mut back = *t;
-                back.packets = a.count;
-                self.counters.punted += u64::from(a.count);
-                if let Some((n, at)) = self.cross_back(a.finish_ps, &back) {
-                    back.packets = n;
-                    self.send(at, Channel::PhyVnic, Msg::Punt(back));
-                }
-                return;
-            }
-            Some(rec) if t.kind == Kind::Close => {
-                let mut st = rec.state;
-                st.phase = ConnPhase::Closing;
-                st.version += 1;
-                self.remove_conn(t.conn);
-                // Owner or not, the DPU must forget its record of a closed connection.
-                self.send_sync(now, SyncKind::Closed, st);
-            }
-            Some(rec) => {
-                rec.counters.record(now.0, a.count, bytes, ctrl);
-                if rec.state.apply(t) {
-                    let st = rec.state;
-                    let kind = if rec.role == Role::Owner {
-                        SyncKind::Mirror
-                    } else {
-                        SyncKind::Update
-                    };
-                    self.send_sync(now, kind, st);
-                }
-            }
-        }
-        if self.active && !self.absorbed_sent {
-            self.absorbed_sent = true;
-            self.send(at_ps(a.finish_ps), Channel::Control, Msg::Absorbing);
-        }
-        let mut done = *t;
-        done.packets = a.count;
-        if direct {
-            // Straight into the VM's receive buffer (the copy was part of the workers' cost):
-            // no crossing back. Latency to the batch's average packet, like the DPU's.
-            let mean_ps = ps(now) + a.wait_sum_ps / u64::from(a.count);
-            let lat = (mean_ps / PS_PER_NS).saturating_sub(t.born.0);
-            self.latency.record(lat, u64::from(a.count));
-            self.counters.direct += u64::from(a.count);
-            self.direct_last += a.count;
-            self.atc_miss_acc += f64::from(a.count) * (1.0 - self.f.host.vatc_hit_ratio);
-            let whole = self.atc_miss_acc.floor();
-            self.counters.atc_miss += whole as u64;
-            self.atc_miss_acc -= whole;
-            if t.kind == Kind::Close {
-                self.counters.closed_direct += 1;
-            }
-            return;
-        }
-        match self.cross_back(a.finish_ps, &done) {
-            Some((n, at)) => {
-                done.packets = n;
-                self.counters.to_dpu += u64::from(n);
-                self.send(at, Channel::PhyVnic, Msg::Packets(done));
-            }
-            None if t.kind == Kind::Open => self.counters.open_dropped += 1,
-            None => {}
-        }
-    }
-
-    /// Packets of `t` leave for the DPU at `at_ps`: the phy vNIC toward the DPU, then the PCIe
-    /// link toward it (the driver adds `pcie.latency`). Returns how many got through and when
-    /// the last left; the rest are dropped with their reason.
-    fn cross_back(&mut self, at_ps_: u64, t: &Train) -> Option<(u32, Instant)> {
-        // A link backed up toward the DPU backs up into the phy vNIC's ring (PCIe is lossless).
-        let mut part = *t;
-        part.packets = t.packets.min(self.link_up.room(at_ps_));
-        let v = self.to_dpu.offer(at_ps_, &part);
-        self.drops
-            .add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
-        if v.count == 0 {
-            return None;
-        }
-        let l = self.link_up.cross(v.finish_ps, v.count, t.packet_bytes);
-        self.drops
-            .add_refused(FabricDrop::PcieLinkFull, v.count, l.count);
-        (l.count > 0).then(|| (l.count, at_ps(l.finish_ps)))
-    }
-
-    fn recall(&mut self, now: Instant, conn: ConnId, pps: f64, replaces_pps: f64) {
-        self.recall_on(now, conn, pps, replaces_pps, Channel::FlowVnic);
-    }
-
-    fn recall_on(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        pps: f64,
-        replaces_pps: f64,
-        channel: Channel,
-    ) {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return;
-        };
-        if c.role != Role::Owner || c.recalling {
-            return;
-        }
-        c.recalling = true;
-        let state = c.state;
-        // The state travels with the recall: from here the plane holds a copy.
-        self.set_role(conn, Role::Copy);
-        self.counters.recalls_sent += 1;
-        let msg = Msg::Recall {
-            state,
-            pps,
-            replaces_pps,
-        };
-        if channel == Channel::FlowVnic {
-            self.out.send_flow(now, msg);
-        } else {
-            self.send(now, channel, msg);
         }
     }
 
@@ -851,38 +586,40 @@ impl SpillPlane {
         }
     }
 
+    /// Every shard turns its flows' counters into features and names its candidates, its
+    /// entries on the fast path and the connections it closed; the policy forgets the closed
+    /// ones and chooses over all of them within the one budget; each move goes to its
+    /// connection's shard (recalls) or onto the reliable channel (demotions).
     fn placement_tick(&mut self, now: Instant) {
-        let tick = self.f.placement.tick;
         self.cands.clear();
-        for (k, c) in self.conns.iter_mut() {
-            let measured = c.pps >= 0.0;
-            let features = c.counters.take(tick);
-            // A flow joining mid-tick has a partial first sample; it counts from the next one.
-            let full_tick = now.0.saturating_sub(c.since.0) >= ns(self.f.placement.tick);
-            c.pps = if full_tick { features.pps } else { -1.0 };
-            if measured
-                && full_tick
-                && c.role == Role::Owner
-                && !c.recalling
-                && c.state.phase == ConnPhase::Established
-            {
-                self.cands.push(Candidate {
-                    conn: *k,
-                    since: c.since,
-                    features,
-                });
+        self.offl.clear();
+        self.closed.clear();
+        for i in 0..self.shards.len() {
+            let req = PlaneRequest::Tick {
+                now,
+                cands: core::mem::take(&mut self.cands),
+                offl: core::mem::take(&mut self.offl),
+                closed: core::mem::take(&mut self.closed),
+            };
+            match self.call(i, req) {
+                PlaneReply::Tick {
+                    cands,
+                    offl,
+                    closed,
+                } => (self.cands, self.offl, self.closed) = (cands, offl, closed),
+                r => unreachable!("a tick answered with {r:?}"),
             }
+        }
+        for &conn in &self.closed {
+            self.policy.closed(conn);
         }
         if !self.active || self.releasing {
             return;
         }
         self.cands.sort_unstable_by_key(|c| c.conn);
-        self.offl.clear();
-        self.offl
-            .extend(self.offloaded.iter().map(|(conn, pps)| Offloaded {
-                conn: *conn,
-                pps: *pps,
-            }));
+        if self.shards.len() > 1 {
+            self.offl.sort_unstable_by_key(|o| o.conn);
+        }
         self.moves.clear();
         let mut moves = core::mem::take(&mut self.moves);
         self.policy
@@ -909,7 +646,16 @@ impl SpillPlane {
                     conn,
                     pps,
                     replaces_pps,
-                } => self.recall(now, conn, pps, replaces_pps),
+                } => {
+                    let req = PlaneRequest::Recall {
+                        now,
+                        conn,
+                        pps,
+                        replaces_pps,
+                        channel: Channel::FlowVnic,
+                    };
+                    self.call(self.shard_of(conn), req);
+                }
             }
             i += 1;
         }
@@ -933,13 +679,8 @@ impl SpillPlane {
 
     /// Checks owner accounting and queue bounds. O(connections).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.conns.check("spill")?;
-        if self.conns.len() * 2 > self.f.host.flow_cache_max {
-            return Err(format!(
-                "spill: flow cache {} entries > {}",
-                self.conns.len() * 2,
-                self.f.host.flow_cache_max
-            ));
+        for s in &self.shards {
+            s.check_invariants()?;
         }
         self.workers.check_invariants()
     }
@@ -952,7 +693,7 @@ mod tests {
     use spillway_vswitch::TenantId;
 
     use super::*;
-    use crate::types::Side;
+    use crate::types::{Dest, Kind, Side};
 
     /// Every tick's time and candidates.
     type Ticks = Arc<Mutex<Vec<(Instant, Vec<Candidate>)>>>;

@@ -1,0 +1,609 @@
+//! One shard of the spill plane: the records of its connections, what it has on the fast
+//! path, its outbox and its side of a vNIC set (the phy vNIC and the PCIe link toward the
+//! DPU), its counters, drops and latency. See the [module](super) for the split.
+
+use std::collections::BTreeMap;
+
+use spillway_vswitch::Instant;
+
+use super::{SpillConn, SpillCounters};
+use crate::links::{PcieLink, PhyVnic, at_ps, ps};
+use crate::params::{FabricParams, ns};
+use crate::placement::{Candidate, Offloaded};
+use crate::records::{Outbox, Records, Role};
+use crate::server::{PS_PER_NS, Server};
+use crate::stats::{Drops, FabricDrop, LatencyHist};
+use crate::types::{
+    Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
+};
+
+/// What a shard knows of the plane's lifecycle: the control part's, passed with every input
+/// so that a shard keeps no copy that could go stale.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PlaneView {
+    /// The newest activation the plane has heard of.
+    pub colour: Colour,
+    /// Serving redirected traffic (`Msg::Activated`).
+    pub active: bool,
+    /// Handing everything back (`Msg::Release`).
+    pub releasing: bool,
+    /// VM-bound packets go straight into VM memory.
+    pub vatc: bool,
+}
+
+/// One thing the control part asks of one shard. The driver carries it to the shard (a call
+/// in one thread, a message between threads) and brings the reply back.
+#[derive(Debug)]
+pub enum PlaneRequest {
+    /// A message of the control part's own (heartbeats, deletes) onto this shard's outbox.
+    /// [`PlaneReply::Done`].
+    Send {
+        /// When it leaves.
+        at: Instant,
+        /// On which channel.
+        channel: Channel,
+        /// What.
+        msg: Msg,
+    },
+    /// A placement tick: every record's counters become its features for the tick ending at
+    /// `now`; measured owners are appended to `cands`, the entries on the fast path to
+    /// `offl`, and the connections closed since the last tick to `closed` (for the policy).
+    /// The vectors travel with the request and come back. [`PlaneReply::Tick`].
+    Tick {
+        /// When.
+        now: Instant,
+        /// The candidates.
+        cands: Vec<Candidate>,
+        /// The offloaded entries.
+        offl: Vec<Offloaded>,
+        /// Closed connections.
+        closed: Vec<ConnId>,
+    },
+    /// Recall `conn` onto the fast path, on `channel`. [`PlaneReply::Done`].
+    Recall {
+        /// When.
+        now: Instant,
+        /// Which.
+        conn: ConnId,
+        /// Its rate.
+        pps: f64,
+        /// The rate of what it replaces.
+        replaces_pps: f64,
+        /// The flow vNIC, or the control channel behind a swap's adoption.
+        channel: Channel,
+    },
+    /// A demotion of `conn` was acknowledged: it is off the fast path, and the plane owns it
+    /// if the DPU sent its state. [`PlaneReply::Done`].
+    Demoted {
+        /// When.
+        now: Instant,
+        /// Which.
+        conn: ConnId,
+        /// Its state, if the DPU handed it over.
+        state: Option<ConnState>,
+    },
+    /// Release: hand every owned connection back, then `Msg::Released` behind them on the
+    /// flow vNIC. [`PlaneReply::Done`].
+    Release {
+        /// When.
+        now: Instant,
+        /// The activation released.
+        colour: Colour,
+        /// The colour the handovers carry (the newest the plane has heard of).
+        sync_colour: Colour,
+    },
+    /// Drain: `Msg::Drained` on the flow vNIC once the workers (busy until
+    /// `workers_until_ps`), the flow vNIC and the phy vNIC toward the DPU are idle.
+    /// [`PlaneReply::Done`].
+    Drain {
+        /// When.
+        now: Instant,
+        /// The activation drained.
+        colour: Colour,
+        /// When the workers are idle, ps.
+        workers_until_ps: u64,
+    },
+    /// The process stopped: forget everything. [`PlaneReply::Done`].
+    Stop,
+}
+
+/// A shard's answer to a [`PlaneRequest`].
+#[derive(Debug)]
+pub enum PlaneReply {
+    /// Done.
+    Done,
+    /// A tick's vectors, filled.
+    Tick {
+        /// The candidates.
+        cands: Vec<Candidate>,
+        /// The offloaded entries.
+        offl: Vec<Offloaded>,
+        /// Closed connections.
+        closed: Vec<ConnId>,
+    },
+}
+
+/// One shard of the plane. See the module doc.
+#[derive(Debug)]
+pub struct PlaneShard {
+    tick: core::time::Duration,
+    flow_cache_max: usize,
+    pkt_ps: u64,
+    new_ps: u64,
+    /// vATC: fixed cost per packet (copy setup plus the expected miss cost), ps.
+    vatc_ps: u64,
+    /// vATC: copy cost per byte, ps.
+    copy_ps_per_byte: f64,
+    vatc_hit_ratio: f64,
+    /// Expected translation misses not yet counted whole.
+    atc_miss_acc: f64,
+    to_dpu: PhyVnic,
+    /// The PCIe link toward the DPU.
+    link_up: PcieLink,
+    pub(super) conns: Records<SpillConn>,
+    /// This shard's connections on the fast path, with their last measured rate.
+    offloaded: BTreeMap<ConnId, f64>,
+    /// Connections closed since the last tick: the placement policy forgets them.
+    closed: Vec<ConnId>,
+    absorbed_sent: bool,
+    pub(super) first_no_state: Option<ConnId>,
+    out: Outbox,
+    pub(super) counters: SpillCounters,
+    /// Packets the current input sent the vATC way.
+    pub(super) direct_last: u32,
+    pub(super) drops: Drops,
+    pub(super) latency: LatencyHist,
+}
+
+impl PlaneShard {
+    /// Shard `index` of `shards` of a plane with parameters `f`: its flow cache is its share
+    /// of `host.flow_cache_max` (each worker keeps its own, as a PMD thread keeps its own
+    /// exact-match cache).
+    pub fn new(f: &FabricParams, shards: usize) -> PlaneShard {
+        let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
+        PlaneShard {
+            tick: f.placement.tick,
+            flow_cache_max: f.host.flow_cache_max / shards.max(1),
+            pkt_ps: per_ps(f.host.pkt_cost),
+            new_ps: per_ps(f.host.new_conn_cost),
+            vatc_ps: per_ps(f.host.vatc_copy_cost)
+                + ((1.0 - f.host.vatc_hit_ratio) * per_ps(f.host.vatc_miss_cost) as f64) as u64,
+            copy_ps_per_byte: 1e12 / f.host.copy_bandwidth_bytes,
+            vatc_hit_ratio: f.host.vatc_hit_ratio,
+            atc_miss_acc: 0.0,
+            to_dpu: PhyVnic::new(f),
+            link_up: PcieLink::new(f),
+            conns: Records::new(11),
+            offloaded: BTreeMap::new(),
+            closed: Vec::new(),
+            absorbed_sent: false,
+            first_no_state: None,
+            out: Outbox::new(f),
+            counters: SpillCounters::default(),
+            direct_last: 0,
+            drops: Drops::default(),
+            latency: LatencyHist::default(),
+        }
+    }
+
+    /// The next message for the DPU.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.out.pop()
+    }
+
+    /// Answers a request of the control part.
+    pub fn serve(&mut self, req: PlaneRequest) -> PlaneReply {
+        match req {
+            PlaneRequest::Send { at, channel, msg } => self.out.send(at, channel, msg),
+            PlaneRequest::Tick {
+                now,
+                mut cands,
+                mut offl,
+                mut closed,
+            } => {
+                self.tick(now, &mut cands);
+                offl.extend(
+                    self.offloaded
+                        .iter()
+                        .map(|(&conn, &pps)| Offloaded { conn, pps }),
+                );
+                closed.append(&mut self.closed);
+                return PlaneReply::Tick {
+                    cands,
+                    offl,
+                    closed,
+                };
+            }
+            PlaneRequest::Recall {
+                now,
+                conn,
+                pps,
+                replaces_pps,
+                channel,
+            } => self.recall(now, conn, pps, replaces_pps, channel),
+            PlaneRequest::Demoted { now, conn, state } => {
+                self.offloaded.remove(&conn);
+                if let Some(st) = state {
+                    self.out.send(now, Channel::Control, Msg::Adopted { conn });
+                    self.conns
+                        .insert(conn, SpillConn::new(st, Role::Owner, now));
+                }
+            }
+            PlaneRequest::Release {
+                now,
+                colour,
+                sync_colour,
+            } => {
+                let owned = self.conns.keys_where(|_, c| c.role == Role::Owner);
+                let count = owned.len() as u64;
+                for conn in owned {
+                    self.hand_over(now, sync_colour, conn);
+                }
+                let at = self.out.flow_idle_at(now);
+                // On the flow vNIC, after the handovers, so the DPU has them all first.
+                self.out
+                    .send(at, Channel::FlowVnic, Msg::Released { colour, count });
+            }
+            PlaneRequest::Drain {
+                now,
+                colour,
+                workers_until_ps,
+            } => {
+                let done = workers_until_ps
+                    .max(ps(self.out.flow_idle_at(now)))
+                    .max(self.to_dpu.busy_until_ps())
+                    .max(ps(now));
+                // On the flow vNIC, behind every handover the shard has sent: the DPU must
+                // own all of them before it stops the plane.
+                self.out
+                    .send(at_ps(done), Channel::FlowVnic, Msg::Drained { colour });
+            }
+            PlaneRequest::Stop => {
+                self.conns.clear();
+                self.offloaded.clear();
+                self.closed.clear();
+                self.out.clear();
+                self.absorbed_sent = false;
+            }
+        }
+        PlaneReply::Done
+    }
+
+    /// A message from the DPU about one of this shard's connections ([`Msg::conn`]), or the
+    /// end of a bulk sync on its flow vNIC. `workers` is the plane's, charged per packet.
+    pub fn handle_msg(&mut self, now: Instant, msg: Msg, view: &PlaneView, workers: &mut Server) {
+        self.direct_last = 0;
+        match msg {
+            Msg::Packets(t) => self.handle_packets(now, &t, view, workers),
+            Msg::Sync { kind, state, .. } => self.ingest_sync(now, kind, state, view),
+            Msg::SyncDone { colour, count } => {
+                // In order on the flow vNIC: every state of the bulk sync is in.
+                self.out.send_flow(now, Msg::SyncDone { colour, count });
+            }
+            Msg::RecallDone { conn, ok } => {
+                if ok {
+                    self.counters.recalls_ok += 1;
+                    // Keep a copy: packets redirected before the entries went live may still
+                    // be on their way, and the DPU mirrors the connection's changes to it.
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.recalling = false;
+                        self.offloaded.insert(conn, c.pps.max(0.0));
+                    }
+                } else {
+                    self.counters.recalls_refused += 1;
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.recalling = false;
+                    }
+                    self.conns.set_role(conn, Role::Owner);
+                }
+            }
+            Msg::OffloadStats { conn, pps } => {
+                if let Some(v) = self.offloaded.get_mut(&conn) {
+                    *v = pps;
+                }
+            }
+            // The control part's, or plane-to-DPU messages, which never arrive here.
+            _ => {}
+        }
+    }
+
+    /// See [`super::SpillPlane::handle_direct_refused`].
+    pub fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
+        self.counters.direct_refused += u64::from(t.packets);
+        if let Some((n, at)) = self.cross_back(ps(now), t) {
+            let mut back = *t;
+            back.packets = n;
+            self.counters.to_dpu += u64::from(n);
+            self.out.send(at, Channel::PhyVnic, Msg::Packets(back));
+        }
+    }
+
+    fn send_sync(&mut self, now: Instant, colour: Colour, kind: SyncKind, state: ConnState) {
+        self.counters.sync_tx += 1;
+        self.out.sync(now, colour, kind, state);
+    }
+
+    fn remove_conn(&mut self, conn: ConnId) -> Option<SpillConn> {
+        // A closed connection is no longer on the fast path either: placement must not see it
+        // among the offloaded flows (a swap would demote a connection that is gone).
+        self.offloaded.remove(&conn);
+        self.closed.push(conn);
+        self.conns.remove(conn)
+    }
+
+    fn cache_full(&self) -> bool {
+        self.conns.len() * 2 + 2 > self.flow_cache_max
+    }
+
+    fn hand_over(&mut self, now: Instant, colour: Colour, conn: ConnId) {
+        let Some(c) = self.conns.get(&conn).copied() else {
+            return;
+        };
+        self.conns.set_role(conn, Role::Copy);
+        self.counters.handovers += 1;
+        self.send_sync(now, colour, SyncKind::Handover, c.state);
+    }
+
+    fn ingest_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState, view: &PlaneView) {
+        match kind {
+            SyncKind::Closed => {
+                // Its last packet went through the DPU: forget it, owner or copy.
+                self.remove_conn(state.conn);
+            }
+            SyncKind::Update => {
+                if let Some(c) = self.conns.get_mut(&state.conn)
+                    && state.version >= c.state.version
+                {
+                    c.state = state;
+                }
+            }
+            SyncKind::Mirror | SyncKind::Handover => {
+                let role = if kind == SyncKind::Handover {
+                    Role::Owner
+                } else {
+                    Role::Copy
+                };
+                match self.conns.get_mut(&state.conn) {
+                    Some(c) => {
+                        if state.version >= c.state.version {
+                            c.state = state;
+                        }
+                        if role == Role::Owner {
+                            c.recalling = false;
+                            self.conns.set_role(state.conn, Role::Owner);
+                        }
+                    }
+                    None => {
+                        // No room for a mirror: counted; a handover is taken regardless.
+                        if self.cache_full() && role == Role::Copy {
+                            self.drops.add(FabricDrop::SpillCacheFull, 0);
+                            return;
+                        }
+                        self.conns
+                            .insert(state.conn, SpillConn::new(state, role, now));
+                    }
+                }
+                if role == Role::Owner {
+                    self.out
+                        .send(now, Channel::Control, Msg::Adopted { conn: state.conn });
+                }
+                if role == Role::Owner && view.releasing {
+                    // Handed to a releasing plane (a demotion crossing the release): give it
+                    // straight back.
+                    self.hand_over(now, view.colour, state.conn);
+                }
+            }
+        }
+    }
+
+    fn handle_packets(&mut self, now: Instant, t: &Train, view: &PlaneView, workers: &mut Server) {
+        self.counters.rx += u64::from(t.packets);
+        // The cost depends on the packet, not on what the plane knows of its connection.
+        let direct = view.vatc && t.dest == Dest::Vm && !t.denied;
+        let copy = if direct {
+            self.vatc_ps + (f64::from(t.packet_bytes) * self.copy_ps_per_byte) as u64
+        } else {
+            0
+        };
+        let cost = copy
+            + if t.kind == Kind::Open || t.denied {
+                self.new_ps
+            } else {
+                self.pkt_ps
+            };
+        let a = workers.offer(ps(now), t.packets, cost);
+        self.counters.busy_ns += u64::from(a.count) * (cost / PS_PER_NS);
+        self.drops
+            .add_refused(FabricDrop::SpillQueueFull, t.packets, a.count);
+        if a.count == 0 {
+            if t.kind == Kind::Open {
+                self.counters.open_dropped += 1;
+            }
+            return;
+        }
+        if t.denied {
+            self.drops.add(FabricDrop::Policy, u64::from(a.count));
+            return;
+        }
+        self.counters.processed += u64::from(a.count);
+        let bytes = u64::from(a.count) * u64::from(t.packet_bytes);
+        // Control packets: the trains that step the connection (open, control, close).
+        let ctrl = if t.kind == Kind::Data { 0 } else { a.count };
+        let cache_full = self.cache_full();
+        // One lookup of the connection per train.
+        match self.conns.get_mut(&t.conn) {
+            None if t.kind == Kind::Open => {
+                if cache_full {
+                    self.drops
+                        .add(FabricDrop::SpillCacheFull, u64::from(a.count));
+                    self.counters.open_dropped += 1;
+                    return;
+                }
+                self.counters.new_conn += 1;
+                let st = ConnState::open(now, t);
+                let mut rec = SpillConn::new(st, Role::Owner, now);
+                rec.counters.record(now.0, a.count, bytes, ctrl);
+                self.conns.insert(t.conn, rec);
+                if view.releasing {
+                    self.hand_over(now, view.colour, t.conn);
+                } else {
+                    self.send_sync(now, view.colour, SyncKind::Mirror, st);
+                }
+            }
+            None => {
+                // No state here (yet): the owner's mirror is still on its way, or the DPU kept
+                // it. Hand the packets back to the DPU's slow path rather than drop them.
+                self.first_no_state.get_or_insert(t.conn);
+                let mut back = *t;
+                back.packets = a.count;
+                self.counters.punted += u64::from(a.count);
+                if let Some((n, at)) = self.cross_back(a.finish_ps, &back) {
+                    back.packets = n;
+                    self.out.send(at, Channel::PhyVnic, Msg::Punt(back));
+                }
+                return;
+            }
+            Some(rec) if t.kind == Kind::Close => {
+                let mut st = rec.state;
+                st.phase = ConnPhase::Closing;
+                st.version += 1;
+                self.remove_conn(t.conn);
+                // Owner or not, the DPU must forget its record of a closed connection.
+                self.send_sync(now, view.colour, SyncKind::Closed, st);
+            }
+            Some(rec) => {
+                rec.counters.record(now.0, a.count, bytes, ctrl);
+                if rec.state.apply(t) {
+                    let st = rec.state;
+                    let kind = if rec.role == Role::Owner {
+                        SyncKind::Mirror
+                    } else {
+                        SyncKind::Update
+                    };
+                    self.send_sync(now, view.colour, kind, st);
+                }
+            }
+        }
+        if view.active && !self.absorbed_sent {
+            self.absorbed_sent = true;
+            self.out
+                .send(at_ps(a.finish_ps), Channel::Control, Msg::Absorbing);
+        }
+        let mut done = *t;
+        done.packets = a.count;
+        if direct {
+            // Straight into the VM's receive buffer (the copy was part of the workers' cost):
+            // no crossing back. Latency to the batch's average packet, like the DPU's.
+            let mean_ps = ps(now) + a.wait_sum_ps / u64::from(a.count);
+            let lat = (mean_ps / PS_PER_NS).saturating_sub(t.born.0);
+            self.latency.record(lat, u64::from(a.count));
+            self.counters.direct += u64::from(a.count);
+            self.direct_last += a.count;
+            self.atc_miss_acc += f64::from(a.count) * (1.0 - self.vatc_hit_ratio);
+            let whole = self.atc_miss_acc.floor();
+            self.counters.atc_miss += whole as u64;
+            self.atc_miss_acc -= whole;
+            if t.kind == Kind::Close {
+                self.counters.closed_direct += 1;
+            }
+            return;
+        }
+        match self.cross_back(a.finish_ps, &done) {
+            Some((n, at)) => {
+                done.packets = n;
+                self.counters.to_dpu += u64::from(n);
+                self.out.send(at, Channel::PhyVnic, Msg::Packets(done));
+            }
+            None if t.kind == Kind::Open => self.counters.open_dropped += 1,
+            None => {}
+        }
+    }
+
+    /// Packets of `t` leave for the DPU at `at_ps`: the phy vNIC toward the DPU, then the PCIe
+    /// link toward it (the driver adds `pcie.latency`). Returns how many got through and when
+    /// the last left; the rest are dropped with their reason.
+    fn cross_back(&mut self, at_ps_: u64, t: &Train) -> Option<(u32, Instant)> {
+        // A link backed up toward the DPU backs up into the phy vNIC's ring (PCIe is lossless).
+        let mut part = *t;
+        part.packets = t.packets.min(self.link_up.room(at_ps_));
+        let v = self.to_dpu.offer(at_ps_, &part);
+        self.drops
+            .add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
+        if v.count == 0 {
+            return None;
+        }
+        let l = self.link_up.cross(v.finish_ps, v.count, t.packet_bytes);
+        self.drops
+            .add_refused(FabricDrop::PcieLinkFull, v.count, l.count);
+        (l.count > 0).then(|| (l.count, at_ps(l.finish_ps)))
+    }
+
+    fn recall(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        pps: f64,
+        replaces_pps: f64,
+        channel: Channel,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.role != Role::Owner || c.recalling {
+            return;
+        }
+        c.recalling = true;
+        let state = c.state;
+        // The state travels with the recall: from here the plane holds a copy.
+        self.conns.set_role(conn, Role::Copy);
+        self.counters.recalls_sent += 1;
+        let msg = Msg::Recall {
+            state,
+            pps,
+            replaces_pps,
+        };
+        if channel == Channel::FlowVnic {
+            self.out.send_flow(now, msg);
+        } else {
+            self.out.send(now, channel, msg);
+        }
+    }
+
+    /// Every record's counters become its features for the tick ending at `now`; measured,
+    /// established owners not on their way to the fast path are appended to `cands`.
+    fn tick(&mut self, now: Instant, cands: &mut Vec<Candidate>) {
+        let tick = self.tick;
+        for (k, c) in self.conns.iter_mut() {
+            let measured = c.pps >= 0.0;
+            let features = c.counters.take(tick);
+            // A flow joining mid-tick has a partial first sample; it counts from the next one.
+            let full_tick = now.0.saturating_sub(c.since.0) >= ns(tick);
+            c.pps = if full_tick { features.pps } else { -1.0 };
+            if measured
+                && full_tick
+                && c.role == Role::Owner
+                && !c.recalling
+                && c.state.phase == ConnPhase::Established
+            {
+                cands.push(Candidate {
+                    conn: *k,
+                    since: c.since,
+                    features,
+                });
+            }
+        }
+    }
+
+    /// Checks owner accounting and the flow cache's bound.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.conns.check("spill")?;
+        if self.conns.len() * 2 > self.flow_cache_max {
+            return Err(format!(
+                "spill: flow cache {} entries > {}",
+                self.conns.len() * 2,
+                self.flow_cache_max
+            ));
+        }
+        Ok(())
+    }
+}
