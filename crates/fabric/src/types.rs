@@ -199,12 +199,15 @@ pub enum Msg {
         /// The state.
         state: ConnState,
     },
-    /// Flow vNIC: end of a bulk sync, `count` states sent.
+    /// Flow vNIC: end of a bulk sync, `count` states sent by DPU shard `shard` (and the
+    /// plane's acknowledgement of it, from its shard of the same index).
     SyncDone {
         /// Colour of the round.
         colour: Colour,
         /// States sent.
         count: u64,
+        /// The shard whose vNIC set carried the states.
+        shard: u16,
     },
     /// Flow vNIC, host -> DPU: install the connection's two entries into the hardware fast path
     /// and take ownership with this state (a recall).
@@ -261,6 +264,8 @@ pub enum Msg {
         colour: Colour,
         /// Connections handed back.
         count: u64,
+        /// The plane's shard that sent them (every shard sends one).
+        shard: u16,
     },
     /// Control, DPU -> host: the redirect rules are gone; finish what is in flight.
     Drain {
@@ -271,6 +276,8 @@ pub enum Msg {
     Drained {
         /// Colour.
         colour: Colour,
+        /// The plane's shard that is idle (every shard sends one).
+        shard: u16,
     },
     /// Control, host -> DPU: the first redirected packet was served (overflow absorbed).
     Absorbing,

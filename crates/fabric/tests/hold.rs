@@ -62,7 +62,14 @@ fn active_hold_activates_keeps_and_recovers_the_plane() {
         Phase::Shadow { colour, .. } => colour,
         p => panic!("{p:?}"),
     };
-    dpu.handle_msg(at(51), Msg::SyncDone { colour, count: 0 });
+    dpu.handle_msg(
+        at(51),
+        Msg::SyncDone {
+            colour,
+            count: 0,
+            shard: 0,
+        },
+    );
     let live_at = match dpu.phase() {
         Phase::Activating { live_at, .. } => live_at,
         p => panic!("activation must follow the sync at once: {p:?}"),
@@ -110,7 +117,14 @@ fn released_hold_releases_an_active_plane() {
     let Phase::Shadow { colour, .. } = dpu.phase() else {
         panic!()
     };
-    dpu.handle_msg(at(3), Msg::SyncDone { colour, count: 0 });
+    dpu.handle_msg(
+        at(3),
+        Msg::SyncDone {
+            colour,
+            count: 0,
+            shard: 0,
+        },
+    );
     dpu.handle_timeout(at(3) + f.dpu.redirect_latency);
     assert!(matches!(dpu.phase(), Phase::Active { .. }));
     while dpu.poll_transmit().is_some() {}
@@ -140,7 +154,14 @@ fn shadow_hold_keeps_a_synced_plane_warm_and_a_later_activation_is_timed_from_it
     let Phase::Shadow { colour, .. } = dpu.phase() else {
         panic!()
     };
-    dpu.handle_msg(at(3), Msg::SyncDone { colour, count: 0 });
+    dpu.handle_msg(
+        at(3),
+        Msg::SyncDone {
+            colour,
+            count: 0,
+            shard: 0,
+        },
+    );
     // Longer than the shadow idle-out: the hold keeps the plane warm and inactive.
     let until = at(3) + f.sched.shadow_idle + Duration::from_secs(1);
     run_until(&mut dpu, until, true);
@@ -184,7 +205,14 @@ fn a_connection_whose_entries_are_on_their_way_stays_on_the_dpu_when_redirected(
         Phase::Shadow { colour, .. } => colour,
         p => panic!("{p:?}"),
     };
-    dpu.handle_msg(at(0), Msg::SyncDone { colour, count: 1 });
+    dpu.handle_msg(
+        at(0),
+        Msg::SyncDone {
+            colour,
+            count: 1,
+            shard: 0,
+        },
+    );
     let live_at = match dpu.phase() {
         Phase::Activating { live_at, .. } => live_at,
         p => panic!("{p:?}"),

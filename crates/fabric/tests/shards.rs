@@ -16,7 +16,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use spillway_fabric::dpu::{
-    Command, DpuNode, DpuShard, EventKind, Hold, Phase, Role, ShardReply, ShardRequest, Shards,
+    Command, DpuNode, DpuShard, DrainStep, EventKind, Hold, Phase, Role, ShardReply, ShardRequest,
+    Shards,
 };
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::types::{Channel, ConnId, ConnPhase, ConnState, Kind, Msg, SyncKind};
@@ -208,23 +209,40 @@ fn one_lifecycle_spans_both_shards() {
                 kind: SyncKind::Mirror,
                 ..
             } => mirrors += 1,
-            Msg::SyncDone { count, .. } => done.push(count),
+            Msg::SyncDone { count, shard, .. } => done.push((shard, count)),
             _ => {}
         }
     }
     assert_eq!(mirrors, 5);
-    assert_eq!(done, [3, 2], "an end marker per shard, with its count");
-
-    // Synced only when both are acknowledged.
-    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 3 });
     assert_eq!(
-        dpu.phase(),
-        Phase::Shadow {
-            colour,
-            synced: false
-        }
+        done,
+        [(0, 3), (1, 2)],
+        "an end marker per shard, naming it, with its count"
     );
-    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 2 });
+
+    // Synced only when both are acknowledged: a second acknowledgement of the same shard
+    // does not count for the other.
+    for _ in 0..2 {
+        let ack = Msg::SyncDone {
+            colour,
+            count: 3,
+            shard: 0,
+        };
+        dpu.handle_msg(ms(3), ack);
+        assert_eq!(
+            dpu.phase(),
+            Phase::Shadow {
+                colour,
+                synced: false
+            }
+        );
+    }
+    let ack = Msg::SyncDone {
+        colour,
+        count: 2,
+        shard: 1,
+    };
+    dpu.handle_msg(ms(3), ack);
     assert_eq!(
         dpu.phase(),
         Phase::Shadow {
@@ -415,8 +433,14 @@ fn a_node_with_a_remote_shard_runs_one_lifecycle_over_both() {
         .filter_map(done)
         .collect();
     assert_eq!((here, there), (vec![3], vec![2]));
-    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 3 });
-    dpu.handle_msg(ms(3), Msg::SyncDone { colour, count: 2 });
+    for (shard, count) in [(0, 3), (1, 2)] {
+        let ack = Msg::SyncDone {
+            colour,
+            count,
+            shard,
+        };
+        dpu.handle_msg(ms(3), ack);
+    }
     assert_eq!(
         dpu.phase(),
         Phase::Shadow {
@@ -424,5 +448,93 @@ fn a_node_with_a_remote_shard_runs_one_lifecycle_over_both() {
             synced: true
         }
     );
+    dpu.check_invariants().expect("invariants");
+}
+
+/// A release over two shards waits for each shard of the plane: the redirect rules go only
+/// once both have said they handed their connections back, and the plane is stopped only
+/// once both are drained. A marker repeated by one shard does not stand for the other's.
+#[test]
+fn a_release_over_two_shards_waits_for_every_shard_of_the_plane() {
+    let mut f = params();
+    f.dpu_only = false;
+    let mut dpu = two_shards(&f);
+    dpu.handle_hold(ms(1), Hold::Active);
+    dpu.handle_plane_up(ms(2));
+    let colour = match dpu.phase() {
+        Phase::Shadow { colour, .. } => colour,
+        p => panic!("{p:?}"),
+    };
+    for shard in 0..2 {
+        let count = 0;
+        dpu.handle_msg(
+            ms(3),
+            Msg::SyncDone {
+                colour,
+                count,
+                shard,
+            },
+        );
+    }
+    timers(&mut dpu, ms(3) + f.dpu.redirect_latency);
+    assert!(
+        matches!(dpu.phase(), Phase::Active { .. }),
+        "{:?}",
+        dpu.phase()
+    );
+    dpu.handle_hold(ms(20), Hold::Released);
+    let hand_back = Phase::Draining {
+        colour,
+        step: DrainStep::HandBack,
+    };
+    assert_eq!(dpu.phase(), hand_back);
+
+    let released = |count, shard| Msg::Released {
+        colour,
+        count,
+        shard,
+    };
+    dpu.handle_msg(ms(21), released(4, 1));
+    dpu.handle_msg(ms(21), released(4, 1));
+    assert_eq!(dpu.phase(), hand_back, "one shard of two handed back");
+    dpu.handle_msg(ms(22), released(3, 0));
+    assert!(
+        matches!(
+            dpu.phase(),
+            Phase::Draining {
+                step: DrainStep::RemoveRedirect { .. },
+                ..
+            }
+        ),
+        "{:?}",
+        dpu.phase()
+    );
+    let draining = std::iter::from_fn(|| dpu.poll_event())
+        .filter(|e| e.what == EventKind::Draining)
+        .last()
+        .expect("a draining event");
+    assert!(
+        draining.reason.starts_with("7 connections handed back"),
+        "{}",
+        draining.reason
+    );
+
+    // The plane is alive.
+    let beat = Msg::Heartbeat {
+        workers: 2,
+        util: 0.0,
+    };
+    dpu.handle_msg(ms(22), beat);
+    dpu.handle_timeout(ms(22) + f.dpu.redirect_latency);
+    let drain = Phase::Draining {
+        colour,
+        step: DrainStep::Drain,
+    };
+    assert_eq!(dpu.phase(), drain);
+    dpu.handle_msg(ms(41), Msg::Drained { colour, shard: 0 });
+    dpu.handle_msg(ms(41), Msg::Drained { colour, shard: 0 });
+    assert_eq!(dpu.phase(), drain, "one shard of two drained");
+    dpu.handle_msg(ms(42), Msg::Drained { colour, shard: 1 });
+    assert_eq!(dpu.phase(), Phase::Idle);
     dpu.check_invariants().expect("invariants");
 }

@@ -34,6 +34,8 @@ pub enum ShardRequest {
         now: Instant,
         /// The activation's colour.
         colour: Colour,
+        /// The shard's index, which its end marker carries.
+        shard: u16,
     },
     /// A fail-open: every copy becomes owned. [`ShardReply::Count`]: how many.
     PromoteCopies,
@@ -138,7 +140,7 @@ pub enum ShardReply {
 
 /// How the control part reaches the shards: one request to one shard, one reply. See the
 /// module doc. What the control part makes of the replies (sums, a shed that moves on to the
-/// next shard with what is left uncovered) is written once, here, whatever carries them.
+/// shed's choice over every shard's candidates) is written once, here, whatever carries them.
 pub trait Shards {
     /// How many shards there are (at least one).
     fn count(&self) -> usize;
@@ -152,9 +154,9 @@ fn mismatch(req: &str, reply: &ShardReply) -> ! {
 }
 
 impl dyn Shards + '_ {
-    fn count_all(&mut self, req: impl Fn() -> ShardRequest) -> u64 {
+    fn count_all(&mut self, req: impl Fn(usize) -> ShardRequest) -> u64 {
         (0..self.count())
-            .map(|i| match self.call(i, req()) {
+            .map(|i| match self.call(i, req(i)) {
                 ShardReply::Count(n) => n,
                 r => mismatch("a count", &r),
             })
@@ -168,11 +170,15 @@ impl dyn Shards + '_ {
     }
 
     pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64 {
-        self.count_all(|| ShardRequest::BulkSync { now, colour })
+        self.count_all(|i| ShardRequest::BulkSync {
+            now,
+            colour,
+            shard: i as u16,
+        })
     }
 
     pub(crate) fn promote_copies(&mut self) -> usize {
-        self.count_all(|| ShardRequest::PromoteCopies) as usize
+        self.count_all(|_| ShardRequest::PromoteCopies) as usize
     }
 
     pub(crate) fn hand_over_buckets(&mut self, now: Instant, colour: Colour, from: u16, to: u16) {
@@ -308,23 +314,47 @@ pub struct DpuControl {
     pub(crate) f: FabricParams,
     pub(crate) life: Lifecycle,
     pub(crate) win: Windows,
-    /// Shards whose bulk sync of the current colour the plane has not acknowledged yet, and
-    /// the connections the acknowledged ones carried.
-    pub(crate) sync_pending: usize,
-    pub(crate) sync_acked: u64,
+    /// The shards whose end marker the current step awaits from the plane (bit `k` for shard
+    /// `k`: the acknowledgement of its bulk sync, its `Released`, its `Drained`), and the
+    /// connections the markers received so far counted.
+    pub(crate) markers: u64,
+    pub(crate) marker_sum: u64,
     /// The zeroed vector the next shard counts tenants' packets in (see
     /// [`ShardRequest::TakeTenantPackets`]).
     pub(crate) tenant_spare: Vec<u64>,
 }
 
 impl DpuControl {
+    /// The next step awaits an end marker from each of `shards` shards.
+    pub(crate) fn await_markers(&mut self, shards: usize) {
+        self.markers = if shards >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << shards) - 1
+        };
+        self.marker_sum = 0;
+    }
+
+    /// Takes shard `shard`'s end marker, which counted `count` connections: `Some(total)` when
+    /// it was the last one awaited, `None` while others are, or if it was not awaited (a
+    /// duplicate, or no step awaits one).
+    pub(crate) fn take_marker(&mut self, shard: u16, count: u64) -> Option<u64> {
+        let bit = 1u64.checked_shl(u32::from(shard))?;
+        if self.markers & bit == 0 {
+            return None;
+        }
+        self.markers &= !bit;
+        self.marker_sum += count;
+        (self.markers == 0).then_some(self.marker_sum)
+    }
+
     /// The control part of a DPU with the limits in `f`.
     pub fn new(f: &FabricParams) -> DpuControl {
         DpuControl {
             life: Lifecycle::new(),
             win: Windows::new(f),
-            sync_pending: 0,
-            sync_acked: 0,
+            markers: 0,
+            marker_sum: 0,
             tenant_spare: Vec::new(),
             f: f.clone(),
         }

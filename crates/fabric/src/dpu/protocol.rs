@@ -38,25 +38,23 @@ impl DpuControl {
     /// A lifecycle reply from the plane (a message [`Msg::conn`] names no connection of).
     pub fn handle_msg(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
         match msg {
-            Msg::SyncDone { colour, count } => {
+            Msg::SyncDone {
+                colour,
+                count,
+                shard,
+            } => {
+                // Every shard sends its own end marker: synced when all are acknowledged.
                 if let Phase::Shadow {
                     colour: c,
                     synced: false,
                 } = self.life.phase
                     && c == colour
-                    && self.sync_pending > 0
+                    && let Some(count) = self.take_marker(shard, count)
                 {
-                    // Every shard sends its own end marker: synced when all are acknowledged.
-                    self.sync_pending -= 1;
-                    self.sync_acked += count;
-                    if self.sync_pending > 0 {
-                        return;
-                    }
                     self.life.phase = Phase::Shadow {
                         colour,
                         synced: true,
                     };
-                    let count = self.sync_acked;
                     self.event(
                         now,
                         EventKind::Synced,
@@ -68,12 +66,18 @@ impl DpuControl {
                     self.enforce_hold(now, sh);
                 }
             }
-            Msg::Released { colour, count } => {
+            Msg::Released {
+                colour,
+                count,
+                shard,
+            } => {
+                // Every shard of the plane hands its connections back and then says so.
                 if let Phase::Draining {
                     colour: c,
                     step: DrainStep::HandBack,
                 } = self.life.phase
                     && c == colour
+                    && let Some(count) = self.take_marker(shard, count)
                 {
                     let done_at = now + self.f.dpu.redirect_latency;
                     self.life.phase = Phase::Draining {
@@ -114,12 +118,13 @@ impl DpuControl {
                     });
                 }
             }
-            Msg::Drained { colour } => {
+            Msg::Drained { colour, shard } => {
                 if let Phase::Draining {
                     colour: c,
                     step: DrainStep::Drain,
                 } = self.life.phase
                     && c == colour
+                    && self.take_marker(shard, 0).is_some()
                 {
                     self.go_idle(now, "plane drained; host cores released".into(), sh);
                 }

@@ -254,8 +254,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
     // ---- what the control part asks of a shard -----------------------------------------
 
     /// The bulk sync of an activation of `colour`: a mirror of every connection the shard
-    /// owns, in connection order, then the end marker. Returns how many.
-    pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour) -> u64 {
+    /// owns, in connection order, then the end marker naming the shard (`shard`). Returns how
+    /// many.
+    pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour, shard: u16) -> u64 {
         let mut v: Vec<(ConnId, ConnState)> = self
             .conns
             .iter()
@@ -268,7 +269,12 @@ impl<R: ResourcesHandle> DpuShard<R> {
             self.send_sync(now, colour, SyncKind::Mirror, st);
         }
         let at = self.out.flow_idle_at(now);
-        self.send(at, Channel::FlowVnic, Msg::SyncDone { colour, count });
+        let done = Msg::SyncDone {
+            colour,
+            count,
+            shard,
+        };
+        self.send(at, Channel::FlowVnic, done);
         count
     }
 
@@ -367,8 +373,8 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// Answers one of the control part's requests (see [`ShardRequest`]).
     pub fn serve(&mut self, req: ShardRequest) -> ShardReply {
         match req {
-            ShardRequest::BulkSync { now, colour } => {
-                ShardReply::Count(self.bulk_sync(now, colour))
+            ShardRequest::BulkSync { now, colour, shard } => {
+                ShardReply::Count(self.bulk_sync(now, colour, shard))
             }
             ShardRequest::PromoteCopies => ShardReply::Count(self.promote_copies() as u64),
             ShardRequest::HandOver {

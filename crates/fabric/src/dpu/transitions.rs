@@ -28,8 +28,7 @@ impl DpuControl {
         };
         // Bulk sync: every connection the DPU owns, in connection order, then the end marker.
         let count = sh.bulk_sync(now, colour);
-        self.sync_pending = sh.count();
-        self.sync_acked = 0;
+        self.await_markers(sh.count());
         self.event(
             now,
             EventKind::Shadow,
@@ -110,6 +109,7 @@ impl DpuControl {
                 // phy vNIC.
                 let at = at_ps(sh.host_idle_ps(now));
                 sh.send(at, Channel::Control, Msg::Drain { colour });
+                self.await_markers(sh.count());
             }
             _ => {}
         }
@@ -385,6 +385,7 @@ impl DpuControl {
                     step: DrainStep::HandBack,
                 };
                 sh.send(now, Channel::Control, Msg::Release { colour });
+                self.await_markers(sh.count());
                 self.event(now, EventKind::Draining, format!("release: {reason}"));
             }
             (Phase::Shadow { .. }, Decision::Release { reason }) => {

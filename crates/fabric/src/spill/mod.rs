@@ -94,8 +94,10 @@
 //! goes straight to its shard with the control part's [`PlaneView`]; the control part reaches
 //! the shards only by [`PlaneRequest`]s (a placement tick's candidates, a recall, an
 //! acknowledged demotion, release, drain, stop), so that a driver can run each shard on a
-//! thread of its own. Its own messages leave on the first shard's channels. There is one shard
-//! today.
+//! thread of its own. Its own messages leave on the first shard's channels. The plane has as
+//! many shards as the DPU (`dpu.shards`): shard `k` and DPU shard `k` hold the same
+//! connections, and each end marker of a lifecycle step (the acknowledgement of a bulk sync,
+//! `Released`, `Drained`) names its shard, so that the DPU waits for every shard's.
 
 mod shard;
 
@@ -104,7 +106,7 @@ use std::collections::BTreeMap;
 use spillway_sketch::features::FlowCounters;
 use spillway_vswitch::Instant;
 
-pub use self::shard::{PlaneReply, PlaneRequest, PlaneShard, PlaneView};
+pub use self::shard::{PlaneReply, PlaneRequest, PlaneResources, PlaneShard, PlaneView};
 use crate::links::ps;
 use crate::params::FabricParams;
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
@@ -216,7 +218,7 @@ struct PendingDelete {
 pub struct SpillPlane {
     f: FabricParams,
     up: bool,
-    workers: Server,
+    res: PlaneResources,
     pending_workers: Option<(Instant, u32)>,
     colour: Colour,
     active: bool,
@@ -239,11 +241,13 @@ pub struct SpillPlane {
 }
 
 impl SpillPlane {
-    /// A plane (not yet started) with the fabric's parameters.
+    /// A plane (not yet started) with the fabric's parameters: as many shards as the DPU
+    /// has (`dpu.shards`), shard `k` at the other end of DPU shard `k`'s vNIC set.
     pub fn new(f: &FabricParams) -> SpillPlane {
+        let n = f.dpu.shards.max(1) as usize;
         SpillPlane {
             up: false,
-            workers: Server::new(f.host.workers_initial, f.pcie.phy_vnic_ring),
+            res: PlaneResources::new(f, f.host.workers_initial),
             pending_workers: None,
             colour: Colour(0),
             active: false,
@@ -263,7 +267,7 @@ impl SpillPlane {
             offl: Vec::new(),
             closed: Vec::new(),
             counters: SpillCounters::default(),
-            shards: vec![PlaneShard::new(f, 1)],
+            shards: (0..n).map(|i| PlaneShard::new(f, i as u16, n)).collect(),
             last: 0,
             f: f.clone(),
         }
@@ -277,7 +281,7 @@ impl SpillPlane {
     }
     /// Workers running.
     pub fn workers(&self) -> u32 {
-        self.workers.parallel()
+        self.res.workers.parallel()
     }
     /// Counters, summed over the control part and the shards.
     pub fn counters(&self) -> SpillCounters {
@@ -382,8 +386,8 @@ impl SpillPlane {
     /// The driver started the process with `workers` workers.
     pub fn start(&mut self, now: Instant, workers: u32) {
         self.up = true;
-        self.workers = Server::new(workers.max(1), self.f.pcie.phy_vnic_ring);
-        self.workers.take_util(ps(now));
+        self.res.workers = Server::new(workers.max(1), self.f.pcie.phy_vnic_ring);
+        self.res.workers.take_util(ps(now));
         self.next_heartbeat = now;
         self.next_tick = now + self.f.placement.tick;
         self.active = false;
@@ -396,7 +400,7 @@ impl SpillPlane {
     /// The process was stopped (released) or killed. Everything it held is gone; returns the
     /// packets that were queued in its workers (lost if it was killed).
     pub fn stop(&mut self, now: Instant) -> u32 {
-        let lost = self.workers.fail(ps(now));
+        let lost = self.res.workers.fail(ps(now));
         self.up = false;
         for i in 0..self.shards.len() {
             self.call(i, PlaneRequest::Stop);
@@ -440,19 +444,19 @@ impl SpillPlane {
     /// (`atc.direct_refused`).
     pub fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
         let i = self.shard_of(t.conn);
-        self.shards[i].handle_direct_refused(now, t);
+        self.shards[i].handle_direct_refused(now, t, &mut self.res);
     }
 
     fn send_heartbeat(&mut self, now: Instant) {
-        let util = self.workers.take_util(ps(now));
-        let workers = self.workers.parallel();
+        let util = self.res.workers.take_util(ps(now));
+        let workers = self.res.workers.parallel();
         self.send(now, Channel::Control, Msg::Heartbeat { workers, util });
         self.next_heartbeat = now + self.f.host.heartbeat;
     }
 
     /// A message from the DPU. One about a connection ([`Msg::conn`]) goes to its shard, the
-    /// end of a bulk sync to the shard whose flow vNIC carried it (the first: one shard
-    /// today); the rest are the control part's.
+    /// end of a bulk sync to the shard it names (the one whose vNIC set carried the states);
+    /// the rest are the control part's.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
         for s in &mut self.shards {
             s.direct_last = 0;
@@ -465,13 +469,16 @@ impl SpillPlane {
         }
         let shard = match msg {
             Msg::DeleteAck { .. } => None,
-            Msg::SyncDone { .. } => Some(0),
+            // A shard the plane does not have: nobody waits for its acknowledgement.
+            Msg::SyncDone { shard, .. } => {
+                Some(usize::from(shard)).filter(|&s| s < self.shards.len())
+            }
             _ => msg.conn().map(|c| self.shard_of(c)),
         };
         if let Some(i) = shard {
             self.last = i;
             let view = self.view();
-            self.shards[i].handle_msg(now, msg, &view, &mut self.workers);
+            self.shards[i].handle_msg(now, msg, &view, &mut self.res);
             return;
         }
         match msg {
@@ -522,12 +529,12 @@ impl SpillPlane {
                 }
             }
             Msg::Drain { colour } => {
-                let workers_until_ps = self.workers.busy_until_ps();
+                let host_idle_ps = self.res.idle_at_ps();
                 for i in 0..self.shards.len() {
                     let req = PlaneRequest::Drain {
                         now,
                         colour,
-                        workers_until_ps,
+                        host_idle_ps,
                     };
                     self.call(i, req);
                 }
@@ -564,7 +571,7 @@ impl SpillPlane {
         if let Some((at, w)) = self.pending_workers
             && now >= at
         {
-            self.workers.set_parallel(w.max(1));
+            self.res.workers.set_parallel(w.max(1));
             self.pending_workers = None;
         }
         let due: Vec<u64> = self
@@ -682,7 +689,7 @@ impl SpillPlane {
         for s in &self.shards {
             s.check_invariants()?;
         }
-        self.workers.check_invariants()
+        self.res.workers.check_invariants()
     }
 }
 
@@ -778,5 +785,87 @@ mod tests {
         }
         // 2 handshake packets and 600 data packets of 1.15 us each (the open costs 2.5 us).
         assert_eq!(plane.counters().busy_ns, 2_500 + 1_150 + 600 * 1_150);
+    }
+
+    /// A plane of two shards: connections go to the shard of their bucket, a release hands
+    /// each shard's owned connections back and ends with a `Released` per shard naming it and
+    /// its count, a drain with a `Drained` per shard, and a bulk sync's acknowledgement goes
+    /// back from the shard it names.
+    #[test]
+    fn a_plane_of_two_shards_ends_each_step_with_a_marker_per_shard() {
+        let mut f = FabricParams::default();
+        f.dpu.shards = 2;
+        let mut plane = SpillPlane::new(&f);
+        plane.start(Instant(0), 2);
+        let colour = Colour(1);
+        plane.handle_msg(Instant(0), Msg::Activated { colour });
+        // Handed over from the DPU: enough connections that both shards hold some.
+        let conns: Vec<ConnId> = (1..=16).map(ConnId).collect();
+        for &conn in &conns {
+            let t = Train {
+                conn,
+                tenant: TenantId(1),
+                side: Side::Orig,
+                dest: Dest::Wire,
+                kind: Kind::Open,
+                packets: 1,
+                packet_bytes: 64,
+                born: Instant(0),
+                denied: false,
+            };
+            let state = ConnState::open(Instant(0), &t);
+            let kind = crate::types::SyncKind::Handover;
+            plane.handle_msg(
+                Instant(0),
+                Msg::Sync {
+                    colour,
+                    kind,
+                    state,
+                },
+            );
+        }
+        let per_shard =
+            |p: &SpillPlane, i: usize| conns.iter().filter(|&&c| p.shard_of(c) == i).count() as u64;
+        let (n0, n1) = (per_shard(&plane, 0), per_shard(&plane, 1));
+        assert!(n0 > 0 && n1 > 0, "{n0} + {n1}");
+        assert_eq!(plane.conns_owned(), 16);
+        while plane.poll_transmit().is_some() {}
+
+        let ack = |shard| Msg::SyncDone {
+            colour,
+            count: 3,
+            shard,
+        };
+        plane.handle_msg(Instant(1), ack(1));
+        plane.handle_msg(Instant(1), ack(9)); // a shard the plane does not have
+        let acks: Vec<Msg> = std::iter::from_fn(|| plane.poll_transmit())
+            .map(|t| t.msg)
+            .collect();
+        assert_eq!(acks, [ack(1)]);
+
+        plane.handle_msg(Instant(2), Msg::Release { colour });
+        let mut released = Vec::new();
+        let mut handovers = 0;
+        while let Some(t) = plane.poll_transmit() {
+            match t.msg {
+                Msg::Released { count, shard, .. } => released.push((shard, count)),
+                Msg::Sync { .. } => handovers += 1,
+                _ => {}
+            }
+        }
+        released.sort_unstable();
+        assert_eq!(released, [(0, n0), (1, n1)]);
+        assert_eq!(handovers, 16);
+        assert_eq!(plane.conns_owned(), 0);
+
+        plane.handle_msg(Instant(3), Msg::Drain { colour });
+        let mut drained: Vec<u16> = std::iter::from_fn(|| plane.poll_transmit())
+            .filter_map(|t| match t.msg {
+                Msg::Drained { shard, .. } => Some(shard),
+                _ => None,
+            })
+            .collect();
+        drained.sort_unstable();
+        assert_eq!(drained, [0, 1]);
     }
 }

@@ -1,6 +1,5 @@
 //! One shard of the spill plane: the records of its connections, what it has on the fast
-//! path, its outbox and its side of a vNIC set (the phy vNIC and the PCIe link toward the
-//! DPU), its counters, drops and latency. See the [module](super) for the split.
+//! path, its outbox, its counters, drops and latency. See the [module](super) for the split.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +28,53 @@ pub struct PlaneView {
     pub releasing: bool,
     /// VM-bound packets go straight into VM memory.
     pub vatc: bool,
+}
+
+/// What the plane's shards share, as the DPU's shards share its `Resources`: one budget each,
+/// whatever the number of shards. A shard charges it per train.
+#[derive(Debug)]
+pub struct PlaneResources {
+    /// The workers.
+    pub(crate) workers: Server,
+    /// The phy vNIC toward the DPU.
+    pub(crate) to_dpu: PhyVnic,
+    /// The PCIe link toward the DPU.
+    pub(crate) link_up: PcieLink,
+}
+
+impl PlaneResources {
+    /// `workers` workers, and the plane's side of the phy vNIC and the link.
+    pub fn new(f: &FabricParams, workers: u32) -> PlaneResources {
+        PlaneResources {
+            workers: Server::new(workers, f.pcie.phy_vnic_ring),
+            to_dpu: PhyVnic::new(f),
+            link_up: PcieLink::new(f),
+        }
+    }
+
+    /// Packets of `t` leave for the DPU at `at_ps`: the phy vNIC toward the DPU, then the PCIe
+    /// link toward it (the driver adds `pcie.latency`). Returns how many got through and when
+    /// the last left; the rest are dropped with their reason into `drops`.
+    fn cross_back(&mut self, at_ps_: u64, t: &Train, drops: &mut Drops) -> Option<(u32, Instant)> {
+        // A link backed up toward the DPU backs up into the phy vNIC's ring (PCIe is lossless).
+        let mut part = *t;
+        part.packets = t.packets.min(self.link_up.room(at_ps_));
+        let v = self.to_dpu.offer(at_ps_, &part);
+        drops.add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
+        if v.count == 0 {
+            return None;
+        }
+        let l = self.link_up.cross(v.finish_ps, v.count, t.packet_bytes);
+        drops.add_refused(FabricDrop::PcieLinkFull, v.count, l.count);
+        (l.count > 0).then(|| (l.count, at_ps(l.finish_ps)))
+    }
+
+    /// When the workers and the phy vNIC toward the DPU are idle, ps.
+    pub fn idle_at_ps(&self) -> u64 {
+        self.workers
+            .busy_until_ps()
+            .max(self.to_dpu.busy_until_ps())
+    }
 }
 
 /// One thing the control part asks of one shard. The driver carries it to the shard (a call
@@ -92,16 +138,15 @@ pub enum PlaneRequest {
         /// The colour the handovers carry (the newest the plane has heard of).
         sync_colour: Colour,
     },
-    /// Drain: `Msg::Drained` on the flow vNIC once the workers (busy until
-    /// `workers_until_ps`), the flow vNIC and the phy vNIC toward the DPU are idle.
-    /// [`PlaneReply::Done`].
+    /// Drain: `Msg::Drained` on the flow vNIC once the workers and the phy vNIC toward the
+    /// DPU (idle at `host_idle_ps`) and the shard's flow vNIC are idle. [`PlaneReply::Done`].
     Drain {
         /// When.
         now: Instant,
         /// The activation drained.
         colour: Colour,
-        /// When the workers are idle, ps.
-        workers_until_ps: u64,
+        /// When the workers and the phy vNIC are idle, ps.
+        host_idle_ps: u64,
     },
     /// The process stopped: forget everything. [`PlaneReply::Done`].
     Stop,
@@ -126,6 +171,8 @@ pub enum PlaneReply {
 /// One shard of the plane. See the module doc.
 #[derive(Debug)]
 pub struct PlaneShard {
+    /// Its index, which its end markers carry.
+    index: u16,
     tick: core::time::Duration,
     flow_cache_max: usize,
     pkt_ps: u64,
@@ -137,9 +184,6 @@ pub struct PlaneShard {
     vatc_hit_ratio: f64,
     /// Expected translation misses not yet counted whole.
     atc_miss_acc: f64,
-    to_dpu: PhyVnic,
-    /// The PCIe link toward the DPU.
-    link_up: PcieLink,
     pub(super) conns: Records<SpillConn>,
     /// This shard's connections on the fast path, with their last measured rate.
     offloaded: BTreeMap<ConnId, f64>,
@@ -157,11 +201,12 @@ pub struct PlaneShard {
 
 impl PlaneShard {
     /// Shard `index` of `shards` of a plane with parameters `f`: its flow cache is its share
-    /// of `host.flow_cache_max` (each worker keeps its own, as a PMD thread keeps its own
+    /// of `host.flow_cache_max` (each shard keeps its own, as a PMD thread keeps its own
     /// exact-match cache).
-    pub fn new(f: &FabricParams, shards: usize) -> PlaneShard {
+    pub fn new(f: &FabricParams, index: u16, shards: usize) -> PlaneShard {
         let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
         PlaneShard {
+            index,
             tick: f.placement.tick,
             flow_cache_max: f.host.flow_cache_max / shards.max(1),
             pkt_ps: per_ps(f.host.pkt_cost),
@@ -171,8 +216,6 @@ impl PlaneShard {
             copy_ps_per_byte: 1e12 / f.host.copy_bandwidth_bytes,
             vatc_hit_ratio: f.host.vatc_hit_ratio,
             atc_miss_acc: 0.0,
-            to_dpu: PhyVnic::new(f),
-            link_up: PcieLink::new(f),
             conns: Records::new(11),
             offloaded: BTreeMap::new(),
             closed: Vec::new(),
@@ -241,22 +284,28 @@ impl PlaneShard {
                 }
                 let at = self.out.flow_idle_at(now);
                 // On the flow vNIC, after the handovers, so the DPU has them all first.
-                self.out
-                    .send(at, Channel::FlowVnic, Msg::Released { colour, count });
+                let done = Msg::Released {
+                    colour,
+                    count,
+                    shard: self.index,
+                };
+                self.out.send(at, Channel::FlowVnic, done);
             }
             PlaneRequest::Drain {
                 now,
                 colour,
-                workers_until_ps,
+                host_idle_ps,
             } => {
-                let done = workers_until_ps
+                let done = host_idle_ps
                     .max(ps(self.out.flow_idle_at(now)))
-                    .max(self.to_dpu.busy_until_ps())
                     .max(ps(now));
                 // On the flow vNIC, behind every handover the shard has sent: the DPU must
                 // own all of them before it stops the plane.
-                self.out
-                    .send(at_ps(done), Channel::FlowVnic, Msg::Drained { colour });
+                let msg = Msg::Drained {
+                    colour,
+                    shard: self.index,
+                };
+                self.out.send(at_ps(done), Channel::FlowVnic, msg);
             }
             PlaneRequest::Stop => {
                 self.conns.clear();
@@ -270,15 +319,21 @@ impl PlaneShard {
     }
 
     /// A message from the DPU about one of this shard's connections ([`Msg::conn`]), or the
-    /// end of a bulk sync on its flow vNIC. `workers` is the plane's, charged per packet.
-    pub fn handle_msg(&mut self, now: Instant, msg: Msg, view: &PlaneView, workers: &mut Server) {
+    /// end of a bulk sync on its flow vNIC. `res` is the plane's, charged per train.
+    pub fn handle_msg(
+        &mut self,
+        now: Instant,
+        msg: Msg,
+        view: &PlaneView,
+        res: &mut PlaneResources,
+    ) {
         self.direct_last = 0;
         match msg {
-            Msg::Packets(t) => self.handle_packets(now, &t, view, workers),
+            Msg::Packets(t) => self.handle_packets(now, &t, view, res),
             Msg::Sync { kind, state, .. } => self.ingest_sync(now, kind, state, view),
-            Msg::SyncDone { colour, count } => {
-                // In order on the flow vNIC: every state of the bulk sync is in.
-                self.out.send_flow(now, Msg::SyncDone { colour, count });
+            msg @ Msg::SyncDone { .. } => {
+                // In order on the flow vNIC: every state of this shard's bulk sync is in.
+                self.out.send_flow(now, msg);
             }
             Msg::RecallDone { conn, ok } => {
                 if ok {
@@ -308,9 +363,9 @@ impl PlaneShard {
     }
 
     /// See [`super::SpillPlane::handle_direct_refused`].
-    pub fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
+    pub fn handle_direct_refused(&mut self, now: Instant, t: &Train, res: &mut PlaneResources) {
         self.counters.direct_refused += u64::from(t.packets);
-        if let Some((n, at)) = self.cross_back(ps(now), t) {
+        if let Some((n, at)) = res.cross_back(ps(now), t, &mut self.drops) {
             let mut back = *t;
             back.packets = n;
             self.counters.to_dpu += u64::from(n);
@@ -396,7 +451,13 @@ impl PlaneShard {
         }
     }
 
-    fn handle_packets(&mut self, now: Instant, t: &Train, view: &PlaneView, workers: &mut Server) {
+    fn handle_packets(
+        &mut self,
+        now: Instant,
+        t: &Train,
+        view: &PlaneView,
+        res: &mut PlaneResources,
+    ) {
         self.counters.rx += u64::from(t.packets);
         // The cost depends on the packet, not on what the plane knows of its connection.
         let direct = view.vatc && t.dest == Dest::Vm && !t.denied;
@@ -411,7 +472,7 @@ impl PlaneShard {
             } else {
                 self.pkt_ps
             };
-        let a = workers.offer(ps(now), t.packets, cost);
+        let a = res.workers.offer(ps(now), t.packets, cost);
         self.counters.busy_ns += u64::from(a.count) * (cost / PS_PER_NS);
         self.drops
             .add_refused(FabricDrop::SpillQueueFull, t.packets, a.count);
@@ -457,7 +518,7 @@ impl PlaneShard {
                 let mut back = *t;
                 back.packets = a.count;
                 self.counters.punted += u64::from(a.count);
-                if let Some((n, at)) = self.cross_back(a.finish_ps, &back) {
+                if let Some((n, at)) = res.cross_back(a.finish_ps, &back, &mut self.drops) {
                     back.packets = n;
                     self.out.send(at, Channel::PhyVnic, Msg::Punt(back));
                 }
@@ -508,7 +569,7 @@ impl PlaneShard {
             }
             return;
         }
-        match self.cross_back(a.finish_ps, &done) {
+        match res.cross_back(a.finish_ps, &done, &mut self.drops) {
             Some((n, at)) => {
                 done.packets = n;
                 self.counters.to_dpu += u64::from(n);
@@ -517,25 +578,6 @@ impl PlaneShard {
             None if t.kind == Kind::Open => self.counters.open_dropped += 1,
             None => {}
         }
-    }
-
-    /// Packets of `t` leave for the DPU at `at_ps`: the phy vNIC toward the DPU, then the PCIe
-    /// link toward it (the driver adds `pcie.latency`). Returns how many got through and when
-    /// the last left; the rest are dropped with their reason.
-    fn cross_back(&mut self, at_ps_: u64, t: &Train) -> Option<(u32, Instant)> {
-        // A link backed up toward the DPU backs up into the phy vNIC's ring (PCIe is lossless).
-        let mut part = *t;
-        part.packets = t.packets.min(self.link_up.room(at_ps_));
-        let v = self.to_dpu.offer(at_ps_, &part);
-        self.drops
-            .add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
-        if v.count == 0 {
-            return None;
-        }
-        let l = self.link_up.cross(v.finish_ps, v.count, t.packet_bytes);
-        self.drops
-            .add_refused(FabricDrop::PcieLinkFull, v.count, l.count);
-        (l.count > 0).then(|| (l.count, at_ps(l.finish_ps)))
     }
 
     fn recall(

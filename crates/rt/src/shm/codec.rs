@@ -258,10 +258,15 @@ pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
             });
             put_state(&mut w, state);
         }
-        Msg::SyncDone { colour, count } => {
+        Msg::SyncDone {
+            colour,
+            count,
+            shard,
+        } => {
             w.u8(3);
             w.u32(colour.0);
             w.u64(*count);
+            w.u16(*shard);
         }
         Msg::Recall {
             state,
@@ -306,18 +311,24 @@ pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
             w.u8(10);
             w.u32(colour.0);
         }
-        Msg::Released { colour, count } => {
+        Msg::Released {
+            colour,
+            count,
+            shard,
+        } => {
             w.u8(11);
             w.u32(colour.0);
             w.u64(*count);
+            w.u16(*shard);
         }
         Msg::Drain { colour } => {
             w.u8(12);
             w.u32(colour.0);
         }
-        Msg::Drained { colour } => {
+        Msg::Drained { colour, shard } => {
             w.u8(13);
             w.u32(colour.0);
+            w.u16(*shard);
         }
         Msg::Absorbing => w.u8(14),
         Msg::OffloadStats { conn, pps } => {
@@ -369,6 +380,7 @@ pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
         3 => Msg::SyncDone {
             colour: colour(r)?,
             count: r.u64("count")?,
+            shard: r.u16("shard")?,
         },
         4 => Msg::Recall {
             state: get_state(r)?,
@@ -399,9 +411,13 @@ pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
         11 => Msg::Released {
             colour: colour(r)?,
             count: r.u64("count")?,
+            shard: r.u16("shard")?,
         },
         12 => Msg::Drain { colour: colour(r)? },
-        13 => Msg::Drained { colour: colour(r)? },
+        13 => Msg::Drained {
+            colour: colour(r)?,
+            shard: r.u16("shard")?,
+        },
         14 => Msg::Absorbing,
         15 => Msg::OffloadStats {
             conn: ConnId(r.u64("conn")?),
@@ -781,6 +797,7 @@ mod tests {
             Msg::SyncDone {
                 colour: c,
                 count: seed,
+                shard: seed as u16,
             },
             Msg::Recall {
                 state: state(seed),
@@ -809,9 +826,13 @@ mod tests {
             Msg::Released {
                 colour: c,
                 count: 4,
+                shard: 3,
             },
             Msg::Drain { colour: c },
-            Msg::Drained { colour: c },
+            Msg::Drained {
+                colour: c,
+                shard: 1,
+            },
             Msg::Absorbing,
             Msg::OffloadStats {
                 conn: ConnId(seed),
