@@ -113,7 +113,7 @@ use spillway_wire::{FlowKey, ParsedFrame, ip_proto, parse_frame_decap};
 pub use conns::{ConnRecord, ConnTable, ConnTableCounters, conn_id};
 pub use dpu::{DpuModel, DpuSwitch, ShardModel};
 pub use pair::{Pair, Through};
-pub use plane::PlaneSwitch;
+pub use plane::{PlaneModel, PlaneShardModel, PlaneSwitch};
 
 use crate::records::Role;
 use crate::types::{Channel, ConnId, Msg, SyncKind, Transmit};
@@ -298,26 +298,15 @@ pub fn carries_owner_state(msg: &Msg) -> bool {
     )
 }
 
-/// The model under a frame node, as the joining rules see it.
-pub(crate) trait Model {
+/// The model under a frame node, as the joining rules see it: any [`DpuModel`], or a
+/// [`PlaneModel`].
+pub trait Model {
     /// This side's role for `conn`, if it holds the connection.
     fn role(&self, conn: ConnId) -> Option<Role>;
     /// A fabric message from the other side.
     fn handle_msg(&mut self, now: Instant, msg: Msg);
     /// The model's next message.
     fn poll_transmit(&mut self) -> Option<Transmit>;
-}
-
-impl Model for crate::spill::SpillPlane {
-    fn role(&self, conn: ConnId) -> Option<Role> {
-        self.conn(conn).map(|c| c.role)
-    }
-    fn handle_msg(&mut self, now: Instant, msg: Msg) {
-        crate::spill::SpillPlane::handle_msg(self, now, msg);
-    }
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        crate::spill::SpillPlane::poll_transmit(self)
-    }
 }
 
 /// The vSwitch half of a frame node, and every rule joining it to the model: its pipeline, its

@@ -1,13 +1,107 @@
-//! The spill plane's side of a frame: [`PlaneSwitch`].
+//! The spill plane's side of a frame: [`PlaneSwitch`], over the whole plane ([`SpillPlane`])
+//! or one shard of it ([`PlaneShardModel`]).
 
 use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 
-use super::{FrameDrop, Outcome, SwitchCore};
+use super::{FrameDrop, Model, Outcome, SwitchCore};
 use crate::params::FabricParams;
-use crate::spill::SpillPlane;
-use crate::types::{Kind, Msg, Train};
+use crate::records::Role;
+use crate::spill::{
+    PlaneReply, PlaneRequest, PlaneResourcesHandle, PlaneShard, PlaneView, SpillPlane,
+};
+use crate::types::{ConnId, Kind, Msg, Train, Transmit};
+
+/// The model under a [`PlaneSwitch`]: the joining rules' [`Model`], and the vATC's way out.
+pub trait PlaneModel: Model {
+    /// Packets the last [`Model::handle_msg`] sent the vATC way.
+    fn direct_last(&self) -> u32;
+    /// Packets sent the vATC way could not be delivered so: they go back through the DPU.
+    fn handle_direct_refused(&mut self, now: Instant, t: &Train);
+    /// When the model's next timer is due (a shard has none: the control part keeps them).
+    fn poll_timeout(&self) -> Option<Instant>;
+}
+
+impl<R: PlaneResourcesHandle> Model for SpillPlane<R> {
+    fn role(&self, conn: ConnId) -> Option<Role> {
+        self.conn(conn).map(|c| c.role)
+    }
+    fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        SpillPlane::handle_msg(self, now, msg);
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        SpillPlane::poll_transmit(self)
+    }
+}
+
+impl<R: PlaneResourcesHandle> PlaneModel for SpillPlane<R> {
+    fn direct_last(&self) -> u32 {
+        SpillPlane::direct_last(self)
+    }
+    fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
+        SpillPlane::handle_direct_refused(self, now, t);
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        SpillPlane::poll_timeout(self)
+    }
+}
+
+/// One shard of the plane, as a thread of a driver that runs the plane's shards on threads
+/// holds it: the [`PlaneShard`], the control part's latest [`PlaneView`] (the driver passes
+/// each new one with [`PlaneShardModel::set_view`]) and a handle to the plane's one
+/// [`PlaneResources`](crate::spill::PlaneResources).
+#[derive(Debug)]
+pub struct PlaneShardModel<R: PlaneResourcesHandle> {
+    shard: PlaneShard,
+    view: PlaneView,
+    res: R,
+}
+
+impl<R: PlaneResourcesHandle> PlaneShardModel<R> {
+    /// `shard`, seeing the lifecycle as `view`, charging `res`.
+    pub fn new(shard: PlaneShard, view: PlaneView, res: R) -> PlaneShardModel<R> {
+        PlaneShardModel { shard, view, res }
+    }
+    /// The control part's new view, after a lifecycle step.
+    pub fn set_view(&mut self, view: PlaneView) {
+        self.view = view;
+    }
+    /// The shard.
+    pub fn shard(&self) -> &PlaneShard {
+        &self.shard
+    }
+    /// Answers a request of the control part.
+    pub fn serve(&mut self, req: PlaneRequest) -> PlaneReply {
+        self.shard.serve(req)
+    }
+}
+
+impl<R: PlaneResourcesHandle> Model for PlaneShardModel<R> {
+    fn role(&self, conn: ConnId) -> Option<Role> {
+        self.shard.conn(conn).map(|c| c.role)
+    }
+    fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        let mut res = self.res.write();
+        self.shard.handle_msg(now, msg, &self.view, &mut res);
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.shard.poll_transmit()
+    }
+}
+
+impl<R: PlaneResourcesHandle> PlaneModel for PlaneShardModel<R> {
+    fn direct_last(&self) -> u32 {
+        self.shard.direct_last()
+    }
+    fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
+        let mut res = self.res.write();
+        self.shard.handle_direct_refused(now, t, &mut res);
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+}
 
 /// The spill plane with real frames: the [`SpillPlane`] model, the plane's own vSwitch
 /// [`Pipeline`] (the same code as the DPU's, its own state) and its [`ConnTable`](super::ConnTable).
@@ -19,8 +113,8 @@ use crate::types::{Kind, Msg, Train};
 /// workers, placement). Outputs: each frame's [`Outcome`], then
 /// [`PlaneSwitch::poll_transmit`] (see the [module](super) for the polling order).
 #[derive(Debug)]
-pub struct PlaneSwitch {
-    plane: SpillPlane,
+pub struct PlaneSwitch<M: PlaneModel = SpillPlane> {
+    plane: M,
     sw: SwitchCore,
     /// The last frame sent the vATC way: its train and the port it leaves by, until the next
     /// frame (for [`PlaneSwitch::direct_refused`]).
@@ -37,21 +131,35 @@ impl PlaneSwitch {
         config: PipelineConfig,
         conns_max: usize,
     ) -> Result<PlaneSwitch, PipelineError> {
+        PlaneSwitch::with_model(SpillPlane::new(f), policy, config, conns_max)
+    }
+}
+
+impl<M: PlaneModel> PlaneSwitch<M> {
+    /// A frame node over `model` (the whole plane, or one shard of it for a thread of a
+    /// driver that shards), with its own pipeline of `policy` and `config`.
+    pub fn with_model(
+        model: M,
+        policy: Policy,
+        config: PipelineConfig,
+        conns_max: usize,
+    ) -> Result<PlaneSwitch<M>, PipelineError> {
         Ok(PlaneSwitch {
-            plane: SpillPlane::new(f),
+            plane: model,
             sw: SwitchCore::new(Pipeline::new(policy, config)?, conns_max),
             direct: None,
         })
     }
 
     /// The model.
-    pub fn plane(&self) -> &SpillPlane {
+    pub fn plane(&self) -> &M {
         &self.plane
     }
 
-    /// The model, for its own inputs (start, timers, workers, placement, vATC on or off). The
-    /// messages they cause come out of [`PlaneSwitch::poll_transmit`].
-    pub fn plane_mut(&mut self) -> &mut SpillPlane {
+    /// The model, for its own inputs (start, timers, workers, placement, vATC on or off; a
+    /// shard's view and the control part's requests). The messages they cause come out of
+    /// [`PlaneSwitch::poll_transmit`].
+    pub fn plane_mut(&mut self) -> &mut M {
         &mut self.plane
     }
 
@@ -88,7 +196,7 @@ impl PlaneSwitch {
             self.sw.conns.learn(now, t.tenant, key);
         }
         self.plane.handle_msg(now, msg);
-        let role = self.plane.conn(t.conn).map(|c| c.role);
+        let role = self.plane.role(t.conn);
         let direct = self.plane.direct_last();
         let mut result = None;
         if direct > 0 {

@@ -106,7 +106,10 @@ use std::collections::BTreeMap;
 use spillway_sketch::features::FlowCounters;
 use spillway_vswitch::Instant;
 
-pub use self::shard::{PlaneReply, PlaneRequest, PlaneResources, PlaneShard, PlaneView};
+pub use self::shard::{
+    PlaneReply, PlaneRequest, PlaneResources, PlaneResourcesHandle, PlaneShard, PlaneShards,
+    PlaneView,
+};
 use crate::links::ps;
 use crate::params::FabricParams;
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
@@ -215,10 +218,10 @@ struct PendingDelete {
 /// The spill plane: its control part (lifecycle, workers, heartbeats, placement, the reliable
 /// delete channel) and its shards. See the module doc.
 #[derive(Debug)]
-pub struct SpillPlane {
+pub struct SpillPlane<R: PlaneResourcesHandle = PlaneResources> {
     f: FabricParams,
     up: bool,
-    res: PlaneResources,
+    res: R,
     pending_workers: Option<(Instant, u32)>,
     colour: Colour,
     active: bool,
@@ -235,7 +238,10 @@ pub struct SpillPlane {
     closed: Vec<ConnId>,
     /// The control part's counters (deletes); the shards count the rest.
     counters: SpillCounters,
+    /// The shards held here: all of them, or the first (see [`SpillPlane::with_remote`]).
     shards: Vec<PlaneShard>,
+    /// The shards served elsewhere: shard `shards.len() + i` is this transport's `i`.
+    remote: Option<Box<dyn PlaneShards + Send>>,
     /// The shard the last input went to.
     last: usize,
 }
@@ -245,9 +251,36 @@ impl SpillPlane {
     /// has (`dpu.shards`), shard `k` at the other end of DPU shard `k`'s vNIC set.
     pub fn new(f: &FabricParams) -> SpillPlane {
         let n = f.dpu.shards.max(1) as usize;
+        SpillPlane::build(f, PlaneResources::new(f, f.host.workers_initial), n, None)
+    }
+}
+
+impl<R: PlaneResourcesHandle> SpillPlane<R> {
+    /// A plane that holds shard 0 itself and reaches shards `1..` through `remote` (shard `i`
+    /// is `remote`'s `i - 1`), all charging the resources behind `res`: the control thread of
+    /// a driver that runs the plane's shards on threads, each of the others with a
+    /// [`PlaneShard`] of its own. Its inputs about a connection must be of shard 0's (the
+    /// driver hands the others' to their threads); the lifecycle (timers, the DPU's lifecycle
+    /// messages) asks every shard.
+    pub fn with_remote(
+        f: &FabricParams,
+        res: R,
+        remote: Box<dyn PlaneShards + Send>,
+    ) -> SpillPlane<R> {
+        let n = 1 + remote.count();
+        SpillPlane::build(f, res, n, Some(remote))
+    }
+
+    fn build(
+        f: &FabricParams,
+        res: R,
+        n: usize,
+        remote: Option<Box<dyn PlaneShards + Send>>,
+    ) -> SpillPlane<R> {
+        let here = if remote.is_some() { 1 } else { n };
         SpillPlane {
             up: false,
-            res: PlaneResources::new(f, f.host.workers_initial),
+            res,
             pending_workers: None,
             colour: Colour(0),
             active: false,
@@ -267,7 +300,8 @@ impl SpillPlane {
             offl: Vec::new(),
             closed: Vec::new(),
             counters: SpillCounters::default(),
-            shards: (0..n).map(|i| PlaneShard::new(f, i as u16, n)).collect(),
+            shards: (0..here).map(|i| PlaneShard::new(f, i as u16, n)).collect(),
+            remote,
             last: 0,
             f: f.clone(),
         }
@@ -281,9 +315,9 @@ impl SpillPlane {
     }
     /// Workers running.
     pub fn workers(&self) -> u32 {
-        self.res.workers.parallel()
+        self.res.read().workers.parallel()
     }
-    /// Counters, summed over the control part and the shards.
+    /// Counters, summed over the control part and the shards held here.
     pub fn counters(&self) -> SpillCounters {
         let mut c = self.counters;
         for s in &self.shards {
@@ -291,7 +325,7 @@ impl SpillPlane {
         }
         c
     }
-    /// Drops by reason, summed over the shards.
+    /// Drops by reason, summed over the shards held here.
     pub fn drops(&self) -> Drops {
         self.shards[1..]
             .iter()
@@ -311,7 +345,7 @@ impl SpillPlane {
     }
     /// The plane's record of `conn`.
     pub fn conn(&self, conn: ConnId) -> Option<&SpillConn> {
-        self.shards[self.shard_of(conn)].conns.get(&conn)
+        self.shards.get(self.shard_of(conn))?.conns.get(&conn)
     }
     /// Records held.
     pub fn conns_len(&self) -> usize {
@@ -338,7 +372,26 @@ impl SpillPlane {
     /// The shard that holds `conn`: its redirect bucket modulo the shard count, as on the DPU
     /// ([`crate::dpu::shard_of`]).
     pub fn shard_of(&self, conn: ConnId) -> usize {
-        crate::dpu::shard_of(conn, self.f.dpu.redirect_buckets, self.shards.len())
+        crate::dpu::shard_of(conn, self.f.dpu.redirect_buckets, self.total())
+    }
+
+    /// How many shards the plane has, here and elsewhere.
+    fn total(&self) -> usize {
+        self.shards.len() + self.remote.as_ref().map_or(0, |r| r.count())
+    }
+
+    /// Shard `i`, which must be held here.
+    ///
+    /// # Panics
+    ///
+    /// If shard `i` is served elsewhere: its thread, not this plane, takes the inputs about
+    /// its connections, and a driver that gives them here has routed them wrong.
+    fn here(&mut self, i: usize) -> &mut PlaneShard {
+        let held = self.shards.len();
+        self.last = i;
+        self.shards.get_mut(i).unwrap_or_else(|| {
+            panic!("an input for shard {i}, which is served elsewhere (this plane holds {held})")
+        })
     }
     /// What the shards know of the lifecycle.
     pub fn view(&self) -> PlaneView {
@@ -378,7 +431,15 @@ impl SpillPlane {
     }
 
     fn call(&mut self, shard: usize, req: PlaneRequest) -> PlaneReply {
-        self.shards[shard].serve(req)
+        let held = self.shards.len();
+        match self.shards.get_mut(shard) {
+            Some(s) => s.serve(req),
+            None => self
+                .remote
+                .as_mut()
+                .expect("a shard index below the count")
+                .call(shard - held, req),
+        }
     }
 
     // ---- inputs ----------------------------------------------------------------------------
@@ -386,8 +447,10 @@ impl SpillPlane {
     /// The driver started the process with `workers` workers.
     pub fn start(&mut self, now: Instant, workers: u32) {
         self.up = true;
-        self.res.workers = Server::new(workers.max(1), self.f.pcie.phy_vnic_ring);
-        self.res.workers.take_util(ps(now));
+        let mut res = self.res.write();
+        res.workers = Server::new(workers.max(1), self.f.pcie.phy_vnic_ring);
+        res.workers.take_util(ps(now));
+        drop(res);
         self.next_heartbeat = now;
         self.next_tick = now + self.f.placement.tick;
         self.active = false;
@@ -400,9 +463,9 @@ impl SpillPlane {
     /// The process was stopped (released) or killed. Everything it held is gone; returns the
     /// packets that were queued in its workers (lost if it was killed).
     pub fn stop(&mut self, now: Instant) -> u32 {
-        let lost = self.res.workers.fail(ps(now));
+        let lost = self.res.write().workers.fail(ps(now));
         self.up = false;
-        for i in 0..self.shards.len() {
+        for i in 0..self.total() {
             self.call(i, PlaneRequest::Stop);
         }
         self.deletes.clear();
@@ -444,12 +507,19 @@ impl SpillPlane {
     /// (`atc.direct_refused`).
     pub fn handle_direct_refused(&mut self, now: Instant, t: &Train) {
         let i = self.shard_of(t.conn);
-        self.shards[i].handle_direct_refused(now, t, &mut self.res);
+        let mut res = self.res.write();
+        let shard = self
+            .shards
+            .get_mut(i)
+            .expect("an input of a shard held here");
+        shard.handle_direct_refused(now, t, &mut res);
     }
 
     fn send_heartbeat(&mut self, now: Instant) {
-        let util = self.res.workers.take_util(ps(now));
-        let workers = self.res.workers.parallel();
+        let mut res = self.res.write();
+        let util = res.workers.take_util(ps(now));
+        let workers = res.workers.parallel();
+        drop(res);
         self.send(now, Channel::Control, Msg::Heartbeat { workers, util });
         self.next_heartbeat = now + self.f.host.heartbeat;
     }
@@ -470,15 +540,20 @@ impl SpillPlane {
         let shard = match msg {
             Msg::DeleteAck { .. } => None,
             // A shard the plane does not have: nobody waits for its acknowledgement.
-            Msg::SyncDone { shard, .. } => {
-                Some(usize::from(shard)).filter(|&s| s < self.shards.len())
-            }
+            Msg::SyncDone { shard, .. } => Some(usize::from(shard)).filter(|&s| s < self.total()),
             _ => msg.conn().map(|c| self.shard_of(c)),
         };
         if let Some(i) = shard {
-            self.last = i;
+            if let Msg::SyncDone { colour, count, .. } = msg
+                && i >= self.shards.len()
+            {
+                self.call(i, PlaneRequest::AckSync { now, colour, count });
+                return;
+            }
             let view = self.view();
-            self.shards[i].handle_msg(now, msg, &view, &mut self.res);
+            self.here(i);
+            let mut res = self.res.write();
+            self.shards[i].handle_msg(now, msg, &view, &mut res);
             return;
         }
         match msg {
@@ -519,7 +594,7 @@ impl SpillPlane {
             Msg::Release { colour } => {
                 self.releasing = true;
                 let sync_colour = self.colour;
-                for i in 0..self.shards.len() {
+                for i in 0..self.total() {
                     let req = PlaneRequest::Release {
                         now,
                         colour,
@@ -529,8 +604,8 @@ impl SpillPlane {
                 }
             }
             Msg::Drain { colour } => {
-                let host_idle_ps = self.res.idle_at_ps();
-                for i in 0..self.shards.len() {
+                let host_idle_ps = self.res.read().idle_at_ps();
+                for i in 0..self.total() {
                     let req = PlaneRequest::Drain {
                         now,
                         colour,
@@ -571,7 +646,7 @@ impl SpillPlane {
         if let Some((at, w)) = self.pending_workers
             && now >= at
         {
-            self.res.workers.set_parallel(w.max(1));
+            self.res.write().workers.set_parallel(w.max(1));
             self.pending_workers = None;
         }
         let due: Vec<u64> = self
@@ -601,7 +676,7 @@ impl SpillPlane {
         self.cands.clear();
         self.offl.clear();
         self.closed.clear();
-        for i in 0..self.shards.len() {
+        for i in 0..self.total() {
             let req = PlaneRequest::Tick {
                 now,
                 cands: core::mem::take(&mut self.cands),
@@ -624,7 +699,7 @@ impl SpillPlane {
             return;
         }
         self.cands.sort_unstable_by_key(|c| c.conn);
-        if self.shards.len() > 1 {
+        if self.total() > 1 {
             self.offl.sort_unstable_by_key(|o| o.conn);
         }
         self.moves.clear();
@@ -689,7 +764,7 @@ impl SpillPlane {
         for s in &self.shards {
             s.check_invariants()?;
         }
-        self.res.workers.check_invariants()
+        self.res.read().workers.check_invariants()
     }
 }
 

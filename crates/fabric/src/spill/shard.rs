@@ -69,12 +69,58 @@ impl PlaneResources {
         (l.count > 0).then(|| (l.count, at_ps(l.finish_ps)))
     }
 
+    /// The workers.
+    pub fn workers(&self) -> &Server {
+        &self.workers
+    }
+
     /// When the workers and the phy vNIC toward the DPU are idle, ps.
     pub fn idle_at_ps(&self) -> u64 {
         self.workers
             .busy_until_ps()
             .max(self.to_dpu.busy_until_ps())
     }
+}
+
+/// How the plane's control part and shards reach the one [`PlaneResources`]: owned by a plane
+/// whose shards are all in one thread, behind a lock (the driver's) when shards run on
+/// threads of their own. A caller takes a guard for one charge and drops it before anything
+/// else runs, so a handle behind a lock cannot deadlock on it.
+pub trait PlaneResourcesHandle: core::fmt::Debug {
+    /// Read access.
+    type Read<'a>: core::ops::Deref<Target = PlaneResources>
+    where
+        Self: 'a;
+    /// Write access.
+    type Write<'a>: core::ops::DerefMut<Target = PlaneResources>
+    where
+        Self: 'a;
+    /// The resources, to read.
+    fn read(&self) -> Self::Read<'_>;
+    /// The resources, to charge.
+    fn write(&mut self) -> Self::Write<'_>;
+}
+
+/// A plane's own resources: every shard in one thread (the simulator, and the real-time plane
+/// of one thread).
+impl PlaneResourcesHandle for PlaneResources {
+    type Read<'a> = &'a PlaneResources;
+    type Write<'a> = &'a mut PlaneResources;
+    fn read(&self) -> &PlaneResources {
+        self
+    }
+    fn write(&mut self) -> &mut PlaneResources {
+        self
+    }
+}
+
+/// How the control part reaches the shards it does not hold: one request to one shard, one
+/// reply (a driver carries it to the shard's thread and back).
+pub trait PlaneShards: core::fmt::Debug {
+    /// How many shards this transport reaches.
+    fn count(&self) -> usize;
+    /// Asks shard `shard` (of this transport's, from 0) and returns its reply.
+    fn call(&mut self, shard: usize, req: PlaneRequest) -> PlaneReply;
 }
 
 /// One thing the control part asks of one shard. The driver carries it to the shard (a call
@@ -150,6 +196,16 @@ pub enum PlaneRequest {
     },
     /// The process stopped: forget everything. [`PlaneReply::Done`].
     Stop,
+    /// Acknowledge the end of the DPU's bulk sync on this shard's flow vNIC, if it reached the
+    /// control part rather than the shard. [`PlaneReply::Done`].
+    AckSync {
+        /// When.
+        now: Instant,
+        /// Colour of the round.
+        colour: Colour,
+        /// States sent.
+        count: u64,
+    },
 }
 
 /// A shard's answer to a [`PlaneRequest`].
@@ -234,6 +290,21 @@ impl PlaneShard {
         self.out.pop()
     }
 
+    /// The shard's record of `conn`.
+    pub fn conn(&self, conn: ConnId) -> Option<&SpillConn> {
+        self.conns.get(&conn)
+    }
+
+    /// Packets the last [`PlaneShard::handle_msg`] sent the vATC way.
+    pub fn direct_last(&self) -> u32 {
+        self.direct_last
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> &SpillCounters {
+        &self.counters
+    }
+
     /// Answers a request of the control part.
     pub fn serve(&mut self, req: PlaneRequest) -> PlaneReply {
         match req {
@@ -306,6 +377,14 @@ impl PlaneShard {
                     shard: self.index,
                 };
                 self.out.send(at_ps(done), Channel::FlowVnic, msg);
+            }
+            PlaneRequest::AckSync { now, colour, count } => {
+                let msg = Msg::SyncDone {
+                    colour,
+                    count,
+                    shard: self.index,
+                };
+                self.out.send_flow(now, msg);
             }
             PlaneRequest::Stop => {
                 self.conns.clear();
