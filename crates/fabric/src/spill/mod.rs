@@ -528,9 +528,8 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
     /// end of a bulk sync to the shard it names (the one whose vNIC set carried the states);
     /// the rest are the control part's.
     pub fn handle_msg(&mut self, now: Instant, msg: Msg) {
-        for s in &mut self.shards {
-            s.direct_last = 0;
-        }
+        // Only the shard of the last input can have sent packets the vATC way.
+        self.shards[self.last].direct_last = 0;
         if !self.up {
             return;
         }

@@ -286,6 +286,7 @@ impl PlaneShard {
     }
 
     /// The next message for the DPU.
+    #[inline]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.pop()
     }
@@ -399,6 +400,7 @@ impl PlaneShard {
 
     /// A message from the DPU about one of this shard's connections ([`Msg::conn`]), or the
     /// end of a bulk sync on its flow vNIC. `res` is the plane's, charged per train.
+    #[inline]
     pub fn handle_msg(
         &mut self,
         now: Instant,
