@@ -566,21 +566,28 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
                 };
                 self.counters.deletes_acked += 1;
                 let conn = d.conn;
-                self.call(
-                    self.shard_of(conn),
-                    PlaneRequest::Demoted { now, conn, state },
-                );
+                let demoted = self.shard_of(conn);
+                self.call(demoted, PlaneRequest::Demoted { now, conn, state });
                 if let Some((conn, pps, replaces_pps)) = d.then_recall {
-                    // A swap: the recall follows the adoption on the same (FIFO) channel, so
-                    // the DPU has freed the demoted entries when it reads the recall.
-                    let req = PlaneRequest::Recall {
-                        now,
+                    // A swap: the recall follows the adoption on the same (FIFO) channel, the
+                    // demoted connection's shard's, whichever shard holds the recalled one,
+                    // so the DPU has freed the demoted entries when it reads the recall.
+                    let req = PlaneRequest::SwapRecall {
                         conn,
                         pps,
                         replaces_pps,
-                        channel: Channel::Control,
                     };
-                    self.call(self.shard_of(conn), req);
+                    if let PlaneReply::Msg(Some(msg)) = self.call(self.shard_of(conn), req) {
+                        let channel = Channel::Control;
+                        self.call(
+                            demoted,
+                            PlaneRequest::Send {
+                                at: now,
+                                channel,
+                                msg,
+                            },
+                        );
+                    }
                 }
             }
             Msg::Budget {
@@ -733,7 +740,6 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
                         conn,
                         pps,
                         replaces_pps,
-                        channel: Channel::FlowVnic,
                     };
                     self.call(self.shard_of(conn), req);
                 }
@@ -774,6 +780,7 @@ mod tests {
     use spillway_vswitch::TenantId;
 
     use super::*;
+    use crate::params::ns;
     use crate::types::{Dest, Kind, Side};
 
     /// Every tick's time and candidates.
@@ -941,5 +948,110 @@ mod tests {
             .collect();
         drained.sort_unstable();
         assert_eq!(drained, [0, 1]);
+    }
+
+    /// Demotes `a` and recalls `b` in its place at its first tick.
+    #[derive(Debug)]
+    struct Swapper {
+        a: ConnId,
+        b: ConnId,
+        done: bool,
+    }
+
+    impl PlacementPolicy for Swapper {
+        fn name(&self) -> &'static str {
+            "swapper"
+        }
+        fn tick(
+            &mut self,
+            _: Instant,
+            _: &[Candidate],
+            _: &[Offloaded],
+            _: Budget,
+            out: &mut Vec<Move>,
+        ) {
+            if !std::mem::replace(&mut self.done, true) {
+                out.push(Move::Demote { conn: self.a });
+                out.push(Move::Recall {
+                    conn: self.b,
+                    pps: 1000.0,
+                    replaces_pps: 10.0,
+                });
+            }
+        }
+    }
+
+    /// A swap whose two connections are on different shards: the recall still follows the
+    /// adoption of the demoted connection on one control channel (the demoted one's shard's),
+    /// so the DPU has freed the demoted entries when it reads the recall.
+    #[test]
+    fn a_swap_across_shards_sends_the_recall_behind_the_adoption() {
+        let mut f = FabricParams::default();
+        f.dpu.shards = 2;
+        let mut plane = SpillPlane::new(&f);
+        let on = |plane: &SpillPlane, shard| {
+            (1..)
+                .map(ConnId)
+                .find(|&c| plane.shard_of(c) == shard)
+                .expect("a connection of the shard")
+        };
+        // The demoted connection on the shard polled last, the recalled one on the first, so
+        // that a recall sent from its own shard would leave first.
+        let (a, b) = (on(&plane, 1), on(&plane, 0));
+        plane.policy = Box::new(Swapper { a, b, done: false });
+        plane.start(Instant(0), 2);
+        let colour = Colour(1);
+        plane.handle_msg(Instant(0), Msg::Activated { colour });
+        let state = |conn| {
+            let t = Train {
+                conn,
+                tenant: TenantId(1),
+                side: Side::Orig,
+                dest: Dest::Wire,
+                kind: Kind::Open,
+                packets: 1,
+                packet_bytes: 64,
+                born: Instant(0),
+                denied: false,
+            };
+            ConnState::open(Instant(0), &t)
+        };
+        let kind = crate::types::SyncKind::Handover;
+        for conn in [a, b] {
+            let state = state(conn);
+            plane.handle_msg(
+                Instant(0),
+                Msg::Sync {
+                    colour,
+                    kind,
+                    state,
+                },
+            );
+        }
+        while plane.poll_transmit().is_some() {}
+        let tick = Instant(ns(f.placement.tick));
+        plane.handle_timeout(tick);
+        let seq = std::iter::from_fn(|| plane.poll_transmit())
+            .find_map(|t| match t.msg {
+                Msg::Delete { seq, conn } if conn == a => Some(seq),
+                _ => None,
+            })
+            .expect("a's demotion");
+        let ack = Msg::DeleteAck {
+            seq,
+            state: Some(state(a)),
+        };
+        plane.handle_msg(tick, ack);
+        let out: Vec<Transmit> = std::iter::from_fn(|| plane.poll_transmit()).collect();
+        let at = |want: &dyn Fn(&Msg) -> bool| {
+            out.iter()
+                .position(|t| want(&t.msg) && t.channel == Channel::Control)
+                .unwrap_or_else(|| panic!("not on the control channel: {out:?}"))
+        };
+        let adopted = at(&|m| matches!(m, Msg::Adopted { conn } if *conn == a));
+        let recall = at(&|m| matches!(m, Msg::Recall { state, .. } if state.conn == b));
+        assert!(adopted < recall, "the recall left first: {out:?}");
+        assert_eq!(plane.conn(b).map(|c| c.role), Some(Role::Copy));
+        assert_eq!(plane.counters().recalls_sent, 1);
     }
 }

@@ -151,7 +151,7 @@ pub enum PlaneRequest {
         /// Closed connections.
         closed: Vec<ConnId>,
     },
-    /// Recall `conn` onto the fast path, on `channel`. [`PlaneReply::Done`].
+    /// Recall `conn` onto the fast path, on the shard's flow vNIC. [`PlaneReply::Done`].
     Recall {
         /// When.
         now: Instant,
@@ -161,8 +161,17 @@ pub enum PlaneRequest {
         pps: f64,
         /// The rate of what it replaces.
         replaces_pps: f64,
-        /// The flow vNIC, or the control channel behind a swap's adoption.
-        channel: Channel,
+    },
+    /// Recall `conn` in a swap: take the recall's step (the shard keeps a copy) and return the
+    /// message rather than send it, for the control part to send behind the adoption of the
+    /// demoted connection, on that connection's shard's control channel. [`PlaneReply::Msg`].
+    SwapRecall {
+        /// Which.
+        conn: ConnId,
+        /// Its rate.
+        pps: f64,
+        /// The rate of what it replaces.
+        replaces_pps: f64,
     },
     /// A demotion of `conn` was acknowledged: it is off the fast path, and the plane owns it
     /// if the DPU sent its state. [`PlaneReply::Done`].
@@ -213,6 +222,8 @@ pub enum PlaneRequest {
 pub enum PlaneReply {
     /// Done.
     Done,
+    /// A message for the control part to send (none: the request took no effect).
+    Msg(Option<Msg>),
     /// A tick's vectors, filled.
     Tick {
         /// The candidates.
@@ -334,8 +345,16 @@ impl PlaneShard {
                 conn,
                 pps,
                 replaces_pps,
-                channel,
-            } => self.recall(now, conn, pps, replaces_pps, channel),
+            } => {
+                if let Some(msg) = self.take_recall(conn, pps, replaces_pps) {
+                    self.out.send_flow(now, msg);
+                }
+            }
+            PlaneRequest::SwapRecall {
+                conn,
+                pps,
+                replaces_pps,
+            } => return PlaneReply::Msg(self.take_recall(conn, pps, replaces_pps)),
             PlaneRequest::Demoted { now, conn, state } => {
                 self.offloaded.remove(&conn);
                 if let Some(st) = state {
@@ -661,35 +680,23 @@ impl PlaneShard {
         }
     }
 
-    fn recall(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        pps: f64,
-        replaces_pps: f64,
-        channel: Channel,
-    ) {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return;
-        };
+    /// The recall of `conn` (an owner not already on its way): the shard keeps a copy, and the
+    /// state travels with the message returned.
+    fn take_recall(&mut self, conn: ConnId, pps: f64, replaces_pps: f64) -> Option<Msg> {
+        let c = self.conns.get_mut(&conn)?;
         if c.role != Role::Owner || c.recalling {
-            return;
+            return None;
         }
         c.recalling = true;
         let state = c.state;
         // The state travels with the recall: from here the plane holds a copy.
         self.conns.set_role(conn, Role::Copy);
         self.counters.recalls_sent += 1;
-        let msg = Msg::Recall {
+        Some(Msg::Recall {
             state,
             pps,
             replaces_pps,
-        };
-        if channel == Channel::FlowVnic {
-            self.out.send_flow(now, msg);
-        } else {
-            self.out.send(now, channel, msg);
-        }
+        })
     }
 
     /// Every record's counters become its features for the tick ending at `now`; measured,
