@@ -4,7 +4,8 @@
 //! one the DPU serves alone (path equivalence), that both pipelines hold the same TCP state
 //! after the hand-over rules ran (state continuity: mirrors, conntrack changes and their
 //! order), that a copy's snapshot never replaces the owner's, that records without packets are
-//! refused and counted, and that a forwarding node allocates nothing per frame once warm.
+//! refused and counted, that a forwarding node allocates nothing per frame once warm, and that
+//! the plane's node over one shard of the plane serves a steered frame as the whole plane does.
 
 use spillway_fabric::frame::{
     CONNS_MAX, DpuSwitch, FrameDrop, Outcome, Outgoing, Pair, PlaneSwitch,
@@ -382,4 +383,75 @@ fn echo_key(id: u16) -> FlowKey {
         dst_port: 0x0800,
         proto: ip_proto::ICMP,
     }
+}
+
+/// The plane's frame node over one shard ([`PlaneShardModel`], what a thread of a plane that
+/// shards runs) serves a frame the DPU steered as the whole plane does: the same port, the
+/// same bytes, the connection owned by the shard, the workers charged in the plane's one
+/// budget.
+#[test]
+fn a_plane_shard_serves_a_steered_frame_as_the_whole_plane_does() {
+    use spillway_fabric::dpu::Role;
+    use spillway_fabric::frame::PlaneShardModel;
+    use spillway_fabric::spill::{PlaneResources, PlaneShard, PlaneView};
+
+    let (mut pair, start) = active_pair();
+    let (port, syn) = handshake().swap_remove(0);
+    let Outcome::Steer { msg } = pair.dpu.process(start, port, 0, &syn) else {
+        panic!("an active DPU steers a new connection to the plane");
+    };
+    let Msg::Packets(t) = msg else {
+        panic!("{msg:?}")
+    };
+    let whole = match pair.plane.process(start, port, msg, 0, &syn) {
+        Outcome::Return { port, bytes, .. } => (port, bytes.to_vec()),
+        o => panic!("the whole plane: {o:?}"),
+    };
+
+    let mut f = FabricParams::default();
+    f.dpu.shards = 2;
+    let shards = 2;
+    let k = spillway_fabric::dpu::shard_of(t.conn, f.dpu.redirect_buckets, shards);
+    let view = PlaneView {
+        colour: pair.plane.plane().view().colour,
+        active: true,
+        releasing: false,
+        vatc: false,
+    };
+    let model = PlaneShardModel::new(
+        PlaneShard::new(&f, k as u16, shards),
+        view,
+        PlaneResources::new(&f, 1),
+    );
+    let mut sw = spillway_fabric::frame::PlaneSwitch::with_model(
+        model,
+        policy(),
+        PipelineConfig::default(),
+        CONNS_MAX,
+    )
+    .expect("valid config");
+    match sw.process(start, port, msg, 0, &syn) {
+        Outcome::Return { port, bytes, .. } => assert_eq!((port, bytes.to_vec()), whole),
+        o => panic!("the shard: {o:?}"),
+    }
+    let shard = sw.plane().shard();
+    assert_eq!(shard.conn(t.conn).map(|c| c.role), Some(Role::Owner));
+    assert_eq!(shard.counters().processed, 1);
+    assert_eq!(shard.counters().new_conn, 1);
+    // Its mirror to the DPU, with the pipeline's conntrack snapshot attached.
+    let out: Vec<Outgoing> = std::iter::from_fn(|| sw.poll_transmit(start)).collect();
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            Outgoing::Msg {
+                msg: Msg::Sync {
+                    kind: SyncKind::Mirror,
+                    ..
+                },
+                snapshot: Some(_),
+                ..
+            }
+        )),
+        "{out:?}"
+    );
 }
