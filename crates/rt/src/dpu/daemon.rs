@@ -76,8 +76,33 @@ const TAP_BATCH: usize = 64;
 const PORT_BYTES_PER_TURN: usize = 256 << 10;
 /// Records taken from a ring per loop turn.
 const RING_BATCH: usize = 256;
-/// Turns without work before the loop sleeps in `poll`.
+/// Turns without work before a forwarding loop sleeps in `poll`: a sleep and a wake-up cost
+/// more than the frames of a steady stream that arrive meanwhile (context switches dominated a
+/// profile of 64-byte UDP), and `poll` wakes a loop only after the queue has filled.
 const SPIN_TURNS: u32 = 64;
+/// How often a forwarding loop publishes its counters, ns.
+pub(super) const PUBLISH_NS: u64 = 100_000_000;
+
+/// A forwarding loop's count of turns without work (thread 0's and every forwarding thread's).
+#[derive(Debug, Default)]
+pub(super) struct Spin(u32);
+
+impl Spin {
+    /// After a turn that found work (`busy`) or none: true once [`SPIN_TURNS`] idle turns in a
+    /// row have passed, when the loop should sleep (the count starts again).
+    pub(super) fn sleep_due(&mut self, busy: bool) -> bool {
+        if busy {
+            self.0 = 0;
+            return false;
+        }
+        self.0 += 1;
+        if self.0 > SPIN_TURNS {
+            self.0 = 0;
+            return true;
+        }
+        false
+    }
+}
 /// Lifecycle events kept for `ctl status`.
 const EVENTS_KEPT: usize = 64;
 
@@ -347,7 +372,7 @@ pub struct DpuDaemon {
     pub(super) last_prepare: Option<Instant>,
     pub(super) last_publish: Instant,
     pub(super) last_manage: Instant,
-    pub(super) idle_turns: u32,
+    pub(super) spin: Spin,
     /// Loop turns so far: which port goes first this turn.
     pub(super) turn: u32,
     pub(super) rates: Rates,
@@ -400,25 +425,16 @@ impl DpuDaemon {
                 self.last_manage = now;
                 self.upkeep(now);
             }
-            if now.0.saturating_sub(self.last_publish.0) >= 100_000_000 {
+            if now.0.saturating_sub(self.last_publish.0) >= PUBLISH_NS {
                 let mark = self.allocs.begin();
                 self.publish(now);
                 self.allocs.end(mark);
             }
-            if busy {
-                self.idle_turns = 0;
-            } else {
-                // Spin a few turns before sleeping: a sleep and a wake-up cost more than the
-                // frames of a steady stream that arrive meanwhile (context switches dominated a
-                // profile of 64-byte UDP), and `poll` wakes us only after the queue has filled.
-                self.idle_turns += 1;
-                if self.idle_turns > SPIN_TURNS {
-                    self.idle_turns = 0;
-                    self.upkeep(now);
-                    self.enter_ring()?;
-                    if !self.taps.as_ref().is_some_and(TapUring::has_frames) {
-                        self.sleep();
-                    }
+            if self.spin.sleep_due(busy) {
+                self.upkeep(now);
+                self.enter_ring()?;
+                if !self.taps.as_ref().is_some_and(TapUring::has_frames) {
+                    self.sleep();
                 }
             }
         }

@@ -59,7 +59,9 @@ use spillway_vswitch::policy::Policy;
 use spillway_vswitch::router::IcmpErrorCounters;
 use spillway_vswitch::{DropCounters, Instant, PacketBuf, PortId};
 
-use crate::dpu::daemon::{Egress, PLAIN_VNET, Switch, gso_size, offer_frame, take_vnet};
+use crate::dpu::daemon::{
+    Egress, PLAIN_VNET, PUBLISH_NS, Spin, Switch, gso_size, offer_frame, take_vnet,
+};
 use crate::dpu::ports::{
     FRAME_MAX, Port, PortIo, RtCounters, TAP_RING_READS, TAP_RING_TX, tap_hdr,
 };
@@ -78,10 +80,6 @@ const INBOX: usize = 1024;
 const POOL: usize = 256;
 /// Parcels a thread takes from its inbox per turn.
 const INBOX_BATCH: usize = 256;
-/// Turns without work before a forwarding thread sleeps.
-const SPIN_TURNS: u32 = 64;
-/// How often a forwarding thread publishes its counters and expires idle state, ns.
-const PUBLISH_NS: u64 = 100_000_000;
 
 use crate::dpu::daemon::Vnet;
 
@@ -603,7 +601,7 @@ struct Forwarder {
     stop: Arc<AtomicBool>,
     allocs: allocs::Upkeep,
     last_publish: Instant,
-    idle_turns: u32,
+    spin: Spin,
     poll_set: Vec<libc::pollfd>,
     /// A message for the plane thread 0's queue had no room for.
     held: Option<Outgoing>,
@@ -636,7 +634,7 @@ impl Forwarder {
             stop,
             allocs: allocs::Upkeep::default(),
             last_publish: Instant::ZERO,
-            idle_turns: 0,
+            spin: Spin::default(),
             poll_set: Vec::new(),
             held: None,
         })
@@ -662,14 +660,8 @@ impl Forwarder {
             if now.0.saturating_sub(self.last_publish.0) >= PUBLISH_NS {
                 self.publish(now);
             }
-            if busy {
-                self.idle_turns = 0;
-            } else {
-                self.idle_turns += 1;
-                if self.idle_turns > SPIN_TURNS {
-                    self.idle_turns = 0;
-                    self.sleep(now);
-                }
+            if self.spin.sleep_due(busy) {
+                self.sleep(now);
             }
         }
         self.publish(self.clock.now());

@@ -15,7 +15,7 @@ use spillway_fabric::dpu::Hold;
 use spillway_vswitch::packet::HEADROOM;
 use spillway_vswitch::{Instant, PacketBuf};
 
-use crate::dpu::daemon::{DpuDaemon, Rates, RunError, RunOptions, io_err};
+use crate::dpu::daemon::{DpuDaemon, Rates, RunError, RunOptions, Spin, io_err};
 use crate::dpu::ports::{DataPath, FRAME_MAX, Port, PortIo, RtCounters, ShmSlot, tap_ring};
 use crate::dpu::vmport;
 use crate::host::cgroup::CgroupSpec;
@@ -190,7 +190,7 @@ impl DpuDaemon {
                 last_prepare: None,
                 last_publish: Instant::ZERO,
                 last_manage: Instant::ZERO,
-                idle_turns: 0,
+                spin: Spin::default(),
                 turn: 0,
                 rates: Rates::default(),
                 rx: PacketBuf::with_capacity(HEADROOM + FRAME_MAX),
