@@ -114,7 +114,20 @@ impl<V: Record> Records<V> {
 
     /// Every record, sorted by connection.
     pub(crate) fn sorted(&self) -> Vec<(ConnId, V)> {
-        let mut v: Vec<_> = self.map.iter().map(|(k, c)| (*k, *c)).collect();
+        Records::sorted_over([self])
+    }
+
+    /// Every record of `parts` (a node's shards), sorted by connection.
+    pub(crate) fn sorted_over<'a>(
+        parts: impl IntoIterator<Item = &'a Records<V>>,
+    ) -> Vec<(ConnId, V)>
+    where
+        V: 'a,
+    {
+        let mut v: Vec<_> = parts
+            .into_iter()
+            .flat_map(|r| r.map.iter().map(|(k, c)| (*k, *c)))
+            .collect();
         v.sort_unstable_by_key(|(k, _)| *k);
         v
     }

@@ -13,10 +13,12 @@ use spillway_fabric::spill::{
     PlaneReply, PlaneRequest, PlaneResources, PlaneResourcesHandle, PlaneShard, PlaneShards,
     PlaneView, SpillPlane,
 };
-use spillway_fabric::types::{
-    Colour, ConnId, ConnState, Dest, Kind, Msg, Side, SyncKind, Train, Transmit,
-};
-use spillway_vswitch::{Instant, TenantId};
+use spillway_fabric::types::{Colour, ConnId, ConnState, Kind, Msg, SyncKind, Transmit};
+use spillway_vswitch::Instant;
+
+#[path = "common/train.rs"]
+mod train;
+use train::train;
 
 /// A thread's handle to the plane's one `PlaneResources`.
 #[derive(Debug, Clone)]
@@ -127,20 +129,6 @@ fn spawn_shard1(
     (h, ToShard1(Arc::new(Mutex::new(link))))
 }
 
-fn train(conn: ConnId, kind: Kind, packets: u32) -> Train {
-    Train {
-        conn,
-        tenant: TenantId(1),
-        side: Side::Orig,
-        dest: Dest::Wire,
-        kind,
-        packets,
-        packet_bytes: 64,
-        born: Instant(0),
-        denied: false,
-    }
-}
-
 fn ms(m: u64) -> Instant {
     Instant(m * 1_000_000)
 }
@@ -174,7 +162,7 @@ fn a_plane_over_two_threads_shares_its_workers_and_releases_every_shard() {
         }
     };
     for &c in &conns {
-        let state = ConnState::open(ms(1), &train(c, Kind::Open, 1));
+        let state = ConnState::open(ms(1), &train(c, Kind::Open, 1, ms(1)));
         let kind = SyncKind::Handover;
         deliver(
             &mut plane,
@@ -191,7 +179,11 @@ fn a_plane_over_two_threads_shares_its_workers_and_releases_every_shard() {
     // A burst of 400 packets on each connection at the same instant: one worker and its
     // queue take what they can, whichever shard offers; the rest are refused.
     for &c in &conns {
-        deliver(&mut plane, ms(2), Msg::Packets(train(c, Kind::Data, 400)));
+        deliver(
+            &mut plane,
+            ms(2),
+            Msg::Packets(train(c, Kind::Data, 400, ms(2))),
+        );
     }
     let model1 = {
         to1.quit();
@@ -226,7 +218,7 @@ fn a_release_over_two_threads_ends_with_a_marker_from_each_shard() {
     let conns: Vec<ConnId> = (1..=16).map(ConnId).collect();
     let mut owned = [0u64; 2];
     for &c in &conns {
-        let state = ConnState::open(ms(1), &train(c, Kind::Open, 1));
+        let state = ConnState::open(ms(1), &train(c, Kind::Open, 1, ms(1)));
         let msg = Msg::Sync {
             colour,
             kind: SyncKind::Handover,
@@ -311,5 +303,5 @@ fn an_input_for_a_shard_served_elsewhere_is_refused() {
         .map(ConnId)
         .find(|&c| plane.shard_of(c) == 1)
         .expect("a connection of shard 1");
-    plane.handle_msg(ms(1), Msg::Packets(train(conn, Kind::Data, 1)));
+    plane.handle_msg(ms(1), Msg::Packets(train(conn, Kind::Data, 1, ms(1))));
 }

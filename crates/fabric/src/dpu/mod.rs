@@ -89,7 +89,7 @@ pub use shard::{DpuShard, ShardView};
 pub use window::{Totals, Utils};
 
 use crate::params::FabricParams;
-use crate::records::Record;
+use crate::records::{Record, Records};
 use crate::stats::{Drops, LatencyHist};
 use crate::types::{ConnId, ConnState, Owner, Transmit};
 use crate::ursched::Load;
@@ -475,16 +475,7 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
     /// Every record, sorted by connection (for checkers and dumps; O(n log n)).
     pub fn conns_sorted(&self) -> Vec<(ConnId, DpuConn)> {
-        if let [one] = &self.shards[..] {
-            return one.conns.sorted();
-        }
-        let mut v: Vec<(ConnId, DpuConn)> = self
-            .shards
-            .iter()
-            .flat_map(|s| s.conns.iter().map(|(k, c)| (*k, *c)))
-            .collect();
-        v.sort_unstable_by_key(|(k, _)| *k);
-        v
+        Records::sorted_over(self.shards.iter().map(|s| &s.conns))
     }
     /// Where `conn` is served: `None` if the DPU has no record.
     pub fn owner_view(&self, conn: ConnId) -> Option<Owner> {

@@ -113,7 +113,7 @@ pub use self::shard::{
 use crate::links::ps;
 use crate::params::FabricParams;
 use crate::placement::{Budget, Candidate, Move, Offloaded, PlacementPolicy};
-use crate::records::{Record, Role};
+use crate::records::{Record, Records, Role};
 use crate::server::Server;
 use crate::stats::{Drops, LatencyHist};
 use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Train, Transmit};
@@ -357,9 +357,7 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
     }
     /// Every record, sorted by connection.
     pub fn conns_sorted(&self) -> Vec<(ConnId, SpillConn)> {
-        let mut v: Vec<_> = self.shards.iter().flat_map(|s| s.conns.sorted()).collect();
-        v.sort_unstable_by_key(|(k, _)| *k);
-        v
+        Records::sorted_over(self.shards.iter().map(|s| &s.conns))
     }
     /// The placement policy's name.
     pub fn policy_name(&self) -> &'static str {
@@ -430,6 +428,13 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
         self.call(0, PlaneRequest::Send { at, channel, msg });
     }
 
+    /// The same request to every shard, here and elsewhere.
+    fn each(&mut self, req: impl Fn() -> PlaneRequest) {
+        for i in 0..self.total() {
+            self.call(i, req());
+        }
+    }
+
     fn call(&mut self, shard: usize, req: PlaneRequest) -> PlaneReply {
         let held = self.shards.len();
         match self.shards.get_mut(shard) {
@@ -465,9 +470,7 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
     pub fn stop(&mut self, now: Instant) -> u32 {
         let lost = self.res.write().workers.fail(ps(now));
         self.up = false;
-        for i in 0..self.total() {
-            self.call(i, PlaneRequest::Stop);
-        }
+        self.each(|| PlaneRequest::Stop);
         self.deletes.clear();
         self.pending_workers = None;
         // A new process starts with a new policy: nothing it learnt about flows survives.
@@ -600,25 +603,19 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             Msg::Release { colour } => {
                 self.releasing = true;
                 let sync_colour = self.colour;
-                for i in 0..self.total() {
-                    let req = PlaneRequest::Release {
-                        now,
-                        colour,
-                        sync_colour,
-                    };
-                    self.call(i, req);
-                }
+                self.each(|| PlaneRequest::Release {
+                    now,
+                    colour,
+                    sync_colour,
+                });
             }
             Msg::Drain { colour } => {
                 let host_idle_ps = self.res.read().idle_at_ps();
-                for i in 0..self.total() {
-                    let req = PlaneRequest::Drain {
-                        now,
-                        colour,
-                        host_idle_ps,
-                    };
-                    self.call(i, req);
-                }
+                self.each(|| PlaneRequest::Drain {
+                    now,
+                    colour,
+                    host_idle_ps,
+                });
             }
             Msg::SetWorkers { workers } => {
                 self.pending_workers = Some((now + self.f.host.worker_start, workers));
@@ -704,10 +701,9 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
         if !self.active || self.releasing {
             return;
         }
+        // The policy takes both lists in connection order, whatever shard each entry came from.
         self.cands.sort_unstable_by_key(|c| c.conn);
-        if self.total() > 1 {
-            self.offl.sort_unstable_by_key(|o| o.conn);
-        }
+        self.offl.sort_unstable_by_key(|o| o.conn);
         self.moves.clear();
         let mut moves = core::mem::take(&mut self.moves);
         self.policy
