@@ -1095,6 +1095,10 @@ fn connections_survive_activation_and_release(shards: u32) {
         s["counters"]["rt.snapshot.adopted"].as_u64().unwrap() >= 1,
         "{s:#}"
     );
+    if shards > 1 {
+        // Every frame and record of the plane came on its connection's shard's lane.
+        assert_eq!(s["counters"]["rt.lane.misrouted"], 0, "{s:#}");
+    }
     bed.stop_and_check_clean();
 }
 

@@ -374,6 +374,23 @@ impl Msg {
         }
     }
 
+    /// The vNIC lane the message travels on when a driver runs `shards` shards of
+    /// `redirect_buckets` buckets on threads of their own, one lane per shard: its
+    /// connection's shard, or the shard an end marker (`SyncDone`, `Released`, `Drained`)
+    /// names, so that the marker arrives behind that shard's records; lane 0 for the rest,
+    /// which concern the plane as a whole.
+    pub fn lane(&self, redirect_buckets: u16, shards: usize) -> usize {
+        let lane = match self {
+            Msg::SyncDone { shard, .. }
+            | Msg::Released { shard, .. }
+            | Msg::Drained { shard, .. } => usize::from(*shard),
+            m => m
+                .conn()
+                .map_or(0, |c| crate::dpu::shard_of(c, redirect_buckets, shards)),
+        };
+        if lane < shards { lane } else { 0 }
+    }
+
     /// The connection whose state the message carries (a sync, a recall, a delete's ack with
     /// the state): the one whose conntrack entry travels with it.
     pub fn state_conn(&self) -> Option<ConnId> {

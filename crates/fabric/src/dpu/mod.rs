@@ -596,6 +596,45 @@ mod tests {
     }
 
     #[test]
+    fn a_message_travels_on_its_connections_shards_lane_and_a_marker_on_the_one_it_names() {
+        let (buckets, shards) = (64, 4);
+        let conn = (0..1000u64)
+            .map(ConnId)
+            .find(|&c| shard_of(c, buckets, shards) == 3)
+            .expect("some connection of shard 3");
+        let packets = Msg::Packets(data(conn, Instant::ZERO, 1));
+        assert_eq!(packets.lane(buckets, shards), 3);
+        assert_eq!(Msg::Adopted { conn }.lane(buckets, shards), 3);
+        let c = crate::types::Colour(1);
+        let released = Msg::Released {
+            colour: c,
+            count: 9,
+            shard: 2,
+        };
+        assert_eq!(released.lane(buckets, shards), 2);
+        let drained = Msg::Drained {
+            colour: c,
+            shard: 1,
+        };
+        assert_eq!(drained.lane(buckets, shards), 1);
+        // The plane as a whole: lane 0; so is a marker naming a shard that does not exist.
+        let hb = Msg::Heartbeat {
+            workers: 1,
+            util: 0.0,
+        };
+        assert_eq!(hb.lane(buckets, shards), 0);
+        let stray = Msg::SyncDone {
+            colour: c,
+            count: 0,
+            shard: 9,
+        };
+        assert_eq!(stray.lane(buckets, shards), 0);
+        // One shard: everything on lane 0.
+        assert_eq!(packets.lane(buckets, 1), 0);
+        assert_eq!(released.lane(buckets, 1), 0);
+    }
+
+    #[test]
     fn recall_demote_recall_is_two_flaps_and_recalled_packets_are_counted() {
         let mut dpu = DpuNode::new(&FabricParams::default());
         let conn = ConnId(5);

@@ -84,6 +84,19 @@ macro_rules! switch_api {
             self.sw.poll_transmit(&mut self.$model, now)
         }
 
+        /// The vNIC lane output `o` goes on with `shards` shards of `redirect_buckets`
+        /// buckets ([`crate::types::Msg::lane`]; a conntrack change by its connection's key).
+        pub fn lane_of(&self, o: &super::Outgoing, redirect_buckets: u16, shards: usize) -> usize {
+            match o {
+                super::Outgoing::Msg { msg, .. } => msg.lane(redirect_buckets, shards),
+                super::Outgoing::Conntrack(s) => crate::dpu::shard_of(
+                    self.sw.conns.id_of(s.zone, &s.orig),
+                    redirect_buckets,
+                    shards,
+                ),
+            }
+        }
+
         /// When the model next needs its `handle_timeout` (through the model accessor).
         pub fn poll_timeout(&self) -> Option<spillway_vswitch::Instant> {
             self.$model.poll_timeout()

@@ -574,18 +574,11 @@ impl DpuDaemon {
             dp.counters.from_plane += 1;
             let port = PortId(rec.port);
             let vnet = *rec.vnet;
-            // Another shard's connection: to its thread.
+            // Another shard's connection: the plane sends those on that shard's lane.
             if let Some(l) = links.as_mut()
-                && let Some(to) = l.shard_of_conn(rec.msg.conn())
+                && l.shard_of_conn(rec.msg.conn()).is_some()
             {
-                let (from, msg) = (l.me(), rec.msg);
-                l.send_frame(to, rec.frame, |pkt| Parcel::FromPlane {
-                    from,
-                    port,
-                    msg,
-                    vnet,
-                    pkt,
-                });
+                l.counters.misrouted += 1;
                 return;
             }
             let mut out = PortsOut {
@@ -673,8 +666,9 @@ impl DpuDaemon {
         busy
     }
 
-    /// What the forwarding threads handed this one: frames of shard 0's connections, frames
-    /// their shards steered to the plane, their messages for the plane. True if there were any.
+    /// What the forwarding threads handed this one: frames of shard 0's connections, their
+    /// messages for the plane's control socket, the end markers their lanes carried, a lane
+    /// that broke. True if there were any.
     fn poll_links(&mut self, now: Instant) -> bool {
         let Some(links) = self.links.as_mut() else {
             return false;
@@ -702,20 +696,6 @@ impl DpuDaemon {
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
                     links.recycle(from, pkt);
                 }
-                Parcel::Steer {
-                    from,
-                    port,
-                    msg,
-                    vnet,
-                    pkt,
-                } => {
-                    if vnic.is_some_and(|v| v.send_frame(&msg, port.0, &vnet, pkt.data())) {
-                        self.dp.counters.steered += 1;
-                    } else {
-                        self.dp.counters.drop_plane_gone += 1;
-                    }
-                    links.recycle(from, pkt);
-                }
                 Parcel::Out(o) => {
                     if let Some(v) = vnic
                         && let Err(e) = v.send_outgoing(&o)
@@ -725,11 +705,19 @@ impl DpuDaemon {
                         return true;
                     }
                 }
-                p @ (Parcel::FromPlane { .. }
-                | Parcel::Msg(..)
-                | Parcel::Ct(_)
+                // An end marker a forwarding thread's lane carried, for the control part.
+                Parcel::Msg(m, s) => self.sw.handle_msg(now, m, s),
+                Parcel::LaneFailed { plane, why } => {
+                    if plane == self.dp.counters.plane_starts {
+                        self.plane_failed(now, &why);
+                        return true;
+                    }
+                }
+                p @ (Parcel::Ct(_)
                 | Parcel::Flows(..)
-                | Parcel::Policy(_)) => {
+                | Parcel::Policy(_)
+                | Parcel::Lane { .. }
+                | Parcel::LaneClosed) => {
                     tracing::error!(target: "spillway::run", parcel = ?p, "a parcel for a forwarding thread reached thread 0");
                 }
             }

@@ -3,10 +3,10 @@
 //! thread of its own.
 //!
 //! ```text
-//!            TAP queue 0 ──▶ thread 0: control part + shard 0 ◀──▶ spill plane (vNIC set)
+//!            TAP queue 0 ──▶ thread 0: control part + shard 0 ◀──▶ vNIC lane 0 + control socket
 //!                                 ▲  │ requests (ThreadShards)        ctl, metrics, timers
 //!              parcels (Links)    │  ▼ view (ViewCell)
-//!            TAP queue k ──▶ thread k: shard k
+//!            TAP queue k ──▶ thread k: shard k ◀──────────────────▶ vNIC lane k
 //! ```
 //!
 //! - Every thread reads queue k of every TAP through its own io_uring (the kernel picks a
@@ -17,10 +17,15 @@
 //!   (ARP, neighbour discovery, one that does not parse) is served where it arrived.
 //! - Thread 0 holds the control part (the lifecycle, URSched's windows) inside its
 //!   [`DpuNode::with_remote`](spillway_fabric::dpu::DpuNode::with_remote), the plane's process
-//!   and its one vNIC set, `ctl` and the metrics. What the plane sends about shard k's
-//!   connections it passes to thread k; what shard k sends the plane (steered frames, its
-//!   messages) comes to thread 0 to go out on the vNIC. The plane's own workers are one
-//!   thread until step 4 of the ADR.
+//!   with its vNIC set's control socket and lane 0, `ctl` and the metrics. When the plane
+//!   connects, thread 0 hands lane k to thread k ([`Parcel::Lane`]): shard k steers its frames
+//!   to the plane and sends its flow records on its own lane, and takes the plane's frames and
+//!   records for its connections from it. An end marker on lane k (the plane's shard k has
+//!   sent all its records) goes to thread 0's control part ([`Parcel::Msg`]); shard k's
+//!   control-channel messages go to thread 0 for the control socket ([`Parcel::Out`]), and
+//!   what the plane sends on the control socket about shard k's connections thread 0 passes
+//!   to thread k. A lane that breaks is reported to thread 0 ([`Parcel::LaneFailed`]), which
+//!   fails the plane open.
 //! - The control part's requests reach shard k at thread k's next batch boundary
 //!   ([`ShardEnd::serve`]); its view of the lifecycle (phase, colour, quota) is published after
 //!   every turn of thread 0 and picked up by every thread at its next turn.
@@ -30,8 +35,8 @@
 //!
 //! Nothing here blocks a forwarding thread on another: a parcel that finds its queue full (or
 //! no free buffer) is dropped and counted (`rt.handoff.full`), except what thread 0 passes on
-//! from the plane's reliable channel, for which it waits; and thread k holds a message for
-//! the plane in its node's outbox until thread 0's queue has room.
+//! from the plane's reliable channel, for which it waits; and thread k keeps what it has for
+//! thread 0 (up to [`TO_ZERO_MAX`] parcels, in order) until thread 0's queue has room.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -49,7 +54,7 @@ use spillway_fabric::frame::{
 };
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::Drops;
-use spillway_fabric::types::Msg;
+use spillway_fabric::types::{Channel, Msg};
 use spillway_vswitch::conntrack::CtSnapshot;
 use spillway_vswitch::frag::FragCounters;
 use spillway_vswitch::neigh::NeighCounters;
@@ -72,6 +77,7 @@ use crate::host::clock::Clock;
 use crate::host::tap_uring::{TapTx, TapUring, TapUringCounters};
 use crate::host::vnet::VnetHdr;
 use crate::shm::ring::Doorbell;
+use crate::shm::vnic::{FlowRecord, VnicLane};
 
 /// Parcels a thread's inbox holds.
 const INBOX: usize = 1024;
@@ -80,6 +86,10 @@ const INBOX: usize = 1024;
 const POOL: usize = 256;
 /// Parcels a thread takes from its inbox per turn.
 const INBOX_BATCH: usize = 256;
+/// Parcels a forwarding thread keeps for thread 0 while its queue is full.
+const TO_ZERO_MAX: usize = 4096;
+/// Records a forwarding thread takes from its lane per ring per turn.
+const RING_BATCH: usize = 256;
 
 use crate::dpu::daemon::Vnet;
 
@@ -93,28 +103,21 @@ pub(super) enum Parcel {
         vnet: Vnet,
         pkt: PacketBuf,
     },
-    /// A frame the plane sent on the phy ring (thread 0's) for the receiver's connection.
-    FromPlane {
-        from: usize,
-        port: PortId,
-        msg: Msg,
-        vnet: Vnet,
-        pkt: PacketBuf,
-    },
-    /// A flow or control message from the plane about the receiver's connection.
+    /// A message from the plane: from thread 0's control socket about the receiver's
+    /// connection, or to thread 0 from a lane, for the control part (an end marker, which
+    /// the lane carried behind its shard's records).
     Msg(Msg, Option<CtSnapshot>),
-    /// A conntrack change from the plane of the receiver's connection.
+    /// From thread 0: a conntrack change from the plane of the receiver's connection.
     Ct(CtSnapshot),
-    /// To thread 0: a frame shard `from` steered to the plane.
-    Steer {
-        from: usize,
-        port: PortId,
-        msg: Msg,
-        vnet: Vnet,
-        pkt: PacketBuf,
-    },
-    /// To thread 0: a message for the plane.
+    /// To thread 0: a message for the plane's control socket.
     Out(Outgoing),
+    /// From thread 0: the receiver's lane of the vNIC set of plane process number `plane`
+    /// (its start count), which it now serves.
+    Lane { lane: Box<VnicLane>, plane: u64 },
+    /// From thread 0: the plane is gone; drop its lane.
+    LaneClosed,
+    /// To thread 0: the lane of plane `plane` broke (a corrupt ring or record).
+    LaneFailed { plane: u64, why: String },
     /// From thread 0: `ctl flows` asks for this shard's rows and its record count.
     Flows(FlowQuery, SyncSender<FlowReply>),
     /// From thread 0: a new vSwitch policy (`ctl reload`) for this thread's pipeline.
@@ -175,6 +178,9 @@ spillway_vswitch::counters! {
         handed_off => "rt.handoff.frames",
         /// Parcels dropped because the receiver's queue or the sender's buffers were full.
         full => "rt.handoff.full",
+        /// Frames and records from the plane on a lane that is not their connection's
+        /// shard's, dropped (the plane sends each on its shard's lane).
+        misrouted => "rt.lane.misrouted",
     }
 }
 
@@ -202,6 +208,11 @@ impl Links {
     /// This thread's shard.
     pub(super) fn me(&self) -> usize {
         self.me
+    }
+
+    /// How many threads (shards) there are.
+    pub(super) fn threads(&self) -> usize {
+        self.to.len()
     }
 
     /// The shard `frame` from `port` belongs to if it is not this thread's.
@@ -320,16 +331,17 @@ impl Links {
         let _ = self.give_back[from].try_send(pkt);
     }
 
-    fn recycle_parcel(&self, p: Parcel) {
+    pub(super) fn recycle_parcel(&self, p: Parcel) {
         match p {
-            Parcel::Frame { from, pkt, .. }
-            | Parcel::FromPlane { from, pkt, .. }
-            | Parcel::Steer { from, pkt, .. } => self.recycle(from, pkt),
+            Parcel::Frame { from, pkt, .. } => self.recycle(from, pkt),
             Parcel::Msg(..)
             | Parcel::Ct(_)
             | Parcel::Out(_)
             | Parcel::Flows(..)
-            | Parcel::Policy(_) => {}
+            | Parcel::Policy(_)
+            | Parcel::Lane { .. }
+            | Parcel::LaneClosed
+            | Parcel::LaneFailed { .. } => {}
         }
     }
 
@@ -603,8 +615,12 @@ struct Forwarder {
     last_publish: Instant,
     spin: Spin,
     poll_set: Vec<libc::pollfd>,
-    /// A message for the plane thread 0's queue had no room for.
-    held: Option<Outgoing>,
+    /// This shard's lane of the plane's vNIC set while a plane runs, and the plane's number.
+    lane: Option<(VnicLane, u64)>,
+    /// Flow records of this turn from the lane.
+    records: Vec<FlowRecord>,
+    /// Parcels for thread 0 its queue had no room for yet, in order.
+    to_zero: std::collections::VecDeque<Parcel>,
 }
 
 impl Forwarder {
@@ -636,7 +652,9 @@ impl Forwarder {
             last_publish: Instant::ZERO,
             spin: Spin::default(),
             poll_set: Vec::new(),
-            held: None,
+            lane: None,
+            records: Vec::with_capacity(INBOX_BATCH),
+            to_zero: std::collections::VecDeque::with_capacity(TO_ZERO_MAX),
         })
     }
 
@@ -649,6 +667,7 @@ impl Forwarder {
             let mut busy = self.end.serve(self.sw.dpu_mut().shard_mut()) > 0;
             busy |= self.poll_inbox(now);
             busy |= self.poll_ring(now);
+            busy |= self.poll_lane(now);
             if self.sw.poll_timeout().is_some_and(|t| t <= now) {
                 self.sw.dpu_mut().shard_mut().complete_due_inserts(now);
             }
@@ -678,6 +697,7 @@ impl Forwarder {
             vnet_hdr,
             counters,
             links,
+            lane,
             ..
         } = self;
         let n = ring.drain_frames(|file, pkt, tx| {
@@ -696,6 +716,7 @@ impl Forwarder {
                 tx,
                 counters,
                 links,
+                lane: lane.as_mut().map(|(l, _)| l),
             };
             offer_frame(sw, &mut out, now, port, &vnet, pkt);
         });
@@ -723,6 +744,7 @@ impl Forwarder {
                 tx,
                 counters: &mut self.counters,
                 links: &mut self.links,
+                lane: self.lane.as_mut().map(|(l, _)| l),
             };
             match p {
                 Parcel::Frame {
@@ -733,17 +755,6 @@ impl Forwarder {
                 } => {
                     pkt.set_gso_size(gso_size(&vnet));
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
-                    self.links.recycle(from, pkt);
-                }
-                Parcel::FromPlane {
-                    from,
-                    port,
-                    msg,
-                    vnet,
-                    pkt,
-                } => {
-                    out.counters.from_plane += 1;
-                    from_plane(&mut self.sw, &mut out, now, port, msg, &vnet, pkt.data());
                     self.links.recycle(from, pkt);
                 }
                 Parcel::Flows(q, reply) => {
@@ -760,23 +771,116 @@ impl Forwarder {
                 }
                 Parcel::Msg(m, s) => self.sw.handle_msg(now, m, s),
                 Parcel::Ct(s) => self.sw.handle_conntrack(now, &s),
-                p @ (Parcel::Steer { .. } | Parcel::Out(_)) => {
+                Parcel::Lane { lane, plane } => {
+                    tracing::debug!(target: "spillway::run", shard = self.links.me, plane, "serving the plane's lane");
+                    self.lane = Some((*lane, plane));
+                }
+                Parcel::LaneClosed => self.lane = None,
+                p @ (Parcel::Out(_) | Parcel::LaneFailed { .. }) => {
                     tracing::error!(target: "spillway::run", parcel = ?p, "a parcel for thread 0 reached a forwarding thread");
-                    self.links.recycle_parcel(p);
                 }
             }
         }
         busy
     }
 
-    /// This shard's messages for the plane, to thread 0, while its queue has room; the rest
-    /// wait in the node's outbox (the first of them here).
-    fn relay_outgoing(&mut self, now: Instant) {
-        while let Some(o) = self.held.take().or_else(|| self.sw.poll_transmit(now)) {
-            if let Err(Parcel::Out(o)) = self.links.try_send(0, Parcel::Out(o)) {
-                self.held = Some(o);
+    /// What the plane sent on this shard's lane: frames of its connections through the node
+    /// and on, records to the node; an end marker (a message about the plane as a whole) to
+    /// thread 0's control part, after this shard has taken every record before it. True if
+    /// there was any.
+    fn poll_lane(&mut self, now: Instant) -> bool {
+        let Forwarder {
+            sw,
+            ring,
+            files,
+            vnet_hdr,
+            counters,
+            links,
+            lane,
+            records,
+            to_zero,
+            ..
+        } = self;
+        let Some((l, plane)) = lane.as_mut() else {
+            return false;
+        };
+        let mut out = ShardOut {
+            files,
+            vnet_hdr: *vnet_hdr,
+            tx: ring.tx(),
+            counters,
+            links,
+            lane: None,
+        };
+        let frames = l.recv_frames(RING_BATCH, |rec| {
+            out.counters.from_plane += 1;
+            if out.links.shard_of_conn(rec.msg.conn()).is_some() {
+                out.links.counters.misrouted += 1;
                 return;
             }
+            let port = PortId(rec.port);
+            from_plane(sw, &mut out, now, port, rec.msg, rec.vnet, rec.frame);
+        });
+        let flow = l.recv_flow(RING_BATCH, |rec| records.push(rec));
+        let n = match (frames, flow) {
+            (Ok(a), Ok(b)) => a + b,
+            (Err(e), _) | (_, Err(e)) => {
+                let why = e.to_string();
+                tracing::warn!(target: "spillway::run", shard = links.me, error = %why, "the plane's lane broke");
+                to_zero.push_back(Parcel::LaneFailed { plane: *plane, why });
+                *lane = None;
+                1
+            }
+        };
+        for rec in records.drain(..) {
+            let conn = match &rec {
+                FlowRecord::Msg(m, _) => m.conn(),
+                FlowRecord::Ct(s) => Some(sw.conn_of_snapshot(s)),
+            };
+            match (rec, conn) {
+                (FlowRecord::Msg(m, s), None) => to_zero.push_back(Parcel::Msg(m, s)),
+                (_, c) if links.shard_of_conn(c).is_some() => links.counters.misrouted += 1,
+                (FlowRecord::Msg(m, s), _) => sw.handle_msg(now, m, s),
+                (FlowRecord::Ct(s), _) => sw.handle_conntrack(now, &s),
+            }
+        }
+        n > 0
+    }
+
+    /// This shard's messages for the plane: on its lane, except the control channel's, which
+    /// go to thread 0 for the plane's control socket; then what waits for thread 0, while its
+    /// queue has room.
+    fn relay_outgoing(&mut self, now: Instant) {
+        while let Some(o) = self.sw.poll_transmit(now) {
+            match (&o, self.lane.as_mut()) {
+                (
+                    Outgoing::Msg {
+                        channel: Channel::Control,
+                        ..
+                    },
+                    _,
+                ) => self.to_zero.push_back(Parcel::Out(o)),
+                (_, Some((l, _))) => {
+                    l.send_outgoing_flow(&o);
+                }
+                // No plane: the model's fail-open has the message covered, as on thread 0.
+                (_, None) => {}
+            }
+        }
+        while let Some(p) = self.to_zero.pop_front() {
+            if let Err(p) = self.links.try_send(0, p) {
+                self.to_zero.push_front(p);
+                break;
+            }
+        }
+        // Thread 0 stuck for long: what waits past the bound is dropped, counted (a control
+        // message lost here is retransmitted by the core's reliable channel).
+        while self.to_zero.len() > TO_ZERO_MAX {
+            self.to_zero.pop_back();
+            self.links.counters.full += 1;
+        }
+        if let Some((l, _)) = self.lane.as_mut() {
+            l.kick();
         }
     }
 
@@ -805,6 +909,13 @@ impl Forwarder {
         if self.ring.has_frames() || !self.links.prepare_sleep() {
             return;
         }
+        if let Some((l, _)) = self.lane.as_mut()
+            && !l.prepare_sleep()
+        {
+            l.woke();
+            self.links.woke();
+            return;
+        }
         let next = self
             .sw
             .poll_timeout()
@@ -820,8 +931,11 @@ impl Forwarder {
             .extend(self.queues.iter().map(|q| readable(q.as_raw_fd())));
         self.poll_set
             .push(readable(self.links.bell_fd().as_raw_fd()));
+        if let Some((l, _)) = &self.lane {
+            self.poll_set.push(readable(l.bell_fd().as_raw_fd()));
+        }
         // SAFETY: `poll_set` holds `len` initialised `pollfd`s of fds this thread owns (its
-        // queues, its bell), none closed during the call; `poll` writes only `revents`. Every
+        // queues, its bell, its lane's doorbell), none closed during the call; `poll` writes only `revents`. Every
         // source is polled again after waking, so the result is not needed.
         let _ = unsafe {
             libc::poll(
@@ -830,6 +944,9 @@ impl Forwarder {
                 timeout_ms,
             )
         };
+        if let Some((l, _)) = self.lane.as_mut() {
+            l.woke();
+        }
         self.links.woke();
     }
 }
@@ -864,14 +981,15 @@ pub(super) fn from_plane<M: DpuModel>(
     }
 }
 
-/// Where a forwarding thread's frames go: out of its own queue of a TAP, or to thread 0 for
-/// the plane.
+/// Where a forwarding thread's frames go: out of its own queue of a TAP, or to the plane on
+/// its shard's lane.
 struct ShardOut<'a> {
     files: &'a BTreeMap<PortId, usize>,
     vnet_hdr: bool,
     tx: &'a mut TapTx,
     counters: &'a mut RtCounters,
     links: &'a mut Links,
+    lane: Option<&'a mut VnicLane>,
 }
 
 impl ShardOut<'_> {
@@ -908,14 +1026,9 @@ impl Egress for ShardOut<'_> {
     }
 
     fn steer(&mut self, msg: &Msg, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
-        let (from, msg, vnet) = (self.links.me, *msg, *vnet);
-        self.links.send_frame(0, frame, |pkt| Parcel::Steer {
-            from,
-            port,
-            msg,
-            vnet,
-            pkt,
-        })
+        self.lane
+            .as_deref_mut()
+            .is_some_and(|l| l.send_frame(msg, port.0, vnet, frame))
     }
 
     fn counters(&mut self) -> &mut RtCounters {

@@ -4,6 +4,7 @@
 //! (`daemon.rs`) calls these from its outputs (`after_input`) and its upkeep.
 
 use crate::dpu::daemon::DpuDaemon;
+use crate::dpu::forward::Parcel;
 use crate::dpu::plane_proc::PlaneProc;
 use crate::dpu::ports::{PortIo, VmChange, vm_id, worth_logging};
 use crate::shm::codec::VatcMsg;
@@ -17,8 +18,24 @@ const VNIC_ACCEPTS_PER_TURN: usize = 16;
 
 /// The daemon's side of the plane's process.
 impl DpuDaemon {
+    /// Lanes of the plane's vNIC set: one per forwarding thread.
+    pub(super) fn lanes(&self) -> usize {
+        self.links.as_ref().map_or(1, |l| l.threads())
+    }
+
+    /// Tells every forwarding thread to drop its lane of the plane that is going.
+    fn close_lanes(&mut self) {
+        if let Some(l) = self.links.as_mut() {
+            let me = l.me();
+            for k in (0..l.threads()).filter(|&k| k != me) {
+                l.send(k, Parcel::LaneClosed);
+            }
+        }
+    }
+
     pub(super) fn plane_failed(&mut self, now: Instant, why: &str) {
         if let Some(p) = self.plane.take() {
+            self.close_lanes();
             self.dp.counters.plane_failures += 1;
             tracing::warn!(target: "spillway::run", reason = why, "spill plane failed; failing open");
             p.kill();
@@ -101,6 +118,7 @@ impl DpuDaemon {
 
     pub(super) fn stop_plane(&mut self) {
         if let Some(p) = self.plane.take() {
+            self.close_lanes();
             p.stop();
         }
     }
@@ -134,6 +152,7 @@ impl DpuDaemon {
                     continue;
                 }
             }
+            let lanes = self.lanes();
             let p = self.plane.as_mut().expect("checked above");
             let checked = crate::shm::vnic::check_auth(
                 &stream,
@@ -146,8 +165,23 @@ impl DpuDaemon {
                 self.plane_failed(now, &e);
                 return;
             }
-            match VnicSet::create(stream, &format!("workers={}", p.workers)) {
+            match VnicSet::create(stream, &format!("workers={}", p.workers), lanes) {
                 Ok(mut v) => {
+                    // Lane k to forwarding thread k, which serves shard k's connections.
+                    let lanes = v.take_lanes();
+                    if let Some(l) = self.links.as_mut() {
+                        let plane = self.dp.counters.plane_starts;
+                        for lane in lanes {
+                            let k = lane.index();
+                            l.send(
+                                k,
+                                Parcel::Lane {
+                                    lane: Box::new(lane),
+                                    plane,
+                                },
+                            );
+                        }
+                    }
                     // The plane's delivery path, then every attached VM's memory.
                     if let Err(e) = v.send_json(CONTROL_COMMAND, &json!({"vatc": self.vatc})) {
                         let e = e.to_string();

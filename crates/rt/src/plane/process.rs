@@ -211,6 +211,11 @@ struct PlaneProcess {
     records: Vec<FlowRecord>,
     commands: Vec<serde_json::Value>,
     last_stats: Instant,
+    /// Buckets of the redirect rules: with the set's lanes, which lane an output goes on.
+    buckets: u16,
+    /// The descriptors `sleep` polls (every lane's doorbell and the control socket), rebuilt
+    /// in place: the loop sleeps between batches under paced traffic.
+    poll_set: Vec<libc::pollfd>,
     /// This thread's allocations in upkeep (expiry, the stats report), apart from
     /// forwarding's, reported as `forwarding_allocs`.
     allocs: allocs::Upkeep,
@@ -221,6 +226,14 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
     disable_huge_pages()?;
     let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
     let vnic = connect(&opts)?;
+    let shards = tb.fabric.dpu.shards.max(1) as usize;
+    if vnic.lanes() != shards {
+        return Err(format!(
+            "the DPU process offers {} vNIC lanes, {} says fabric.dpu.shards = {shards}",
+            vnic.lanes(),
+            opts.config.display()
+        ));
+    }
     let clock = Clock::with_origin(opts.clock_origin_ns);
     let mut sw = PlaneSwitch::new(
         &tb.fabric,
@@ -243,6 +256,8 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         records: Vec::with_capacity(256),
         commands: Vec::new(),
         last_stats: Instant::ZERO,
+        buckets: tb.fabric.dpu.redirect_buckets,
+        poll_set: Vec::with_capacity(shards + 1),
         allocs: allocs::Upkeep::default(),
     };
     drop_privileges(&tb)?;
@@ -273,7 +288,7 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
             p.allocs.end(mark);
         }
         if frames == 0 && records == 0 {
-            sleep(&mut p.vnic, &p.sw, now)?;
+            p.sleep(now)?;
         }
     }
 }
@@ -329,8 +344,31 @@ impl PlaneProcess {
     /// Frames the DPU steered here, each through the node and on, from the receive ring
     /// straight onto the send ring (or into the VM's memory); returns how many.
     fn on_frames(&mut self, now: Instant) -> Result<usize, crate::shm::vnic::VnicError> {
+        let mut n = 0;
+        for k in 0..self.vnic.lanes() {
+            n += self.on_lane_frames(now, k)?;
+        }
+        for vm in self.vatc.vms.values_mut() {
+            vm.flush_irq();
+        }
+        for (vm, iova, len) in self.vatc.requests.drain(..) {
+            self.vnic
+                .send_vm(&VatcMsg::Translate { vm, iova, len }, &[])?;
+        }
+        Ok(n)
+    }
+
+    /// [`PlaneProcess::on_frames`] of lane `k`: what comes in on a lane goes back on it.
+    fn on_lane_frames(
+        &mut self,
+        now: Instant,
+        k: usize,
+    ) -> Result<usize, crate::shm::vnic::VnicError> {
         let (sw, vatc, c) = (&mut self.sw, &mut self.vatc, &mut self.c);
-        let n = self.vnic.recv_frames_tx(256, |rec, tx| {
+        let Some(lane) = self.vnic.lane_mut(k) else {
+            return Ok(0);
+        };
+        lane.recv_frames_tx(256, |rec, tx| {
             c.frames_in += 1;
             let gso = VnetHdr::parse(rec.vnet).map_or(0, |h| h.gso_segment());
             let vnet = rec.vnet;
@@ -373,22 +411,19 @@ impl PlaneProcess {
                     tracing::error!(target: "spillway::plane", outcome = ?other, "an outcome only the DPU has");
                 }
             }
-        })?;
-        for vm in self.vatc.vms.values_mut() {
-            vm.flush_irq();
-        }
-        for (vm, iova, len) in self.vatc.requests.drain(..) {
-            self.vnic
-                .send_vm(&VatcMsg::Translate { vm, iova, len }, &[])?;
-        }
-        Ok(n)
+        })
     }
 
     /// Records from the flow ring and the control socket, handed to the node in the order they
     /// came; commands and VM records are the driver's own. Returns how many.
     fn on_records(&mut self, now: Instant) -> Result<usize, crate::shm::vnic::VnicError> {
         let records = &mut self.records;
-        let flow_n = self.vnic.recv_flow(256, |rec| records.push(rec))?;
+        let mut flow_n = 0;
+        for k in 0..self.vnic.lanes() {
+            if let Some(lane) = self.vnic.lane_mut(k) {
+                flow_n += lane.recv_flow(256, |rec| records.push(rec))?;
+            }
+        }
         let (commands, vatc, c) = (&mut self.commands, &mut self.vatc, &mut self.c);
         let ctl_n = self.vnic.recv_control(|rec| match rec {
             Control::Msg(m, s) => records.push(FlowRecord::Msg(m, s)),
@@ -408,12 +443,73 @@ impl PlaneProcess {
         Ok(flow_n + ctl_n)
     }
 
-    /// The node's messages to the DPU (snapshots attached), then the doorbell.
+    /// The node's messages to the DPU (snapshots attached), each on the lane of its shard,
+    /// then the doorbells.
     fn send_outgoing(&mut self, now: Instant) -> Result<(), crate::shm::vnic::VnicError> {
+        let lanes = self.vnic.lanes();
         while let Some(o) = self.sw.poll_transmit(now) {
-            self.vnic.send_outgoing(&o)?;
+            let lane = self.sw.lane_of(&o, self.buckets, lanes);
+            self.vnic.send_outgoing_on(lane, &o)?;
         }
-        self.vnic.kick();
+        for k in 0..lanes {
+            if let Some(l) = self.vnic.lane_mut(k) {
+                l.kick();
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleeps in `poll` on every lane's doorbell and the control socket until the model's
+    /// next timer (at most 10 ms), unless records arrived while the doorbells were armed.
+    fn sleep(&mut self, now: Instant) -> Result<(), String> {
+        let lanes = self.vnic.lanes();
+        let mut armed = true;
+        for k in 0..lanes {
+            if let Some(l) = self.vnic.lane_mut(k) {
+                armed &= l.prepare_sleep();
+            }
+        }
+        if armed {
+            let next = self
+                .sw
+                .poll_timeout()
+                .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
+            let ms = (next / 1_000_000).min(10) as i32;
+            let readable = |fd: std::os::fd::BorrowedFd<'_>| libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            self.poll_set.clear();
+            for k in 0..lanes {
+                if let Some(l) = self.vnic.lane_mut(k) {
+                    self.poll_set.push(readable(l.bell_fd()));
+                }
+            }
+            let [_, control] = self.vnic.poll_fds();
+            self.poll_set.push(readable(control));
+            // SAFETY: `poll_set` holds `len` initialised `pollfd`s of fds the vNIC set owns
+            // (its lanes' doorbells, its control socket), none closed during the call; `poll`
+            // writes only `revents`. Every source is read again after waking.
+            let r = unsafe {
+                libc::poll(
+                    self.poll_set.as_mut_ptr(),
+                    self.poll_set.len() as libc::nfds_t,
+                    ms,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e.to_string());
+                }
+            }
+        }
+        for k in 0..lanes {
+            if let Some(l) = self.vnic.lane_mut(k) {
+                l.woke();
+            }
+        }
         Ok(())
     }
 
@@ -500,35 +596,6 @@ fn apply_command(doc: &serde_json::Value, sw: &mut PlaneSwitch) {
             Err(e) => tracing::error!(target: "spillway::plane", error = %e, "policy refused"),
         }
     }
-}
-
-fn sleep(vnic: &mut VnicSet, sw: &PlaneSwitch, now: Instant) -> Result<(), String> {
-    if !vnic.prepare_sleep() {
-        return Ok(());
-    }
-    let next = sw
-        .poll_timeout()
-        .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
-    let ms = (next / 1_000_000).min(10) as i64;
-    {
-        // On the stack: the plane sleeps between batches under paced traffic, and this loop
-        // must not allocate per batch.
-        let [bell, control] = vnic.poll_fds();
-        let mut pfds = [
-            rustix::event::PollFd::new(&bell, rustix::event::PollFlags::IN),
-            rustix::event::PollFd::new(&control, rustix::event::PollFlags::IN),
-        ];
-        let ts = rustix::event::Timespec {
-            tv_sec: 0,
-            tv_nsec: ms * 1_000_000,
-        };
-        match rustix::event::poll(&mut pfds, Some(&ts)) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(io::Error::from(e).to_string()),
-        }
-    }
-    vnic.woke();
-    Ok(())
 }
 
 #[cfg(test)]

@@ -12,6 +12,12 @@
 //!                                                                       lifecycle, heartbeats
 //! ```
 //!
+//! The rings and doorbells come in *lanes*, one per forwarding thread (`fabric.dpu.shards`):
+//! lane k carries shard k's frames and flow records (and the end markers naming shard k,
+//! behind them), so that DPU thread k and the plane's shard k talk with no thread between
+//! them ([`VnicLane`], handed to its thread with [`VnicSet::take_lanes`]). The control socket
+//! is one per set and stays with whoever holds the set (thread 0 at both ends).
+//!
 //! Inserts ride the data path (the flow ring), deletions the reliable control channel, as the
 //! design asks: a lost delete would leave a stale rule forwarding traffic. The DPU process
 //! creates the rings and eventfds and hands them over the control socket with `SCM_RIGHTS`
@@ -26,6 +32,9 @@
 //! started (`SO_PEERCRED`); the plane then sends [`AUTH`] and the secret ([`send_auth`]),
 //! which the DPU process compares in constant time ([`check_auth`]) before it hands over any
 //! ring. The plane in turn connects only to a listener run by its parent.
+//!
+//! Handshake: after the secret, the DPU process sends [`HELLO`] `lanes=N` and lane 0's six
+//! descriptors, then one record `lane K` with each other lane's.
 //!
 //! Records: phy = `msg port:u32 vnet:12B frame`, flow = `msg snapshot`, control =
 //! `len:u32 kind:u8 body` where the body is `msg snapshot` or a JSON document (see
@@ -51,7 +60,7 @@ pub const FLOW_RING_BYTES: usize = 4 << 20;
 /// Control bytes buffered towards a peer that is not reading before it counts as stalled.
 pub const CONTROL_BUF_MAX: usize = 4 << 20;
 /// The handshake's greeting.
-pub const HELLO: &[u8] = b"spillway-vnic-v1";
+pub const HELLO: &[u8] = b"spillway-vnic-v2";
 
 /// The plane's first bytes on the vNIC socket, followed by the secret.
 pub const AUTH: &[u8] = b"spillway-vnic-auth-v1 ";
@@ -217,9 +226,21 @@ pub struct VnicCounters {
     pub kicks: u64,
 }
 
-/// One end of the vNIC set.
+/// Lanes a vNIC set may have: one per forwarding thread of the DPU process (and thread of the
+/// plane), so that a connection's frames and state travel between the two threads that own
+/// it and no other thread relays them.
+pub const LANES_MAX: usize = 64;
+
+/// Descriptors of one lane: four rings and two doorbells.
+const LANE_FDS: usize = 6;
+
+/// One lane of the set: the phy and flow rings in both directions and the two doorbells. Lane
+/// `k` carries what concerns shard `k`'s connections (and the lifecycle's end markers naming
+/// shard `k`, behind that shard's records); a lane is moved to the thread that serves its
+/// shard ([`VnicSet::take_lanes`]).
 #[derive(Debug)]
-pub struct VnicSet {
+pub struct VnicLane {
+    index: usize,
     phy_tx: Producer,
     phy_rx: Consumer,
     flow_tx: Producer,
@@ -228,13 +249,25 @@ pub struct VnicSet {
     peer_bell: Doorbell,
     /// Waited on for this end's rings.
     my_bell: Doorbell,
+    scratch: Vec<u8>,
+    kick_pending: bool,
+    counters: VnicCounters,
+}
+
+/// One end of the vNIC set: its lanes (lane 0 always here, the others until taken) and the
+/// control socket, which stays with whoever holds the set.
+#[derive(Debug)]
+pub struct VnicSet {
+    lane: VnicLane,
+    /// Lanes `1..` until [`VnicSet::take_lanes`].
+    others: Vec<VnicLane>,
+    lanes: usize,
     control: UnixStream,
     control_in: Vec<u8>,
     /// Fds received on the control socket, in order, until their record takes them.
     control_fds: std::collections::VecDeque<OwnedFd>,
     control_out: Vec<u8>,
     scratch: Vec<u8>,
-    kick_pending: bool,
     counters: VnicCounters,
 }
 
@@ -305,187 +338,225 @@ pub struct PhyRecord<'a> {
     pub frame: &'a [u8],
 }
 
-impl VnicSet {
-    /// Creates the four rings and two doorbells (DPU end) and hands the plane's halves over
-    /// `control` with the greeting `hello_extra` appended to [`HELLO`].
-    pub fn create(control: UnixStream, hello_extra: &str) -> Result<VnicSet, VnicError> {
+fn ring_err(ring: &'static str) -> impl Fn(crate::shm::ring::RingError) -> VnicError {
+    move |e| VnicError::Ring {
+        ring,
+        detail: e.to_string(),
+    }
+}
+
+/// The DPU end's half of a new lane, and the six descriptors the plane maps.
+struct NewLane {
+    phy_d2h: SharedRing,
+    phy_h2d: SharedRing,
+    flow_d2h: SharedRing,
+    flow_h2d: SharedRing,
+    bell_dpu: Doorbell,
+    bell_plane: Doorbell,
+}
+
+impl NewLane {
+    fn create() -> Result<NewLane, VnicError> {
         let ring = |name: &'static str, bytes| {
             SharedRing::create(name, bytes).map_err(|e| VnicError::Ring {
                 ring: name,
                 detail: e.to_string(),
             })
         };
-        let phy_d2h = ring("phy.d2h", PHY_RING_BYTES)?;
-        let phy_h2d = ring("phy.h2d", PHY_RING_BYTES)?;
-        let flow_d2h = ring("flow.d2h", FLOW_RING_BYTES)?;
-        let flow_h2d = ring("flow.h2d", FLOW_RING_BYTES)?;
         let bell = |name: &'static str| {
             Doorbell::new().map_err(|e| VnicError::Ring {
                 ring: name,
                 detail: e.to_string(),
             })
         };
-        let bell_dpu = bell("doorbell of the DPU")?;
-        let bell_plane = bell("doorbell of the plane")?;
-        let mut hello = HELLO.to_vec();
-        hello.push(b' ');
-        hello.extend_from_slice(hello_extra.as_bytes());
-        fdpass::send_with_fds(
-            &control,
-            &hello,
-            &[
-                phy_d2h.fd(),
-                phy_h2d.fd(),
-                flow_d2h.fd(),
-                flow_h2d.fd(),
-                bell_dpu.as_fd(),
-                bell_plane.as_fd(),
-            ],
-        )
-        .map_err(io_err("handing the rings to the plane"))?;
-        let e = |ring: &'static str| {
-            move |e: crate::shm::ring::RingError| VnicError::Ring {
-                ring,
-                detail: e.to_string(),
-            }
-        };
-        VnicSet::assemble(
-            control,
-            phy_d2h.into_producer().map_err(e("phy.d2h"))?,
-            phy_h2d.into_consumer().map_err(e("phy.h2d"))?,
-            flow_d2h.into_producer().map_err(e("flow.d2h"))?,
-            flow_h2d.into_consumer().map_err(e("flow.h2d"))?,
-            bell_plane,
-            bell_dpu,
-        )
+        Ok(NewLane {
+            phy_d2h: ring("phy.d2h", PHY_RING_BYTES)?,
+            phy_h2d: ring("phy.h2d", PHY_RING_BYTES)?,
+            flow_d2h: ring("flow.d2h", FLOW_RING_BYTES)?,
+            flow_h2d: ring("flow.h2d", FLOW_RING_BYTES)?,
+            bell_dpu: bell("doorbell of the DPU")?,
+            bell_plane: bell("doorbell of the plane")?,
+        })
     }
 
-    /// The plane's end: receives the rings over `control`; returns the set and the greeting's
+    fn fds(&self) -> [BorrowedFd<'_>; LANE_FDS] {
+        [
+            self.phy_d2h.fd(),
+            self.phy_h2d.fd(),
+            self.flow_d2h.fd(),
+            self.flow_h2d.fd(),
+            self.bell_dpu.as_fd(),
+            self.bell_plane.as_fd(),
+        ]
+    }
+
+    fn into_dpu_end(self, index: usize) -> Result<VnicLane, VnicError> {
+        Ok(VnicLane::new(
+            index,
+            self.phy_d2h.into_producer().map_err(ring_err("phy.d2h"))?,
+            self.phy_h2d.into_consumer().map_err(ring_err("phy.h2d"))?,
+            self.flow_d2h
+                .into_producer()
+                .map_err(ring_err("flow.d2h"))?,
+            self.flow_h2d
+                .into_consumer()
+                .map_err(ring_err("flow.h2d"))?,
+            self.bell_plane,
+            self.bell_dpu,
+        ))
+    }
+}
+
+impl VnicSet {
+    /// Creates `lanes` lanes (four rings and two doorbells each; DPU end) and hands the
+    /// plane's halves over `control`: the greeting [`HELLO`] `lanes=N` and `hello_extra` with
+    /// lane 0's descriptors, then one record `lane K` with each other lane's.
+    pub fn create(
+        control: UnixStream,
+        hello_extra: &str,
+        lanes: usize,
+    ) -> Result<VnicSet, VnicError> {
+        if !(1..=LANES_MAX).contains(&lanes) {
+            return Err(VnicError::Handshake(format!(
+                "{lanes} lanes asked for; a set has 1 to {LANES_MAX}"
+            )));
+        }
+        let mut ends = Vec::with_capacity(lanes);
+        for k in 0..lanes {
+            let lane = NewLane::create()?;
+            let text = match k {
+                0 => format!(
+                    "{} lanes={lanes} {hello_extra}",
+                    std::str::from_utf8(HELLO).expect("ascii")
+                ),
+                k => format!("lane {k}"),
+            };
+            fdpass::send_with_fds(&control, text.as_bytes(), &lane.fds())
+                .map_err(io_err("handing the rings to the plane"))?;
+            ends.push(lane.into_dpu_end(k)?);
+        }
+        VnicSet::assemble(control, ends)
+    }
+
+    /// The plane's end: receives the lanes over `control`; returns the set and the greeting's
     /// extra text.
     pub fn accept(control: UnixStream) -> Result<(VnicSet, String), VnicError> {
         let mut buf = vec![0u8; 4096];
-        let (n, fds) =
-            fdpass::recv_with_fds(&control, &mut buf, 6).map_err(io_err("receiving the rings"))?;
-        let text = String::from_utf8_lossy(&buf[..n]).to_string();
-        let Some(extra) = text.strip_prefix(std::str::from_utf8(HELLO).expect("ascii")) else {
+        let (lane0, text) = accept_lane(&control, &mut buf, 0)?;
+        let Some(rest) = text.strip_prefix(std::str::from_utf8(HELLO).expect("ascii")) else {
             return Err(VnicError::Handshake(format!(
                 "unexpected greeting {text:?}"
             )));
         };
-        let extra = extra.trim().to_string();
-        let fds: Vec<OwnedFd> = fds;
-        let [phy_d2h, phy_h2d, flow_d2h, flow_h2d, bell_dpu, bell_plane]: [OwnedFd; 6] =
-            fds.try_into().map_err(|v: Vec<OwnedFd>| {
-                VnicError::Handshake(format!("expected 6 descriptors, got {}", v.len()))
+        let rest = rest.trim_start();
+        let (count, extra) = rest.split_once(' ').unwrap_or((rest, ""));
+        let lanes = count
+            .strip_prefix("lanes=")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| (1..=LANES_MAX).contains(n))
+            .ok_or_else(|| {
+                VnicError::Handshake(format!(
+                    "greeting {text:?}: expected lanes=N with N from 1 to {LANES_MAX}"
+                ))
             })?;
-        let e = |ring: &'static str| {
-            move |e: crate::shm::ring::RingError| VnicError::Ring {
-                ring,
-                detail: e.to_string(),
+        let mut ends = vec![lane0];
+        for k in 1..lanes {
+            let (lane, text) = accept_lane(&control, &mut buf, k)?;
+            if text != format!("lane {k}") {
+                return Err(VnicError::Handshake(format!(
+                    "expected lane {k}'s record, got {text:?}"
+                )));
             }
-        };
-        let map = |name: &'static str, fd| SharedRing::from_fd(fd).map_err(e(name));
-        let set = VnicSet::assemble(
-            control,
-            map("phy.h2d", phy_h2d)?
-                .into_producer()
-                .map_err(e("phy.h2d"))?,
-            map("phy.d2h", phy_d2h)?
-                .into_consumer()
-                .map_err(e("phy.d2h"))?,
-            map("flow.h2d", flow_h2d)?
-                .into_producer()
-                .map_err(e("flow.h2d"))?,
-            map("flow.d2h", flow_d2h)?
-                .into_consumer()
-                .map_err(e("flow.d2h"))?,
-            Doorbell::from_fd(bell_dpu).map_err(e("doorbell of the DPU"))?,
-            Doorbell::from_fd(bell_plane).map_err(e("doorbell of the plane"))?,
-        )?;
-        Ok((set, extra))
+            ends.push(lane);
+        }
+        Ok((VnicSet::assemble(control, ends)?, extra.trim().to_string()))
     }
 
-    fn assemble(
-        control: UnixStream,
-        phy_tx: Producer,
-        phy_rx: Consumer,
-        flow_tx: Producer,
-        flow_rx: Consumer,
-        peer_bell: Doorbell,
-        my_bell: Doorbell,
-    ) -> Result<VnicSet, VnicError> {
+    fn assemble(control: UnixStream, mut lanes: Vec<VnicLane>) -> Result<VnicSet, VnicError> {
         control
             .set_nonblocking(true)
             .map_err(io_err("setting the control socket non-blocking"))?;
+        let n = lanes.len();
+        let others = lanes.split_off(1);
+        let lane = lanes.pop().expect("a set has lane 0");
         Ok(VnicSet {
-            phy_tx,
-            phy_rx,
-            flow_tx,
-            flow_rx,
-            peer_bell,
-            my_bell,
+            lane,
+            others,
+            lanes: n,
             control,
             control_in: Vec::with_capacity(64 << 10),
             control_fds: std::collections::VecDeque::new(),
             control_out: Vec::with_capacity(64 << 10),
             scratch: Vec::with_capacity(256),
-            kick_pending: false,
             counters: VnicCounters::default(),
         })
     }
 
-    /// Counters.
-    pub fn counters(&self) -> &VnicCounters {
-        &self.counters
+    /// How many lanes the set was made with.
+    pub fn lanes(&self) -> usize {
+        self.lanes
     }
 
-    /// The fds to poll for input: this end's doorbell and the control socket.
-    pub fn poll_fds(&self) -> [BorrowedFd<'_>; 2] {
-        [self.my_bell.as_fd(), self.control.as_fd()]
+    /// Lane 0, which stays with the set.
+    pub fn lane0(&mut self) -> &mut VnicLane {
+        &mut self.lane
     }
 
-    /// Pushes a frame with its message on the phy ring; false (and counted) if the ring is full.
-    pub fn send_frame(&mut self, msg: &Msg, port: u32, vnet: &[u8; 12], frame: &[u8]) -> bool {
-        PhyTx {
-            phy_tx: &mut self.phy_tx,
-            scratch: &mut self.scratch,
-            counters: &mut self.counters,
-            kick_pending: &mut self.kick_pending,
+    /// Lane `k` while the set still holds it.
+    pub fn lane_mut(&mut self, k: usize) -> Option<&mut VnicLane> {
+        match k {
+            0 => Some(&mut self.lane),
+            k => self.others.iter_mut().find(|l| l.index == k),
         }
-        .send_frame(msg, port, vnet, frame)
     }
 
-    /// Sends a message (with the conntrack snapshot of its connection, if any) on the flow ring
-    /// or the control socket.
+    /// Lanes `1..`, in order, for the threads that serve their shards; the set keeps lane 0
+    /// and the control socket.
+    pub fn take_lanes(&mut self) -> Vec<VnicLane> {
+        std::mem::take(&mut self.others)
+    }
+
+    /// Counters: lane 0's rings and the control socket.
+    pub fn counters(&self) -> VnicCounters {
+        VnicCounters {
+            control_tx: self.counters.control_tx,
+            control_rx: self.counters.control_rx,
+            ..self.lane.counters
+        }
+    }
+
+    /// The fds to poll for input: lane 0's doorbell and the control socket.
+    pub fn poll_fds(&self) -> [BorrowedFd<'_>; 2] {
+        [self.lane.my_bell.as_fd(), self.control.as_fd()]
+    }
+
+    /// Pushes a frame with its message on lane 0's phy ring; false (and counted) if the ring
+    /// is full.
+    pub fn send_frame(&mut self, msg: &Msg, port: u32, vnet: &[u8; 12], frame: &[u8]) -> bool {
+        self.lane.send_frame(msg, port, vnet, frame)
+    }
+
+    /// Sends a message (with the conntrack snapshot of its connection, if any) on lane 0's
+    /// flow ring or the control socket.
     pub fn send_msg(
         &mut self,
         control: bool,
         msg: &Msg,
         snap: Option<&CtSnapshot>,
     ) -> Result<bool, VnicError> {
+        if !control {
+            return Ok(self.lane.send_flow(msg, snap));
+        }
         self.scratch.clear();
         codec::encode_msg(&mut self.scratch, msg);
         codec::encode_snapshot(&mut self.scratch, snap);
-        if control {
-            let len = self.scratch.len() as u32 + 1;
-            self.control_out.extend_from_slice(&len.to_le_bytes());
-            self.control_out.push(CONTROL_MSG);
-            self.control_out.extend_from_slice(&self.scratch);
-            self.counters.control_tx += 1;
-            self.flush_control()?;
-            return Ok(true);
-        }
-        match self.flow_tx.try_push(&self.scratch) {
-            Ok(()) => {
-                self.counters.flow_tx += 1;
-                self.kick_pending |= self.flow_tx.needs_kick();
-                Ok(true)
-            }
-            Err(_) => {
-                self.counters.flow_full += 1;
-                Ok(false)
-            }
-        }
+        let len = self.scratch.len() as u32 + 1;
+        self.control_out.extend_from_slice(&len.to_le_bytes());
+        self.control_out.push(CONTROL_MSG);
+        self.control_out.extend_from_slice(&self.scratch);
+        self.counters.control_tx += 1;
+        self.flush_control()?;
+        Ok(true)
     }
 
     /// Sends a JSON document on the control socket: the plane's statistics, or an operator's
@@ -557,6 +628,304 @@ impl VnicSet {
             return Err(VnicError::Stalled(self.control_out.len()));
         }
         Ok(())
+    }
+
+    /// Kicks the peer if a push on lane 0 since the last call found it asleep.
+    pub fn kick(&mut self) {
+        self.lane.kick();
+    }
+
+    /// Pops up to `max` phy records of lane 0.
+    pub fn recv_frames(
+        &mut self,
+        max: usize,
+        f: impl FnMut(PhyRecord<'_>),
+    ) -> Result<usize, VnicError> {
+        self.lane.recv_frames(max, f)
+    }
+
+    /// Pops up to `max` phy records of lane 0; see [`VnicLane::recv_frames_tx`].
+    pub fn recv_frames_tx(
+        &mut self,
+        max: usize,
+        f: impl FnMut(PhyRecord<'_>, &mut PhyTx<'_>),
+    ) -> Result<usize, VnicError> {
+        self.lane.recv_frames_tx(max, f)
+    }
+
+    /// Pops up to `max` flow records of lane 0.
+    pub fn recv_flow(&mut self, max: usize, f: impl FnMut(FlowRecord)) -> Result<usize, VnicError> {
+        self.lane.recv_flow(max, f)
+    }
+
+    /// Sends what a frame node has for the other side: a fabric message with its snapshot (on
+    /// the control channel, or lane `lane`'s flow ring, as the node says), or a conntrack
+    /// change (on that flow ring; a full ring drops it, counted, as [`VnicLane::send_ct`]
+    /// says). A lane the set no longer holds is lane 0.
+    pub fn send_outgoing_on(&mut self, lane: usize, o: &Outgoing) -> Result<(), VnicError> {
+        if let Outgoing::Msg {
+            channel: Channel::Control,
+            msg,
+            snapshot,
+        } = o
+        {
+            self.send_msg(true, msg, snapshot.as_ref())?;
+            return Ok(());
+        }
+        let l = match lane {
+            0 => &mut self.lane,
+            k => match self.others.iter_mut().find(|l| l.index == k) {
+                Some(l) => l,
+                None => &mut self.lane,
+            },
+        };
+        l.send_outgoing_flow(o);
+        Ok(())
+    }
+
+    /// [`VnicSet::send_outgoing_on`] lane 0.
+    pub fn send_outgoing(&mut self, o: &Outgoing) -> Result<(), VnicError> {
+        self.send_outgoing_on(0, o)
+    }
+
+    /// Sends the owner's conntrack entry on lane 0; see [`VnicLane::send_ct`].
+    pub fn send_ct(&mut self, snap: &CtSnapshot) -> bool {
+        self.lane.send_ct(snap)
+    }
+
+    /// Reads the control socket and hands every complete record to `f`.
+    pub fn recv_control(&mut self, mut f: impl FnMut(Control)) -> Result<usize, VnicError> {
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            // recvmsg, not read: a VM attach record carries fds, which a plain read would close.
+            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, 4) {
+                Ok((0, _)) => return Err(VnicError::Closed),
+                Ok((n, fds)) => {
+                    self.control_in.extend_from_slice(&buf[..n]);
+                    self.control_fds.extend(fds);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(VnicError::Closed);
+                }
+                Err(e) => return Err(io_err("reading the control socket")(e)),
+            }
+        }
+        let mut at = 0;
+        let mut n = 0;
+        while self.control_in.len() - at >= 4 {
+            let len =
+                u32::from_le_bytes(self.control_in[at..at + 4].try_into().expect("four bytes"))
+                    as usize;
+            if len > CONTROL_BUF_MAX {
+                return Err(VnicError::Codec {
+                    channel: "control",
+                    source: CodecError::BadValue {
+                        field: "control.len",
+                        value: len as u64,
+                    },
+                });
+            }
+            if self.control_in.len() - at - 4 < len {
+                break;
+            }
+            let rec = &self.control_in[at + 4..at + 4 + len];
+            let codec_err = |source| VnicError::Codec {
+                channel: "control",
+                source,
+            };
+            match rec.split_first() {
+                Some((&CONTROL_MSG, body)) => {
+                    let mut r = Reader::new(body);
+                    let (m, s) = codec::decode_msg(&mut r)
+                        .and_then(|m| codec::decode_snapshot(&mut r).map(|s| (m, s)))
+                        .map_err(codec_err)?;
+                    f(Control::Msg(m, s));
+                }
+                Some((&CONTROL_VM, body)) => {
+                    let msg = codec::decode_vatc(body).map_err(codec_err)?;
+                    let want = msg.fds();
+                    if want > self.control_fds.len() {
+                        return Err(codec_err(CodecError::BadValue {
+                            field: "control.fds",
+                            value: want as u64,
+                        }));
+                    }
+                    let fds = self.control_fds.drain(..want).collect();
+                    f(Control::Vm(msg, fds));
+                }
+                Some((&kind, body)) if kind == CONTROL_STATS || kind == CONTROL_COMMAND => {
+                    let doc = serde_json::from_slice(body).map_err(|_| {
+                        codec_err(CodecError::BadValue {
+                            field: "control.json",
+                            value: body.len() as u64,
+                        })
+                    })?;
+                    f(Control::Json(kind, doc));
+                }
+                Some((&kind, _)) => {
+                    return Err(codec_err(CodecError::BadValue {
+                        field: "control.kind",
+                        value: u64::from(kind),
+                    }));
+                }
+                None => {
+                    return Err(codec_err(CodecError::Truncated {
+                        field: "control.kind",
+                        need: 1,
+                        have: 0,
+                    }));
+                }
+            }
+            at += 4 + len;
+            n += 1;
+        }
+        self.control_in.drain(..at);
+        self.counters.control_rx += n as u64;
+        Ok(n)
+    }
+
+    /// Before sleeping in `poll`: arms lane 0's doorbell. False if records arrived meanwhile
+    /// (do not sleep).
+    pub fn prepare_sleep(&mut self) -> bool {
+        self.lane.prepare_sleep()
+    }
+
+    /// After waking: disarms lane 0's doorbell and clears its count.
+    pub fn woke(&mut self) {
+        self.lane.woke();
+    }
+}
+
+/// Receives lane `index`'s record (its text and six descriptors) and maps the lane.
+fn accept_lane(
+    control: &UnixStream,
+    buf: &mut [u8],
+    index: usize,
+) -> Result<(VnicLane, String), VnicError> {
+    let (n, fds) =
+        fdpass::recv_with_fds(control, buf, LANE_FDS).map_err(io_err("receiving the rings"))?;
+    let text = String::from_utf8_lossy(&buf[..n]).to_string();
+    let [phy_d2h, phy_h2d, flow_d2h, flow_h2d, bell_dpu, bell_plane]: [OwnedFd; LANE_FDS] =
+        fds.try_into().map_err(|v: Vec<OwnedFd>| {
+            VnicError::Handshake(format!(
+                "lane {index}: expected {LANE_FDS} descriptors, got {}",
+                v.len()
+            ))
+        })?;
+    let map = |name: &'static str, fd| SharedRing::from_fd(fd).map_err(ring_err(name));
+    let lane = VnicLane::new(
+        index,
+        map("phy.h2d", phy_h2d)?
+            .into_producer()
+            .map_err(ring_err("phy.h2d"))?,
+        map("phy.d2h", phy_d2h)?
+            .into_consumer()
+            .map_err(ring_err("phy.d2h"))?,
+        map("flow.h2d", flow_h2d)?
+            .into_producer()
+            .map_err(ring_err("flow.h2d"))?,
+        map("flow.d2h", flow_d2h)?
+            .into_consumer()
+            .map_err(ring_err("flow.d2h"))?,
+        Doorbell::from_fd(bell_dpu).map_err(ring_err("doorbell of the DPU"))?,
+        Doorbell::from_fd(bell_plane).map_err(ring_err("doorbell of the plane"))?,
+    );
+    Ok((lane, text))
+}
+
+impl VnicLane {
+    fn new(
+        index: usize,
+        phy_tx: Producer,
+        phy_rx: Consumer,
+        flow_tx: Producer,
+        flow_rx: Consumer,
+        peer_bell: Doorbell,
+        my_bell: Doorbell,
+    ) -> VnicLane {
+        VnicLane {
+            index,
+            phy_tx,
+            phy_rx,
+            flow_tx,
+            flow_rx,
+            peer_bell,
+            my_bell,
+            scratch: Vec::with_capacity(256),
+            kick_pending: false,
+            counters: VnicCounters::default(),
+        }
+    }
+
+    /// Which lane this is (the shard it carries).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Counters of this lane's rings.
+    pub fn counters(&self) -> &VnicCounters {
+        &self.counters
+    }
+
+    /// This end's doorbell, to poll while asleep.
+    pub fn bell_fd(&self) -> BorrowedFd<'_> {
+        self.my_bell.as_fd()
+    }
+
+    /// Pushes a frame with its message on the phy ring; false (and counted) if the ring is full.
+    pub fn send_frame(&mut self, msg: &Msg, port: u32, vnet: &[u8; 12], frame: &[u8]) -> bool {
+        PhyTx {
+            phy_tx: &mut self.phy_tx,
+            scratch: &mut self.scratch,
+            counters: &mut self.counters,
+            kick_pending: &mut self.kick_pending,
+        }
+        .send_frame(msg, port, vnet, frame)
+    }
+
+    /// Pushes a message (with the conntrack snapshot of its connection, if any) on the flow
+    /// ring; false (counted) if the ring is full.
+    pub fn send_flow(&mut self, msg: &Msg, snap: Option<&CtSnapshot>) -> bool {
+        self.scratch.clear();
+        codec::encode_msg(&mut self.scratch, msg);
+        codec::encode_snapshot(&mut self.scratch, snap);
+        self.push_flow()
+    }
+
+    fn push_flow(&mut self) -> bool {
+        match self.flow_tx.try_push(&self.scratch) {
+            Ok(()) => {
+                self.counters.flow_tx += 1;
+                self.kick_pending |= self.flow_tx.needs_kick();
+                true
+            }
+            Err(_) => {
+                self.counters.flow_full += 1;
+                false
+            }
+        }
+    }
+
+    /// Sends a frame node's flow-ring output: a message with its snapshot, or a conntrack
+    /// change. A message for the control channel is not this lane's: the caller sends it on
+    /// the set's control socket; here it is pushed on the flow ring like any other.
+    pub fn send_outgoing_flow(&mut self, o: &Outgoing) -> bool {
+        match o {
+            Outgoing::Msg { msg, snapshot, .. } => self.send_flow(msg, snapshot.as_ref()),
+            Outgoing::Conntrack(s) => self.send_ct(s),
+        }
+    }
+
+    /// Sends the owner's current conntrack entry of a connection whose real TCP state changed
+    /// without a change the fabric core syncs (its phases are coarser than TCP's), so the peer's
+    /// copy stays current for a fail-open or a handover. False (counted) if the ring is full.
+    pub fn send_ct(&mut self, snap: &CtSnapshot) -> bool {
+        self.scratch.clear();
+        self.scratch.push(FLOW_CT);
+        codec::encode_snapshot(&mut self.scratch, Some(snap));
+        self.push_flow()
     }
 
     /// Kicks the peer if a push since the last call found it asleep.
@@ -660,138 +1029,6 @@ impl VnicSet {
         Ok(n)
     }
 
-    /// Sends what a frame node has for the other side: a fabric message with its snapshot (on
-    /// the control channel or the flow ring, as the node says), or a conntrack change (on the
-    /// flow ring; a full ring drops it, counted, as [`VnicSet::send_ct`] says).
-    pub fn send_outgoing(&mut self, o: &Outgoing) -> Result<(), VnicError> {
-        match o {
-            Outgoing::Msg {
-                channel,
-                msg,
-                snapshot,
-            } => {
-                self.send_msg(*channel == Channel::Control, msg, snapshot.as_ref())?;
-            }
-            Outgoing::Conntrack(s) => {
-                self.send_ct(s);
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends the owner's current conntrack entry of a connection whose real TCP state changed
-    /// without a change the fabric core syncs (its phases are coarser than TCP's), so the peer's
-    /// copy stays current for a fail-open or a handover. False (counted) if the ring is full.
-    pub fn send_ct(&mut self, snap: &CtSnapshot) -> bool {
-        self.scratch.clear();
-        self.scratch.push(FLOW_CT);
-        codec::encode_snapshot(&mut self.scratch, Some(snap));
-        match self.flow_tx.try_push(&self.scratch) {
-            Ok(()) => {
-                self.counters.flow_tx += 1;
-                self.kick_pending |= self.flow_tx.needs_kick();
-                true
-            }
-            Err(_) => {
-                self.counters.flow_full += 1;
-                false
-            }
-        }
-    }
-
-    /// Reads the control socket and hands every complete record to `f`.
-    pub fn recv_control(&mut self, mut f: impl FnMut(Control)) -> Result<usize, VnicError> {
-        let mut buf = [0u8; 16 << 10];
-        loop {
-            // recvmsg, not read: a VM attach record carries fds, which a plain read would close.
-            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, 4) {
-                Ok((0, _)) => return Err(VnicError::Closed),
-                Ok((n, fds)) => {
-                    self.control_in.extend_from_slice(&buf[..n]);
-                    self.control_fds.extend(fds);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    return Err(VnicError::Closed);
-                }
-                Err(e) => return Err(io_err("reading the control socket")(e)),
-            }
-        }
-        let mut at = 0;
-        let mut n = 0;
-        while self.control_in.len() - at >= 4 {
-            let len =
-                u32::from_le_bytes(self.control_in[at..at + 4].try_into().expect("four bytes"))
-                    as usize;
-            if len > CONTROL_BUF_MAX {
-                return Err(VnicError::Codec {
-                    channel: "control",
-                    source: CodecError::BadValue {
-                        field: "control.len",
-                        value: len as u64,
-                    },
-                });
-            }
-            if self.control_in.len() - at - 4 < len {
-                break;
-            }
-            let rec = &self.control_in[at + 4..at + 4 + len];
-            let codec_err = |source| VnicError::Codec {
-                channel: "control",
-                source,
-            };
-            match rec.split_first() {
-                Some((&CONTROL_MSG, body)) => {
-                    let mut r = Reader::new(body);
-                    let (m, s) = codec::decode_msg(&mut r)
-                        .and_then(|m| codec::decode_snapshot(&mut r).map(|s| (m, s)))
-                        .map_err(codec_err)?;
-                    f(Control::Msg(m, s));
-                }
-                Some((&CONTROL_VM, body)) => {
-                    let msg = codec::decode_vatc(body).map_err(codec_err)?;
-                    let want = msg.fds();
-                    if want > self.control_fds.len() {
-                        return Err(codec_err(CodecError::BadValue {
-                            field: "control.fds",
-                            value: want as u64,
-                        }));
-                    }
-                    let fds = self.control_fds.drain(..want).collect();
-                    f(Control::Vm(msg, fds));
-                }
-                Some((&kind, body)) if kind == CONTROL_STATS || kind == CONTROL_COMMAND => {
-                    let doc = serde_json::from_slice(body).map_err(|_| {
-                        codec_err(CodecError::BadValue {
-                            field: "control.json",
-                            value: body.len() as u64,
-                        })
-                    })?;
-                    f(Control::Json(kind, doc));
-                }
-                Some((&kind, _)) => {
-                    return Err(codec_err(CodecError::BadValue {
-                        field: "control.kind",
-                        value: u64::from(kind),
-                    }));
-                }
-                None => {
-                    return Err(codec_err(CodecError::Truncated {
-                        field: "control.kind",
-                        need: 1,
-                        have: 0,
-                    }));
-                }
-            }
-            at += 4 + len;
-            n += 1;
-        }
-        self.control_in.drain(..at);
-        self.counters.control_rx += n as u64;
-        Ok(n)
-    }
-
     /// Before sleeping in `poll`: arms this end's doorbell. False if records arrived meanwhile
     /// (do not sleep).
     pub fn prepare_sleep(&mut self) -> bool {
@@ -835,10 +1072,98 @@ mod tests {
     }
 
     #[test]
+    fn each_lane_carries_its_own_records_and_moves_to_another_thread() {
+        use spillway_fabric::types::ConnId;
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut dpu = VnicSet::create(a, "workers=2", 3).unwrap();
+        let (mut plane, extra) = VnicSet::accept(b).unwrap();
+        assert_eq!(
+            (dpu.lanes(), plane.lanes(), extra.as_str()),
+            (3, 3, "workers=2")
+        );
+        let train = |conn| Msg::Adopted { conn: ConnId(conn) };
+        // Lane 2's DPU end on a thread of its own; lane 0 stays with the set.
+        let mut lane2 = dpu.take_lanes().pop().unwrap();
+        assert_eq!(lane2.index(), 2);
+        assert!(dpu.lane_mut(2).is_none());
+        let t = std::thread::spawn(move || {
+            assert!(lane2.send_frame(&train(2), 7, &[0; 12], b"two"));
+            lane2.send_flow(&train(22), None);
+            lane2.kick();
+            lane2
+        });
+        assert!(dpu.send_frame(&train(0), 5, &[0; 12], b"zero"));
+        let _lane2 = t.join().unwrap();
+        let mut got = Vec::new();
+        for k in 0..3 {
+            let lane = plane.lane_mut(k).unwrap();
+            lane.recv_frames(8, |r| got.push((k, r.msg.conn(), r.port, r.frame.to_vec())))
+                .unwrap();
+            lane.recv_flow(8, |r| match r {
+                FlowRecord::Msg(m, _) => got.push((k, m.conn(), 0, Vec::new())),
+                FlowRecord::Ct(_) => panic!("no conntrack record was sent"),
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            got,
+            [
+                (0, Some(ConnId(0)), 5, b"zero".to_vec()),
+                (2, Some(ConnId(2)), 7, b"two".to_vec()),
+                (2, Some(ConnId(22)), 0, Vec::new()),
+            ]
+        );
+        // The plane answers on lane 2 through the set; lane 2's DPU end (on the thread
+        // above) holds what came back.
+        let out = Outgoing::Msg {
+            channel: Channel::FlowVnic,
+            msg: train(3),
+            snapshot: None,
+        };
+        plane.send_outgoing_on(2, &out).unwrap();
+        let mut lane2 = _lane2;
+        let mut back = Vec::new();
+        lane2
+            .recv_flow(8, |r| {
+                if let FlowRecord::Msg(m, _) = r {
+                    back.push(m.conn());
+                }
+            })
+            .unwrap();
+        assert_eq!(back, [Some(ConnId(3))]);
+        assert_eq!(
+            dpu.lane0()
+                .recv_flow(8, |_| panic!("lane 0 got lane 2's record"))
+                .unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_greeting_without_a_lane_count_or_with_too_many_is_refused() {
+        for hello in [
+            "spillway-vnic-v2 workers=1",
+            "spillway-vnic-v2 lanes=0",
+            "spillway-vnic-v2 lanes=65",
+        ] {
+            let (a, b) = UnixStream::pair().unwrap();
+            let lane = NewLane::create().unwrap();
+            fdpass::send_with_fds(&a, hello.as_bytes(), &lane.fds()).unwrap();
+            let r = VnicSet::accept(b);
+            assert!(matches!(r, Err(VnicError::Handshake(_))), "{hello}: {r:?}");
+        }
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(matches!(
+            VnicSet::create(a, "", LANES_MAX + 1),
+            Err(VnicError::Handshake(_))
+        ));
+    }
+
+    #[test]
     fn vatc_messages_cross_with_their_fds_and_a_malformed_one_is_a_codec_error() {
         use spillway_fabric::atc::{AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
         let (a, b) = UnixStream::pair().unwrap();
-        let mut dpu = VnicSet::create(a, "test").unwrap();
+        let mut dpu = VnicSet::create(a, "test", 1).unwrap();
         let (mut plane, _) = VnicSet::accept(b).unwrap();
         let (mem, irq) = (Doorbell::new().unwrap(), Doorbell::new().unwrap());
         let attach = VatcMsg::Attach {
