@@ -848,14 +848,27 @@ fn forwarding_allocates_nothing_per_frame(shards: u32) {
 
 /// The same for the spill plane's process: with every bucket redirected and a hardware table
 /// of two entries (so placement cannot recall the flood's flows), the flood crosses the plane,
-/// whose stats (every 500 ms, in `ctl status`) carry its thread's `forwarding_allocs`.
+/// whose stats (every 500 ms, in `ctl status`) carry its threads' `forwarding_allocs`.
 #[test]
 fn the_plane_allocates_nothing_per_frame() {
+    plane_allocates_nothing_per_frame(1);
+}
+
+/// The same with the plane's shards on two threads: the flood's eight flows cross both, and
+/// neither thread allocates per frame (each thread's count is in the sum; each thread's
+/// frames are checked apart, so a thread that carried nothing cannot pass for one that
+/// allocates nothing).
+#[test]
+fn the_plane_threads_allocate_nothing_per_frame() {
+    plane_allocates_nothing_per_frame(2);
+}
+
+fn plane_allocates_nothing_per_frame(shards: u32) {
     if !spillway_testkit::prerequisites(&["ip"]) {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start("active", 2);
+    let mut bed = Bed::start_sharded("active", 2, 30_000, shards);
     bed.wait_phase("active", Duration::from_secs(10));
     let (idle, busy, frames) = flood_windows(&mut bed, |s| {
         let allocs = s["plane"]["stats"]["forwarding_allocs"]
@@ -863,11 +876,20 @@ fn the_plane_allocates_nothing_per_frame() {
             .unwrap_or_else(|| panic!("the plane's stats carry forwarding_allocs: {s:#}"));
         (allocs, plane_counter(s, "plane.frames.in"))
     });
-    eprintln!("plane thread: {idle} allocations idle, {busy} over {frames} frames");
+    let s = bed.status();
+    let per_shard = &s["plane"]["stats"]["shards"];
+    eprintln!(
+        "plane ({shards} thread(s)): {idle} allocations idle, {busy} over {frames} frames; \
+         per shard {per_shard}"
+    );
     assert!(
         frames >= 10_000,
         "the flood crossed the plane: {frames} frames"
     );
+    for k in 0..shards as usize {
+        let n = per_shard[k]["frames_in"].as_u64().unwrap_or(0);
+        assert!(n >= 1000, "shard {k}'s thread took {n} frames: {per_shard}");
+    }
     assert!(
         busy <= idle + frames / 1000,
         "the plane allocates per frame: {busy} allocations over {frames} frames, \
@@ -1074,6 +1096,7 @@ fn connections_survive_activation_and_release(shards: u32) {
     std::thread::sleep(Duration::from_millis(1500));
     let flows = bed.ctl(&["flows", "--owner", "spill"]);
     let on_plane = flows["flows"].as_array().unwrap().len();
+    let during = bed.status();
     bed.ctl(&["release"]);
     bed.wait_phase("idle", Duration::from_secs(10));
     let (pongs, stalled) = long.finish();
@@ -1098,6 +1121,22 @@ fn connections_survive_activation_and_release(shards: u32) {
     if shards > 1 {
         // Every frame and record of the plane came on its connection's shard's lane.
         assert_eq!(s["counters"]["rt.lane.misrouted"], 0, "{s:#}");
+        // The plane runs a thread per shard, and each shard's thread served the frames of
+        // its connections.
+        let plane = &during["plane"]["stats"];
+        assert_eq!(plane["threads"], shards, "{plane:#}");
+        eprintln!("plane shards while active: {}", plane["shards"]);
+        let buckets = spillway_fabric::params::FabricParams::default()
+            .dpu
+            .redirect_buckets;
+        for row in flows["flows"].as_array().unwrap() {
+            let conn = spillway_fabric::types::ConnId(row["conn"].as_u64().unwrap());
+            let k = spillway_fabric::dpu::shard_of(conn, buckets, shards as usize);
+            assert!(
+                plane["shards"][k]["frames_in"].as_u64().unwrap() > 0,
+                "shard {k} holds {row} but its thread took no frame: {plane:#}"
+            );
+        }
     }
     bed.stop_and_check_clean();
 }

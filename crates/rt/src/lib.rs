@@ -17,6 +17,8 @@
 //! - [`ops`]: operator interfaces: control socket, metrics endpoint, logging.
 //! - [`dpu`]: the DPU process: daemon loop, VM bring-up, shared-memory VM ports.
 //! - [`plane`]: the spill-plane process.
+//! - [`shards`]: a model's control part on one thread and its shards on others (the DPU's
+//!   forwarding threads, the plane's threads): the shared budget and the request transport.
 //! - [`vm`]: the VM side of a shared-memory port (`spillway vm-endpoint`).
 //! - [`testbed`]: the testbed description all of them read.
 //!
@@ -64,6 +66,7 @@ pub mod dpu;
 pub mod host;
 pub mod ops;
 pub mod plane;
+pub mod shards;
 pub mod shm;
 pub mod testbed;
 pub mod vm;

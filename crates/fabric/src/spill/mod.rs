@@ -373,6 +373,23 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
         crate::dpu::shard_of(conn, self.f.dpu.redirect_buckets, self.total())
     }
 
+    /// The shard a message from the DPU about a connection goes to: its connection's, except
+    /// a delete's acknowledgement, which the control part's reliable channel takes.
+    fn conn_shard(&self, msg: &Msg) -> Option<usize> {
+        match msg {
+            Msg::DeleteAck { .. } => None,
+            _ => msg.conn().map(|c| self.shard_of(c)),
+        }
+    }
+
+    /// Which shard's thread takes `msg` from the DPU when a driver runs the plane's shards on
+    /// threads ([`SpillPlane::with_remote`]): its connection's shard's, or 0 (this plane: the
+    /// control part and shard 0; the end of another shard's bulk sync too, which the control
+    /// part asks that shard to acknowledge).
+    pub fn thread_of_msg(&self, msg: &Msg) -> usize {
+        self.conn_shard(msg).unwrap_or(0)
+    }
+
     /// How many shards the plane has, here and elsewhere.
     fn total(&self) -> usize {
         self.shards.len() + self.remote.as_ref().map_or(0, |r| r.count())
@@ -540,10 +557,9 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             self.colour = self.colour.max(colour);
         }
         let shard = match msg {
-            Msg::DeleteAck { .. } => None,
             // A shard the plane does not have: nobody waits for its acknowledgement.
             Msg::SyncDone { shard, .. } => Some(usize::from(shard)).filter(|&s| s < self.total()),
-            _ => msg.conn().map(|c| self.shard_of(c)),
+            _ => self.conn_shard(&msg),
         };
         if let Some(i) = shard {
             if let Msg::SyncDone { colour, count, .. } = msg

@@ -317,6 +317,15 @@ impl PlaneShard {
         &self.counters
     }
 
+    /// Drops by reason.
+    pub fn drops(&self) -> &Drops {
+        &self.drops
+    }
+    /// Records held.
+    pub fn conns_len(&self) -> usize {
+        self.conns.len()
+    }
+
     /// Answers a request of the control part.
     pub fn serve(&mut self, req: PlaneRequest) -> PlaneReply {
         match req {

@@ -5,7 +5,7 @@
 //! ```text
 //!            TAP queue 0 ──▶ thread 0: control part + shard 0 ◀──▶ vNIC lane 0 + control socket
 //!                                 ▲  │ requests (ThreadShards)        ctl, metrics, timers
-//!              parcels (Links)    │  ▼ view (ViewCell)
+//!              parcels (Links)    │  ▼ view (Published)
 //!            TAP queue k ──▶ thread k: shard k ◀──────────────────▶ vNIC lane k
 //! ```
 //!
@@ -41,13 +41,13 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use spillway_fabric::dpu::{
-    DpuControl, DpuCounters, DpuNode, DpuShard, EmulatedHardware, Resources, ShardView, shard_of,
+    DpuControl, DpuCounters, DpuNode, DpuShard, EmulatedHardware, Resources, ShardReply,
+    ShardRequest, ShardView, shard_of,
 };
 use spillway_fabric::frame::{
     CONNS_MAX, ConnTableCounters, DpuModel, DpuSwitch, FrameCounters, Outgoing, ShardModel,
@@ -76,7 +76,7 @@ use crate::host::allocs;
 use crate::host::clock::Clock;
 use crate::host::tap_uring::{TapTx, TapUring, TapUringCounters};
 use crate::host::vnet::VnetHdr;
-use crate::shm::ring::Doorbell;
+use crate::shards::{Bell, Crew, Published};
 use crate::shm::vnic::{FlowRecord, VnicLane};
 
 /// Parcels a thread's inbox holds.
@@ -128,49 +128,6 @@ pub(super) enum Parcel {
 /// records it holds.
 pub(super) type FlowReply = (Vec<(u64, serde_json::Value)>, usize);
 
-/// A thread's wake-up: an eventfd it polls while asleep, rung by a sender that finds it so.
-#[derive(Debug)]
-pub(super) struct Bell {
-    bell: Doorbell,
-    asleep: AtomicBool,
-}
-
-impl Bell {
-    fn new() -> io::Result<Bell> {
-        Ok(Bell {
-            bell: Doorbell::new().map_err(|e| io::Error::other(e.to_string()))?,
-            asleep: AtomicBool::new(false),
-        })
-    }
-    /// Wakes the thread if it sleeps (or is about to).
-    fn ring_if_asleep(&self) {
-        if self.asleep.swap(false, Ordering::SeqCst) {
-            let _ = self.bell.kick();
-        }
-    }
-    /// Wakes the thread whatever it is doing (a request waits for it, or it must stop).
-    pub(super) fn ring(&self) {
-        self.asleep.store(false, Ordering::SeqCst);
-        let _ = self.bell.kick();
-    }
-}
-
-/// The control part's view of the lifecycle, as thread 0 last published it.
-#[derive(Debug)]
-pub(super) struct ViewCell {
-    view: Mutex<ShardView>,
-    generation: AtomicU64,
-}
-
-impl ViewCell {
-    fn read(&self) -> ShardView {
-        *self
-            .view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 spillway_vswitch::counters! {
     /// What the hand-off between forwarding threads did.
     pub struct HandoffCounters {
@@ -199,7 +156,7 @@ pub(super) struct Links {
     give_back: Vec<SyncSender<PacketBuf>>,
     pub(super) counters: HandoffCounters,
     /// The view last published (thread 0) or read (the others), and its generation.
-    view: Arc<ViewCell>,
+    view: Arc<Published<ShardView>>,
     seen: u64,
     published: Option<ShardView>,
 }
@@ -353,48 +310,38 @@ impl Links {
     /// Before sleeping: marks the thread asleep; false if a parcel came meanwhile (then do
     /// not sleep).
     pub(super) fn prepare_sleep(&mut self) -> bool {
-        self.bells[self.me].asleep.store(true, Ordering::SeqCst);
+        self.bells[self.me].mark_asleep();
         if self.peeked.is_none() {
             match self.inbox.try_recv() {
                 Ok(p) => self.peeked = Some(p),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => return true,
             }
         }
-        self.bells[self.me].asleep.store(false, Ordering::SeqCst);
+        self.bells[self.me].woke();
         false
     }
 
     /// This thread's bell, to poll while asleep.
     pub(super) fn bell_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.bells[self.me].bell.as_fd()
+        self.bells[self.me].fd()
     }
 
     /// After waking.
     pub(super) fn woke(&self) {
-        self.bells[self.me].asleep.store(false, Ordering::SeqCst);
-        let _ = self.bells[self.me].bell.drain();
+        self.bells[self.me].woke();
     }
 
     /// Thread 0: publishes the control part's view if it changed.
     pub(super) fn publish_view(&mut self, view: ShardView) {
         if self.published != Some(view) {
             self.published = Some(view);
-            *self
-                .view
-                .view
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
-            self.view.generation.fetch_add(1, Ordering::Release);
+            self.view.publish(view);
         }
     }
 
     /// A forwarding thread: the view, if thread 0 published a new one since the last call.
     fn new_view(&mut self) -> Option<ShardView> {
-        let g = self.view.generation.load(Ordering::Acquire);
-        (g != self.seen).then(|| {
-            self.seen = g;
-            self.view.read()
-        })
+        self.view.newer(&mut self.seen)
     }
 }
 
@@ -403,10 +350,7 @@ pub(super) fn links(shards: usize, buckets: u16, view: ShardView) -> io::Result<
     let bells: Vec<Arc<Bell>> = (0..shards)
         .map(|_| Bell::new().map(Arc::new))
         .collect::<io::Result<_>>()?;
-    let cell = Arc::new(ViewCell {
-        view: Mutex::new(view),
-        generation: AtomicU64::new(0),
-    });
+    let cell = Arc::new(Published::new(view));
     let (to, inboxes): (Vec<_>, Vec<_>) = (0..shards).map(|_| sync_channel(INBOX)).unzip();
     let (give_back, pools): (Vec<_>, Vec<_>) = (0..shards)
         .map(|_| {
@@ -508,9 +452,7 @@ impl ShardStats {
 #[derive(Debug)]
 pub(super) struct Forwarders {
     pub(super) stats: Vec<Arc<Mutex<ShardStats>>>,
-    stop: Arc<AtomicBool>,
-    bells: Vec<Arc<Bell>>,
-    threads: Vec<JoinHandle<()>>,
+    crew: Crew,
 }
 
 impl Forwarders {
@@ -525,21 +467,7 @@ impl Forwarders {
 
     /// Stops and joins every forwarding thread.
     pub(super) fn stop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for b in &self.bells {
-            b.ring();
-        }
-        for t in self.threads.drain(..) {
-            if t.join().is_err() {
-                tracing::error!(target: "spillway::run", "a forwarding thread panicked");
-            }
-        }
-    }
-}
-
-impl Drop for Forwarders {
-    fn drop(&mut self) {
-        self.stop();
+        self.crew.stop();
     }
 }
 
@@ -550,30 +478,24 @@ pub(super) struct ForwarderSpec {
     pub(super) queues: Vec<(PortId, OwnedFd)>,
     pub(super) vnet_hdr: bool,
     pub(super) links: Links,
-    pub(super) end: ShardEnd,
+    pub(super) end: ShardEnd<ShardRequest, ShardReply>,
     pub(super) clock: Clock,
 }
 
 /// Starts forwarding threads `1..`, one per spec (in shard order); `bells` are every thread's
 /// (from [`links`]). A thread whose ring the kernel refuses fails the start.
 pub(super) fn spawn(specs: Vec<ForwarderSpec>) -> io::Result<Forwarders> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let bells = specs
-        .first()
-        .map(|s| s.links.bells.clone())
-        .unwrap_or_default();
     let mut f = Forwarders {
         stats: Vec::new(),
-        stop: Arc::clone(&stop),
-        bells,
-        threads: Vec::new(),
+        crew: Crew::new("forwarding"),
     };
     for spec in specs {
         let stats = Arc::new(Mutex::new(ShardStats::default()));
         f.stats.push(Arc::clone(&stats));
-        let stop = Arc::clone(&stop);
+        let stop = f.crew.stop_flag();
         let (ready_tx, ready_rx) = sync_channel(1);
         let k = spec.links.me;
+        let bell = Arc::clone(&spec.links.bells[k]);
         let t = std::thread::Builder::new()
             .name(format!("dpu-shard-{k}"))
             .spawn(move || match Forwarder::new(spec, stats, stop) {
@@ -585,7 +507,7 @@ pub(super) fn spawn(specs: Vec<ForwarderSpec>) -> io::Result<Forwarders> {
                     let _ = ready_tx.send(Err(e));
                 }
             })?;
-        f.threads.push(t);
+        f.crew.add(t, bell);
         match ready_rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
@@ -607,7 +529,7 @@ struct Forwarder {
     vnet_hdr: bool,
     counters: RtCounters,
     links: Links,
-    end: ShardEnd,
+    end: ShardEnd<ShardRequest, ShardReply>,
     clock: Clock,
     stats: Arc<Mutex<ShardStats>>,
     stop: Arc<AtomicBool>,
@@ -664,7 +586,8 @@ impl Forwarder {
             if let Some(v) = self.links.new_view() {
                 self.sw.dpu_mut().set_view(v);
             }
-            let mut busy = self.end.serve(self.sw.dpu_mut().shard_mut()) > 0;
+            let shard = self.sw.dpu_mut().shard_mut();
+            let mut busy = self.end.serve(|req| shard.serve(req)) > 0;
             busy |= self.poll_inbox(now);
             busy |= self.poll_ring(now);
             busy |= self.poll_lane(now);
@@ -1192,7 +1115,7 @@ mod tests {
     #[test]
     fn a_published_view_reaches_the_other_thread_once() {
         let (mut a, mut b) = two();
-        let mut v = a.view.read();
+        let mut v = a.view.get();
         assert_eq!(b.new_view(), None, "nothing published yet");
         v.quota = 17;
         a.publish_view(v);
@@ -1211,7 +1134,7 @@ mod tests {
         };
         a.try_send(1, Parcel::Msg(hb, None)).expect("room");
         assert_eq!(
-            b.bells[1].bell.drain().expect("eventfd"),
+            b.bells[1].drain().expect("eventfd"),
             1,
             "the sender rang the sleeper's bell"
         );

@@ -1,61 +1,15 @@
 //! The DPU model's control part and its shards on separate threads (ADR 0011, step 3's
-//! plumbing): the DPU's one [`Resources`] behind a lock ([`SharedResources`]), and the core's
-//! [`Shards`] transport over channels ([`ThreadShards`] on the control thread, a
-//! [`ShardEnd`] on each forwarding thread).
-//!
-//! The control thread's `call` sends one [`ShardRequest`] to a forwarding thread, wakes it
-//! and waits for its [`ShardReply`]; the forwarding thread answers what is waiting at its
-//! next batch boundary ([`ShardEnd::serve`]). Lifecycle steps are rare (a window every
-//! `sched.window`, a transition now and then), so a round trip per request costs the control
-//! thread microseconds now and then and the forwarding threads nothing per frame. The core
-//! decides what to ask and what the replies mean; this module only carries them.
+//! plumbing): how thread 0 reaches the DPU's one [`Resources`] ([`DpuResources`]: its own with
+//! one thread, the [`SharedResources`] every forwarding thread charges with several). The
+//! transport between the control part and the shards is [`crate::shards`]'s, which the spill
+//! plane's threads use too.
 //!
 //! The DPU process's forwarding threads (`forward.rs`) use them when `fabric.dpu.shards > 1`.
 
-use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, channel, sync_channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
-use spillway_fabric::dpu::{
-    DpuShard, Resources, ResourcesHandle, ShardReply, ShardRequest, Shards,
-};
-
-/// A shard's handle to the DPU's one [`Resources`], shared by every forwarding thread: the
-/// limits are the DPU's, not a thread's. A shard takes the lock for one charge at a time.
-#[derive(Debug)]
-pub struct SharedResources(Arc<Mutex<Resources>>);
-
-impl SharedResources {
-    /// The first handle to `res`.
-    pub fn new(res: Resources) -> SharedResources {
-        SharedResources(Arc::new(Mutex::new(res)))
-    }
-
-    /// Another handle to the same resources, for another shard.
-    pub fn share(&self) -> SharedResources {
-        SharedResources(Arc::clone(&self.0))
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Resources> {
-        // A shard that panicked while charging leaves the budget as it was between two
-        // charges (every charge is one call under the guard): keep forwarding on it.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl ResourcesHandle for SharedResources {
-    type Read<'a> = MutexGuard<'a, Resources>;
-    type Write<'a> = MutexGuard<'a, Resources>;
-    // Other threads' shards hold records this one does not.
-    const EXCLUSIVE: bool = false;
-    fn read(&self) -> MutexGuard<'_, Resources> {
-        self.lock()
-    }
-    fn write(&mut self) -> MutexGuard<'_, Resources> {
-        self.lock()
-    }
-}
+pub use crate::shards::{ShardEnd, SharedResources, ThreadShards};
+use spillway_fabric::dpu::{Resources, ResourcesHandle};
 
 /// How the DPU process's thread 0 reaches the DPU's [`Resources`]: its own with one
 /// forwarding thread (today's process: no lock), or the [`SharedResources`] every forwarding
@@ -140,112 +94,16 @@ impl ResourcesHandle for DpuResources {
     }
 }
 
-/// A forwarding thread's end of the control part's requests.
-#[derive(Debug)]
-pub struct ShardEnd {
-    requests: Receiver<ShardRequest>,
-    replies: SyncSender<ShardReply>,
-}
-
-impl ShardEnd {
-    /// Answers every request waiting, in order, from `shard`; returns how many. Call it at a
-    /// batch boundary, and when woken.
-    pub fn serve<R: ResourcesHandle>(&self, shard: &mut DpuShard<R>) -> usize {
-        let mut n = 0;
-        loop {
-            match self.requests.try_recv() {
-                Ok(req) => {
-                    n += 1;
-                    // The control thread waits for this reply; if it is gone, so is the
-                    // process's lifecycle, and the forwarding thread's own exit follows.
-                    if self.replies.send(shard.serve(req)).is_err() {
-                        return n;
-                    }
-                }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return n,
-            }
-        }
-    }
-}
-
-/// The control thread's end: one channel pair and one waker per forwarding thread.
-pub struct ThreadShards {
-    ends: Vec<ControlEnd>,
-}
-
-struct ControlEnd {
-    requests: Sender<ShardRequest>,
-    replies: Receiver<ShardReply>,
-    wake: Box<dyn Fn() + Send>,
-}
-
-impl std::fmt::Debug for ThreadShards {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadShards")
-            .field("shards", &self.ends.len())
-            .finish()
-    }
-}
-
-impl Default for ThreadShards {
-    fn default() -> Self {
-        ThreadShards::new()
-    }
-}
-
-impl ThreadShards {
-    /// No shards yet.
-    pub fn new() -> ThreadShards {
-        ThreadShards { ends: Vec::new() }
-    }
-
-    /// The next shard (its index is the number added before it): the end its forwarding
-    /// thread serves requests from. `wake` gets that thread to its next batch boundary if it
-    /// sleeps (an eventfd its poll set or ring watches, a thread unpark).
-    pub fn add(&mut self, wake: impl Fn() + Send + 'static) -> ShardEnd {
-        let (req_tx, req_rx) = channel();
-        // One request is outstanding at a time: a reply never waits for room.
-        let (rep_tx, rep_rx) = sync_channel(1);
-        self.ends.push(ControlEnd {
-            requests: req_tx,
-            replies: rep_rx,
-            wake: Box::new(wake),
-        });
-        ShardEnd {
-            requests: req_rx,
-            replies: rep_tx,
-        }
-    }
-}
-
-impl Shards for ThreadShards {
-    fn count(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// # Panics
-    ///
-    /// If shard `shard`'s forwarding thread is gone: the DPU cannot take a lifecycle step
-    /// without one of its shards, and the process must stop (failing open is the plane's
-    /// side of that, not the DPU's).
-    fn call(&mut self, shard: usize, req: ShardRequest) -> ShardReply {
-        let end = &self.ends[shard];
-        let gone = || panic!("forwarding thread of shard {shard} is gone");
-        if end.requests.send(req).is_err() {
-            gone();
-        }
-        (end.wake)();
-        end.replies.recv().unwrap_or_else(|_| gone())
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::{Sender, SyncSender, channel, sync_channel};
     use std::thread;
 
     use spillway_fabric::dpu::{
-        DpuControl, DpuNode, EmulatedHardware, EventKind, Hold, Phase, Role, ShardView, shard_of,
+        DpuControl, DpuNode, DpuShard, EmulatedHardware, EventKind, Hold, Phase, Role, ShardView,
+        shard_of,
     };
     use spillway_fabric::params::FabricParams;
     use spillway_fabric::types::{
@@ -380,7 +238,7 @@ mod tests {
                         }
                     }
                     shard.complete_due_inserts(ms(1));
-                    end.serve(&mut shard);
+                    end.serve(|req| shard.serve(req));
                     out.extend(std::iter::from_fn(|| shard.poll_transmit()).map(|t| t.msg));
                     thread::park_timeout(std::time::Duration::from_millis(1));
                 }

@@ -23,6 +23,12 @@
 //! 7. installs a seccomp allow-list ([`SeccompMode::Kill`]: any other system call kills the
 //!    process; [`SeccompMode::Log`]: it is logged by the kernel and allowed, for development).
 //!
+//! The plane's shard threads (`fabric.dpu.shards > 1`) are started after all this, so they
+//! inherit the dropped credentials and the filter: the allow-list lets `clone` make threads
+//! only (`CLONE_THREAD`), answers `clone3` with ENOSYS (glibc then uses `clone`), and lets a
+//! thread pin itself (`sched_setaffinity` of pid 0). The threads are not named (that is a
+//! `prctl`, which stays refused).
+//!
 //! Any failure is an error and the plane exits: a plane that could not drop its privileges does
 //! not run. The DPU process, still root, can stop, restart and kill it as before.
 
@@ -187,8 +193,31 @@ pub fn drop_privileges(p: &PlanePrivileges) -> Result<(), PrivilegeError> {
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(os("prctl(PR_SET_DUMPABLE)"))?;
     check_status(&read_status()?, p.uid, p.gid)?;
+    let no_clone3 = clone3_filter()?;
+    seccompiler::apply_filter(&no_clone3).map_err(|e| PrivilegeError::Seccomp(e.to_string()))?;
     seccompiler::apply_filter(&filter).map_err(|e| PrivilegeError::Seccomp(e.to_string()))?;
     Ok(())
+}
+
+/// The second filter: `clone3` fails with ENOSYS (its flags live in memory, which a filter
+/// cannot read, so it cannot be limited to threads; glibc then uses `clone`, whose flags the
+/// allow-list checks). The kernel runs every filter and takes the strictest answer: ENOSYS
+/// over the allow-list's "allow", and the allow-list's "kill" over this one's "allow".
+fn clone3_filter() -> Result<BpfProgram, PrivilegeError> {
+    let err = |e: seccompiler::BackendError| PrivilegeError::Seccomp(e.to_string());
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_clone3, Vec::new())].into();
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| PrivilegeError::Seccomp(e.to_string()))?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(err)?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| err(e))
 }
 
 fn read_status() -> Result<String, PrivilegeError> {
@@ -289,6 +318,12 @@ fn allowed_syscalls() -> Vec<i64> {
         libc::SYS_restart_syscall,
         libc::SYS_exit,
         libc::SYS_exit_group,
+        // The plane's shard threads, started after the drop (see `thread_rules`): what glibc
+        // does in a new thread, and `clone3`, which the second filter answers with ENOSYS so
+        // that glibc falls back to `clone`, whose flags the first one checks.
+        libc::SYS_set_robust_list,
+        libc::SYS_rseq,
+        libc::SYS_clone3,
     ];
     #[cfg(target_arch = "x86_64")]
     v.push(libc::SYS_poll);
@@ -320,6 +355,24 @@ fn seccomp_filter(mode: SeccompMode, pid: i32) -> Result<BpfProgram, PrivilegeEr
     rules.insert(
         libc::SYS_tgkill,
         vec![SeccompRule::new(vec![own]).map_err(err)?],
+    );
+    // Threads, not processes: `clone` only with CLONE_THREAD (a new process could outlive the
+    // plane's cgroup accounting); affinity only of the calling thread (pid 0).
+    let thread = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        libc::CLONE_THREAD as u64,
+    )
+    .map_err(err)?;
+    rules.insert(
+        libc::SYS_clone,
+        vec![SeccompRule::new(vec![thread]).map_err(err)?],
+    );
+    let me = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0).map_err(err)?;
+    rules.insert(
+        libc::SYS_sched_setaffinity,
+        vec![SeccompRule::new(vec![me]).map_err(err)?],
     );
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| {
         PrivilegeError::Seccomp(format!(

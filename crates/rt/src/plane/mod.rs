@@ -2,3 +2,4 @@
 //! cgroup and connected to it by the vNIC set ([`crate::shm::vnic`]).
 
 pub mod process;
+mod threads;

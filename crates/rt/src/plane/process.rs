@@ -15,8 +15,13 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use serde_json::json;
-use spillway_fabric::frame::{CONNS_MAX, Outcome, PlaneSwitch};
+use std::sync::{Arc, Mutex};
+
+use spillway_fabric::frame::{CONNS_MAX, Outcome, PlaneModel, PlaneShardModel, PlaneSwitch};
 use spillway_fabric::params::PlacementKind;
+use spillway_fabric::spill::{
+    PlaneResources, PlaneResourcesHandle, PlaneShard, PlaneView, SpillPlane,
+};
 use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
@@ -26,8 +31,10 @@ use crate::host::allocs;
 use crate::host::clock::Clock;
 use crate::host::signals;
 use crate::host::vnet::VnetHdr;
+use crate::plane::threads::{self, PlaneThreads, ThreadSpec, ToMain};
+use crate::shards::{Bell, Shared, ThreadShards};
 use crate::shm::codec::VatcMsg;
-use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicSet};
+use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicLane, VnicSet};
 use crate::testbed::Testbed;
 use spillway_fabric::atc::{Atc, AtcConfig, Iova, VmId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,7 +57,7 @@ spillway_vswitch::counters! {
     /// driver moved. What became of each frame inside the plane is the node's
     /// ([`spillway_fabric::frame::FrameCounters`], also sent under `plane.`).
     #[derive(Copy)]
-    struct PlaneCounters {
+    pub(crate) struct PlaneCounters {
         /// Frames the DPU steered to the plane.
         frames_in => "plane.frames.in",
         /// Frames sent back on the phy ring.
@@ -78,7 +85,7 @@ spillway_vswitch::counters! {
 
 /// The plane's side of the vATC: the VMs whose memory it holds (by the port they are), the
 /// translation cache, and the VMs with a translation request outstanding.
-struct Vatc {
+pub(crate) struct Vatc {
     vms: BTreeMap<PortId, PlaneVm>,
     atc: Atc,
     pending: BTreeSet<u32>,
@@ -88,7 +95,7 @@ struct Vatc {
 impl Vatc {
     /// Delivers a processed frame into VM `out`'s memory; false if the caller must send it the
     /// DPU way (counted by reason; a miss queues a translation request).
-    fn deliver(
+    pub(crate) fn deliver(
         &mut self,
         out: PortId,
         vnet: &[u8; 12],
@@ -200,21 +207,25 @@ impl Vatc {
     }
 }
 
-/// The plane process's state: the core's frame node, its end of the vNIC set, the vATC, and
-/// the buffers a loop turn reuses.
-struct PlaneProcess {
-    sw: PlaneSwitch,
+/// The plane process's state: the core's frame node (the control part with every shard, or
+/// with shard 0 and the others on threads), its end of the vNIC set, the vATC, and the
+/// buffers a loop turn reuses.
+struct PlaneProcess<R: PlaneResourcesHandle> {
+    sw: PlaneSwitch<SpillPlane<R>>,
     vnic: VnicSet,
-    vatc: Vatc,
+    vatc: Arc<Mutex<Vatc>>,
     c: PlaneCounters,
+    /// The shard threads, with `fabric.dpu.shards > 1`.
+    threads: Option<PlaneThreads>,
     /// Flow-ring and control records of this turn, in arrival order.
     records: Vec<FlowRecord>,
     commands: Vec<serde_json::Value>,
     last_stats: Instant,
     /// Buckets of the redirect rules: with the set's lanes, which lane an output goes on.
     buckets: u16,
-    /// The descriptors `sleep` polls (every lane's doorbell and the control socket), rebuilt
-    /// in place: the loop sleeps between batches under paced traffic.
+    /// The descriptors `sleep` polls (every lane's doorbell held here, the shard threads'
+    /// bell and the control socket), rebuilt in place: the loop sleeps between batches under
+    /// paced traffic.
     poll_set: Vec<libc::pollfd>,
     /// This thread's allocations in upkeep (expiry, the stats report), apart from
     /// forwarding's, reported as `forwarding_allocs`.
@@ -225,7 +236,7 @@ struct PlaneProcess {
 pub fn run(opts: PlaneOptions) -> Result<(), String> {
     disable_huge_pages()?;
     let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
-    let vnic = connect(&opts)?;
+    let mut vnic = connect(&opts)?;
     let shards = tb.fabric.dpu.shards.max(1) as usize;
     if vnic.lanes() != shards {
         return Err(format!(
@@ -235,62 +246,72 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
         ));
     }
     let clock = Clock::with_origin(opts.clock_origin_ns);
-    let mut sw = PlaneSwitch::new(
-        &tb.fabric,
+    let vatc = Arc::new(Mutex::new(Vatc {
+        vms: BTreeMap::new(),
+        atc: Atc::new(AtcConfig::default()).expect("the default config is valid"),
+        pending: BTreeSet::new(),
+        requests: Vec::with_capacity(16),
+    }));
+    if shards == 1 {
+        let sw = node(SpillPlane::new(&tb.fabric), &tb)?;
+        let mut p = PlaneProcess::new(sw, vnic, vatc, &tb);
+        p.sw.plane_mut().start(clock.now(), opts.workers.max(1));
+        drop_privileges(&tb)?;
+        return p.run(&clock);
+    }
+    // Shards 1.. on threads of their own, each with its lane; the control part and shard 0
+    // here. The threads start once privileges are dropped.
+    let f = &tb.fabric;
+    let res = Shared::new(PlaneResources::new(f, opts.workers.max(1)));
+    let mut transport = ThreadShards::new();
+    let mut specs = Vec::new();
+    // A plane that has not started; each thread picks up the control part's view at its
+    // first turn.
+    let view = PlaneView {
+        colour: spillway_fabric::types::Colour(0),
+        active: false,
+        releasing: false,
+        vatc: f.host.vatc,
+    };
+    for lane in vnic.take_lanes() {
+        let k = lane.index();
+        let bell = Arc::new(Bell::new().map_err(|e| format!("eventfd: {e}"))?);
+        let waker = Arc::clone(&bell);
+        let end = transport.add(move || waker.ring());
+        let shard = PlaneShard::new(f, k as u16, shards);
+        specs.push(ThreadSpec {
+            sw: node(PlaneShardModel::new(shard, view, res.share()), &tb)?,
+            lane,
+            end,
+            bell,
+        });
+    }
+    let main_bell = Arc::new(Bell::new().map_err(|e| format!("eventfd: {e}"))?);
+    let sw = node(SpillPlane::with_remote(f, res, Box::new(transport)), &tb)?;
+    let mut p = PlaneProcess::new(sw, vnic, Arc::clone(&vatc), &tb);
+    p.sw.plane_mut().start(clock.now(), opts.workers.max(1));
+    drop_privileges(&tb)?;
+    let view = p.sw.plane().view();
+    let threads = threads::spawn(specs, main_bell, view, vatc, (clock, p.buckets))
+        .map_err(|e| format!("starting the plane's shard threads: {e}"))?;
+    tracing::info!(target: "spillway::plane", shards, "one thread per shard");
+    p.threads = Some(threads);
+    let r = p.run(&clock);
+    if let Some(mut t) = p.threads.take() {
+        t.stop();
+    }
+    r
+}
+
+/// A frame node over `model` with the testbed's policy.
+fn node<M: PlaneModel>(model: M, tb: &Testbed) -> Result<PlaneSwitch<M>, String> {
+    PlaneSwitch::with_model(
+        model,
         tb.policy.clone(),
         PipelineConfig::default(),
         CONNS_MAX,
     )
-    .map_err(|e| format!("pipeline: {e}"))?;
-    sw.plane_mut().start(clock.now(), opts.workers.max(1));
-    let mut p = PlaneProcess {
-        sw,
-        vnic,
-        vatc: Vatc {
-            vms: BTreeMap::new(),
-            atc: Atc::new(AtcConfig::default()).expect("the default config is valid"),
-            pending: BTreeSet::new(),
-            requests: Vec::with_capacity(16),
-        },
-        c: PlaneCounters::default(),
-        records: Vec::with_capacity(256),
-        commands: Vec::new(),
-        last_stats: Instant::ZERO,
-        buckets: tb.fabric.dpu.redirect_buckets,
-        poll_set: Vec::with_capacity(shards + 1),
-        allocs: allocs::Upkeep::default(),
-    };
-    drop_privileges(&tb)?;
-    loop {
-        if signals::stop_requested() {
-            tracing::info!(target: "spillway::plane", "stopping on signal");
-            return Ok(());
-        }
-        let now = clock.now();
-        let frames = p.on_frames(now).map_err(|e| e.to_string())?;
-        let records = match p.on_records(now) {
-            Ok(n) => n,
-            Err(crate::shm::vnic::VnicError::Closed) => {
-                tracing::info!(target: "spillway::plane", "DPU process closed the control socket; exiting");
-                return Ok(());
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        if p.sw.poll_timeout().is_some_and(|t| t <= now) {
-            p.sw.plane_mut().handle_timeout(now);
-        }
-        p.send_outgoing(now).map_err(|e| e.to_string())?;
-        if now.0.saturating_sub(p.last_stats.0) >= 500_000_000 {
-            p.last_stats = now;
-            let mark = p.allocs.begin();
-            p.sw.expire(now);
-            p.send_stats().map_err(|e| e.to_string())?;
-            p.allocs.end(mark);
-        }
-        if frames == 0 && records == 0 {
-            p.sleep(now)?;
-        }
-    }
+    .map_err(|e| format!("pipeline: {e}"))
 }
 
 /// Turns transparent huge pages off for this process, before its tables are allocated.
@@ -340,82 +361,162 @@ fn connect(opts: &PlaneOptions) -> Result<VnicSet, String> {
 /// The virtio-net header of a frame with nothing offloaded.
 const PLAIN_VNET: [u8; 12] = [0; 12];
 
-impl PlaneProcess {
-    /// Frames the DPU steered here, each through the node and on, from the receive ring
-    /// straight onto the send ring (or into the VM's memory); returns how many.
+/// Frames the DPU steered here on `lane`, each through the node and on, from the receive ring
+/// straight onto the lane's send ring (or into the VM's memory); returns how many. What
+/// comes in on a lane goes back on it. The main thread and every shard thread serve their
+/// lanes with this.
+pub(crate) fn serve_lane_frames<M: PlaneModel>(
+    sw: &mut PlaneSwitch<M>,
+    lane: &mut VnicLane,
+    vatc: &Mutex<Vatc>,
+    c: &mut PlaneCounters,
+    now: Instant,
+) -> Result<usize, crate::shm::vnic::VnicError> {
+    let mut direct = false;
+    let n = lane.recv_frames_tx(256, |rec, tx| {
+        c.frames_in += 1;
+        let gso = VnetHdr::parse(rec.vnet).map_or(0, |h| h.gso_segment());
+        let vnet = rec.vnet;
+        let header = |generated: bool| if generated { &PLAIN_VNET } else { vnet };
+        let mut outcome = sw.process(now, PortId(rec.port), rec.msg, gso, rec.frame);
+        if let Outcome::Direct {
+            port,
+            bytes,
+            generated,
+        } = outcome
+        {
+            direct = true;
+            let mut v = vatc.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if v.deliver(port, header(generated), bytes, c) {
+                return;
+            }
+            drop(v);
+            outcome = sw.direct_refused(now);
+        }
+        match outcome {
+            Outcome::Return {
+                msg,
+                port,
+                bytes,
+                generated,
+            } => {
+                if tx.send_frame(&msg, port.0, header(generated), bytes) {
+                    c.frames_out += 1;
+                } else {
+                    c.drop_ring_full += 1;
+                }
+            }
+            Outcome::Punt { msg } => {
+                c.punted += 1;
+                if !tx.send_frame(&msg, rec.port, vnet, rec.frame) {
+                    c.drop_ring_full += 1;
+                }
+            }
+            Outcome::Drop(why) => {
+                tracing::debug!(target: "spillway::drop", ?why, len = rec.frame.len(), "the plane dropped a frame");
+            }
+            other => {
+                tracing::error!(target: "spillway::plane", outcome = ?other, "an outcome only the DPU has");
+            }
+        }
+    })?;
+    if direct {
+        let mut v = vatc
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for vm in v.vms.values_mut() {
+            vm.flush_irq();
+        }
+    }
+    Ok(n)
+}
+
+impl<R: PlaneResourcesHandle> PlaneProcess<R> {
+    fn new(
+        sw: PlaneSwitch<SpillPlane<R>>,
+        vnic: VnicSet,
+        vatc: Arc<Mutex<Vatc>>,
+        tb: &Testbed,
+    ) -> PlaneProcess<R> {
+        let lanes = vnic.lanes();
+        PlaneProcess {
+            sw,
+            vnic,
+            vatc,
+            c: PlaneCounters::default(),
+            threads: None,
+            records: Vec::with_capacity(256),
+            commands: Vec::new(),
+            last_stats: Instant::ZERO,
+            buckets: tb.fabric.dpu.redirect_buckets,
+            poll_set: Vec::with_capacity(lanes + 2),
+            allocs: allocs::Upkeep::default(),
+        }
+    }
+
+    fn run(&mut self, clock: &Clock) -> Result<(), String> {
+        loop {
+            if signals::stop_requested() {
+                tracing::info!(target: "spillway::plane", "stopping on signal");
+                return Ok(());
+            }
+            let now = clock.now();
+            let frames = self.on_frames(now).map_err(|e| e.to_string())?;
+            let records = match self.on_records(now) {
+                Ok(n) => n,
+                Err(crate::shm::vnic::VnicError::Closed) => {
+                    tracing::info!(target: "spillway::plane", "DPU process closed the control socket; exiting");
+                    return Ok(());
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            let relayed = self.on_threads()?;
+            if self.sw.poll_timeout().is_some_and(|t| t <= now) {
+                self.sw.plane_mut().handle_timeout(now);
+            }
+            self.send_outgoing(now).map_err(|e| e.to_string())?;
+            if let Some(t) = self.threads.as_mut() {
+                t.publish_view(self.sw.plane().view());
+            }
+            if now.0.saturating_sub(self.last_stats.0) >= 500_000_000 {
+                self.last_stats = now;
+                let mark = self.allocs.begin();
+                self.sw.expire(now);
+                self.send_stats().map_err(|e| e.to_string())?;
+                self.allocs.end(mark);
+            }
+            if frames == 0 && records == 0 && relayed == 0 {
+                self.sleep(now)?;
+            }
+        }
+    }
+
+    /// Frames the DPU steered here on the lanes this thread holds (lane 0, or all of them with
+    /// one shard), then the vATC's translation requests; returns how many frames.
     fn on_frames(&mut self, now: Instant) -> Result<usize, crate::shm::vnic::VnicError> {
         let mut n = 0;
         for k in 0..self.vnic.lanes() {
-            n += self.on_lane_frames(now, k)?;
+            if let Some(lane) = self.vnic.lane_mut(k) {
+                n += serve_lane_frames(&mut self.sw, lane, &self.vatc, &mut self.c, now)?;
+            }
         }
-        for vm in self.vatc.vms.values_mut() {
-            vm.flush_irq();
-        }
-        for (vm, iova, len) in self.vatc.requests.drain(..) {
+        let requests = std::mem::take(
+            &mut self
+                .vatc
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .requests,
+        );
+        for (vm, iova, len) in requests {
             self.vnic
                 .send_vm(&VatcMsg::Translate { vm, iova, len }, &[])?;
         }
         Ok(n)
     }
 
-    /// [`PlaneProcess::on_frames`] of lane `k`: what comes in on a lane goes back on it.
-    fn on_lane_frames(
-        &mut self,
-        now: Instant,
-        k: usize,
-    ) -> Result<usize, crate::shm::vnic::VnicError> {
-        let (sw, vatc, c) = (&mut self.sw, &mut self.vatc, &mut self.c);
-        let Some(lane) = self.vnic.lane_mut(k) else {
-            return Ok(0);
-        };
-        lane.recv_frames_tx(256, |rec, tx| {
-            c.frames_in += 1;
-            let gso = VnetHdr::parse(rec.vnet).map_or(0, |h| h.gso_segment());
-            let vnet = rec.vnet;
-            let header = |generated: bool| if generated { &PLAIN_VNET } else { vnet };
-            let mut outcome = sw.process(now, PortId(rec.port), rec.msg, gso, rec.frame);
-            if let Outcome::Direct {
-                port,
-                bytes,
-                generated,
-            } = outcome
-            {
-                if vatc.deliver(port, header(generated), bytes, c) {
-                    return;
-                }
-                outcome = sw.direct_refused(now);
-            }
-            match outcome {
-                Outcome::Return {
-                    msg,
-                    port,
-                    bytes,
-                    generated,
-                } => {
-                    if tx.send_frame(&msg, port.0, header(generated), bytes) {
-                        c.frames_out += 1;
-                    } else {
-                        c.drop_ring_full += 1;
-                    }
-                }
-                Outcome::Punt { msg } => {
-                    c.punted += 1;
-                    if !tx.send_frame(&msg, rec.port, vnet, rec.frame) {
-                        c.drop_ring_full += 1;
-                    }
-                }
-                Outcome::Drop(why) => {
-                    tracing::debug!(target: "spillway::drop", ?why, len = rec.frame.len(), "the plane dropped a frame");
-                }
-                other => {
-                    tracing::error!(target: "spillway::plane", outcome = ?other, "an outcome only the DPU has");
-                }
-            }
-        })
-    }
-
-    /// Records from the flow ring and the control socket, handed to the node in the order they
-    /// came; commands and VM records are the driver's own. Returns how many.
+    /// Records from the flow rings held here and the control socket, handed to the node in
+    /// the order they came (a control message about a shard thread's connection to that
+    /// thread); commands and VM records are the driver's own. Returns how many.
     fn on_records(&mut self, now: Instant) -> Result<usize, crate::shm::vnic::VnicError> {
         let records = &mut self.records;
         let mut flow_n = 0;
@@ -424,23 +525,49 @@ impl PlaneProcess {
                 flow_n += lane.recv_flow(256, |rec| records.push(rec))?;
             }
         }
-        let (commands, vatc, c) = (&mut self.commands, &mut self.vatc, &mut self.c);
+        let (commands, vatc, c) = (&mut self.commands, &self.vatc, &mut self.c);
         let ctl_n = self.vnic.recv_control(|rec| match rec {
             Control::Msg(m, s) => records.push(FlowRecord::Msg(m, s)),
             Control::Json(CONTROL_COMMAND, doc) => commands.push(doc),
             Control::Json(..) => {}
-            Control::Vm(msg, fds) => vatc.on_control(msg, fds, c),
+            Control::Vm(msg, fds) => vatc
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .on_control(msg, fds, c),
         })?;
         for rec in self.records.drain(..) {
             match rec {
-                FlowRecord::Msg(m, s) => self.sw.handle_msg(now, m, s),
+                FlowRecord::Msg(m, s) => match self.threads.as_mut() {
+                    Some(t) => match self.sw.plane().thread_of_msg(&m) {
+                        0 => self.sw.handle_msg(now, m, s),
+                        k => t.hand_to_shard(k, m, s),
+                    },
+                    None => self.sw.handle_msg(now, m, s),
+                },
                 FlowRecord::Ct(s) => self.sw.handle_conntrack(now, &s),
             }
         }
         for doc in self.commands.drain(..) {
-            apply_command(&doc, &mut self.sw);
+            apply_command(&doc, &mut self.sw, self.threads.as_mut());
         }
         Ok(flow_n + ctl_n)
+    }
+
+    /// What the shard threads handed this one: their messages for the control socket, a
+    /// lane that broke (the plane stops: the DPU fails open). Returns how many.
+    fn on_threads(&mut self) -> Result<usize, String> {
+        let Some(t) = self.threads.as_mut() else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        while let Some(m) = t.recv() {
+            n += 1;
+            match m {
+                ToMain::Out(o) => self.vnic.send_outgoing(&o).map_err(|e| e.to_string())?,
+                ToMain::LaneFailed(why) => return Err(why),
+            }
+        }
+        Ok(n)
     }
 
     /// The node's messages to the DPU (snapshots attached), each on the lane of its shard,
@@ -459,11 +586,15 @@ impl PlaneProcess {
         Ok(())
     }
 
-    /// Sleeps in `poll` on every lane's doorbell and the control socket until the model's
-    /// next timer (at most 10 ms), unless records arrived while the doorbells were armed.
+    /// Sleeps in `poll` on the doorbells of the lanes held here, the shard threads' bell and
+    /// the control socket until the model's next timer (at most 10 ms), unless something
+    /// arrived while they were armed.
     fn sleep(&mut self, now: Instant) -> Result<(), String> {
         let lanes = self.vnic.lanes();
-        let mut armed = true;
+        let mut armed = self
+            .threads
+            .as_mut()
+            .is_none_or(PlaneThreads::prepare_sleep);
         for k in 0..lanes {
             if let Some(l) = self.vnic.lane_mut(k) {
                 armed &= l.prepare_sleep();
@@ -486,11 +617,15 @@ impl PlaneProcess {
                     self.poll_set.push(readable(l.bell_fd()));
                 }
             }
+            if let Some(t) = &self.threads {
+                self.poll_set.push(readable(t.main_bell.fd()));
+            }
             let [_, control] = self.vnic.poll_fds();
             self.poll_set.push(readable(control));
-            // SAFETY: `poll_set` holds `len` initialised `pollfd`s of fds the vNIC set owns
-            // (its lanes' doorbells, its control socket), none closed during the call; `poll`
-            // writes only `revents`. Every source is read again after waking.
+            // SAFETY: `poll_set` holds `len` initialised `pollfd`s of fds this process holds
+            // (the doorbells of its lanes, the threads' bell, its control socket), none closed
+            // during the call; `poll` writes only `revents`. Every source is read again after
+            // waking.
             let r = unsafe {
                 libc::poll(
                     self.poll_set.as_mut_ptr(),
@@ -510,52 +645,83 @@ impl PlaneProcess {
                 l.woke();
             }
         }
+        if let Some(t) = &self.threads {
+            t.main_bell.woke();
+        }
         Ok(())
     }
 
-    /// The plane's counters and state to the DPU process, for its metrics and `ctl status`.
+    /// The plane's counters and state to the DPU process, for its metrics and `ctl status`:
+    /// this thread's and every shard thread's, summed.
     fn send_stats(&mut self) -> Result<(), crate::shm::vnic::VnicError> {
-        let (sw, c) = (&self.sw, &self.c);
-        let plane = sw.plane();
+        let (sw, plane) = (&self.sw, self.sw.plane());
+        let pipeline = sw.pipeline();
+        let mut t = self
+            .threads
+            .as_ref()
+            .map(PlaneThreads::stats)
+            .unwrap_or_default();
+        t.spill.add(&plane.counters());
+        let drops = t.drops.merged(&plane.drops());
+        t.frame.add(sw.counters());
+        t.conns.add(sw.conns().counters());
+        t.icmp.add(pipeline.icmp_error_counters());
+        t.frag.add(&pipeline.frag_counters());
+        t.vswitch_drops.merge(pipeline.drops());
+        t.driver.add(&self.c);
         let mut counters = serde_json::Map::new();
         let mut put = |k: String, v: u64| {
             counters.insert(k, json!(v));
         };
-        for (k, v) in plane.counters().iter() {
+        for (k, v) in t.spill.iter() {
             put(k.to_string(), v);
         }
-        for (k, v) in plane.drops().iter() {
+        for (k, v) in drops.iter() {
             put(format!("plane.{k}"), v);
         }
-        for (k, v) in self.vatc.atc.counters().iter() {
+        let vatc = self
+            .vatc
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (k, v) in vatc.atc.counters().iter() {
             put(k.to_string(), v);
         }
-        // The plane's own pipeline: its router's ICMP errors and fragment tracking.
-        let pipeline = sw.pipeline();
-        for (k, v) in pipeline
-            .icmp_error_counters()
+        // The plane's own pipelines: their routers' ICMP errors and fragment tracking.
+        for (k, v) in t
+            .icmp
             .iter()
-            .chain(pipeline.frag_counters().iter())
-            .chain(sw.counters().iter(sw.conns().counters()))
+            .chain(t.frag.iter())
+            .chain(t.frame.iter(&t.conns))
         {
             put(format!("plane.{k}"), v);
         }
-        for (k, v) in c.iter() {
+        for (k, v) in t.driver.iter() {
             put(k.to_string(), v);
         }
+        let dropped = self.threads.as_ref().map_or(0, |t| t.dropped);
+        // Per shard: this thread's, then the shard threads'.
+        let mut per_shard =
+            vec![json!({"frames_in": self.c.frames_in, "conns": plane.conns_len()})];
+        if let Some(th) = &self.threads {
+            per_shard.extend(th.per_thread());
+        }
+        put("plane.threads.inbox_full".to_string(), dropped);
         let doc = json!({
             "pid": std::process::id(),
             "workers": plane.workers(),
-            "conns": plane.conns_len(),
+            "threads": self.vnic.lanes(),
+            "shards": per_shard,
+            "conns": plane.conns_len() as u64 + t.conns_held,
             "placement": plane.policy_name(),
             "epoch": pipeline.epoch().0,
             "vatc": plane.vatc(),
-            "vatc_vms": self.vatc.vms.len(),
-            "atc_entries": self.vatc.atc.len(),
+            "vatc_vms": vatc.vms.len(),
+            "atc_entries": vatc.atc.len(),
             "counters": counters,
-            "forwarding_allocs": self.allocs.forwarding(),
-            "vswitch_drops": pipeline.drops().iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
+            "forwarding_allocs": self.allocs.forwarding() + t.forwarding_allocs,
+            "vswitch_drops": t.vswitch_drops.iter().filter(|(_, v)| *v > 0).collect::<std::collections::BTreeMap<_, _>>(),
         });
+        drop(vatc);
         self.vnic.send_json(CONTROL_STATS, &doc)
     }
 }
@@ -576,7 +742,11 @@ fn drop_privileges(tb: &Testbed) -> Result<(), String> {
     Ok(())
 }
 
-fn apply_command(doc: &serde_json::Value, sw: &mut PlaneSwitch) {
+fn apply_command<R: PlaneResourcesHandle>(
+    doc: &serde_json::Value,
+    sw: &mut PlaneSwitch<SpillPlane<R>>,
+    threads: Option<&mut PlaneThreads>,
+) {
     if let Some(on) = doc.get("vatc").and_then(|v| v.as_bool()) {
         sw.plane_mut().set_vatc(on);
         tracing::info!(target: "spillway::plane", vatc = on, "delivery path of VM-bound packets switched");
@@ -590,6 +760,9 @@ fn apply_command(doc: &serde_json::Value, sw: &mut PlaneSwitch) {
     if let Some(text) = doc.get("set_policy").and_then(|v| v.as_str()) {
         match Policy::from_toml_str(text, "policy from the DPU process") {
             Ok(p) => {
+                if let Some(t) = threads {
+                    t.set_policy(&p);
+                }
                 sw.set_policy(p);
                 tracing::info!(target: "spillway::plane", epoch = sw.pipeline().epoch().0, "policy replaced");
             }
