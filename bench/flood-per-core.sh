@@ -3,8 +3,9 @@
 # its TAP I/O paths (`--tap-io io_uring` and `syscalls`, docs/adr/0005-tap-io.md), and what the
 # spill plane costs when it carries the flood (`plane`: held active, every redirect bucket live,
 # so every packet goes DPU -> plane -> DPU), and the DPU process forwarding on two threads
-# (`shards2`: `fabric.dpu.shards = 2`, io_uring, docs/adr/0011-sharded-forwarding.md; not in the
-# default set). Each run brings up bench/testbed-vs-ovs.toml, floods
+# (`shards2`: `fabric.dpu.shards = 2`, io_uring, docs/adr/0011-sharded-forwarding.md), and both
+# processes on two threads each with the plane carrying the flood (`plane2`); the last two are
+# not in the default set. Each run brings up bench/testbed-vs-ovs.toml, floods
 # 64-byte UDP from swvs-a to swvs-b with `spillway traffic gen|sink`, and reads the DPU process's
 # (and the plane's) CPU time from /proc/<pid>/stat over the generator's run, and the plane's
 # resident memory (VmRSS) once it is active, before any traffic, and at the end. Runs are
@@ -25,8 +26,8 @@ usage() {
     cat <<EOF
 usage: bash bench/flood-per-core.sh [--runs N] [--duration S] [--modes LIST] [--rate PPS]
                                     [--perf DIR] [--json FILE] [--keep-logs DIR]
-  --modes LIST   comma-separated, out of io_uring, syscalls, plane, shards2 (default: the
-                 first three)
+  --modes LIST   comma-separated, out of io_uring, syscalls, plane, shards2, plane2
+                 (default: the first three)
   --rate PPS     pace the generator (default: flat out)
   --keep-logs D  keep each run's spillway log and status under D
 EOF
@@ -78,8 +79,9 @@ one_run() {
     local mode=$1 run=$2 ready=$WORK/ready log=$WORK/spillway.log config=$CONFIG
     local args=(--hold released --tap-io "$mode")
     [[ $mode == plane ]] && args=(--hold active --tap-io io_uring)
-    if [[ $mode == shards2 ]]; then
+    if [[ $mode == shards2 || $mode == plane2 ]]; then
         args=(--hold released --tap-io io_uring)
+        [[ $mode == plane2 ]] && args=(--hold active --tap-io io_uring)
         config=$WORK/shards2.toml
         sed 's/^\[fabric\.dpu\]$/[fabric.dpu]\nshards = 2/' "$CONFIG" >"$config"
         grep -q '^shards = 2$' "$config" || { echo "$CONFIG has no [fabric.dpu] section" >&2; return 1; }
@@ -92,7 +94,7 @@ one_run() {
     [[ -s $ready ]] || { echo "spillway not ready: $(tail -3 "$log")" >&2; return 1; }
     local dpu plane=0 rss_cold=0 rss_end=0 p0=0 p1=0 replaced=0
     dpu=$(cat "$ready")
-    if [[ $mode == plane ]]; then
+    if [[ $mode == plane || $mode == plane2 ]]; then
         for _ in $(seq 200); do
             "$SPILLWAY_BIN" ctl --config "$CONFIG" status 2>/dev/null | grep -q '"phase": *"active"' && break
             sleep 0.1

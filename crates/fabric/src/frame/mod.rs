@@ -137,6 +137,19 @@ pub const FRAME_MAX: usize = 18 + 65_535;
 /// Connections a node's [`ConnTable`] remembers by default (the model has its own limits).
 pub const CONNS_MAX: usize = 1 << 20;
 
+/// The pipeline configuration and classifier size of one of `shards` frame nodes that
+/// together stand for one node (a driver's thread per shard): the default tables (flow
+/// entries, conntrack, [`CONNS_MAX`] classifier records) split evenly, so that `shards`
+/// threads reserve and hold what one node would. Connections spread over shards by their
+/// hash, as over RSS queues.
+pub fn shard_capacities(shards: usize) -> (spillway_vswitch::pipeline::PipelineConfig, usize) {
+    let n = shards.max(1);
+    let mut config = spillway_vswitch::pipeline::PipelineConfig::default();
+    config.flow_table.capacity = config.flow_table.capacity.div_ceil(n);
+    config.conntrack.capacity = config.conntrack.capacity.div_ceil(n);
+    (config, CONNS_MAX.div_ceil(n))
+}
+
 /// How long a connection may idle before [`DpuSwitch::expire`] forgets its classifier record.
 pub const CONN_IDLE: core::time::Duration = core::time::Duration::from_secs(120);
 
@@ -591,4 +604,34 @@ pub(crate) fn gso_segments(gso_size: u16, frame_len: usize, payload_offset: usiz
     }
     let payload = frame_len.saturating_sub(payload_offset);
     payload.div_ceil(usize::from(gso_size)).max(1) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_the_tables_of_one_node_and_one_shard_keeps_them_whole() {
+        let whole = spillway_vswitch::pipeline::PipelineConfig::default();
+        let (one, conns_one) = shard_capacities(1);
+        assert_eq!(one.flow_table.capacity, whole.flow_table.capacity);
+        assert_eq!(one.conntrack.capacity, whole.conntrack.capacity);
+        assert_eq!(conns_one, CONNS_MAX);
+        for n in [2, 3, 7] {
+            let (c, conns) = shard_capacities(n);
+            // Together at least the whole (rounded up), and no shard more than its share.
+            assert!(c.flow_table.capacity * n >= whole.flow_table.capacity);
+            assert!(c.flow_table.capacity * n < whole.flow_table.capacity + n);
+            assert!(c.conntrack.capacity * n >= whole.conntrack.capacity);
+            assert!(c.conntrack.capacity * n < whole.conntrack.capacity + n);
+            assert!(conns * n >= CONNS_MAX && conns * n < CONNS_MAX + n);
+            // A shard's pipeline builds with its share.
+            let policy = spillway_vswitch::policy::Policy::from_toml_str(
+                include_str!("../../../../examples/policy-basic.toml"),
+                "examples/policy-basic.toml",
+            )
+            .expect("the example loads");
+            assert!(Pipeline::new(policy, c).is_ok(), "{n} shards");
+        }
+    }
 }

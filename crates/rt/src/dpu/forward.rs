@@ -50,7 +50,7 @@ use spillway_fabric::dpu::{
     ShardRequest, ShardView, shard_of,
 };
 use spillway_fabric::frame::{
-    CONNS_MAX, ConnTableCounters, DpuModel, DpuSwitch, FrameCounters, Outgoing, ShardModel,
+    ConnTableCounters, DpuModel, DpuSwitch, FrameCounters, Outgoing, ShardModel, shard_capacities,
 };
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::Drops;
@@ -59,7 +59,6 @@ use spillway_vswitch::conntrack::CtSnapshot;
 use spillway_vswitch::frag::FragCounters;
 use spillway_vswitch::neigh::NeighCounters;
 use spillway_vswitch::packet::HEADROOM;
-use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::router::IcmpErrorCounters;
 use spillway_vswitch::{DropCounters, Instant, PacketBuf, PortId};
@@ -969,15 +968,17 @@ pub(super) fn start(
     vnet_hdr: bool,
     clock: Clock,
 ) -> Result<(Switch, Option<(Links, Forwarders)>), String> {
-    fn node<M: DpuModel>(dpu: M, policy: &Policy) -> Result<DpuSwitch<M>, String> {
-        DpuSwitch::with_model(dpu, policy.clone(), PipelineConfig::default(), CONNS_MAX)
+    // Each thread's node with its share of the tables.
+    fn node<M: DpuModel>(dpu: M, policy: &Policy, n: usize) -> Result<DpuSwitch<M>, String> {
+        let (config, conns_max) = shard_capacities(n);
+        DpuSwitch::with_model(dpu, policy.clone(), config, conns_max)
             .map_err(|e| format!("pipeline: {e}"))
     }
     let hw = || Resources::new(f, Box::new(EmulatedHardware::new(f)));
     let n = f.dpu.shards.max(1) as usize;
     if n == 1 {
         let dpu = DpuNode::with_resources(f, DpuResources::Own(hw()));
-        return Ok((node(dpu, policy)?, None));
+        return Ok((node(dpu, policy, n)?, None));
     }
     let res = SharedResources::new(hw());
     let view = DpuControl::new(f).view();
@@ -1008,7 +1009,7 @@ pub(super) fn start(
             .collect::<Result<Vec<_>, String>>()?;
         let shard = DpuShard::with_resources(f, res.share());
         specs.push(ForwarderSpec {
-            sw: node(ShardModel::new(shard, view), policy)?,
+            sw: node(ShardModel::new(shard, view), policy, n)?,
             queues,
             vnet_hdr,
             links: l,
@@ -1017,7 +1018,7 @@ pub(super) fn start(
         });
     }
     let dpu = DpuNode::with_remote(f, DpuResources::Shared(res), Box::new(transport));
-    let sw = node(dpu, policy)?;
+    let sw = node(dpu, policy, n)?;
     let fwd = spawn(specs).map_err(|e| format!("forwarding threads: {e}"))?;
     tracing::info!(target: "spillway::run", threads = n, "forwarding on one thread per shard");
     Ok((sw, Some((mine, fwd))))

@@ -17,12 +17,11 @@ use std::path::PathBuf;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 
-use spillway_fabric::frame::{CONNS_MAX, Outcome, PlaneModel, PlaneShardModel, PlaneSwitch};
+use spillway_fabric::frame::{Outcome, PlaneModel, PlaneShardModel, PlaneSwitch, shard_capacities};
 use spillway_fabric::params::PlacementKind;
 use spillway_fabric::spill::{
     PlaneResources, PlaneResourcesHandle, PlaneShard, PlaneView, SpillPlane,
 };
-use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PortId};
 
@@ -303,15 +302,12 @@ pub fn run(opts: PlaneOptions) -> Result<(), String> {
     r
 }
 
-/// A frame node over `model` with the testbed's policy.
+/// A frame node over `model` with the testbed's policy: the plane's, or one shard's (with its
+/// share of the tables, [`shard_capacities`]).
 fn node<M: PlaneModel>(model: M, tb: &Testbed) -> Result<PlaneSwitch<M>, String> {
-    PlaneSwitch::with_model(
-        model,
-        tb.policy.clone(),
-        PipelineConfig::default(),
-        CONNS_MAX,
-    )
-    .map_err(|e| format!("pipeline: {e}"))
+    let (config, conns_max) = shard_capacities(tb.fabric.dpu.shards as usize);
+    PlaneSwitch::with_model(model, tb.policy.clone(), config, conns_max)
+        .map_err(|e| format!("pipeline: {e}"))
 }
 
 /// Turns transparent huge pages off for this process, before its tables are allocated.
