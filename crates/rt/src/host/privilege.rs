@@ -468,6 +468,51 @@ mod tests {
         assert_eq!(SeccompMode::from_name("off"), None);
     }
 
+    /// The plane's threads are made with `clone`: `clone3` (whose flags a filter cannot read)
+    /// fails with ENOSYS, so glibc falls back, and a `clone` without `CLONE_THREAD` (a new
+    /// process) kills the plane. A child installs both filters (built in the parent) and tries
+    /// each.
+    #[test]
+    fn seccomp_answers_clone3_with_enosys_and_kills_a_clone_that_makes_a_process() {
+        let no_clone3 = clone3_filter().expect("filter builds");
+        let filter = seccomp_filter(SeccompMode::Kill, 0).expect("filter builds");
+        // SAFETY: the child only makes system calls (prctl, seccomp, clone3, clone, _exit)
+        // before it exits; it touches no lock or allocator state another thread may have held.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            if seccompiler::apply_filter(&no_clone3).is_err()
+                || seccompiler::apply_filter(&filter).is_err()
+            {
+                // SAFETY: _exit ends the child without running the parent's destructors.
+                unsafe { libc::_exit(3) };
+            }
+            // SAFETY: clone3 with no arguments; the filter answers before the kernel reads them.
+            let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+            // SAFETY: reading this thread's errno.
+            let errno = unsafe { *libc::__errno_location() };
+            if r != -1 || errno != libc::ENOSYS {
+                // SAFETY: as above.
+                unsafe { libc::_exit(5) };
+            }
+            // A fork by `clone`: must not return.
+            // SAFETY: clone with SIGCHLD and no stack behaves as fork; both sides _exit below.
+            unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0) };
+            // SAFETY: as above.
+            unsafe { libc::_exit(6) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child with a valid pointer to an int.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(r, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS,
+            "the child should die of SIGSYS at the fork; it exited with {} \
+             (3: a filter refused, 5: clone3 was not ENOSYS, 6: the fork was allowed)",
+            libc::WEXITSTATUS(status)
+        );
+    }
+
     /// Forks a child that installs the plane's filter (built in the parent: no allocation after
     /// the fork) and then calls `socket(2)`, which is not on the list. Returns how it ended.
     fn child_with_filter(mode: SeccompMode) -> (bool, i32) {
