@@ -5,6 +5,8 @@
 //! - A shard's frame node forwards a connection with the same bytes as the whole node.
 //! - Two forwarding threads, each with the frames of its own shard's connections, share one
 //!   30 kpps fast path: together they get it, not 30 kpps each.
+//! - A shard's node names a frame of another shard's connection from its own parse
+//!   (`Outcome::Elsewhere`) and learns nothing of it, so a driver parses each frame once.
 
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
@@ -197,20 +199,52 @@ fn two_forwarding_threads_share_one_fast_path() {
     }
 }
 
+/// Shard 0 of two, as a forwarding thread holds it: the node names a frame of shard 1's
+/// connection from its own parse and hands it back untouched.
+fn placed_switch(f: &FabricParams, res: &Arc<Mutex<Resources>>) -> DpuSwitch<ShardModel<Locked>> {
+    let shard = DpuShard::with_resources(f, Locked(Arc::clone(res)));
+    let place = (0, 2, f.dpu.redirect_buckets);
+    let model = ShardModel::placed(shard, DpuControl::new(f).view(), place);
+    DpuSwitch::with_model(model, policy(), PipelineConfig::default(), CONNS_MAX)
+        .expect("valid config")
+}
+
 #[test]
-fn a_frame_names_its_connection_before_the_node_touches_it() {
+fn another_shards_frame_comes_back_from_the_nodes_own_parse_untouched() {
     let f = FabricParams::default();
     let res = resources(&f);
-    let sw = shard_switch(&f, &res);
-    for sport in [40_000, 40_001, 51_234] {
-        let want = sw.conns().id_of(ACME, &key(sport));
-        // Both directions name the same connection, so both reach its shard's thread.
-        for (port, frame) in handshake(sport) {
-            assert_eq!(sw.conn_of_frame(port, &frame), Some(want), "sport {sport}");
-        }
+    let mut sw = placed_switch(&f, &res);
+    let shard = |sport| {
+        let conn = sw.conns().id_of(ACME, &key(sport));
+        shard_of(conn, f.dpu.redirect_buckets, 2)
+    };
+    let theirs = (40_000..41_000)
+        .find(|&p| shard(p) == 1)
+        .expect("a port of shard 1");
+    let mine = (40_000..41_000)
+        .find(|&p| shard(p) == 0)
+        .expect("a port of shard 0");
+    // Both directions of shard 1's connection: named, not served, nothing learnt.
+    for (i, (port, frame)) in handshake(theirs).into_iter().enumerate() {
+        let now = Instant(1_000_000 * (i as u64 + 1));
+        assert_eq!(
+            sw.process(now, port, 0, &frame),
+            Outcome::Elsewhere { shard: 1 }
+        );
     }
     assert_eq!(sw.conns().len(), 0, "nothing was learnt");
-    // A frame of no connection is any shard's.
+    let c = sw.dpu().shard().counters();
+    assert_eq!((c.soc_delivered, c.hw_delivered), (0, 0));
+    // Its own connection it serves.
+    for (i, (port, frame)) in handshake(mine).into_iter().enumerate() {
+        let now = Instant(10_000_000 + 1_000_000 * i as u64);
+        assert!(
+            forwarded(sw.process(now, port, 0, &frame)).is_some(),
+            "frame {i}"
+        );
+    }
+    assert_eq!(sw.conns().len(), 1);
+    // A frame of no connection is any shard's: served (or dropped) where it arrived.
     let arp = FrameBuilder::new()
         .eth(WEB2_MAC, spillway_wire::MacAddr::BROADCAST)
         .arp(
@@ -220,6 +254,13 @@ fn a_frame_names_its_connection_before_the_node_touches_it() {
             WEB_IP.octets(),
         )
         .build();
-    assert_eq!(sw.conn_of_frame(WEB2, &arp), None);
-    assert_eq!(sw.conn_of_frame(WEB2, &[0u8; 7]), None);
+    let now = Instant(20_000_000);
+    assert!(!matches!(
+        sw.process(now, WEB2, 0, &arp),
+        Outcome::Elsewhere { .. }
+    ));
+    assert!(matches!(
+        sw.process(now, WEB2, 0, &[0u8; 7]),
+        Outcome::Drop(_)
+    ));
 }

@@ -160,6 +160,21 @@ impl ConnTable {
         dest: Dest,
     ) -> Train {
         let conn = conn_id(&self.seed, zone, key);
+        self.classify_as(now, conn, zone, key, (flags, bytes), dest)
+    }
+
+    /// [`ConnTable::classify`] of a frame whose connection the caller has already named
+    /// (`conn`, which must be [`ConnTable::id_of`] `zone` and `key`): one hash per frame.
+    pub fn classify_as(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        zone: TenantId,
+        key: &FlowKey,
+        (flags, bytes): (u8, u32),
+        dest: Dest,
+    ) -> Train {
+        debug_assert_eq!(conn, conn_id(&self.seed, zone, key), "{key:?}");
         let tcp = key.proto == ip_proto::TCP;
         let mut train = Train {
             conn,

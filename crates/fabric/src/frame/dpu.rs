@@ -29,6 +29,9 @@ pub trait DpuModel {
     fn poll_transmit(&mut self) -> Option<Transmit>;
     /// When the model's next timer is due.
     fn poll_timeout(&self) -> Option<Instant>;
+    /// The shard that serves `conn` when it is not this model (a driver with a thread per
+    /// shard hands the frame to that shard's thread); `None` when this model serves it.
+    fn served_elsewhere(&self, conn: ConnId) -> Option<usize>;
 }
 
 impl<R: ResourcesHandle> DpuModel for DpuNode<R> {
@@ -53,6 +56,10 @@ impl<R: ResourcesHandle> DpuModel for DpuNode<R> {
     fn poll_timeout(&self) -> Option<Instant> {
         DpuNode::poll_timeout(self)
     }
+    fn served_elsewhere(&self, conn: ConnId) -> Option<usize> {
+        let k = self.shard_of(conn);
+        (k >= self.shard_count()).then_some(k)
+    }
 }
 
 /// One shard of the DPU model with the control part's latest [`ShardView`]: what a forwarding
@@ -65,12 +72,33 @@ impl<R: ResourcesHandle> DpuModel for DpuNode<R> {
 pub struct ShardModel<R: ResourcesHandle> {
     shard: DpuShard<R>,
     view: ShardView,
+    /// Which shard this is, of how many, over how many buckets: with it, a frame of another
+    /// shard's connection comes out as [`Outcome::Elsewhere`].
+    place: Option<(usize, usize, u16)>,
 }
 
 impl<R: ResourcesHandle> ShardModel<R> {
-    /// `shard`, seeing the lifecycle as `view`.
+    /// `shard`, seeing the lifecycle as `view`, serving whatever it is given (its driver
+    /// routes every frame to its shard's thread itself).
     pub fn new(shard: DpuShard<R>, view: ShardView) -> ShardModel<R> {
-        ShardModel { shard, view }
+        ShardModel {
+            shard,
+            view,
+            place: None,
+        }
+    }
+    /// The same, as shard `index` of `shards` over `redirect_buckets` buckets: the node says
+    /// which frames are another shard's ([`Outcome::Elsewhere`]) from its own parse.
+    pub fn placed(
+        shard: DpuShard<R>,
+        view: ShardView,
+        (index, shards, redirect_buckets): (usize, usize, u16),
+    ) -> ShardModel<R> {
+        ShardModel {
+            shard,
+            view,
+            place: Some((index, shards, redirect_buckets)),
+        }
     }
     /// The control part's new view, after a lifecycle step.
     pub fn set_view(&mut self, view: ShardView) {
@@ -108,6 +136,11 @@ impl<R: ResourcesHandle> DpuModel for ShardModel<R> {
     fn poll_timeout(&self) -> Option<Instant> {
         self.shard.poll_timeout()
     }
+    fn served_elsewhere(&self, conn: ConnId) -> Option<usize> {
+        let (index, shards, buckets) = self.place?;
+        let k = crate::dpu::shard_of(conn, buckets, shards);
+        (k != index).then_some(k)
+    }
 }
 
 /// The joining rules see any DPU model through [`DpuModel`].
@@ -143,6 +176,7 @@ fn reopen_if_stateless(dpu: &impl DpuModel, t: &mut Train, key: &spillway_wire::
 enum Decided {
     Forward(PortId),
     Steer(Msg),
+    Elsewhere(usize),
     Drop(FrameDrop),
 }
 
@@ -236,6 +270,7 @@ impl<M: DpuModel> DpuSwitch<M> {
         match self.decide(now, port, gso_size) {
             Decided::Forward(out) => self.sw.forwarded(out),
             Decided::Steer(msg) => Outcome::Steer { msg },
+            Decided::Elsewhere(shard) => Outcome::Elsewhere { shard },
             Decided::Drop(d) => Outcome::Drop(d),
         }
     }
@@ -262,24 +297,9 @@ impl<M: DpuModel> DpuSwitch<M> {
                 generated: pkt.is_generated(),
             },
             Decided::Steer(msg) => Outcome::Steer { msg },
+            Decided::Elsewhere(shard) => Outcome::Elsewhere { shard },
             Decided::Drop(d) => Outcome::Drop(d),
         }
-    }
-
-    /// The connection a frame from `port` is of, found as [`DpuSwitch::process`] would find
-    /// it but touching no state: what a driver that shards connections over threads routes a
-    /// frame by ([`crate::dpu::shard_of`]) before it picks the thread whose node processes it.
-    /// `None` for a frame of no connection (one that does not parse, of no tenant, not IP,
-    /// ARP and neighbour discovery): any shard's node answers or drops it.
-    pub fn conn_of_frame(&self, port: PortId, frame: &[u8]) -> Option<ConnId> {
-        let decap = self.sw.pipeline.policy().host().decap_at(port);
-        let parsed = spillway_wire::parse_frame_decap(frame, decap).ok()?;
-        let tenant = self.sw.tenant_of(port, &parsed)?;
-        if spillway_vswitch::neigh::claims(&parsed) {
-            return None;
-        }
-        let key = parsed.innermost().key?;
-        Some(self.sw.conns.id_of(tenant, &key))
     }
 
     /// The connection a conntrack snapshot from the plane is of (whose shard adopts it).
@@ -310,12 +330,18 @@ impl<M: DpuModel> DpuSwitch<M> {
         let Some(key) = headers.key else {
             return Decided::Drop(self.sw.count(FrameDrop::NonIp));
         };
+        // Another thread's connection: named from this parse, before anything is learnt.
+        let conn = self.sw.conns.id_of(tenant, &key);
+        if let Some(shard) = self.dpu.served_elsewhere(conn) {
+            return Decided::Elsewhere(shard);
+        }
         let frame_len = self.sw.pkt.len();
         let len = frame_len as u32;
+        let flags = headers.tcp_flags;
         let mut train = self
             .sw
             .conns
-            .classify(now, tenant, &key, headers.tcp_flags, len, Dest::Vm);
+            .classify_as(now, conn, tenant, &key, (flags, len), Dest::Vm);
         if !self.dpu.has_plane() {
             // No plane that could hold the connection: whether the model does is the truth.
             reopen_if_stateless(&self.dpu, &mut train, &key);

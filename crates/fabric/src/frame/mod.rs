@@ -206,6 +206,13 @@ pub enum Outcome<'a> {
         /// The `Punt` message the frame rides.
         msg: Msg,
     },
+    /// DPU, with the connections sharded over threads: the frame's connection is shard
+    /// `shard`'s, served on another thread; the driver hands the frame, as it came, to that
+    /// thread's node. Found from the node's own parse, before it learnt or changed anything.
+    Elsewhere {
+        /// The shard whose thread serves the frame.
+        shard: usize,
+    },
     /// Dropped; the node has counted it under the reason.
     Drop(FrameDrop),
 }

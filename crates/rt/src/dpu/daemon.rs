@@ -194,6 +194,8 @@ pub(super) trait Egress {
     fn forward_bytes(&mut self, now: Instant, port: PortId, vnet: &[u8], frame: &[u8]);
     /// To the plane as it came from `port`, with the node's message; false if it could not go.
     fn steer(&mut self, msg: &Msg, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool;
+    /// To the thread of shard `to`, whose connection the frame is, as it came from `port`.
+    fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]);
     /// The driver's counters.
     fn counters(&mut self) -> &mut RtCounters;
 }
@@ -256,6 +258,7 @@ pub(super) fn offer_frame<M: DpuModel>(
                 out.counters().drop_plane_gone += 1;
             }
         }
+        Outcome::Elsewhere { shard } => out.hand_off(shard, port, vnet, pkt.data()),
         Outcome::Drop(why) => {
             tracing::debug!(target: "spillway::drop", ?why, len = pkt.len(), "the DPU dropped a frame");
         }
@@ -271,6 +274,8 @@ pub(super) struct PortsOut<'a> {
     pub(super) dp: &'a mut DataPath,
     pub(super) plane: Option<&'a mut PlaneProc>,
     pub(super) tx: Option<&'a mut TapTx>,
+    /// The other forwarding threads, with `fabric.dpu.shards > 1`.
+    pub(super) links: Option<&'a mut Links>,
 }
 
 impl Egress for PortsOut<'_> {
@@ -288,15 +293,23 @@ impl Egress for PortsOut<'_> {
             .and_then(|p| p.vnic.as_mut())
             .is_some_and(|v| v.send_frame(msg, port.0, vnet, frame))
     }
+    fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]) {
+        match self.links.as_deref_mut() {
+            Some(l) => l.hand_off(to, port, vnet, frame),
+            None => {
+                tracing::error!(target: "spillway::run", shard = to, "a frame of another shard on a node of one thread");
+            }
+        }
+    }
     fn counters(&mut self) -> &mut RtCounters {
         &mut self.dp.counters
     }
 }
 
 /// A frame from VM port slot `i` of `dp`, read into `pkt` (its virtio-net header, if the port
-/// has one, right in front of it): to the thread of its shard if that is another
-/// (`links`, with several forwarding threads), else through the DPU node and on
-/// ([`offer_frame`]).
+/// has one, right in front of it): through the DPU node and on ([`offer_frame`]), or to the
+/// thread of its shard if the node says it is another's (`links`, with several forwarding
+/// threads).
 fn on_vm_frame(
     sw: &mut Switch,
     dp: &mut DataPath,
@@ -315,17 +328,12 @@ fn on_vm_frame(
         return Ok(());
     };
     let port = dp.ports[i].id;
-    if let Some(l) = links
-        && let Some(to) = l.elsewhere(sw, port, pkt.data())
-    {
-        l.hand_off(to, port, &vnet, pkt.data());
-        return Ok(());
-    }
     let mut plane = plane;
     let mut out = PortsOut {
         dp,
         plane: plane.as_deref_mut(),
         tx,
+        links,
     };
     offer_frame(sw, &mut out, now, port, &vnet, pkt);
     send_outgoing(sw, plane, now)
@@ -581,10 +589,12 @@ impl DpuDaemon {
                 l.counters.misrouted += 1;
                 return;
             }
+            // A frame from the plane is never another shard's (`process_from_plane`).
             let mut out = PortsOut {
                 dp,
                 plane: None,
                 tx: taps.as_mut().map(|t| t.tx()),
+                links: None,
             };
             forward::from_plane(sw, &mut out, now, port, rec.msg, &vnet, rec.frame);
         });
@@ -688,10 +698,12 @@ impl DpuDaemon {
                     mut pkt,
                 } => {
                     pkt.set_gso_size(gso_size(&vnet));
+                    // Handed here as shard 0's: the node serves it.
                     let mut out = PortsOut {
                         dp: &mut self.dp,
                         plane: self.plane.as_mut(),
                         tx: self.taps.as_mut().map(|t| t.tx()),
+                        links: None,
                     };
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
                     links.recycle(from, pkt);

@@ -11,10 +11,11 @@
 //!
 //! - Every thread reads queue k of every TAP through its own io_uring (the kernel picks a
 //!   frame's queue by its own flow hash) and writes out of that queue.
-//! - A frame whose connection belongs to another shard ([`dpu::shard_of`] of
-//!   [`DpuSwitch::conn_of_frame`]) is copied into a pooled buffer and handed to that shard's
-//!   thread ([`Parcel::Frame`]), as software steering after RSS does; a frame of no connection
-//!   (ARP, neighbour discovery, one that does not parse) is served where it arrived.
+//! - A frame whose connection belongs to another shard (the node says so from its own parse,
+//!   [`Outcome::Elsewhere`](spillway_fabric::frame::Outcome::Elsewhere), before it learns
+//!   anything) is copied into a pooled buffer and handed to that shard's thread
+//!   ([`Parcel::Frame`]), as software steering after RSS does; a frame of no connection (ARP,
+//!   neighbour discovery, one that does not parse) is served where it arrived.
 //! - Thread 0 holds the control part (the lifecycle, URSched's windows) inside its
 //!   [`DpuNode::with_remote`](spillway_fabric::dpu::DpuNode::with_remote), the plane's process
 //!   with its vNIC set's control socket and lane 0, `ctl` and the metrics. When the plane
@@ -169,16 +170,6 @@ impl Links {
     /// How many threads (shards) there are.
     pub(super) fn threads(&self) -> usize {
         self.to.len()
-    }
-
-    /// The shard `frame` from `port` belongs to if it is not this thread's.
-    pub(super) fn elsewhere<M: DpuModel>(
-        &self,
-        sw: &DpuSwitch<M>,
-        port: PortId,
-        frame: &[u8],
-    ) -> Option<usize> {
-        self.shard_of_conn(Some(sw.conn_of_frame(port, frame)?))
     }
 
     /// The shard of connection `conn` if it is not this thread's.
@@ -628,10 +619,6 @@ impl Forwarder {
                 return;
             };
             let port = ports[file];
-            if let Some(to) = links.elsewhere(sw, port, pkt.data()) {
-                links.hand_off(to, port, &vnet, pkt.data());
-                return;
-            }
             let mut out = ShardOut {
                 files,
                 vnet_hdr: *vnet_hdr,
@@ -953,6 +940,10 @@ impl Egress for ShardOut<'_> {
             .is_some_and(|l| l.send_frame(msg, port.0, vnet, frame))
     }
 
+    fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]) {
+        self.links.hand_off(to, port, vnet, frame);
+    }
+
     fn counters(&mut self) -> &mut RtCounters {
         self.counters
     }
@@ -1009,7 +1000,11 @@ pub(super) fn start(
             .collect::<Result<Vec<_>, String>>()?;
         let shard = DpuShard::with_resources(f, res.share());
         specs.push(ForwarderSpec {
-            sw: node(ShardModel::new(shard, view), policy, n)?,
+            sw: node(
+                ShardModel::placed(shard, view, (k, n, f.dpu.redirect_buckets)),
+                policy,
+                n,
+            )?,
             queues,
             vnet_hdr,
             links: l,
