@@ -434,6 +434,58 @@ fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there()
     );
 }
 
+/// A TAP keeps one read waiting, not `reads_per_tap`: an idle ring costs no system call per
+/// loop turn (the waiting read's completion is flagged in shared memory), and a burst is read
+/// in growing batches by reads that do not wait.
+#[test]
+fn io_uring_keeps_one_read_waiting_on_an_idle_tap_and_grows_its_batch_in_a_burst() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    use spillway_rt::host::tap_uring::TapUring;
+    let t = tap_in_netns(TapOptions::default());
+    let fd = t.tap.as_fd(0).unwrap();
+    let mut ring = TapUring::new(&[fd], 32, 8, VnetHdr::LEN, 2048).unwrap();
+    let idle = |ring: &mut TapUring| {
+        let before = ring.counters().enters;
+        for _ in 0..1000 {
+            ring.enter().unwrap();
+            ring.drain_frames(|_, _, _| {}).unwrap();
+        }
+        ring.counters().enters - before
+    };
+    assert!(idle(&mut ring) <= 2, "{:?}", ring.counters());
+    const N: usize = 64;
+    in_netns(&t.ns, || {
+        let s = UdpSocket::bind((LOCAL_IP, 4003)).unwrap();
+        for i in 0..N as u32 {
+            s.send_to(&i.to_be_bytes(), (PEER_IP, 9999)).unwrap();
+        }
+    });
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut got = 0;
+    let before = *ring.counters();
+    while got < N && std::time::Instant::now() < deadline {
+        ring.enter().unwrap();
+        ring.drain_frames(|_, pkt, _| {
+            if parse_ipv4(pkt.data()).is_some_and(|p| p.proto == 17 && p.dport() == 9999) {
+                got += 1;
+            }
+        })
+        .unwrap();
+    }
+    let c = *ring.counters();
+    assert_eq!(got, N, "{c:?}");
+    assert!(
+        c.enters - before.enters < 32,
+        "the batch grew: {} enters for {N} frames ({c:?})",
+        c.enters - before.enters
+    );
+    // Quiet again: back to one waiting read and no system call per turn.
+    idle(&mut ring);
+    assert!(idle(&mut ring) <= 2, "{:?}", ring.counters());
+}
+
 #[test]
 fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into() {
     if !oslab::require_root("TAP devices and network namespaces") {
