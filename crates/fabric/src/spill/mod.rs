@@ -880,6 +880,22 @@ mod tests {
         assert_eq!(plane.counters().busy_ns, 2_500 + 1_150 + 600 * 1_150);
     }
 
+    /// The state of `conn` as the DPU hands it over when it opened at 0.
+    fn opened(conn: ConnId) -> ConnState {
+        let t = Train {
+            conn,
+            tenant: TenantId(1),
+            side: Side::Orig,
+            dest: Dest::Wire,
+            kind: Kind::Open,
+            packets: 1,
+            packet_bytes: 64,
+            born: Instant(0),
+            denied: false,
+        };
+        ConnState::open(Instant(0), &t)
+    }
+
     /// A plane of two shards: connections go to the shard of their bucket, a release hands
     /// each shard's owned connections back and ends with a `Released` per shard naming it and
     /// its count, a drain with a `Drained` per shard, and a bulk sync's acknowledgement goes
@@ -895,18 +911,7 @@ mod tests {
         // Handed over from the DPU: enough connections that both shards hold some.
         let conns: Vec<ConnId> = (1..=16).map(ConnId).collect();
         for &conn in &conns {
-            let t = Train {
-                conn,
-                tenant: TenantId(1),
-                side: Side::Orig,
-                dest: Dest::Wire,
-                kind: Kind::Open,
-                packets: 1,
-                packet_bytes: 64,
-                born: Instant(0),
-                denied: false,
-            };
-            let state = ConnState::open(Instant(0), &t);
+            let state = opened(conn);
             let kind = crate::types::SyncKind::Handover;
             plane.handle_msg(
                 Instant(0),
@@ -1014,23 +1019,9 @@ mod tests {
         plane.start(Instant(0), 2);
         let colour = Colour(1);
         plane.handle_msg(Instant(0), Msg::Activated { colour });
-        let state = |conn| {
-            let t = Train {
-                conn,
-                tenant: TenantId(1),
-                side: Side::Orig,
-                dest: Dest::Wire,
-                kind: Kind::Open,
-                packets: 1,
-                packet_bytes: 64,
-                born: Instant(0),
-                denied: false,
-            };
-            ConnState::open(Instant(0), &t)
-        };
         let kind = crate::types::SyncKind::Handover;
         for conn in [a, b] {
-            let state = state(conn);
+            let state = opened(conn);
             plane.handle_msg(
                 Instant(0),
                 Msg::Sync {
@@ -1051,7 +1042,7 @@ mod tests {
             .expect("a's demotion");
         let ack = Msg::DeleteAck {
             seq,
-            state: Some(state(a)),
+            state: Some(opened(a)),
         };
         plane.handle_msg(tick, ack);
         let out: Vec<Transmit> = std::iter::from_fn(|| plane.poll_transmit()).collect();

@@ -56,6 +56,7 @@ use crate::host::tap_uring::{TapTx, TapUring};
 use crate::host::vnet::VnetHdr;
 use crate::ops::ctl::CtlServer;
 use crate::ops::metrics::{MetricsServer, SnapshotPublisher};
+pub(super) use crate::shards::{PUBLISH_NS, Spin};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_STATS, Control, FlowRecord};
 use crate::testbed::Testbed;
@@ -76,33 +77,6 @@ const TAP_BATCH: usize = 64;
 const PORT_BYTES_PER_TURN: usize = 256 << 10;
 /// Records taken from a ring per loop turn.
 const RING_BATCH: usize = 256;
-/// Turns without work before a forwarding loop sleeps in `poll`: a sleep and a wake-up cost
-/// more than the frames of a steady stream that arrive meanwhile (context switches dominated a
-/// profile of 64-byte UDP), and `poll` wakes a loop only after the queue has filled.
-const SPIN_TURNS: u32 = 64;
-/// How often a forwarding loop publishes its counters, ns.
-pub(super) const PUBLISH_NS: u64 = 100_000_000;
-
-/// A forwarding loop's count of turns without work (thread 0's and every forwarding thread's).
-#[derive(Debug, Default)]
-pub(super) struct Spin(u32);
-
-impl Spin {
-    /// After a turn that found work (`busy`) or none: true once [`SPIN_TURNS`] idle turns in a
-    /// row have passed, when the loop should sleep (the count starts again).
-    pub(super) fn sleep_due(&mut self, busy: bool) -> bool {
-        if busy {
-            self.0 = 0;
-            return false;
-        }
-        self.0 += 1;
-        if self.0 > SPIN_TURNS {
-            self.0 = 0;
-            return true;
-        }
-        false
-    }
-}
 /// Lifecycle events kept for `ctl status`.
 const EVENTS_KEPT: usize = 64;
 

@@ -216,6 +216,8 @@ struct PlaneProcess<R: PlaneResourcesHandle> {
     c: PlaneCounters,
     /// The shard threads, with `fabric.dpu.shards > 1`.
     threads: Option<PlaneThreads>,
+    /// The vATC's translation requests being sent to the DPU process.
+    translate: Vec<(VmId, Iova, u64)>,
     /// Flow-ring and control records of this turn, in arrival order.
     records: Vec<FlowRecord>,
     commands: Vec<serde_json::Value>,
@@ -441,6 +443,7 @@ impl<R: PlaneResourcesHandle> PlaneProcess<R> {
             vatc,
             c: PlaneCounters::default(),
             threads: None,
+            translate: Vec::with_capacity(16),
             records: Vec::with_capacity(256),
             commands: Vec::new(),
             last_stats: Instant::ZERO,
@@ -496,14 +499,16 @@ impl<R: PlaneResourcesHandle> PlaneProcess<R> {
                 n += serve_lane_frames(&mut self.sw, lane, &self.vatc, &mut self.c, now)?;
             }
         }
-        let requests = std::mem::take(
+        // Swapped with this thread's buffer under the lock, not taken: both keep their room.
+        std::mem::swap(
             &mut self
                 .vatc
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .requests,
+            &mut self.translate,
         );
-        for (vm, iova, len) in requests {
+        for (vm, iova, len) in self.translate.drain(..) {
             self.vnic
                 .send_vm(&VatcMsg::Translate { vm, iova, len }, &[])?;
         }

@@ -46,17 +46,13 @@ use spillway_vswitch::{DropCounters, Instant};
 use crate::host::allocs;
 use crate::host::clock::Clock;
 use crate::plane::process::{PlaneCounters, Vatc, serve_lane_frames};
-use crate::shards::{Bell, Crew, Published, ShardEnd, Shared};
+use crate::shards::{Bell, Crew, PUBLISH_NS, Published, ShardEnd, Shared, Spin};
 use crate::shm::vnic::{FlowRecord, VnicLane};
 
 /// Records a shard thread takes from its lane per ring per turn.
 const BATCH: usize = 256;
 /// Messages the main thread may hold for a shard thread, and a shard thread for the main.
 const QUEUE: usize = 4096;
-/// How often a shard thread publishes its counters and expires idle connections.
-const PUBLISH_NS: u64 = 100_000_000;
-/// Idle turns before a shard thread sleeps.
-const SPIN_TURNS: u32 = 64;
 
 /// What the main thread hands a shard thread besides requests.
 #[derive(Debug)]
@@ -339,7 +335,7 @@ struct ShardThread {
 
 impl ShardThread {
     fn run(&mut self) {
-        let mut idle = 0u32;
+        let mut spin = Spin::default();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.clock.now();
             if let Some(v) = self.view.newer(&mut self.seen) {
@@ -353,14 +349,8 @@ impl ShardThread {
             if now.0.saturating_sub(self.last_publish.0) >= PUBLISH_NS {
                 self.publish(now);
             }
-            if busy {
-                idle = 0;
-            } else {
-                idle += 1;
-                if idle > SPIN_TURNS {
-                    idle = 0;
-                    self.sleep();
-                }
+            if spin.sleep_due(busy) {
+                self.sleep();
             }
         }
         self.publish(self.clock.now());
