@@ -144,6 +144,24 @@ fn print_summary(r: &RunReport, out: &mut impl Write) -> Result<()> {
     for (k, v) in rows {
         writeln!(out, "  {k:<36} {v}")?;
     }
+    if let Some(f) = &r.failure {
+        writeln!(out, "plane failure at {:.3} s ({}):", f.t_s, f.kind)?;
+        let rows: Vec<(&str, String)> = vec![
+            ("forwarding gap (overflow)", opt(f.gap_ms, "ms")),
+            ("lost in the second after", f.lost_packets.to_string()),
+            (
+                "full capacity again after",
+                format!("{:.0} ms", f.full_capacity_ms),
+            ),
+            (
+                "host cores held by the standby",
+                f.standby_cores.to_string(),
+            ),
+        ];
+        for (k, v) in rows {
+            writeln!(out, "  {k:<36} {v}")?;
+        }
+    }
     let drops: Vec<_> = r.drops.iter().filter(|(_, v)| **v > 0).collect();
     if !drops.is_empty() {
         writeln!(out, "drops:")?;

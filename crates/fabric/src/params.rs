@@ -52,6 +52,12 @@ pub struct DpuParams {
     /// written by the control plane). [paper]: rule injection takes about 10 ms.
     #[serde(with = "humantime_us")]
     pub redirect_latency: Duration,
+    /// Latency of flipping the live redirect rules from one plane slot's vNIC set to the
+    /// other's (a failover to the warm plane): the rules steer through one indirection entry
+    /// naming the vNIC set, so a flip is one write and its completion, not the quota's rules
+    /// again. Packets steered meanwhile still go to the old set. [assumed]: 1 ms.
+    #[serde(with = "humantime_us")]
+    pub flip_latency: Duration,
     /// Hash buckets the redirect rules split the 5-tuple space into (the overflow quota is a
     /// number of buckets). [assumed]: 256, an RSS indirection table's size.
     pub redirect_buckets: u16,
@@ -98,6 +104,7 @@ impl Default for DpuParams {
             insert_latency: Duration::from_micros(20),
             insert_queue_max: 65_536,
             redirect_latency: Duration::from_millis(10),
+            flip_latency: Duration::from_millis(1),
             redirect_buckets: 256,
             steer_pps_limit: 297.6e6,
             soc_cores: 8,
@@ -220,6 +227,16 @@ pub struct HostParams {
     /// [assumed]: 2 us (a round trip to the device-model thread on another core).
     #[serde(with = "humantime_us")]
     pub vatc_miss_cost: Duration,
+    /// Keep a warm standby plane in the second plane slot while a plane is up: started on its
+    /// own cores with `warm_workers` workers, bulk-synced and kept current in shadow (every
+    /// state message the DPU sends or takes is relayed to it), so that a failed or stalled
+    /// active plane is replaced by flipping the redirect rules to the warm slot, with every
+    /// connection's state already there. Off by default: it costs the warm plane's cores and
+    /// memory for as long as a plane is up. [seed]: two vNIC sets, one active and one warm.
+    pub warm_standby: bool,
+    /// Workers of the warm standby plane while it waits; at a failover it is asked for the
+    /// failed plane's workers (each starts after `worker_start`). [assumed]: 1.
+    pub warm_workers: u32,
 }
 
 impl Default for HostParams {
@@ -241,6 +258,8 @@ impl Default for HostParams {
             copy_bandwidth_bytes: 10e9,
             vatc_hit_ratio: 0.99,
             vatc_miss_cost: Duration::from_micros(2),
+            warm_standby: false,
+            warm_workers: 1,
         }
     }
 }
@@ -601,6 +620,12 @@ impl FabricParams {
             0..=10_000_000_000,
             "0..=10s"
         );
+        duration_in!(
+            "dpu.flip_latency",
+            d.flip_latency,
+            0..=10_000_000_000,
+            "0..=10s"
+        );
         int_in!("dpu.redirect_buckets", d.redirect_buckets, 1..=65535);
         float_in!("dpu.steer_pps_limit", d.steer_pps_limit, 1.0..=1e10);
         int_in!("dpu.shards", d.shards, 1..=64);
@@ -683,6 +708,13 @@ impl FabricParams {
                 field: "host.workers_initial",
                 expected: "1..=host.workers_max",
                 actual: h.workers_initial.to_string(),
+            });
+        }
+        if h.warm_workers == 0 || h.warm_workers > h.workers_max {
+            return Err(ParamError {
+                field: "host.warm_workers",
+                expected: "1..=host.workers_max",
+                actual: h.warm_workers.to_string(),
             });
         }
         duration_in!("host.pkt_cost", h.pkt_cost, 1..=1_000_000_000, "1ns..=1s");

@@ -165,6 +165,30 @@ pub enum Owner {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
 pub struct Colour(pub u32);
 
+/// One of the DPU's two plane slots: a vNIC set (phy and flow vNICs, a control channel) with
+/// the plane process behind it. One slot is active (its plane is the one the redirect rules
+/// steer to); with warm standby the other holds a warm plane kept in sync in shadow, which a
+/// failover makes active by flipping the redirect rules to its set in one step.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]
+pub struct PlaneSlot(pub u8);
+
+impl PlaneSlot {
+    /// The other slot.
+    pub fn other(self) -> PlaneSlot {
+        PlaneSlot(1 - (self.0 & 1))
+    }
+    /// 0 or 1, for indexing a driver's two processes.
+    pub fn index(self) -> usize {
+        usize::from(self.0 & 1)
+    }
+}
+
+impl fmt::Display for PlaneSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "slot {}", self.0)
+    }
+}
+
 /// Why the DPU hands a connection to the spill plane, or the plane back to the DPU.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum SyncKind {

@@ -7,7 +7,7 @@
 use core::time::Duration;
 use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role};
 use spillway_fabric::params::FabricParams;
-use spillway_fabric::types::{Colour, ConnId, Kind, Msg};
+use spillway_fabric::types::{Colour, ConnId, Kind, Msg, PlaneSlot};
 use spillway_vswitch::Instant;
 
 #[path = "common/train.rs"]
@@ -52,6 +52,7 @@ fn active_hold_activates_keeps_and_recovers_the_plane() {
     assert_eq!(
         dpu.poll_command(),
         Some(Command::StartPlane {
+            slot: PlaneSlot(0),
             workers: f.host.workers_initial
         })
     );

@@ -368,6 +368,16 @@ impl Testbed {
         raw.fabric
             .validate()
             .map_err(|e| err(&format!("fabric.{}", e.field), e.expected, e.actual))?;
+        if raw.fabric.host.warm_standby {
+            // The model has two plane slots; this driver runs one plane process and one vNIC
+            // set so far. Refused rather than ignored, so that nobody counts on a standby
+            // that is not there.
+            return Err(err(
+                "fabric.host.warm_standby",
+                "false (the real-time driver has no warm standby plane yet; the simulator has)",
+                "true".to_string(),
+            ));
+        }
         // The processes get the policy as text; it was parsed from this file a moment ago, so
         // writing it back cannot fail for a reason the operator could fix.
         let policy_text = toml::to_string(&raw.policy)
@@ -822,6 +832,17 @@ netns = "swvs-b"
         let e = load_err(&sharded.replace("name = \"t1\"", "name = \"t1\"\ntap_io = \"syscalls\""));
         assert_eq!(e.field, "fabric.dpu.shards", "{e}");
         assert!(e.expected.contains("syscalls"), "{e}");
+    }
+
+    #[test]
+    fn warm_standby_is_refused_until_this_driver_runs_two_planes() {
+        let warm = GOOD.replace(
+            "[fabric.dpu]\n",
+            "[fabric.host]\nwarm_standby = true\n\n[fabric.dpu]\n",
+        );
+        let e = load_err(&warm);
+        assert_eq!(e.field, "fabric.host.warm_standby", "{e}");
+        assert!(e.expected.contains("no warm standby plane yet"), "{e}");
     }
 
     #[test]

@@ -50,6 +50,29 @@ pub struct PhaseEvent {
     pub reason: String,
 }
 
+/// What the first failure of an active plane cost, from the lifecycle events and the 10 ms
+/// (`sample`) time series.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FailureFigures {
+    /// `fail_over` (a warm plane took over) or `fail_open` (the DPU took every connection back).
+    pub kind: &'static str,
+    /// When the failure was acted on, seconds of virtual time.
+    pub t_s: f64,
+    /// The forwarding gap of the overflow: from the failure to the first redirected packet a
+    /// plane served again (the warm plane after a flip; a newly started plane after a
+    /// fail-open), milliseconds; null if no plane served again.
+    pub gap_ms: Option<f64>,
+    /// Packets lost (every reason but policy) in the samples from the failure to one second
+    /// after it.
+    pub lost_packets: u64,
+    /// From the failure to the end of the last sample with a loss in that second: when the
+    /// fabric carried its full load again, milliseconds (0 if nothing was lost).
+    pub full_capacity_ms: f64,
+    /// Host cores the warm standby plane holds while a plane is up
+    /// (`fabric.host.warm_workers`, 0 without a standby): the standby's price.
+    pub standby_cores: u32,
+}
+
 /// Latency summary.
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
 pub struct LatencyUs {
@@ -154,6 +177,10 @@ pub struct RunReport {
     /// For connection-rate runs: the highest offered rate before the first loss (in the
     /// measure window), connections/s.
     pub zero_loss_cps: Option<f64>,
+    /// When the active plane failed (a `kill_plane` or `stall_plane` fault, or missed
+    /// heartbeats): what the failure cost. Omitted when no plane failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureFigures>,
     /// The time series (omitted from `--json`).
     #[serde(skip)]
     pub series: Vec<Sample>,

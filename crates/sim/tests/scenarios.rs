@@ -104,6 +104,33 @@ fn a_killed_plane_fails_open_and_the_fabric_recovers() {
 }
 
 #[test]
+fn a_warm_standby_takes_over_a_killed_plane_within_a_few_milliseconds() {
+    let cold = run("fail-open", false);
+    let warm = run("failover-warm", false);
+    let kinds: Vec<&str> = warm.phases.iter().map(|p| p.phase).collect();
+    assert!(kinds.contains(&"fail_over"), "{kinds:?}");
+    assert!(!kinds.contains(&"fail_open"), "{kinds:?}");
+    assert_eq!(warm.counters["dpu.failover"], 1);
+    assert_eq!(warm.drops["fabric.no_state"], 0);
+    let (c, w) = (cold.failure.unwrap(), warm.failure.unwrap());
+    assert_eq!((c.kind, w.kind), ("fail_open", "fail_over"));
+    // The target: a forwarding gap of at most 10 ms in the model, against the cold
+    // path's plane start (about 220 ms).
+    let gap = w.gap_ms.expect("the warm plane served the overflow");
+    assert!(gap <= 10.0, "warm gap {gap} ms");
+    assert!(c.gap_ms.unwrap() > 200.0, "{c:?}");
+    // Only the packets inside the dead plane and those steered to it during the flip are lost.
+    assert!(
+        warm.lost_packets * 100 < cold.lost_packets,
+        "warm lost {}, cold {}",
+        warm.lost_packets,
+        cold.lost_packets
+    );
+    assert_eq!(warm.drops["dpu.hw.overload"], 0);
+    assert_eq!(w.standby_cores, 1);
+}
+
+#[test]
 fn cps_grows_with_host_workers_until_a_documented_bottleneck_caps_it() {
     // The built-in sweep at full scale on fewer points and a narrower search, so the test stays
     // short: 0 (DPU only), 4 and 16 workers, 0.5M-2.5M connections/s in 6 bisection steps.

@@ -14,11 +14,11 @@
 
 use spillway_vswitch::{Instant, TenantId};
 
-use super::lifecycle::{Command, FabricEvent, Hold, Lifecycle, Phase};
+use super::lifecycle::{Command, FabricEvent, Hold, Lifecycle, Phase, Warm};
 use super::shard::ShardView;
 use super::window::{Totals, Utils, Windows};
 use crate::params::FabricParams;
-use crate::types::{Channel, Colour, ConnId, Msg};
+use crate::types::{Channel, Colour, ConnId, Msg, PlaneSlot};
 use crate::ursched::Load;
 
 /// One thing the control part asks of one shard. The driver carries it to the shard (on the
@@ -39,6 +39,29 @@ pub enum ShardRequest {
     },
     /// A fail-open: every copy becomes owned. [`ShardReply::Count`]: how many.
     PromoteCopies,
+    /// The warm plane of `colour` is up: relay every state message to it from now on, after
+    /// a mirror of every connection the shard holds (owner or copy) and its own end marker.
+    /// [`ShardReply::Count`]: the mirrors.
+    WarmSync {
+        /// When.
+        now: Instant,
+        /// The warm plane's colour.
+        colour: Colour,
+        /// The shard's index, which its end marker carries.
+        shard: u16,
+    },
+    /// The warm plane is gone: relay nothing more, forget what was queued for it.
+    WarmOff,
+    /// The redirect rules now steer to the warm slot, whose plane (of `colour`) becomes the
+    /// active one: its vNIC set becomes the shard's, and every connection the failed plane
+    /// owned is handed to it (a recall still going live stays with the DPU).
+    /// [`ShardReply::Count`]: connections handed over.
+    Flip {
+        /// When.
+        now: Instant,
+        /// The new active plane's colour.
+        colour: Colour,
+    },
     /// Connections of buckets `[from, to)` served on the SoC move to the plane.
     HandOver {
         /// When.
@@ -87,6 +110,8 @@ pub enum ShardRequest {
     },
     /// Count a fail-open (asked of the first shard only).
     CountFailOpen,
+    /// Count a failover (asked of the first shard only).
+    CountFailover,
     /// Send one of the control part's own messages to the plane (asked of the first shard).
     Send {
         /// When it leaves.
@@ -179,6 +204,22 @@ impl dyn Shards + '_ {
 
     pub(crate) fn promote_copies(&mut self) -> usize {
         self.count_all(|_| ShardRequest::PromoteCopies) as usize
+    }
+
+    pub(crate) fn warm_sync(&mut self, now: Instant, colour: Colour) -> u64 {
+        self.count_all(|i| ShardRequest::WarmSync {
+            now,
+            colour,
+            shard: i as u16,
+        })
+    }
+
+    pub(crate) fn warm_off(&mut self) {
+        self.each(|| ShardRequest::WarmOff);
+    }
+
+    pub(crate) fn flip(&mut self, now: Instant, colour: Colour) -> u64 {
+        self.count_all(|_| ShardRequest::Flip { now, colour })
     }
 
     pub(crate) fn hand_over_buckets(&mut self, now: Instant, colour: Colour, from: u16, to: u16) {
@@ -278,6 +319,10 @@ impl dyn Shards + '_ {
         self.call(0, ShardRequest::CountFailOpen);
     }
 
+    pub(crate) fn count_failover(&mut self) {
+        self.call(0, ShardRequest::CountFailover);
+    }
+
     pub(crate) fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
         self.call(0, ShardRequest::Send { at, channel, msg });
     }
@@ -314,38 +359,58 @@ pub struct DpuControl {
     pub(crate) f: FabricParams,
     pub(crate) life: Lifecycle,
     pub(crate) win: Windows,
-    /// The shards whose end marker the current step awaits from the plane (bit `k` for shard
-    /// `k`: the acknowledgement of its bulk sync, its `Released`, its `Drained`), and the
-    /// connections the markers received so far counted.
-    pub(crate) markers: u64,
-    pub(crate) marker_sum: u64,
+    /// The end markers the current step awaits from the active plane (the acknowledgement of
+    /// its bulk sync, its `Released`, its `Drained`).
+    pub(crate) markers: Markers,
+    /// The end markers of the warm plane's bulk sync.
+    pub(crate) warm_markers: Markers,
     /// The zeroed vector the next shard counts tenants' packets in (see
     /// [`ShardRequest::TakeTenantPackets`]).
     pub(crate) tenant_spare: Vec<u64>,
 }
 
-impl DpuControl {
-    /// The next step awaits an end marker from each of `shards` shards.
-    pub(crate) fn await_markers(&mut self, shards: usize) {
-        self.markers = if shards >= 64 {
+/// The shards whose end marker a step awaits from a plane (bit `k` for shard `k`), and the
+/// connections the markers received so far counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Markers {
+    awaited: u64,
+    sum: u64,
+}
+
+impl Markers {
+    /// The step awaits an end marker from each of `shards` shards.
+    pub(crate) fn await_all(&mut self, shards: usize) {
+        self.awaited = if shards >= 64 {
             u64::MAX
         } else {
             (1u64 << shards) - 1
         };
-        self.marker_sum = 0;
+        self.sum = 0;
     }
 
     /// Takes shard `shard`'s end marker, which counted `count` connections: `Some(total)` when
     /// it was the last one awaited, `None` while others are, or if it was not awaited (a
     /// duplicate, or no step awaits one).
-    pub(crate) fn take_marker(&mut self, shard: u16, count: u64) -> Option<u64> {
+    pub(crate) fn take(&mut self, shard: u16, count: u64) -> Option<u64> {
         let bit = 1u64.checked_shl(u32::from(shard))?;
-        if self.markers & bit == 0 {
+        if self.awaited & bit == 0 {
             return None;
         }
-        self.markers &= !bit;
-        self.marker_sum += count;
-        (self.markers == 0).then_some(self.marker_sum)
+        self.awaited &= !bit;
+        self.sum += count;
+        (self.awaited == 0).then_some(self.sum)
+    }
+}
+
+impl DpuControl {
+    /// The next step awaits an end marker from each of `shards` shards of the active plane.
+    pub(crate) fn await_markers(&mut self, shards: usize) {
+        self.markers.await_all(shards);
+    }
+
+    /// Takes the active plane's end marker of shard `shard` (see [`Markers::take`]).
+    pub(crate) fn take_marker(&mut self, shard: u16, count: u64) -> Option<u64> {
+        self.markers.take(shard, count)
     }
 
     /// The control part of a DPU with the limits in `f`.
@@ -353,8 +418,8 @@ impl DpuControl {
         DpuControl {
             life: Lifecycle::new(),
             win: Windows::new(f),
-            markers: 0,
-            marker_sum: 0,
+            markers: Markers::default(),
+            warm_markers: Markers::default(),
             tenant_spare: Vec::new(),
             f: f.clone(),
         }
@@ -376,6 +441,14 @@ impl DpuControl {
     /// The operator's hold.
     pub fn hold(&self) -> Hold {
         self.life.hold
+    }
+    /// The slot whose plane the redirect rules steer to.
+    pub fn active_slot(&self) -> PlaneSlot {
+        self.life.active
+    }
+    /// The warm standby plane's state.
+    pub fn warm(&self) -> Warm {
+        self.life.warm
     }
     /// Redirected buckets (the overflow quota).
     pub fn quota(&self) -> u16 {

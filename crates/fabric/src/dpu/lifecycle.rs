@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use spillway_vswitch::Instant;
 
-use crate::types::Colour;
+use crate::types::{Colour, PlaneSlot};
 use crate::ursched::PlaneView;
 
 /// A lifecycle change, with its reason (URSched's, or the protocol step's).
@@ -60,6 +60,11 @@ pub enum EventKind {
     Fallback,
     /// An operator set or cleared a hold on the lifecycle ([`crate::dpu::DpuNode::handle_hold`]).
     Hold,
+    /// The active plane failed or stalled and the redirect rules were flipped to the warm
+    /// plane's slot, which continues every connection with its state.
+    FailOver,
+    /// The warm standby plane changed: started, synced, failed.
+    Warm,
 }
 
 impl EventKind {
@@ -80,6 +85,8 @@ impl EventKind {
             EventKind::FailOpen => "fail_open",
             EventKind::Fallback => "fallback",
             EventKind::Hold => "hold",
+            EventKind::FailOver => "fail_over",
+            EventKind::Warm => "warm",
         }
     }
 }
@@ -87,14 +94,76 @@ impl EventKind {
 /// A command to the driver about the plane's process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Start the plane with `workers` workers on isolated cores; report
-    /// [`crate::dpu::DpuNode::handle_plane_up`] when it runs.
+    /// Start a plane in `slot` with `workers` workers on isolated cores; report
+    /// [`crate::dpu::DpuNode::handle_plane_up_in`] when it runs.
     StartPlane {
+        /// The slot (vNIC set) it serves.
+        slot: PlaneSlot,
         /// Workers.
         workers: u32,
     },
-    /// Stop the plane and release its cores.
-    StopPlane,
+    /// Stop the plane in `slot` and release its cores. This also fences it: whatever it sends
+    /// from now on is not the state of any connection (a stalled plane that resumes).
+    StopPlane {
+        /// The slot.
+        slot: PlaneSlot,
+    },
+}
+
+/// The warm standby plane in the slot that is not active (`host.warm_standby`).
+///
+/// ```text
+///         plane up (ensure_warm)      plane up            every shard's marker acked
+///   Off ----------------------> Starting ---------> Syncing -----------------------> Ready
+///    ^                                                 |                               |
+///    +------ failed, or the DPU went Idle -------------+-------------------------------+
+///    ^                                                                                 |
+///    +--- flip done (the warm slot is active now) <--- Flipping <--- active failed ---+
+/// ```
+///
+/// Off at start, when warm standby is off, when no plane is up, after a flip, and when the
+/// warm plane failed (its replacement is asked for at the next window). Starting only from
+/// Off; Syncing only from Starting; Ready only from Syncing; Flipping only from Ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Warm {
+    /// No warm plane.
+    Off,
+    /// Asked for ([`Command::StartPlane`] for the other slot); not up yet.
+    Starting {
+        /// The colour its bulk sync will carry.
+        colour: Colour,
+    },
+    /// Up; its bulk sync is under way and every state message is relayed to it.
+    Syncing {
+        /// Colour.
+        colour: Colour,
+    },
+    /// Synced and kept current: a failover can flip to it.
+    Ready {
+        /// Colour.
+        colour: Colour,
+    },
+    /// The active plane failed and the redirect rules are being flipped to this one; live at
+    /// `live_at`. Until then redirected packets still go to the failed slot.
+    Flipping {
+        /// Colour.
+        colour: Colour,
+        /// When the flip is live.
+        live_at: Instant,
+    },
+}
+
+impl Warm {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Warm::Off => "off",
+            Warm::Starting { .. } => "starting",
+            Warm::Syncing { .. } => "syncing",
+            Warm::Ready { .. } => "ready",
+            Warm::Flipping { .. } => "flipping",
+        }
+    }
 }
 
 /// An operator's hold on the lifecycle (`spillway ctl activate | release | auto`). While a hold
@@ -216,8 +285,18 @@ impl Phase {
 pub(crate) struct Lifecycle {
     pub(crate) phase: Phase,
     pub(crate) hold: Hold,
-    /// The colour of the latest activation (bumped at every prepare).
+    /// The colour of the active slot's plane (a new one at every prepare, and the warm
+    /// plane's at a flip): what the DPU's state messages carry, and older than which a state
+    /// message is an orphan's.
     pub(crate) colour: Colour,
+    /// The last colour given to a plane (the active's or the warm one's).
+    pub(crate) issued: Colour,
+    /// The slot whose plane the redirect rules steer to.
+    pub(crate) active: PlaneSlot,
+    /// The warm standby plane, in the other slot.
+    pub(crate) warm: Warm,
+    /// The warm plane's last heartbeat (or start).
+    pub(crate) warm_heartbeat: Instant,
     /// Redirected buckets (the overflow quota).
     pub(crate) quota: u16,
     /// When the decision behind the activation under way was taken (for the time to absorb).
@@ -240,6 +319,10 @@ impl Lifecycle {
             phase: Phase::Idle,
             hold: Hold::Auto,
             colour: Colour(0),
+            issued: Colour(0),
+            active: PlaneSlot(0),
+            warm: Warm::Off,
+            warm_heartbeat: Instant::ZERO,
             quota: 0,
             trigger: None,
             absorbed: false,
@@ -272,9 +355,15 @@ impl Lifecycle {
         }
     }
 
-    /// The lifecycle's next timer: redirect rules going live or gone.
+    /// A new colour for a plane being started.
+    pub(crate) fn issue_colour(&mut self) -> Colour {
+        self.issued = Colour(self.issued.0 + 1);
+        self.issued
+    }
+
+    /// The lifecycle's next timer: redirect rules going live, gone, or flipped.
     pub(crate) fn next_timer(&self) -> Option<Instant> {
-        match self.phase {
+        let phase = match self.phase {
             Phase::Activating { live_at, .. } => Some(live_at),
             Phase::Draining {
                 step: DrainStep::RemoveRedirect { done_at },
@@ -285,6 +374,11 @@ impl Lifecycle {
             | Phase::Shadow { .. }
             | Phase::Active { .. }
             | Phase::Draining { .. } => None,
+        };
+        match (phase, self.warm) {
+            (Some(a), Warm::Flipping { live_at, .. }) => Some(a.min(live_at)),
+            (None, Warm::Flipping { live_at, .. }) => Some(live_at),
+            (t, Warm::Off | Warm::Starting { .. } | Warm::Syncing { .. } | Warm::Ready { .. }) => t,
         }
     }
 }

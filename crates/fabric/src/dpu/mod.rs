@@ -83,7 +83,7 @@ use spillway_vswitch::Instant;
 pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
 pub use control::{DpuControl, ShardReply, ShardRequest, Shards};
-pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
+pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Warm};
 pub use resources::{Resources, ResourcesHandle, ShardCell};
 pub use shard::{DpuShard, ShardView};
 pub use window::{Totals, Utils};
@@ -91,7 +91,7 @@ pub use window::{Totals, Utils};
 use crate::params::FabricParams;
 use crate::records::{Record, Records};
 use crate::stats::{Drops, LatencyHist};
-use crate::types::{ConnId, ConnState, Owner, Transmit};
+use crate::types::{ConnId, ConnState, Owner, PlaneSlot, Transmit};
 use crate::ursched::Load;
 use shard::Local;
 
@@ -215,6 +215,13 @@ spillway_vswitch::counters! {
         closed => "fabric.conn.closed",
         /// Opening packets the DPU dropped (their connection never starts).
         open_dropped => "dpu.open_dropped",
+        /// State messages relayed to the warm standby plane (its bulk sync included).
+        relayed => "dpu.sync.relay",
+        /// Failovers: the redirect rules flipped to the warm plane's slot.
+        failovers => "dpu.failover",
+        /// Messages from a fenced plane (one that is no longer the active or the warm one)
+        /// that could have changed an owner's state, dropped.
+        fenced => "dpu.fenced",
     }
 }
 
@@ -488,9 +495,23 @@ impl<R: ResourcesHandle> DpuNode<R> {
 
     // ---- outputs ---------------------------------------------------------------------------
 
-    /// The next message for the plane: the first shard's first, then the next shard's.
+    /// The next message for the active plane (in [`DpuNode::active_slot`]): the first
+    /// shard's first, then the next shard's.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.shards.iter_mut().find_map(|s| s.out.pop())
+    }
+    /// The next message for the warm standby plane (in the other slot).
+    pub fn poll_warm_transmit(&mut self) -> Option<Transmit> {
+        self.shards.iter_mut().find_map(|s| s.warm_out.pop())
+    }
+    /// The slot whose plane the redirect rules steer to: where [`DpuNode::poll_transmit`]'s
+    /// messages go. Read it after the input: a failover changes it.
+    pub fn active_slot(&self) -> PlaneSlot {
+        self.control.active_slot()
+    }
+    /// The warm standby plane's state.
+    pub fn warm(&self) -> Warm {
+        self.control.warm()
     }
     /// The next command for the driver.
     pub fn poll_command(&mut self) -> Option<Command> {
@@ -528,6 +549,23 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn handle_plane_failed(&mut self, now: Instant, reason: &str) {
         self.control
             .handle_plane_failed(now, reason, &mut all(&mut self.shards, &mut self.remote));
+    }
+
+    /// The plane in `slot` runs (the driver's report after [`Command::StartPlane`]).
+    pub fn handle_plane_up_in(&mut self, now: Instant, slot: PlaneSlot) {
+        self.control
+            .handle_plane_up_in(now, slot, &mut all(&mut self.shards, &mut self.remote));
+    }
+
+    /// The plane in `slot` died (the driver saw it exit): the active one fails over to a
+    /// ready warm plane, or open; a warm one is replaced.
+    pub fn handle_plane_failed_in(&mut self, now: Instant, slot: PlaneSlot, reason: &str) {
+        self.control.handle_plane_failed_in(
+            now,
+            slot,
+            reason,
+            &mut all(&mut self.shards, &mut self.remote),
+        );
     }
 
     /// Timers: insert completions, redirect install/removal, URSched windows.

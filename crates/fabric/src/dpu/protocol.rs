@@ -7,12 +7,12 @@ use spillway_vswitch::flow_table::Inserted;
 
 use super::control::{DpuControl, Shards};
 use super::inserts::PendingInsert;
-use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase};
+use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase, Warm};
 use super::resources::SocWork;
 use super::shard::{DpuShard, ShardView};
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::hw::{HwKey, HwRule};
-use crate::types::{Channel, ConnId, ConnState, Msg, Side, SyncKind};
+use crate::types::{Channel, ConnId, ConnState, Msg, PlaneSlot, Side, SyncKind};
 
 impl<R: ResourcesHandle> DpuNode<R> {
     /// A message from the spill plane: one about a connection ([`Msg::conn`]) goes to the
@@ -34,7 +34,74 @@ impl<R: ResourcesHandle> DpuNode<R> {
     }
 }
 
+impl<R: ResourcesHandle> DpuNode<R> {
+    /// A message from the plane now running in `slot` (the driver knows which process sent
+    /// it): the active plane's go to [`DpuNode::handle_msg`], the warm plane's to its own
+    /// lifecycle (heartbeats, the acknowledgement of its bulk sync; it sends nothing else
+    /// while warm), and anything from a slot with no plane of the DPU's is fenced.
+    pub fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg) {
+        if slot == self.control.active_slot() {
+            self.handle_msg(now, msg);
+        } else if self.control.warm() != Warm::Off {
+            self.shards[self.last].delivered_last = 0;
+            self.control.handle_warm_msg(
+                now,
+                msg,
+                &mut super::all(&mut self.shards, &mut self.remote),
+            );
+        } else {
+            self.handle_fenced_msg(now, msg);
+        }
+    }
+
+    /// A message from a plane the DPU has stopped (a failed plane's, still in flight, or a
+    /// stalled plane's after it resumed): see [`DpuShard::handle_fenced_msg`]. One that names
+    /// no connection (a heartbeat, a lifecycle reply) is dropped and counted.
+    pub fn handle_fenced_msg(&mut self, now: Instant, msg: Msg) {
+        let view = self.control.view();
+        match msg.conn() {
+            Some(conn) => self.shard_for(conn).handle_fenced_msg(now, msg, view),
+            None => {
+                let s = &mut self.shards[self.last];
+                s.delivered_last = 0;
+                s.counters.fenced += 1;
+            }
+        }
+    }
+}
+
 impl DpuControl {
+    /// A message from the warm standby plane: its heartbeats and the acknowledgement of its
+    /// bulk sync. A warm plane sends nothing else; anything else is ignored.
+    pub fn handle_warm_msg(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
+        match (msg, self.life.warm) {
+            (Msg::Heartbeat { .. }, Warm::Starting { colour }) => self.warm_up(now, colour, sh),
+            (Msg::Heartbeat { .. }, _) => self.life.warm_heartbeat = now,
+            (
+                Msg::SyncDone {
+                    colour,
+                    count,
+                    shard,
+                },
+                Warm::Syncing { colour: c },
+            ) if c == colour => {
+                if let Some(count) = self.warm_markers.take(shard, count) {
+                    self.life.warm = Warm::Ready { colour };
+                    self.event(
+                        now,
+                        EventKind::Warm,
+                        format!(
+                            "warm plane in {} synced: {count} connections (colour {})",
+                            self.life.active.other(),
+                            colour.0
+                        ),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// A lifecycle reply from the plane (a message [`Msg::conn`] names no connection of).
     pub fn handle_msg(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
         match msg {
@@ -172,7 +239,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 // A message of an older colour comes from a plane that has since failed or
                 // been released: nobody but the DPU can own what it carries.
                 let orphan = !view.phase.has_plane() || colour < view.colour;
-                self.ingest_sync(kind, state, orphan);
+                self.ingest_sync(now, kind, state, orphan, view);
             }
             Msg::Recall {
                 state,
@@ -190,10 +257,56 @@ impl<R: ResourcesHandle> DpuShard<R> {
             _ => {}
         }
     }
-    pub(super) fn ingest_sync(&mut self, kind: SyncKind, state: ConnState, orphan: bool) {
+
+    /// A message about one of this shard's connections from a plane that has been fenced
+    /// (the failed plane of a slot the DPU flipped away from, still in flight, or sent by a
+    /// stalled plane that resumed). Its packets are real and are served. Its state is an
+    /// orphan's (see [`DpuShard::ingest_sync`]). Anything that would change who owns a
+    /// connection or its entries (a recall, a delete, an adoption) is dropped and counted
+    /// (`dpu.fenced`): the plane it concerned no longer holds the connection.
+    pub fn handle_fenced_msg(&mut self, now: Instant, msg: Msg, view: ShardView) {
+        match msg {
+            Msg::Packets(_) | Msg::Punt(_) => self.handle_msg(now, msg, view),
+            Msg::Sync { kind, state, .. } => {
+                self.delivered_last = 0;
+                self.counters.sync_rx += 1;
+                self.res.write().soc(now, SocWork::Sync, 1);
+                self.ingest_sync(now, kind, state, true, view);
+            }
+            _ => {
+                self.delivered_last = 0;
+                self.counters.fenced += 1;
+            }
+        }
+    }
+    /// Takes a state message from a plane. `orphan`: it comes from a plane that is no longer
+    /// the active one (an older colour, or a fenced slot). An orphan's state is the DPU's to
+    /// own, as at a fail-open, unless a plane runs now and the DPU holds the connection as a
+    /// copy: then the current plane owns it (it was handed to it), and the orphan's state, if
+    /// newer, goes on to it as an update instead of making a second owner.
+    pub(super) fn ingest_sync(
+        &mut self,
+        now: Instant,
+        kind: SyncKind,
+        state: ConnState,
+        orphan: bool,
+        view: ShardView,
+    ) {
+        self.relay(now, kind, state);
         if kind == SyncKind::Closed {
             // The connection's last packet went through the plane: forget it, entries and all.
             self.remove_conn(state.conn);
+            return;
+        }
+        if orphan
+            && view.phase.has_plane()
+            && let Some(c) = self.conns.get_mut(&state.conn)
+            && c.role == Role::Copy
+        {
+            if state.version > c.state.version {
+                c.state = state;
+                self.send_sync(now, view.colour, SyncKind::Update, state);
+            }
             return;
         }
         match (self.conns.get_mut(&state.conn), kind) {

@@ -62,6 +62,10 @@ pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) inserts: InsertQueue,
     pub(crate) deletes: DeleteLog,
     pub(crate) out: Outbox,
+    /// The outbox toward the warm standby plane's slot (see [`DpuShard::relay`]).
+    pub(crate) warm_out: Outbox,
+    /// The warm plane's colour while state messages are relayed to it.
+    pub(crate) warm: Option<Colour>,
     pub(crate) insert_refused_at_completion: u64,
     pub(crate) first_no_state: Option<ConnId>,
     /// Packets matched by recalled entries that are gone or no longer recalled (see
@@ -87,6 +91,8 @@ impl<R: ResourcesHandle> DpuShard<R> {
             inserts: InsertQueue::new(f),
             deletes: DeleteLog::default(),
             out: Outbox::new(f),
+            warm_out: Outbox::new(f),
+            warm: None,
             insert_refused_at_completion: 0,
             first_no_state: None,
             recalled_hw_retired: 0,
@@ -139,9 +145,14 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.conns.sorted()
     }
 
-    /// The next message for the plane.
+    /// The next message for the active plane.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.out.pop()
+    }
+
+    /// The next message for the warm standby plane.
+    pub fn poll_warm_transmit(&mut self) -> Option<Transmit> {
+        self.warm_out.pop()
     }
 
     /// When the shard's next insert reaches the hardware ([`DpuShard::complete_due_inserts`]).
@@ -180,6 +191,73 @@ impl<R: ResourcesHandle> DpuShard<R> {
     ) {
         self.counters.sync_tx += 1;
         self.out.sync(now, colour, kind, st);
+        self.relay(now, kind, st);
+    }
+
+    /// Relays a state message the DPU sent or took to the warm standby plane, if one is
+    /// listening, so that it holds a current copy of every connection: a mirror of what the
+    /// active plane or the DPU hands over (the warm plane owns nothing until a flip), the rest
+    /// as it is. The warm plane's vNIC set is FIFO like the active's, so the relays arrive in
+    /// the order the DPU saw the changes, behind its bulk sync.
+    pub(crate) fn relay(&mut self, now: Instant, kind: SyncKind, st: ConnState) {
+        let Some(colour) = self.warm else {
+            return;
+        };
+        let kind = match kind {
+            SyncKind::Handover | SyncKind::Mirror => SyncKind::Mirror,
+            SyncKind::Update => SyncKind::Update,
+            SyncKind::Closed => SyncKind::Closed,
+        };
+        self.counters.relayed += 1;
+        self.warm_out.sync(now, colour, kind, st);
+    }
+
+    /// The warm plane of `colour` is up: a mirror of every connection the shard holds (owner
+    /// or copy), in connection order, then the end marker naming the shard; every state
+    /// message after it is relayed. Returns how many.
+    pub(crate) fn warm_sync(&mut self, now: Instant, colour: Colour, shard: u16) -> u64 {
+        self.warm = Some(colour);
+        self.warm_out = Outbox::new(&self.f);
+        let mut v: Vec<(ConnId, ConnState)> =
+            self.conns.iter().map(|(k, c)| (*k, c.state)).collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        let count = v.len() as u64;
+        for (_, st) in v {
+            self.relay(now, SyncKind::Mirror, st);
+        }
+        let at = self.warm_out.flow_idle_at(now);
+        let done = Msg::SyncDone {
+            colour,
+            count,
+            shard,
+        };
+        self.warm_out.send(at, Channel::FlowVnic, done);
+        count
+    }
+
+    /// The redirect rules steer to the warm slot now (see [`ShardRequest::Flip`]): its outbox
+    /// becomes the shard's, and every connection the failed plane owned (the shard's copies)
+    /// is handed to the new plane with the DPU's mirror of its state, in connection order,
+    /// behind the relays already on their way. A copy with a recall going live stays with the
+    /// DPU: the recall's entries make it the DPU's, as a fail-open would. Returns how many
+    /// were handed over.
+    pub(crate) fn flip(&mut self, now: Instant, colour: Colour) -> u64 {
+        core::mem::swap(&mut self.out, &mut self.warm_out);
+        // What was queued for the failed plane is lost with it.
+        self.warm_out = Outbox::new(&self.f);
+        self.warm = None;
+        let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
+        let mut handed = 0;
+        for conn in copies {
+            let c = self.conns[&conn];
+            if c.inserts_pending > 0 {
+                self.set_role(conn, Role::Owner);
+            } else {
+                handed += 1;
+                self.send_sync(now, colour, SyncKind::Handover, c.state);
+            }
+        }
+        handed
     }
 
     pub(crate) fn add_conn(&mut self, conn: ConnId, rec: DpuConn) {
@@ -377,6 +455,15 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 ShardReply::Count(self.bulk_sync(now, colour, shard))
             }
             ShardRequest::PromoteCopies => ShardReply::Count(self.promote_copies() as u64),
+            ShardRequest::WarmSync { now, colour, shard } => {
+                ShardReply::Count(self.warm_sync(now, colour, shard))
+            }
+            ShardRequest::WarmOff => {
+                self.warm = None;
+                self.warm_out = Outbox::new(&self.f);
+                ShardReply::Done
+            }
+            ShardRequest::Flip { now, colour } => ShardReply::Count(self.flip(now, colour)),
             ShardRequest::HandOver {
                 now,
                 colour,
@@ -409,6 +496,10 @@ impl<R: ResourcesHandle> DpuShard<R> {
             }
             ShardRequest::CountFailOpen => {
                 self.counters.fail_opens += 1;
+                ShardReply::Done
+            }
+            ShardRequest::CountFailover => {
+                self.counters.failovers += 1;
                 ShardReply::Done
             }
             ShardRequest::Send { at, channel, msg } => {

@@ -6,10 +6,10 @@
 use spillway_vswitch::Instant;
 
 use super::control::{DpuControl, Shards};
-use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase};
+use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Warm};
 use crate::links::at_ps;
 use crate::params::ns;
-use crate::types::{Channel, Colour, Msg};
+use crate::types::{Channel, Colour, Msg, PlaneSlot};
 use crate::ursched::{Decision, Load};
 
 impl DpuControl {
@@ -19,6 +19,196 @@ impl DpuControl {
         if let Phase::Preparing { colour } = self.life.phase {
             self.enter_shadow(now, colour, sh);
         }
+    }
+
+    /// The plane in `slot` runs (the driver's report after [`Command::StartPlane`]).
+    pub fn handle_plane_up_in(&mut self, now: Instant, slot: PlaneSlot, sh: &mut dyn Shards) {
+        if slot == self.life.active {
+            self.handle_plane_up(now, sh);
+        } else if let Warm::Starting { colour } = self.life.warm {
+            self.warm_up(now, colour, sh);
+        }
+    }
+
+    /// The plane in `slot` died or was found stalled.
+    pub fn handle_plane_failed_in(
+        &mut self,
+        now: Instant,
+        slot: PlaneSlot,
+        reason: &str,
+        sh: &mut dyn Shards,
+    ) {
+        if slot == self.life.active {
+            self.active_failed(now, reason.to_string(), sh);
+        } else {
+            self.warm_failed(now, reason.to_string(), sh);
+        }
+    }
+
+    /// The active plane failed: flip to a synced warm plane where one is ready and the
+    /// phase allows it (a release under way is not continued by another plane: it fails
+    /// open, which ends it as well), fail open otherwise.
+    fn active_failed(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
+        match (self.life.warm, self.life.phase) {
+            (
+                Warm::Ready { colour },
+                Phase::Shadow { .. } | Phase::Activating { .. } | Phase::Active { .. },
+            ) => self.begin_flip(now, colour, reason, sh),
+            (
+                Warm::Off
+                | Warm::Starting { .. }
+                | Warm::Syncing { .. }
+                | Warm::Ready { .. }
+                | Warm::Flipping { .. },
+                Phase::Idle
+                | Phase::Preparing { .. }
+                | Phase::Shadow { .. }
+                | Phase::Activating { .. }
+                | Phase::Active { .. }
+                | Phase::Draining { .. },
+            ) => self.fail_open(now, reason, sh),
+        }
+    }
+
+    /// A failover starts: the failed plane is stopped (fenced) at once, and the redirect
+    /// rules are flipped to the warm slot, live after `dpu.flip_latency`.
+    fn begin_flip(&mut self, now: Instant, colour: Colour, reason: String, sh: &mut dyn Shards) {
+        let old = self.life.active;
+        self.life
+            .commands
+            .push_back(Command::StopPlane { slot: old });
+        let live_at = now + self.f.dpu.flip_latency;
+        self.life.warm = Warm::Flipping { colour, live_at };
+        // The failure is the trigger of the warm plane's first absorbed packet: the
+        // `Absorbing` event after a failover measures the forwarding gap of the overflow.
+        self.life.absorbed = false;
+        self.life.trigger = Some(now);
+        self.event(
+            now,
+            EventKind::FailOver,
+            format!(
+                "{reason}; flipping the redirect rules from {old} to the warm plane in {}",
+                old.other()
+            ),
+        );
+        if live_at <= now {
+            self.finish_flip(now, sh);
+        }
+    }
+
+    /// The flip is live: the warm slot is the active one, its plane takes every connection
+    /// the failed plane owned, and a new warm plane is asked for in the freed slot.
+    fn finish_flip(&mut self, now: Instant, sh: &mut dyn Shards) {
+        let Warm::Flipping { colour, .. } = self.life.warm else {
+            return;
+        };
+        let old = self.life.active;
+        self.life.active = old.other();
+        self.life.colour = colour;
+        self.life.warm = Warm::Off;
+        self.life.last_heartbeat = now;
+        self.life.plane_util = 0.0;
+        let handed = sh.flip(now, colour);
+        sh.count_failover();
+        self.life.phase = match self.life.phase {
+            Phase::Active { .. } => {
+                sh.send(now, Channel::Control, Msg::Activated { colour });
+                Phase::Active { colour }
+            }
+            // The activation's timer sends `Activated` to the new plane when the rules are live.
+            Phase::Activating { live_at, .. } => Phase::Activating { colour, live_at },
+            Phase::Shadow { .. } => Phase::Shadow {
+                colour,
+                synced: true,
+            },
+            // Nothing else starts a flip, and decisions wait for it to finish.
+            p @ (Phase::Idle | Phase::Preparing { .. } | Phase::Draining { .. }) => {
+                debug_assert!(false, "a flip finished in phase {p:?}");
+                p
+            }
+        };
+        let workers = self.life.plane_workers;
+        if workers > self.f.host.warm_workers {
+            sh.send(now, Channel::Control, Msg::SetWorkers { workers });
+        }
+        self.life.events.push_back(FabricEvent {
+            at: now,
+            what: EventKind::FailOver,
+            reason: format!(
+                "redirect rules flipped to {}: {handed} connections handed to the warm plane (colour {}), {workers} workers asked",
+                self.life.active, colour.0
+            ),
+            since: None,
+        });
+        self.ensure_warm(now, sh);
+    }
+
+    /// The warm plane failed (or, during a flip, the plane about to take over: then the DPU
+    /// fails open, since no plane holds the failed one's connections).
+    fn warm_failed(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
+        match self.life.warm {
+            Warm::Off => {}
+            Warm::Flipping { .. } => self.fail_open(
+                now,
+                format!("the warm plane failed during a flip: {reason}"),
+                sh,
+            ),
+            Warm::Starting { .. } | Warm::Syncing { .. } | Warm::Ready { .. } => {
+                let slot = self.life.active.other();
+                self.life.warm = Warm::Off;
+                sh.warm_off();
+                self.life.commands.push_back(Command::StopPlane { slot });
+                self.event(
+                    now,
+                    EventKind::Warm,
+                    format!("warm plane in {slot} failed: {reason}; a new one at the next window"),
+                );
+            }
+        }
+    }
+
+    /// The warm plane of `colour` runs: its bulk sync starts.
+    pub(super) fn warm_up(&mut self, now: Instant, colour: Colour, sh: &mut dyn Shards) {
+        self.life.warm = Warm::Syncing { colour };
+        self.life.warm_heartbeat = now;
+        let count = sh.warm_sync(now, colour);
+        self.warm_markers.await_all(sh.count());
+        self.event(
+            now,
+            EventKind::Warm,
+            format!(
+                "warm plane up in {}; bulk sync of {count} connections (colour {})",
+                self.life.active.other(),
+                colour.0
+            ),
+        );
+    }
+
+    /// Asks for a warm plane in the other slot if warm standby is on, a plane is up and none
+    /// is warm or on its way.
+    pub(super) fn ensure_warm(&mut self, now: Instant, _sh: &mut dyn Shards) {
+        if !self.f.host.warm_standby
+            || self.f.dpu_only
+            || self.life.warm != Warm::Off
+            || !self.life.phase.has_plane()
+        {
+            return;
+        }
+        let colour = self.life.issue_colour();
+        let slot = self.life.active.other();
+        let workers = self.f.host.warm_workers;
+        self.life.warm = Warm::Starting { colour };
+        self.life
+            .commands
+            .push_back(Command::StartPlane { slot, workers });
+        self.event(
+            now,
+            EventKind::Warm,
+            format!(
+                "starting a warm plane in {slot} with {workers} workers (colour {})",
+                colour.0
+            ),
+        );
     }
 
     pub(super) fn enter_shadow(&mut self, now: Instant, colour: Colour, sh: &mut dyn Shards) {
@@ -37,11 +227,12 @@ impl DpuControl {
                 colour.0
             ),
         );
+        self.ensure_warm(now, sh);
     }
 
-    /// The plane's process died (the driver saw it exit). Same as a lost heartbeat.
+    /// The active plane's process died (the driver saw it exit). Same as a lost heartbeat.
     pub fn handle_plane_failed(&mut self, now: Instant, reason: &str, sh: &mut dyn Shards) {
-        self.fail_open(now, reason.to_string(), sh);
+        self.active_failed(now, reason.to_string(), sh);
     }
 
     pub(super) fn fail_open(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
@@ -67,13 +258,27 @@ impl DpuControl {
         sh.set_headroom(0.0);
         // Copies of connections the plane owned are owned now (release handed them back; a
         // fail-open promoted them). Drop any stale copy flags.
-        self.life.commands.push_back(Command::StopPlane);
+        self.life.commands.push_back(Command::StopPlane {
+            slot: self.life.active,
+        });
+        if self.life.warm != Warm::Off {
+            self.life.warm = Warm::Off;
+            sh.warm_off();
+            self.life.commands.push_back(Command::StopPlane {
+                slot: self.life.active.other(),
+            });
+        }
         self.life.plane_workers = 0;
         self.event(now, EventKind::Idle, reason);
     }
 
     /// Timers: insert completions, redirect install/removal, URSched windows.
     pub fn handle_timeout(&mut self, now: Instant, sh: &mut dyn Shards) {
+        if let Warm::Flipping { live_at, .. } = self.life.warm
+            && now >= live_at
+        {
+            self.finish_flip(now, sh);
+        }
         match self.life.phase {
             Phase::Activating { colour, live_at } if now >= live_at => {
                 self.life.phase = Phase::Active { colour };
@@ -137,18 +342,34 @@ impl DpuControl {
             self.f.dpu.hw_pps_limit,
         );
         sh.set_headroom(headroom);
-        // Fail-open on a stalled plane: three heartbeats missed.
-        if self.life.phase.has_plane()
-            && now.0.saturating_sub(self.life.last_heartbeat.0) > 3 * ns(self.f.host.heartbeat)
-        {
+        // A stalled plane: three heartbeats missed. The active one fails over or open; a
+        // warm one is replaced.
+        let missed = |last: Instant| now.0.saturating_sub(last.0) > 3 * ns(self.f.host.heartbeat);
+        let flipping = matches!(self.life.warm, Warm::Flipping { .. });
+        if self.life.phase.has_plane() && !flipping && missed(self.life.last_heartbeat) {
             let late = (now - self.life.last_heartbeat).as_secs_f64() * 1e3;
-            self.fail_open(
+            self.active_failed(
                 now,
                 format!("no heartbeat from the plane for {late:.1} ms"),
                 sh,
             );
             return;
         }
+        if matches!(self.life.warm, Warm::Syncing { .. } | Warm::Ready { .. })
+            && missed(self.life.warm_heartbeat)
+        {
+            let late = (now - self.life.warm_heartbeat).as_secs_f64() * 1e3;
+            self.warm_failed(
+                now,
+                format!("no heartbeat from the warm plane for {late:.1} ms"),
+                sh,
+            );
+        }
+        if flipping {
+            // Decisions wait for the flip: the phase it continues must not change under it.
+            return;
+        }
+        self.ensure_warm(now, sh);
         if self.f.dpu_only {
             return;
         }
@@ -215,6 +436,9 @@ impl DpuControl {
 
     /// The one step the hold asks for in the current phase, if any.
     pub(super) fn enforce_hold(&mut self, now: Instant, sh: &mut dyn Shards) {
+        if matches!(self.life.warm, Warm::Flipping { .. }) {
+            return; // the flip's phase must not change under it; the next window enforces
+        }
         let buckets = self.f.dpu.redirect_buckets;
         let reason = |what: &str| format!("operator hold: {what}");
         match (self.life.hold, self.life.phase) {
@@ -322,14 +546,15 @@ impl DpuControl {
                     crate::ursched::Cause::Load | crate::ursched::Cause::Operator
                 )
                 .then_some(now);
-                self.life.colour = Colour(self.life.colour.0 + 1);
+                self.life.colour = self.life.issue_colour();
                 self.life.phase = Phase::Preparing {
                     colour: self.life.colour,
                 };
                 self.life.plane_workers = workers;
-                self.life
-                    .commands
-                    .push_back(Command::StartPlane { workers });
+                self.life.commands.push_back(Command::StartPlane {
+                    slot: self.life.active,
+                    workers,
+                });
                 self.event(
                     now,
                     EventKind::Preparing,

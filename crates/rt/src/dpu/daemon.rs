@@ -721,8 +721,10 @@ impl DpuDaemon {
         }
         while let Some(cmd) = self.sw.poll_command() {
             match cmd {
-                DpuCommand::StartPlane { workers } => self.start_plane(now, workers),
-                DpuCommand::StopPlane => self.stop_plane(),
+                // One plane slot here (warm standby is refused by the config): the core
+                // names slot 0 in every command.
+                DpuCommand::StartPlane { workers, .. } => self.start_plane(now, workers),
+                DpuCommand::StopPlane { .. } => self.stop_plane(),
             }
         }
         while let Some(ev) = self.sw.poll_event() {

@@ -16,6 +16,7 @@
 use spillway_fabric::dpu::Role;
 
 use super::SimDpu;
+use super::plane::Planes;
 use spillway_fabric::spill::SpillPlane;
 use spillway_fabric::stats::Drops;
 use spillway_fabric::types::{ConnId, Msg, Train};
@@ -92,15 +93,15 @@ impl Checkers {
     pub(super) fn cheap(
         &mut self,
         dpu: &SimDpu,
-        spill: &SpillPlane,
+        planes: &Planes,
         links: InTransit<'_>,
     ) -> Result<(), String> {
         self.checks += 1;
         // Only the sums conservation needs: this runs after every event.
         let d = dpu.counters();
         let via_dpu = d.hw_delivered + d.soc_delivered;
-        let via_host = d.host_out + spill.counters().direct;
-        let dropped = dpu.drops().total() + spill.drops().total() + links.lost.total();
+        let via_host = d.host_out + planes.counters().direct;
+        let dropped = dpu.drops().total() + planes.drops().total() + links.lost.total();
         if links.offered != via_dpu + via_host + dropped + links.in_flight {
             return Err(format!(
                 "conservation: offered {} != dpu {} + host {} + dropped {} + in flight {}",
@@ -110,53 +111,59 @@ impl Checkers {
         dpu.check_cheap()
     }
 
-    /// Each node's full invariants, and ownership across the planes; `spill` is `None` when
-    /// the plane's process is not running.
-    pub(super) fn full(&mut self, dpu: &SimDpu, spill: Option<&SpillPlane>) -> Result<(), String> {
+    /// Each node's full invariants, and ownership across the planes: no connection owned by
+    /// two of the DPU and the running planes (`spills`; none when no plane runs, two while a
+    /// warm standby plane runs beside the active one).
+    pub(super) fn full(&mut self, dpu: &SimDpu, spills: &[&SpillPlane]) -> Result<(), String> {
         self.checks += 1;
         dpu.check_invariants()?;
-        if let Some(spill) = spill {
+        for spill in spills {
             spill.check_invariants()?;
-            // No connection owned by both planes.
-            let d = dpu.conns_sorted();
-            let s = spill.conns_sorted();
-            let (mut i, mut j) = (0, 0);
-            while i < d.len() && j < s.len() {
-                match d[i].0.cmp(&s[j].0) {
-                    core::cmp::Ordering::Less => i += 1,
-                    core::cmp::Ordering::Greater => j += 1,
-                    core::cmp::Ordering::Equal => {
-                        if d[i].1.role == Role::Owner && s[j].1.role == Role::Owner {
-                            return Err(format!(
-                                "ownership: {} is owned by the DPU and the plane",
-                                d[i].0
-                            ));
-                        }
-                        i += 1;
-                        j += 1;
-                    }
-                }
+        }
+        if spills.is_empty() {
+            return Ok(());
+        }
+        let mut owners: Vec<(ConnId, usize)> = dpu
+            .conns_sorted()
+            .into_iter()
+            .filter(|(_, r)| r.role == Role::Owner)
+            .map(|(c, _)| (c, 0))
+            .collect();
+        for (i, spill) in spills.iter().enumerate() {
+            owners.extend(
+                spill
+                    .conns_sorted()
+                    .into_iter()
+                    .filter(|(_, r)| r.role == Role::Owner)
+                    .map(|(c, _)| (c, i + 1)),
+            );
+        }
+        owners.sort_unstable();
+        for w in owners.windows(2) {
+            if w[0].0 == w[1].0 {
+                let who = |i: usize| if i == 0 { "the DPU" } else { "a plane" };
+                return Err(format!(
+                    "ownership: {} is owned by {} and {}",
+                    w[0].0,
+                    who(w[0].1),
+                    who(w[1].1)
+                ));
             }
         }
         Ok(())
     }
 
-    /// Liveness of ownership at the end of a run with the plane running: every connection
-    /// either plane knows has exactly one owner, or a handover is in flight. `in_transit`
-    /// lists the connections of the handover messages on their way (see [`handover_conn`]).
+    /// Liveness of ownership at the end of a run with a plane running: every connection the
+    /// DPU or a running plane knows has exactly one owner, or a handover is in flight.
+    /// `in_transit` lists the connections of the handover messages on their way (see
+    /// [`handover_conn`]).
     pub(super) fn final_ownership(
         &self,
         dpu: &SimDpu,
-        spill: &SpillPlane,
+        spills: &[&SpillPlane],
         mut in_transit: Vec<ConnId>,
     ) -> Result<(), String> {
-        in_transit.sort_unstable();
         let d = dpu.conns_sorted();
-        let s = spill.conns_sorted();
-        let owned = |v: &[(ConnId, Role)], c: ConnId| {
-            v.binary_search_by_key(&c, |x| x.0)
-                .is_ok_and(|i| v[i].1 == Role::Owner)
-        };
         // A recall whose inserts are still queued at the DPU is a handover in progress.
         for (c, r) in &d {
             if r.recalled && r.inserts_pending > 0 {
@@ -164,19 +171,29 @@ impl Checkers {
             }
         }
         in_transit.sort_unstable();
-        let dv: Vec<(ConnId, Role)> = d.iter().map(|(c, r)| (*c, r.role)).collect();
-        let sv: Vec<(ConnId, Role)> = s.iter().map(|(c, r)| (*c, r.role)).collect();
-        for (c, _) in dv.iter().chain(sv.iter()) {
-            let n = u32::from(owned(&dv, *c)) + u32::from(owned(&sv, *c));
-            if n == 0 && in_transit.binary_search(c).is_err() {
+        let mut known: Vec<(ConnId, bool)> =
+            d.iter().map(|(c, r)| (*c, r.role == Role::Owner)).collect();
+        for spill in spills {
+            known.extend(
+                spill
+                    .conns_sorted()
+                    .into_iter()
+                    .map(|(c, r)| (c, r.role == Role::Owner)),
+            );
+        }
+        known.sort_unstable();
+        for run in known.chunk_by(|a, b| a.0 == b.0) {
+            let c = run[0].0;
+            let n = run.iter().filter(|x| x.1).count();
+            if n == 0 && in_transit.binary_search(&c).is_err() {
                 return Err(format!(
-                    "ownership: {c} has no owner and no handover in flight at the end (dpu {:?}, plane {:?})",
-                    dpu.conn(*c),
-                    spill.conn(*c)
+                    "ownership: {c} has no owner and no handover in flight at the end (dpu {:?}, planes {:?})",
+                    dpu.conn(c),
+                    spills.iter().map(|s| s.conn(c)).collect::<Vec<_>>()
                 ));
             }
-            if n == 2 {
-                return Err(format!("ownership: {c} has two owners at the end"));
+            if n >= 2 {
+                return Err(format!("ownership: {c} has {n} owners at the end"));
             }
         }
         Ok(())
@@ -189,13 +206,13 @@ impl Checkers {
         no_state: u64,
         opens_lost: u64,
         dpu: &SimDpu,
-        spill: &SpillPlane,
+        planes: &Planes,
     ) -> Result<(), String> {
         if no_state > 0 && opens_lost == 0 {
             return Err(format!(
                 "state continuity: {no_state} packets found no connection state, but no opening packet was lost (first: dpu {:?}, plane {:?})",
                 dpu.first_no_state(),
-                spill.first_no_state()
+                planes.first_no_state()
             ));
         }
         Ok(())

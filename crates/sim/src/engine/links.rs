@@ -8,7 +8,7 @@
 
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::{Drops, FabricDrop};
-use spillway_fabric::types::{Channel, Kind, Msg, Transmit};
+use spillway_fabric::types::{Channel, Kind, Msg, PlaneSlot, Transmit};
 use spillway_vswitch::Instant;
 use spillway_vswitch::workload::SplitMix64;
 
@@ -27,6 +27,8 @@ pub(super) enum Dir {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct InFlight {
     pub(super) msg: Msg,
+    /// The plane slot (vNIC set) it travels on.
+    pub(super) slot: PlaneSlot,
     /// The plane generation it was sent to or from.
     pub(super) plane: u32,
     /// When it left its sender.
@@ -41,8 +43,9 @@ pub(super) struct Links {
     /// Messages on their way, by slot; `free_slots` lists the reusable ones.
     msgs: Vec<InFlight>,
     free_slots: Vec<u32>,
-    /// The latest arrival scheduled per direction and channel (FIFO order).
-    last_arrival: [[Instant; 3]; 2],
+    /// The latest arrival scheduled per slot, direction and channel (FIFO order: each slot
+    /// is a vNIC set of its own).
+    last_arrival: [[[Instant; 3]; 2]; 2],
     /// Packets inside messages on their way.
     in_flight: u64,
     /// Packets lost with a dead plane (`SpillFailed`).
@@ -63,7 +66,7 @@ impl Links {
             latency_ns: u64::try_from(params.pcie.latency.as_nanos()).unwrap_or(u64::MAX),
             msgs: Vec::new(),
             free_slots: Vec::new(),
-            last_arrival: [[Instant::ZERO; 3]; 2],
+            last_arrival: [[[Instant::ZERO; 3]; 2]; 2],
             in_flight: 0,
             lost: Drops::default(),
             opens_lost: 0,
@@ -74,25 +77,26 @@ impl Links {
         }
     }
 
-    /// Puts `t` on its way in direction `dir` from plane generation `plane`; returns when it
-    /// arrives and the slot it is parked in until then.
+    /// Puts `t` on its way in direction `dir` on the vNIC set of `slot`, to or from plane
+    /// generation `plane`; returns when it arrives and where it is parked until then.
     pub(super) fn send(
         &mut self,
         dir: Dir,
         t: Transmit,
         now: Instant,
-        plane: u32,
+        (slot, plane): (PlaneSlot, u32),
     ) -> (Instant, u32) {
         let lat = self.latency(t.channel, now);
         let depart = Instant(t.at.0.max(now.0));
-        let at = self.fifo(dir, t.channel, Instant(depart.0 + lat));
+        let at = self.fifo(slot, dir, t.channel, Instant(depart.0 + lat));
         self.in_flight += t.packets();
-        let slot = self.park(InFlight {
+        let parked = self.park(InFlight {
             msg: t.msg,
+            slot,
             plane,
             depart,
         });
-        (at, slot)
+        (at, parked)
     }
 
     /// Takes the message out of `slot` on its arrival.
@@ -164,8 +168,8 @@ impl Links {
 
     /// Every channel is FIFO in each direction (a ring, a socket): a message never arrives
     /// before one sent earlier on the same channel, whatever delay a fault adds.
-    fn fifo(&mut self, dir: Dir, channel: Channel, at: Instant) -> Instant {
-        let slot = &mut self.last_arrival[dir as usize][channel as usize];
+    fn fifo(&mut self, slot: PlaneSlot, dir: Dir, channel: Channel, at: Instant) -> Instant {
+        let slot = &mut self.last_arrival[slot.index()][dir as usize][channel as usize];
         let at = at.max(*slot);
         *slot = at;
         at

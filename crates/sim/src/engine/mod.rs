@@ -33,7 +33,7 @@ mod summary;
 use spillway_fabric::dpu::{Command, DpuNode, Hold, ShardCell};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::{Drops, FabricDrop};
-use spillway_fabric::types::{ConnId, Train};
+use spillway_fabric::types::{ConnId, PlaneSlot, Train};
 use spillway_vswitch::Instant;
 use spillway_vswitch::workload::SplitMix64;
 
@@ -41,7 +41,7 @@ use crate::report::RunReport;
 use crate::scenario::{FaultKind, HoldSpec, Scenario};
 use checkers::{Checkers, InTransit};
 use links::{Dir, InFlight, Links};
-use plane::PlaneProcess;
+use plane::Planes;
 use queue::{Ev, EvKind, EventQueue};
 use sampling::{Sampler, Totals};
 use sources::Sources;
@@ -93,7 +93,7 @@ pub struct Sim<'a> {
     /// The run's random stream (see the module's documentation).
     rng: SplitMix64,
     dpu: SimDpu,
-    plane: PlaneProcess,
+    planes: Planes,
     links: Links,
     sources: Sources<'a>,
     checkers: Checkers,
@@ -110,7 +110,7 @@ impl<'a> Sim<'a> {
         let mut rng = SplitMix64(options.seed ^ 0x5711_1a7e_5eed_0001);
         let mut queue = EventQueue::new();
         let dpu = DpuNode::sharded(&params);
-        let plane = PlaneProcess::new(&params);
+        let planes = Planes::new(&params);
         // The order of the first events fixes their sequence numbers: the sources' (flows,
         // then CPS groups), host load, faults, the first sample, the DPU's first timeout.
         let sources = Sources::new(scenario, options.seed, &mut rng, &mut queue);
@@ -129,7 +129,7 @@ impl<'a> Sim<'a> {
             queue,
             rng,
             dpu,
-            plane,
+            planes,
             links: Links::new(&params),
             sources,
             checkers: Checkers::new(options.seed),
@@ -155,30 +155,47 @@ impl<'a> Sim<'a> {
     /// Carries what the nodes emitted: messages onto the links, the DPU's commands to the
     /// plane's process, lifecycle events into the record (each followed by a full check).
     fn route_outputs(&mut self) -> Result<(), SimFailure> {
+        // The active slot after the input: a failover in it moved the outboxes with it.
+        let active = self.dpu.active_slot();
+        let to = (active, self.planes.get(active).generation());
         while let Some(t) = self.dpu.poll_transmit() {
-            let generation = self.plane.generation();
-            let (at, slot) = self.links.send(Dir::ToPlane, t, self.now, generation);
-            self.queue.push(at, EvKind::ToSpill(slot));
+            let (at, parked) = self.links.send(Dir::ToPlane, t, self.now, to);
+            self.queue.push(at, EvKind::ToSpill(parked));
+        }
+        let warm = (active.other(), self.planes.get(active.other()).generation());
+        while let Some(t) = self.dpu.poll_warm_transmit() {
+            let (at, parked) = self.links.send(Dir::ToPlane, t, self.now, warm);
+            self.queue.push(at, EvKind::ToSpill(parked));
         }
         while let Some(c) = self.dpu.poll_command() {
             match c {
-                Command::StartPlane { workers } => {
-                    let plane = self.plane.begin_start();
+                Command::StartPlane { slot, workers } => {
+                    let plane = self.planes.get_mut(slot).begin_start();
                     let at = self.now + self.params.host.plane_start;
-                    self.queue.push(at, EvKind::PlaneUp { plane, workers });
+                    let slot = slot.0;
+                    self.queue.push(
+                        at,
+                        EvKind::PlaneUp {
+                            slot,
+                            plane,
+                            workers,
+                        },
+                    );
                 }
-                Command::StopPlane => self.plane.stop(self.now),
+                Command::StopPlane { slot } => self.planes.get_mut(slot).stop(self.now),
             }
         }
         while let Some(e) = self.dpu.poll_event() {
             self.sampler.phase(e);
             self.full_check()?;
         }
-        let generation = self.plane.generation();
-        if let Some(spill) = self.plane.running_node() {
-            while let Some(t) = spill.poll_transmit() {
-                let (at, slot) = self.links.send(Dir::ToDpu, t, self.now, generation);
-                self.queue.push(at, EvKind::ToDpu(slot));
+        for slot in [PlaneSlot(0), PlaneSlot(1)] {
+            let from = (slot, self.planes.get(slot).generation());
+            if let Some(spill) = self.planes.get_mut(slot).running_node() {
+                while let Some(t) = spill.poll_transmit() {
+                    let (at, parked) = self.links.send(Dir::ToDpu, t, self.now, from);
+                    self.queue.push(at, EvKind::ToDpu(parked));
+                }
             }
         }
         Ok(())
@@ -186,9 +203,11 @@ impl<'a> Sim<'a> {
 
     fn timers(&mut self) {
         self.queue.arm_dpu(self.dpu.poll_timeout(), self.now);
-        if self.plane.running() {
-            self.queue
-                .arm_spill(self.plane.node().poll_timeout(), self.now);
+        for (slot, p) in self.planes.each() {
+            if p.running() {
+                self.queue
+                    .arm_spill(slot.index(), p.node().poll_timeout(), self.now);
+            }
         }
     }
 
@@ -219,16 +238,21 @@ impl<'a> Sim<'a> {
                 EvKind::ToDpu(i) => format!("to dpu {:?}", self.links.msg(i)),
                 k => format!("{k:?}"),
             };
+            let plane = |slot| {
+                self.planes
+                    .get(slot)
+                    .node()
+                    .conn(c)
+                    .map(|r| (r.role, r.recalling, r.state.version))
+            };
             eprintln!(
-                "{} {what} | dpu {:?} | plane {:?}",
+                "{} {what} | dpu {:?} | plane {:?} | slot 1 {:?}",
                 ev.at,
                 self.dpu
                     .conn(c)
                     .map(|r| (r.role, r.hw_live, r.inserts_pending, r.state.version)),
-                self.plane
-                    .node()
-                    .conn(c)
-                    .map(|r| (r.role, r.recalling, r.state.version))
+                plane(PlaneSlot(0)),
+                plane(PlaneSlot(1)),
             );
         }
     }
@@ -255,22 +279,34 @@ impl<'a> Sim<'a> {
                     .cps_arrival(g, now, &mut self.rng, &mut self.queue);
                 self.offer(t);
             }
-            EvKind::ToSpill(slot) => {
-                let InFlight { msg, plane, .. } = self.links.receive(slot);
-                if !self.plane.is_current(plane) {
+            EvKind::ToSpill(parked) => {
+                let InFlight {
+                    msg, slot, plane, ..
+                } = self.links.receive(parked);
+                let process = self.planes.get_mut(slot);
+                if !process.is_current(plane) {
                     self.links.lose(&msg);
-                } else if let Some(spill) = self.plane.running_node() {
+                } else if let Some(spill) = process.running_node() {
                     spill.handle_msg(now, msg);
                 }
             }
-            EvKind::ToDpu(slot) => {
-                let InFlight { msg, plane, depart } = self.links.receive(slot);
-                if self.plane.died_before(plane, depart) {
+            EvKind::ToDpu(parked) => {
+                let InFlight {
+                    msg,
+                    slot,
+                    plane,
+                    depart,
+                } = self.links.receive(parked);
+                let process = self.planes.get(slot);
+                if process.died_before(plane, depart) {
                     self.links.lose(&msg);
                 } else if self.links.control_loss_drops(&msg, now, &mut self.rng) {
                     // A lost delete: the plane retransmits it.
+                } else if process.generation() == plane {
+                    self.dpu.handle_msg_from(now, slot, msg);
                 } else {
-                    self.dpu.handle_msg(now, msg);
+                    // Sent before its process was stopped, arriving after: the DPU fences it.
+                    self.dpu.handle_fenced_msg(now, msg);
                 }
             }
             EvKind::DpuTimer => {
@@ -278,17 +314,23 @@ impl<'a> Sim<'a> {
                     self.dpu.handle_timeout(now);
                 }
             }
-            EvKind::SpillTimer => {
-                if self.queue.fire_spill(ev.at)
-                    && let Some(spill) = self.plane.running_node()
+            EvKind::SpillTimer(i) => {
+                let slot = PlaneSlot(i);
+                if self.queue.fire_spill(slot.index(), ev.at)
+                    && let Some(spill) = self.planes.get_mut(slot).running_node()
                 {
                     spill.handle_timeout(now);
                 }
             }
-            EvKind::PlaneUp { plane, workers } => {
-                if self.plane.up(now, plane, workers) {
-                    self.queue.disarm_spill();
-                    self.dpu.handle_plane_up(now);
+            EvKind::PlaneUp {
+                slot,
+                plane,
+                workers,
+            } => {
+                let slot = PlaneSlot(slot);
+                if self.planes.get_mut(slot).up(now, plane, workers) {
+                    self.queue.disarm_spill(slot.index());
+                    self.dpu.handle_plane_up_in(now, slot);
                 }
             }
             EvKind::Sample => self.sample(),
@@ -300,8 +342,10 @@ impl<'a> Sim<'a> {
                 let fault = &self.scenario.faults[i as usize];
                 match fault.kind {
                     FaultKind::KillPlane => {
-                        if self.plane.kill(now) {
-                            self.dpu.handle_plane_failed(now, "plane process killed");
+                        let slot = self.dpu.active_slot();
+                        if self.planes.get_mut(slot).kill(now) {
+                            self.dpu
+                                .handle_plane_failed_in(now, slot, "plane process killed");
                         }
                     }
                     FaultKind::ControlLoss => {
@@ -333,14 +377,14 @@ impl<'a> Sim<'a> {
     fn drops(&self) -> Drops {
         self.dpu
             .drops()
-            .merged(&self.plane.node().drops())
+            .merged(&self.planes.drops())
             .merged(self.links.lost())
     }
 
     fn totals(&self) -> Totals {
         Totals::read(
             &self.dpu,
-            self.plane.node(),
+            &self.planes.counters(),
             self.sources.offered(),
             &self.drops(),
         )
@@ -352,20 +396,20 @@ impl<'a> Sim<'a> {
             in_flight: self.links.in_flight(),
             lost: self.links.lost(),
         };
-        let r = self.checkers.cheap(&self.dpu, self.plane.node(), links);
+        let r = self.checkers.cheap(&self.dpu, &self.planes, links);
         r.map_err(|e| self.fail(e))
     }
 
     fn full_check(&mut self) -> Result<(), SimFailure> {
-        let spill = self.plane.running().then(|| self.plane.node());
-        let r = self.checkers.full(&self.dpu, spill);
+        let r = self.checkers.full(&self.dpu, &self.planes.running());
         r.map_err(|e| self.fail(e))
     }
 
     /// Liveness of ownership at the end of a run: every connection either plane knows has
     /// exactly one owner, or a message that hands it over is still in flight.
     fn final_ownership_check(&self) -> Result<(), SimFailure> {
-        if !self.plane.running() {
+        let running = self.planes.running();
+        if running.is_empty() {
             return Ok(()); // the DPU alone: every record it has is its own
         }
         let in_transit: Vec<ConnId> = self
@@ -377,17 +421,13 @@ impl<'a> Sim<'a> {
             })
             .collect();
         self.checkers
-            .final_ownership(&self.dpu, self.plane.node(), in_transit)
+            .final_ownership(&self.dpu, &running, in_transit)
             .map_err(|e| self.fail(e))
     }
 
     fn sample(&mut self) {
         let t = self.totals();
-        let workers = if self.plane.running() {
-            self.plane.node().workers()
-        } else {
-            0
-        };
+        let workers = self.planes.workers();
         let inserts = self.sampler.sample(
             self.now,
             t,
@@ -430,10 +470,10 @@ impl<'a> Sim<'a> {
         self.final_ownership_check()?;
         let no_state = self.drops().get(FabricDrop::NoState);
         let opens_lost = self.dpu.counters().open_dropped
-            + self.plane.node().counters().open_dropped
+            + self.planes.counters().open_dropped
             + self.links.opens_lost();
         self.checkers
-            .state_continuity(no_state, opens_lost, &self.dpu, self.plane.node())
+            .state_continuity(no_state, opens_lost, &self.dpu, &self.planes)
             .map_err(|e| self.fail(e))?;
         progress(1.0);
         Ok(self.report())
@@ -447,7 +487,7 @@ impl<'a> Sim<'a> {
             seed: self.options.seed,
             dpu_only: self.params.dpu_only,
             dpu: &self.dpu,
-            spill: self.plane.node(),
+            planes: &self.planes,
             checkers: &self.checkers,
             events: self.events,
             totals,

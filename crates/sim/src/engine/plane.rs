@@ -7,7 +7,9 @@
 //! with a dead process.
 
 use spillway_fabric::params::FabricParams;
-use spillway_fabric::spill::SpillPlane;
+use spillway_fabric::spill::{SpillCounters, SpillPlane};
+use spillway_fabric::stats::{Drops, LatencyHist};
+use spillway_fabric::types::{ConnId, PlaneSlot};
 use spillway_vswitch::Instant;
 
 /// The plane's process and its generations.
@@ -105,5 +107,89 @@ impl PlaneProcess {
     pub(super) fn died_before(&self, generation: u32, depart: Instant) -> bool {
         let dead = self.killed_at.get(generation as usize).copied().flatten();
         dead.is_some_and(|k| depart > k)
+    }
+}
+
+/// The DPU's two plane slots, each with its process (the second runs only with warm standby,
+/// `host.warm_standby`). A plane's counters outlive its process, so the run's figures sum
+/// both slots.
+#[derive(Debug)]
+pub(super) struct Planes {
+    slots: [PlaneProcess; 2],
+}
+
+impl Planes {
+    pub(super) fn new(params: &FabricParams) -> Planes {
+        Planes {
+            slots: [PlaneProcess::new(params), PlaneProcess::new(params)],
+        }
+    }
+
+    /// The process of `slot`.
+    pub(super) fn get(&self, slot: PlaneSlot) -> &PlaneProcess {
+        &self.slots[slot.index()]
+    }
+
+    /// The process of `slot`, to change.
+    pub(super) fn get_mut(&mut self, slot: PlaneSlot) -> &mut PlaneProcess {
+        &mut self.slots[slot.index()]
+    }
+
+    /// Both slots with their processes.
+    pub(super) fn each(&self) -> impl Iterator<Item = (PlaneSlot, &PlaneProcess)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (PlaneSlot(i as u8), p))
+    }
+
+    /// The nodes whose process is up.
+    pub(super) fn running(&self) -> Vec<&SpillPlane> {
+        self.slots
+            .iter()
+            .filter(|p| p.running())
+            .map(|p| p.node())
+            .collect()
+    }
+
+    /// Both nodes' counters, summed.
+    pub(super) fn counters(&self) -> SpillCounters {
+        let mut c = self.slots[0].node().counters();
+        c.add(&self.slots[1].node().counters());
+        c
+    }
+
+    /// Both nodes' drops.
+    pub(super) fn drops(&self) -> Drops {
+        self.slots[0]
+            .node()
+            .drops()
+            .merged(&self.slots[1].node().drops())
+    }
+
+    /// Latency of the packets both nodes delivered themselves.
+    pub(super) fn latency(&self) -> LatencyHist {
+        let mut h = self.slots[0].node().latency();
+        h.merge(&self.slots[1].node().latency());
+        h
+    }
+
+    /// Workers of the running planes.
+    pub(super) fn workers(&self) -> u32 {
+        self.slots
+            .iter()
+            .filter(|p| p.running())
+            .map(|p| p.node().workers())
+            .sum()
+    }
+
+    /// The placement policy's name (every plane runs the same one).
+    pub(super) fn policy_name(&self) -> &'static str {
+        self.slots[0].node().policy_name()
+    }
+
+    /// The first connection a packet of which found no state in a plane.
+    pub(super) fn first_no_state(&self) -> Option<ConnId> {
+        self.slots.iter().find_map(|p| p.node().first_no_state())
     }
 }

@@ -28,9 +28,12 @@ pub(super) enum EvKind {
     /// A message arriving at the DPU, parked in slot `i` of the links.
     ToDpu(u32),
     DpuTimer,
-    SpillTimer,
-    /// The plane process of generation `plane` has started with `workers` workers.
+    /// The timer of the plane in slot `i`.
+    SpillTimer(u8),
+    /// The plane process of generation `plane` in slot `slot` has started with `workers`
+    /// workers.
     PlaneUp {
+        slot: u8,
         plane: u32,
         workers: u32,
     },
@@ -74,7 +77,7 @@ pub(super) struct EventQueue {
     /// The DPU's armed timeout, if one is queued.
     dpu_timer: Option<Instant>,
     /// The plane's armed timeout, if one is queued.
-    spill_timer: Option<Instant>,
+    spill_timer: [Option<Instant>; 2],
 }
 
 impl EventQueue {
@@ -83,7 +86,7 @@ impl EventQueue {
             heap: BinaryHeap::with_capacity(1 << 16),
             seq: 0,
             dpu_timer: None,
-            spill_timer: None,
+            spill_timer: [None; 2],
         }
     }
 
@@ -127,16 +130,15 @@ impl EventQueue {
     }
 
     /// Arms the plane's timeout at `deadline` if it is earlier than the one queued.
-    pub(super) fn arm_spill(&mut self, deadline: Option<Instant>, now: Instant) {
+    pub(super) fn arm_spill(&mut self, slot: usize, deadline: Option<Instant>, now: Instant) {
         if let Some(t) = deadline
-            && self.spill_timer.is_none_or(|s| t < s)
+            && self.spill_timer[slot].is_none_or(|s| t < s)
         {
-            self.spill_timer = Some(t);
-            self.push(t.max(now), EvKind::SpillTimer);
+            self.spill_timer[slot] = Some(t);
+            self.push(t.max(now), EvKind::SpillTimer(slot as u8));
         }
     }
 
-    /// Whether a `DpuTimer` event scheduled for `at` is the armed one; if so it is disarmed.
     pub(super) fn fire_dpu(&mut self, at: Instant) -> bool {
         let armed = self.dpu_timer == Some(at);
         if armed {
@@ -146,16 +148,15 @@ impl EventQueue {
     }
 
     /// Whether a `SpillTimer` event scheduled for `at` is the armed one; if so it is disarmed.
-    pub(super) fn fire_spill(&mut self, at: Instant) -> bool {
-        let armed = self.spill_timer == Some(at);
+    pub(super) fn fire_spill(&mut self, slot: usize, at: Instant) -> bool {
+        let armed = self.spill_timer[slot] == Some(at);
         if armed {
-            self.spill_timer = None;
+            self.spill_timer[slot] = None;
         }
         armed
     }
 
-    /// Forgets the plane's timeout: a new plane process starts with none armed.
-    pub(super) fn disarm_spill(&mut self) {
-        self.spill_timer = None;
+    pub(super) fn disarm_spill(&mut self, slot: usize) {
+        self.spill_timer[slot] = None;
     }
 }

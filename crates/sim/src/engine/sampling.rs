@@ -8,7 +8,7 @@
 use spillway_fabric::dpu::FabricEvent;
 
 use super::SimDpu;
-use spillway_fabric::spill::SpillPlane;
+use spillway_fabric::spill::SpillCounters;
 use spillway_fabric::stats::{Drops, LatencyHist};
 use spillway_vswitch::Instant;
 
@@ -41,9 +41,8 @@ impl Totals {
     /// Reads the counters: `offered` by the sources, `drops` of the whole fabric (both nodes
     /// and the links). The plane's counters survive restarts (they are the plane's metrics,
     /// not its state).
-    pub(super) fn read(dpu: &SimDpu, spill: &SpillPlane, offered: u64, drops: &Drops) -> Totals {
+    pub(super) fn read(dpu: &SimDpu, s: &SpillCounters, offered: u64, drops: &Drops) -> Totals {
         let d = dpu.counters();
-        let s = spill.counters();
         Totals {
             offered,
             dpu: d.hw_delivered + d.soc_delivered,

@@ -6,16 +6,16 @@
 
 use std::collections::BTreeMap;
 
-use spillway_fabric::dpu::EventKind;
+use spillway_fabric::dpu::{EventKind, FabricEvent};
 
 use super::SimDpu;
-use spillway_fabric::spill::SpillPlane;
+use super::plane::Planes;
 use spillway_fabric::stats::{Drops, FabricDrop};
 use spillway_vswitch::Instant;
 
 use super::checkers::Checkers;
 use super::sampling::{Record, Totals};
-use crate::report::{LatencyUs, PhaseEvent, RunReport, WindowFigures};
+use crate::report::{FailureFigures, LatencyUs, PhaseEvent, RunReport, Sample, WindowFigures};
 use crate::scenario::Scenario;
 
 /// What a finished run hands to its report.
@@ -25,7 +25,7 @@ pub(super) struct Ending<'a> {
     /// The run had no spill plane.
     pub(super) dpu_only: bool,
     pub(super) dpu: &'a SimDpu,
-    pub(super) spill: &'a SpillPlane,
+    pub(super) planes: &'a Planes,
     pub(super) checkers: &'a Checkers,
     /// Events processed.
     pub(super) events: u64,
@@ -51,7 +51,7 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
         seed,
         dpu_only,
         dpu,
-        spill,
+        planes,
         checkers,
         events,
         totals: t,
@@ -78,11 +78,11 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
             .map(|e| e.at)
     });
     let mut latency = record.latency.clone();
-    latency.merge(&spill.latency());
+    latency.merge(&planes.latency());
     let d = dpu.counters();
     let delivered = t.dpu + t.host;
     let mut counters = BTreeMap::new();
-    for (k, v) in d.iter().chain(spill.counters().iter()) {
+    for (k, v) in d.iter().chain(planes.counters().iter()) {
         counters.insert(k, v);
     }
     counters.insert("dpu.hw.packets.recalled", dpu.recalled_hw_packets());
@@ -100,7 +100,7 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
         placement: if dpu_only {
             "none"
         } else {
-            spill.policy_name()
+            planes.policy_name()
         },
         measure_s: [
             scenario.measure[0].0.as_secs_f64(),
@@ -146,8 +146,57 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
         checks: checkers.checks(),
         events,
         zero_loss_cps: None,
+        failure: failure_figures(
+            phases,
+            &record.samples,
+            scenario.sample.0.as_secs_f64(),
+            if scenario.fabric.host.warm_standby && !dpu_only {
+                scenario.fabric.host.warm_workers
+            } else {
+                0
+            },
+        ),
         series: record.samples,
     }
+}
+
+/// What the first failure of the active plane cost (see [`FailureFigures`]); `None` if no
+/// plane failed. `step_s` is the sample interval.
+fn failure_figures(
+    phases: &[FabricEvent],
+    samples: &[Sample],
+    step_s: f64,
+    standby_cores: u32,
+) -> Option<FailureFigures> {
+    let (i, fail) = phases
+        .iter()
+        .enumerate()
+        .find(|(_, e)| matches!(e.what, EventKind::FailOver | EventKind::FailOpen))?;
+    let at = fail.at;
+    let gap_ms = phases[i..]
+        .iter()
+        .find(|e| e.what == EventKind::Absorbing)
+        .map(|e| (e.at.0 - at.0) as f64 / 1e6);
+    let t = at.0 as f64 / 1e9;
+    let (mut lost, mut last_loss_end) = (0.0, None);
+    for s in samples {
+        // The samples that end after the failure and begin within a second of it.
+        if s.t_s <= t || s.t_s - step_s > t + 1.0 {
+            continue;
+        }
+        if s.lost_mpps > 0.0 {
+            lost += s.lost_mpps * 1e6 * step_s;
+            last_loss_end = Some(s.t_s);
+        }
+    }
+    Some(FailureFigures {
+        kind: fail.what.name(),
+        t_s: t,
+        gap_ms,
+        lost_packets: lost.round() as u64,
+        full_capacity_ms: last_loss_end.map_or(0.0, |e| (e - t) * 1e3),
+        standby_cores,
+    })
 }
 
 /// What placement did over the measure window: `m` is the window's change of the counters

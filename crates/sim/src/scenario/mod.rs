@@ -550,6 +550,11 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         include_str!("../../../../scenarios/fail-open.toml"),
     ),
     (
+        "failover-warm",
+        "scenarios/failover-warm.toml",
+        include_str!("../../../../scenarios/failover-warm.toml"),
+    ),
+    (
         "placement",
         "scenarios/placement.toml",
         include_str!("../../../../scenarios/placement.toml"),

@@ -1,0 +1,386 @@
+//! Warm standby and failover (`host.warm_standby`), driven through the nodes' public inputs
+//! alone: a DPU node and a real spill plane in each of its two slots, joined by a message pump
+//! with no latency (every message is delivered at the instant it is polled; timers run in
+//! time order). It proves that the warm plane holds a copy of every connection while it waits,
+//! that a failover hands it every connection the failed plane owned with its state, that no
+//! connection ever has two owners, that a new warm plane takes the freed slot, that messages
+//! from the fenced plane neither change ownership nor resurrect stale state, and that without
+//! a ready warm plane the DPU still fails open.
+
+use core::time::Duration;
+
+use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role, Warm};
+use spillway_fabric::params::FabricParams;
+use spillway_fabric::spill::SpillPlane;
+use spillway_fabric::types::{ConnId, ConnPhase, ConnState, Kind, Msg, PlaneSlot, Side, SyncKind};
+use spillway_vswitch::{Instant, TenantId};
+
+#[path = "common/train.rs"]
+mod train;
+use train::train;
+
+fn at(ms: u64) -> Instant {
+    Instant(ms * 1_000_000)
+}
+
+/// A DPU node and the planes in its two slots, joined without latency.
+struct Fabric {
+    f: FabricParams,
+    dpu: DpuNode,
+    planes: [Option<SpillPlane>; 2],
+    now: Instant,
+    events: Vec<(EventKind, String)>,
+    /// Plane starts asked for, by slot.
+    starts: [u32; 2],
+}
+
+impl Fabric {
+    fn new(warm: bool) -> Fabric {
+        let mut f = FabricParams::default();
+        f.host.warm_standby = warm;
+        Fabric {
+            dpu: DpuNode::new(&f),
+            planes: [None, None],
+            now: Instant::ZERO,
+            events: Vec::new(),
+            starts: [0, 0],
+            f,
+        }
+    }
+
+    /// Delivers every message and command until nothing moves.
+    fn pump(&mut self) {
+        loop {
+            let mut moved = false;
+            let active = self.dpu.active_slot();
+            while let Some(t) = self.dpu.poll_transmit() {
+                moved = true;
+                if let Some(p) = &mut self.planes[active.index()] {
+                    p.handle_msg(self.now, t.msg);
+                }
+            }
+            while let Some(t) = self.dpu.poll_warm_transmit() {
+                moved = true;
+                if let Some(p) = &mut self.planes[active.other().index()] {
+                    p.handle_msg(self.now, t.msg);
+                }
+            }
+            while let Some(c) = self.dpu.poll_command() {
+                moved = true;
+                match c {
+                    Command::StartPlane { slot, workers } => {
+                        self.starts[slot.index()] += 1;
+                        let mut p = SpillPlane::new(&self.f);
+                        p.start(self.now, workers);
+                        self.planes[slot.index()] = Some(p);
+                        self.dpu.handle_plane_up_in(self.now, slot);
+                    }
+                    Command::StopPlane { slot } => self.planes[slot.index()] = None,
+                }
+            }
+            for i in 0..2 {
+                while let Some(t) = self.planes[i].as_mut().and_then(|p| p.poll_transmit()) {
+                    moved = true;
+                    self.dpu
+                        .handle_msg_from(self.now, PlaneSlot(i as u8), t.msg);
+                }
+            }
+            while let Some(e) = self.dpu.poll_event() {
+                self.events.push((e.what, e.reason));
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Runs every timer due up to `until`, in time order.
+    fn advance(&mut self, until: Instant) {
+        loop {
+            let mut next = self.dpu.poll_timeout().map(|t| (t, None));
+            for (i, p) in self.planes.iter().enumerate() {
+                if let Some(t) = p.as_ref().and_then(|p| p.poll_timeout())
+                    && next.is_none_or(|(n, _)| t < n)
+                {
+                    next = Some((t, Some(i)));
+                }
+            }
+            let Some((t, who)) = next.filter(|(t, _)| *t <= until) else {
+                break;
+            };
+            self.now = self.now.max(t);
+            match who {
+                None => self.dpu.handle_timeout(self.now),
+                Some(i) => self.planes[i]
+                    .as_mut()
+                    .expect("a plane with a timer")
+                    .handle_timeout(self.now),
+            }
+            self.pump();
+        }
+        self.now = self.now.max(until);
+    }
+
+    fn offer(&mut self, conn: ConnId, kind: Kind, side: Side) {
+        let mut t = train(conn, kind, 1, self.now);
+        t.side = side;
+        self.dpu.handle_train(self.now, &t);
+        self.pump();
+    }
+
+    fn plane(&self, slot: PlaneSlot) -> &SpillPlane {
+        self.planes[slot.index()]
+            .as_ref()
+            .expect("a plane in the slot")
+    }
+
+    /// Every connection has at most one owner among the DPU and the planes.
+    fn assert_one_owner(&self) {
+        let mut owners = std::collections::BTreeMap::<ConnId, u32>::new();
+        for (c, r) in self.dpu.conns_sorted() {
+            if r.role == Role::Owner {
+                *owners.entry(c).or_default() += 1;
+            }
+        }
+        for p in self.planes.iter().flatten() {
+            for (c, r) in p.conns_sorted() {
+                if r.role == Role::Owner {
+                    *owners.entry(c).or_default() += 1;
+                }
+            }
+        }
+        for (c, n) in owners {
+            assert!(n <= 1, "{c} has {n} owners");
+        }
+    }
+
+    /// A fabric with an active plane in slot 0 (every bucket redirected) and a synced warm
+    /// plane in slot 1, and `conns` connections opened and established on the active plane.
+    fn active_with_warm(conns: u64) -> Fabric {
+        let mut fab = Fabric::new(true);
+        fab.dpu.handle_hold(at(1), Hold::Active);
+        fab.pump();
+        fab.advance(at(100));
+        assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+        assert!(
+            matches!(fab.dpu.warm(), Warm::Ready { .. }),
+            "{:?}",
+            fab.dpu.warm()
+        );
+        for c in 0..conns {
+            fab.offer(ConnId(c), Kind::Open, Side::Orig);
+            fab.offer(ConnId(c), Kind::Data, Side::Reply);
+        }
+        fab.advance(at(120));
+        fab
+    }
+}
+
+#[test]
+fn the_warm_plane_holds_a_copy_of_every_connection_while_it_waits() {
+    let fab = Fabric::active_with_warm(40);
+    let (active, warm) = (fab.plane(PlaneSlot(0)), fab.plane(PlaneSlot(1)));
+    assert_eq!(active.conns_owned(), 40);
+    assert_eq!(warm.conns_owned(), 0, "a warm plane owns nothing");
+    for c in 0..40 {
+        let a = active.conn(ConnId(c)).expect("opened on the active plane");
+        let w = warm.conn(ConnId(c)).expect("relayed to the warm plane");
+        assert_eq!(w.role, Role::Copy);
+        assert_eq!(w.state, a.state, "{c}: the warm copy is current");
+        assert_eq!(w.state.phase, ConnPhase::Established);
+    }
+    assert!(fab.dpu.counters().relayed >= 80, "{:?}", fab.dpu.counters());
+    fab.assert_one_owner();
+}
+
+#[test]
+fn a_failover_hands_every_connection_to_the_warm_plane_and_starts_a_new_one() {
+    let mut fab = Fabric::active_with_warm(40);
+    let before: Vec<ConnState> = (0..40)
+        .map(|c| fab.plane(PlaneSlot(0)).conn(ConnId(c)).unwrap().state)
+        .collect();
+    let t = fab.now;
+    fab.planes[0] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
+    fab.pump();
+    // Until the flip is live the rules still steer to the failed slot.
+    assert!(matches!(fab.dpu.warm(), Warm::Flipping { .. }));
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(0));
+    fab.advance(t + fab.f.dpu.flip_latency);
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+    assert_eq!(fab.dpu.counters().failovers, 1);
+    assert_eq!(fab.dpu.counters().fail_opens, 0);
+    let new = fab.plane(PlaneSlot(1));
+    for (c, st) in before.iter().enumerate() {
+        let r = new.conn(ConnId(c as u64)).expect("the warm plane has it");
+        assert_eq!(r.role, Role::Owner, "conn {c}");
+        assert_eq!(r.state, *st, "conn {c} continues with its state");
+        assert_eq!(fab.dpu.conn(ConnId(c as u64)).unwrap().role, Role::Copy);
+    }
+    fab.assert_one_owner();
+    // The new active plane serves the next packets of the old connections itself.
+    let rx = new.counters().rx;
+    fab.offer(ConnId(3), Kind::Data, Side::Orig);
+    assert_eq!(fab.plane(PlaneSlot(1)).counters().rx, rx + 1);
+    assert_eq!(fab.plane(PlaneSlot(1)).counters().punted, 0);
+    // A new warm plane in the freed slot, synced with every connection.
+    assert_eq!(fab.starts, [2, 1]);
+    fab.advance(fab.now + Duration::from_millis(20));
+    assert!(
+        matches!(fab.dpu.warm(), Warm::Ready { .. }),
+        "{:?}",
+        fab.dpu.warm()
+    );
+    let warm = fab.plane(PlaneSlot(0));
+    assert_eq!(warm.conns_len(), 40);
+    assert_eq!(warm.conns_owned(), 0);
+    let kinds: Vec<EventKind> = fab.events.iter().map(|e| e.0).collect();
+    assert!(kinds.contains(&EventKind::FailOver), "{kinds:?}");
+    assert!(!kinds.contains(&EventKind::FailOpen), "{kinds:?}");
+}
+
+#[test]
+fn messages_from_the_fenced_plane_change_no_owner() {
+    let mut fab = Fabric::active_with_warm(8);
+    let stale = fab.plane(PlaneSlot(0)).conn(ConnId(2)).unwrap().state;
+    let t = fab.now;
+    fab.planes[0] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "stalled");
+    fab.advance(t + fab.f.dpu.flip_latency);
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    // The stalled plane resumes: a recall, a delete, a heartbeat and an old state.
+    let fenced = fab.dpu.counters().fenced;
+    fab.dpu.handle_fenced_msg(
+        fab.now,
+        Msg::Recall {
+            state: stale,
+            pps: 1.0,
+            replaces_pps: 0.0,
+        },
+    );
+    fab.dpu.handle_fenced_msg(
+        fab.now,
+        Msg::Delete {
+            seq: 99,
+            conn: ConnId(2),
+        },
+    );
+    fab.dpu.handle_fenced_msg(
+        fab.now,
+        Msg::Heartbeat {
+            workers: 1,
+            util: 0.0,
+        },
+    );
+    fab.dpu.handle_fenced_msg(
+        fab.now,
+        Msg::Sync {
+            colour: stale_colour(),
+            kind: SyncKind::Mirror,
+            state: stale,
+        },
+    );
+    fab.pump();
+    assert_eq!(fab.dpu.counters().fenced, fenced + 3);
+    assert_eq!(fab.dpu.conn(ConnId(2)).unwrap().role, Role::Copy);
+    assert_eq!(fab.dpu.conn(ConnId(2)).unwrap().hw_live, 0);
+    assert_eq!(
+        fab.plane(PlaneSlot(1)).conn(ConnId(2)).unwrap().role,
+        Role::Owner
+    );
+    // A newer state from it (sent before it was fenced) goes on to the new owner.
+    let newer = ConnState {
+        packets: stale.packets + 5,
+        version: stale.version + 1,
+        ..stale
+    };
+    fab.dpu.handle_fenced_msg(
+        fab.now,
+        Msg::Sync {
+            colour: stale_colour(),
+            kind: SyncKind::Update,
+            state: newer,
+        },
+    );
+    fab.pump();
+    assert_eq!(fab.dpu.conn(ConnId(2)).unwrap().role, Role::Copy);
+    assert_eq!(
+        fab.plane(PlaneSlot(1)).conn(ConnId(2)).unwrap().state,
+        newer
+    );
+    fab.assert_one_owner();
+}
+
+fn stale_colour() -> spillway_fabric::types::Colour {
+    spillway_fabric::types::Colour(1)
+}
+
+#[test]
+fn a_failed_warm_plane_is_replaced_and_the_active_one_keeps_serving() {
+    let mut fab = Fabric::active_with_warm(4);
+    let t = fab.now;
+    fab.planes[1] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(1), "killed");
+    fab.pump();
+    assert_eq!(fab.dpu.warm(), Warm::Off);
+    assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(0));
+    // The next window asks for a new one, which syncs every connection.
+    fab.advance(t + fab.f.sched.window + Duration::from_millis(5));
+    assert_eq!(fab.starts[1], 2);
+    assert!(
+        matches!(fab.dpu.warm(), Warm::Ready { .. }),
+        "{:?}",
+        fab.dpu.warm()
+    );
+    assert_eq!(fab.plane(PlaneSlot(1)).conns_len(), 4);
+    fab.assert_one_owner();
+}
+
+#[test]
+fn without_a_ready_warm_plane_the_dpu_fails_open() {
+    let mut fab = Fabric::active_with_warm(4);
+    // The warm plane dies first; the active one dies before a new warm plane is ready.
+    let t = fab.now;
+    fab.planes[1] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(1), "killed");
+    fab.planes[0] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
+    fab.pump();
+    assert_eq!(fab.dpu.phase(), Phase::Idle);
+    assert_eq!(fab.dpu.counters().fail_opens, 1);
+    assert_eq!(fab.dpu.counters().failovers, 0);
+    for c in 0..4 {
+        assert_eq!(fab.dpu.conn(ConnId(c)).unwrap().role, Role::Owner);
+    }
+}
+
+#[test]
+fn the_warm_plane_failing_during_the_flip_fails_open_with_every_connection() {
+    let mut fab = Fabric::active_with_warm(6);
+    let t = fab.now;
+    fab.planes[0] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
+    fab.pump();
+    assert!(matches!(fab.dpu.warm(), Warm::Flipping { .. }));
+    fab.planes[1] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(1), "killed");
+    fab.pump();
+    assert_eq!(fab.dpu.phase(), Phase::Idle);
+    for c in 0..6 {
+        assert_eq!(fab.dpu.conn(ConnId(c)).unwrap().role, Role::Owner);
+    }
+}
+
+#[test]
+fn warm_standby_off_asks_for_one_slot_only() {
+    let mut fab = Fabric::new(false);
+    fab.dpu.handle_hold(at(1), Hold::Active);
+    fab.pump();
+    fab.advance(at(100));
+    assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+    assert_eq!(fab.starts, [1, 0]);
+    assert_eq!(fab.dpu.warm(), Warm::Off);
+    let _ = TenantId(1);
+}
