@@ -144,9 +144,10 @@ fn print_summary(r: &RunReport, out: &mut impl Write) -> Result<()> {
     for (k, v) in rows {
         writeln!(out, "  {k:<36} {v}")?;
     }
-    if let Some(f) = &r.failure {
-        writeln!(out, "plane failure at {:.3} s ({}):", f.t_s, f.kind)?;
+    if let Some(f) = &r.takeover {
+        writeln!(out, "plane taken over at {:.3} s ({}):", f.t_s, f.kind)?;
         let rows: Vec<(&str, String)> = vec![
+            ("detected after", format!("{:.1} ms", f.detected_ms)),
             ("forwarding gap (overflow)", opt(f.gap_ms, "ms")),
             ("lost in the second after", f.lost_packets.to_string()),
             (

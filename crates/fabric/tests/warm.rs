@@ -9,7 +9,7 @@
 
 use core::time::Duration;
 
-use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role, Warm};
+use spillway_fabric::dpu::{Command, DpuNode, EventKind, Hold, Phase, Role, Upgrade, Warm};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::spill::SpillPlane;
 use spillway_fabric::types::{ConnId, ConnPhase, ConnState, Kind, Msg, PlaneSlot, Side, SyncKind};
@@ -383,4 +383,81 @@ fn warm_standby_off_asks_for_one_slot_only() {
     assert_eq!(fab.starts, [1, 0]);
     assert_eq!(fab.dpu.warm(), Warm::Off);
     let _ = TenantId(1);
+}
+
+#[test]
+fn an_online_upgrade_moves_every_connection_to_the_new_plane_and_retires_the_old() {
+    let mut fab = Fabric::active_with_warm(30);
+    let before: Vec<ConnState> = (0..30)
+        .map(|c| fab.plane(PlaneSlot(0)).conn(ConnId(c)).unwrap().state)
+        .collect();
+    let t = fab.now;
+    fab.dpu.handle_upgrade(t);
+    fab.pump();
+    // The old plane handed everything back; the flip is on its way.
+    assert!(
+        matches!(fab.dpu.warm(), Warm::Flipping { .. }),
+        "{:?}",
+        fab.dpu.warm()
+    );
+    assert_eq!(fab.dpu.upgrade(), Upgrade::Releasing);
+    assert_eq!(fab.plane(PlaneSlot(0)).conns_owned(), 0);
+    fab.advance(t + fab.f.dpu.flip_latency);
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+    assert!(matches!(fab.dpu.upgrade(), Upgrade::Retiring { .. }));
+    for (c, st) in before.iter().enumerate() {
+        let r = fab.plane(PlaneSlot(1)).conn(ConnId(c as u64)).unwrap();
+        assert_eq!(r.role, Role::Owner, "conn {c}");
+        assert_eq!(r.state.version, st.version, "conn {c}");
+    }
+    fab.assert_one_owner();
+    // Still there while it retires; stopped a window later, and a new warm plane follows.
+    assert!(fab.planes[0].is_some());
+    fab.advance(fab.now + fab.f.sched.window + Duration::from_millis(1));
+    assert_eq!(fab.dpu.upgrade(), Upgrade::None);
+    assert_eq!(fab.starts, [2, 1], "a new warm plane in the old slot");
+    fab.advance(fab.now + Duration::from_millis(20));
+    assert!(matches!(fab.dpu.warm(), Warm::Ready { .. }));
+    assert_eq!(fab.dpu.counters().fail_opens, 0);
+    assert_eq!(fab.dpu.counters().failovers, 0);
+    fab.assert_one_owner();
+    let kinds: Vec<EventKind> = fab.events.iter().map(|e| e.0).collect();
+    assert!(kinds.contains(&EventKind::Upgrade), "{kinds:?}");
+}
+
+#[test]
+fn an_upgrade_without_a_standby_starts_the_new_plane_first_and_one_without_a_plane_is_refused() {
+    let mut fab = Fabric::new(false);
+    fab.dpu.handle_upgrade(at(1));
+    fab.pump();
+    assert_eq!(fab.dpu.upgrade(), Upgrade::None);
+    assert!(
+        fab.events
+            .iter()
+            .any(|e| e.1.starts_with("upgrade refused")),
+        "{:?}",
+        fab.events
+    );
+    fab.dpu.handle_hold(at(2), Hold::Active);
+    fab.pump();
+    fab.advance(at(100));
+    assert_eq!(fab.starts, [1, 0]);
+    fab.offer(ConnId(7), Kind::Open, Side::Orig);
+    let t = fab.now;
+    fab.dpu.handle_upgrade(t);
+    fab.pump();
+    // The new plane was started for the upgrade, synced, and took over.
+    assert_eq!(fab.starts, [1, 1]);
+    fab.advance(t + Duration::from_millis(50));
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    assert_eq!(fab.dpu.upgrade(), Upgrade::None);
+    assert_eq!(
+        fab.plane(PlaneSlot(1)).conn(ConnId(7)).unwrap().role,
+        Role::Owner
+    );
+    // Without warm standby no new warm plane follows.
+    assert_eq!(fab.starts, [1, 1]);
+    assert_eq!(fab.dpu.warm(), Warm::Off);
+    fab.assert_one_owner();
 }

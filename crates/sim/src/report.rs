@@ -50,20 +50,27 @@ pub struct PhaseEvent {
     pub reason: String,
 }
 
-/// What the first failure of an active plane cost, from the lifecycle events and the 10 ms
-/// (`sample`) time series.
+/// What the first take-over of the active plane's work cost: a failover to the warm plane, a
+/// fail-open, or an online upgrade; from the lifecycle events and the `sample` time series.
 #[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct FailureFigures {
-    /// `fail_over` (a warm plane took over) or `fail_open` (the DPU took every connection back).
+pub struct TakeoverFigures {
+    /// `fail_over` (a warm plane took over a failed one), `fail_open` (the DPU took every
+    /// connection back) or `upgrade` (an operator's online upgrade).
     pub kind: &'static str,
-    /// When the failure was acted on, seconds of virtual time.
+    /// When it started, seconds of virtual time: for a failure, the scenario's last
+    /// `kill_plane` or `stall_plane` fault before the DPU acted (or when it acted, if no fault
+    /// explains it); for an upgrade, when it was asked for.
     pub t_s: f64,
-    /// The forwarding gap of the overflow: from the failure to the first redirected packet a
-    /// plane served again (the warm plane after a flip; a newly started plane after a
-    /// fail-open), milliseconds; null if no plane served again.
+    /// From the failure to the DPU acting on it (a kill is seen at once, a stall by missed
+    /// heartbeats), milliseconds; 0 for an upgrade.
+    pub detected_ms: f64,
+    /// The forwarding gap of the overflow, milliseconds: for a failure, from the failure to the
+    /// first redirected packet a plane served again (the warm plane after a flip; a newly
+    /// started plane after a fail-open); for an upgrade, from the flip (the old plane serves
+    /// until then) to the new plane's first. Null if no plane served again.
     pub gap_ms: Option<f64>,
     /// Packets lost (every reason but policy) in the samples from the failure to one second
-    /// after it.
+    /// after it (whole samples: up to one sample interval before the failure counts too).
     pub lost_packets: u64,
     /// From the failure to the end of the last sample with a loss in that second: when the
     /// fabric carried its full load again, milliseconds (0 if nothing was lost).
@@ -177,10 +184,10 @@ pub struct RunReport {
     /// For connection-rate runs: the highest offered rate before the first loss (in the
     /// measure window), connections/s.
     pub zero_loss_cps: Option<f64>,
-    /// When the active plane failed (a `kill_plane` or `stall_plane` fault, or missed
-    /// heartbeats): what the failure cost. Omitted when no plane failed.
+    /// When another plane or the DPU took over the active plane's work (a failure, or an
+    /// online upgrade): what it cost. Omitted when nothing did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure: Option<FailureFigures>,
+    pub takeover: Option<TakeoverFigures>,
     /// The time series (omitted from `--json`).
     #[serde(skip)]
     pub series: Vec<Sample>,

@@ -219,6 +219,46 @@ pub fn scenario_shaped(seed: u64) -> Scenario {
     sc
 }
 
+/// [`scenario`] for `seed` with a warm standby plane (`host.warm_standby`) and a fault
+/// schedule drawn anew from a third stream, over every fault class: the active plane killed
+/// or stalled (5 to 80 ms, so that some stalls are found by missed heartbeats and some end
+/// first), the warm plane killed, control messages lost, the vNICs delayed, and an online
+/// upgrade asked for. Up to four in the safety phase, so that some seeds kill the warm plane
+/// during a flip or an upgrade, or stall the new active plane soon after one.
+pub fn scenario_standby(seed: u64) -> Scenario {
+    let mut sc = scenario(seed);
+    let mut rng = SplitMix64(seed.wrapping_mul(0xa076_1d64_78bd_642f) ^ 0x0057_a4d8);
+    sc.name = format!("swarm-standby-{seed}");
+    sc.fabric.host.warm_standby = true;
+    let safety_ms = sc.duration.0.as_millis() as usize * 6 / 10;
+    sc.faults.clear();
+    for _ in 0..pick(&mut rng, 5) {
+        let at = ms(100 + pick(&mut rng, safety_ms - 100) as u64);
+        let kind = [
+            FaultKind::KillPlane,
+            FaultKind::StallPlane,
+            FaultKind::KillWarm,
+            FaultKind::ControlLoss,
+            FaultKind::Delay,
+            FaultKind::Upgrade,
+        ][pick(&mut rng, 6)];
+        let duration = match kind {
+            FaultKind::StallPlane => ms(5 + pick(&mut rng, 75) as u64),
+            _ => ms(5 + pick(&mut rng, 50) as u64),
+        };
+        sc.faults.push(Fault {
+            at,
+            kind,
+            duration,
+            probability: 0.5 * unit(&mut rng),
+        });
+    }
+    sc.faults.sort_by_key(|f| f.at);
+    sc.validate("swarm")
+        .expect("the standby swarm builds valid scenarios");
+    sc
+}
+
 // The check that swarm scenarios pass the scenario bounds lives here, beside what it checks:
 // kept in `scenario`'s tests, it made `scenario` import `swarm`, which imports `scenario`.
 #[cfg(test)]
@@ -231,6 +271,7 @@ mod tests {
                 .validate("swarm")
                 .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             super::scenario_shaped(seed);
+            super::scenario_standby(seed);
         }
     }
 }

@@ -112,7 +112,7 @@ fn a_warm_standby_takes_over_a_killed_plane_within_a_few_milliseconds() {
     assert!(!kinds.contains(&"fail_open"), "{kinds:?}");
     assert_eq!(warm.counters["dpu.failover"], 1);
     assert_eq!(warm.drops["fabric.no_state"], 0);
-    let (c, w) = (cold.failure.unwrap(), warm.failure.unwrap());
+    let (c, w) = (cold.takeover.unwrap(), warm.takeover.unwrap());
     assert_eq!((c.kind, w.kind), ("fail_open", "fail_over"));
     // The target: a forwarding gap of at most 10 ms in the model, against the cold
     // path's plane start (about 220 ms).
@@ -128,6 +128,47 @@ fn a_warm_standby_takes_over_a_killed_plane_within_a_few_milliseconds() {
     );
     assert_eq!(warm.drops["dpu.hw.overload"], 0);
     assert_eq!(w.standby_cores, 1);
+}
+
+#[test]
+fn an_online_upgrade_under_load_loses_nothing() {
+    let r = run("upgrade", false);
+    let kinds: Vec<&str> = r.phases.iter().map(|p| p.phase).collect();
+    assert!(
+        !kinds.contains(&"fail_open") && !kinds.contains(&"fail_over"),
+        "{kinds:?}"
+    );
+    let u = r.takeover.expect("the upgrade is reported");
+    assert_eq!(u.kind, "upgrade");
+    assert_eq!(r.lost_packets, 0, "{:?}", r.drops);
+    assert_eq!(u.lost_packets, 0);
+    let gap = u.gap_ms.expect("the new plane served the overflow");
+    assert!(gap <= 10.0, "upgrade gap {gap} ms");
+    assert_eq!(r.counters["dpu.failover"], 0);
+    assert!(
+        r.phases
+            .iter()
+            .any(|p| p.phase == "upgrade" && p.reason.ends_with("upgrade done")),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn a_stalled_plane_is_found_by_its_heartbeats_and_failed_over() {
+    let r = run("stall", false);
+    let s = r.takeover.expect("the stall is acted on");
+    assert_eq!(s.kind, "fail_over");
+    // Three missed 5 ms heartbeats, seen at the next 10 ms URSched window.
+    assert!(
+        s.detected_ms > 15.0 && s.detected_ms <= 25.0,
+        "{}",
+        s.detected_ms
+    );
+    let gap = s.gap_ms.unwrap();
+    assert!(gap < s.detected_ms + 5.0, "gap {gap} ms");
+    assert_eq!(r.drops["fabric.no_state"], 0);
+    // What was steered to the stalled plane before it was found is lost, and nothing else.
+    assert_eq!(r.lost_packets, r.drops["spill.failed"]);
 }
 
 #[test]

@@ -14,7 +14,7 @@
 
 use spillway_vswitch::{Instant, TenantId};
 
-use super::lifecycle::{Command, FabricEvent, Hold, Lifecycle, Phase, Warm};
+use super::lifecycle::{Command, FabricEvent, Hold, Lifecycle, Phase, Upgrade, Warm};
 use super::shard::ShardView;
 use super::window::{Totals, Utils, Windows};
 use crate::params::FabricParams;
@@ -449,6 +449,10 @@ impl DpuControl {
     /// The warm standby plane's state.
     pub fn warm(&self) -> Warm {
         self.life.warm
+    }
+    /// The online upgrade under way.
+    pub fn upgrade(&self) -> Upgrade {
+        self.life.upgrade
     }
     /// Redirected buckets (the overflow quota).
     pub fn quota(&self) -> u16 {

@@ -65,6 +65,9 @@ pub enum EventKind {
     FailOver,
     /// The warm standby plane changed: started, synced, failed.
     Warm,
+    /// An online upgrade: the active plane hands back, the rules flip to the new plane, the
+    /// old one retires.
+    Upgrade,
 }
 
 impl EventKind {
@@ -87,6 +90,7 @@ impl EventKind {
             EventKind::Hold => "hold",
             EventKind::FailOver => "fail_over",
             EventKind::Warm => "warm",
+            EventKind::Upgrade => "upgrade",
         }
     }
 }
@@ -150,6 +154,40 @@ pub enum Warm {
         colour: Colour,
         /// When the flip is live.
         live_at: Instant,
+    },
+}
+
+/// An online upgrade (`spillway ctl upgrade`): the plane in the warm slot (the new version)
+/// replaces the active one without a failure.
+///
+/// ```text
+///          upgrade asked           warm plane ready           every shard's Released
+///   None -----------------> Pending ----------------> Releasing ----------------------+
+///    ^                                                                                |
+///    |   old plane stopped                            flip live                       v
+///    +------------------- Retiring <------------------------------------------- (Flipping)
+/// ```
+///
+/// Releasing: the active plane hands every connection back to the DPU (a release's first
+/// step, its redirect rules kept), so that at the flip the DPU owns everything and hands the
+/// redirected buckets' connections to the new plane. Retiring: the old plane finishes what is
+/// in flight (its packets are served, its state taken as an orphan's) and is stopped at
+/// `at`. A failure of either plane during an upgrade fails open, which ends it. Pending is
+/// entered from None only, Releasing from Pending or None, Retiring from Releasing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upgrade {
+    /// No upgrade.
+    None,
+    /// Waiting for a warm plane to be ready.
+    Pending,
+    /// The active plane is handing its connections back; the flip follows.
+    Releasing,
+    /// The old plane in `slot` finishes what is in flight until `at`, then stops.
+    Retiring {
+        /// Its slot.
+        slot: PlaneSlot,
+        /// When it is stopped.
+        at: Instant,
     },
 }
 
@@ -297,6 +335,8 @@ pub(crate) struct Lifecycle {
     pub(crate) warm: Warm,
     /// The warm plane's last heartbeat (or start).
     pub(crate) warm_heartbeat: Instant,
+    /// An online upgrade under way.
+    pub(crate) upgrade: Upgrade,
     /// Redirected buckets (the overflow quota).
     pub(crate) quota: u16,
     /// When the decision behind the activation under way was taken (for the time to absorb).
@@ -323,6 +363,7 @@ impl Lifecycle {
             active: PlaneSlot(0),
             warm: Warm::Off,
             warm_heartbeat: Instant::ZERO,
+            upgrade: Upgrade::None,
             quota: 0,
             trigger: None,
             absorbed: false,
@@ -375,10 +416,14 @@ impl Lifecycle {
             | Phase::Active { .. }
             | Phase::Draining { .. } => None,
         };
-        match (phase, self.warm) {
-            (Some(a), Warm::Flipping { live_at, .. }) => Some(a.min(live_at)),
-            (None, Warm::Flipping { live_at, .. }) => Some(live_at),
-            (t, Warm::Off | Warm::Starting { .. } | Warm::Syncing { .. } | Warm::Ready { .. }) => t,
-        }
+        let warm = match self.warm {
+            Warm::Flipping { live_at, .. } => Some(live_at),
+            Warm::Off | Warm::Starting { .. } | Warm::Syncing { .. } | Warm::Ready { .. } => None,
+        };
+        let retire = match self.upgrade {
+            Upgrade::Retiring { at, .. } => Some(at),
+            Upgrade::None | Upgrade::Pending | Upgrade::Releasing => None,
+        };
+        [phase, warm, retire].into_iter().flatten().min()
     }
 }

@@ -83,7 +83,7 @@ use spillway_vswitch::Instant;
 pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
 pub use control::{DpuControl, ShardReply, ShardRequest, Shards};
-pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Warm};
+pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Upgrade, Warm};
 pub use resources::{Resources, ResourcesHandle, ShardCell};
 pub use shard::{DpuShard, ShardView};
 pub use window::{Totals, Utils};
@@ -549,6 +549,17 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn handle_plane_failed(&mut self, now: Instant, reason: &str) {
         self.control
             .handle_plane_failed(now, reason, &mut all(&mut self.shards, &mut self.remote));
+    }
+
+    /// An operator asks for an online upgrade: see [`Upgrade`].
+    pub fn handle_upgrade(&mut self, now: Instant) {
+        self.control
+            .handle_upgrade(now, &mut all(&mut self.shards, &mut self.remote));
+    }
+
+    /// The online upgrade under way.
+    pub fn upgrade(&self) -> Upgrade {
+        self.control.upgrade()
     }
 
     /// The plane in `slot` runs (the driver's report after [`Command::StartPlane`]).

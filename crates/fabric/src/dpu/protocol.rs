@@ -7,7 +7,7 @@ use spillway_vswitch::flow_table::Inserted;
 
 use super::control::{DpuControl, Shards};
 use super::inserts::PendingInsert;
-use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase, Warm};
+use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase, Upgrade, Warm};
 use super::resources::SocWork;
 use super::shard::{DpuShard, ShardView};
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
@@ -87,6 +87,7 @@ impl DpuControl {
             ) if c == colour => {
                 if let Some(count) = self.warm_markers.take(shard, count) {
                     self.life.warm = Warm::Ready { colour };
+                    self.try_upgrade(now, sh);
                     self.event(
                         now,
                         EventKind::Warm,
@@ -145,6 +146,8 @@ impl DpuControl {
                 } = self.life.phase
                     && c == colour
                     && let Some(count) = self.take_marker(shard, count)
+                    && !(self.life.upgrade == Upgrade::Releasing
+                        && self.upgrade_handed_back(now, count, sh))
                 {
                     let done_at = now + self.f.dpu.redirect_latency;
                     self.life.phase = Phase::Draining {
@@ -355,6 +358,28 @@ impl<R: ResourcesHandle> DpuShard<R> {
                     self.counters.mirror_skipped += 1;
                 }
             }
+        }
+        if orphan {
+            self.pass_on_orphan(now, state.conn, view);
+        }
+    }
+
+    /// An orphan the DPU took while a plane is active, in a redirected bucket, and not on the
+    /// fast path: its packets go to that plane, so the connection goes there too (as a
+    /// hand-over at activation would), rather than every packet of it being punted back to the
+    /// SoC. This is how a connection the old plane opened while it handed back during an
+    /// upgrade, or whose state was still on its way from a failed plane, reaches the new one.
+    fn pass_on_orphan(&mut self, now: Instant, conn: ConnId, view: ShardView) {
+        let buckets = self.f.dpu.redirect_buckets;
+        if !view.redirects(conn, buckets) {
+            return;
+        }
+        let Some(c) = self.conns.get(&conn).copied() else {
+            return;
+        };
+        if c.role == Role::Owner && !c.stays_on_dpu() {
+            self.set_role(conn, Role::Copy);
+            self.send_sync(now, view.colour, SyncKind::Handover, c.state);
         }
     }
 

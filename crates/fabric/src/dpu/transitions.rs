@@ -6,7 +6,7 @@
 use spillway_vswitch::Instant;
 
 use super::control::{DpuControl, Shards};
-use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Warm};
+use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Upgrade, Warm};
 use crate::links::at_ps;
 use crate::params::ns;
 use crate::types::{Channel, Colour, Msg, PlaneSlot};
@@ -102,6 +102,10 @@ impl DpuControl {
         let Warm::Flipping { colour, .. } = self.life.warm else {
             return;
         };
+        if self.life.upgrade == Upgrade::Releasing {
+            self.finish_upgrade_flip(now, colour, sh);
+            return;
+        }
         let old = self.life.active;
         self.life.active = old.other();
         self.life.colour = colour;
@@ -141,6 +145,131 @@ impl DpuControl {
             since: None,
         });
         self.ensure_warm(now, sh);
+    }
+
+    /// An operator asks for an online upgrade (`spillway ctl upgrade`): the plane in the warm
+    /// slot, started for it if warm standby is off, replaces the active one. See [`Upgrade`].
+    /// Refused (an event says why) unless a plane is active and no upgrade or flip is under
+    /// way.
+    pub fn handle_upgrade(&mut self, now: Instant, sh: &mut dyn Shards) {
+        let busy =
+            self.life.upgrade != Upgrade::None || matches!(self.life.warm, Warm::Flipping { .. });
+        if busy || !matches!(self.life.phase, Phase::Active { .. }) {
+            self.event(
+                now,
+                EventKind::Upgrade,
+                format!(
+                    "upgrade refused: it needs an active plane and no upgrade or failover under way (phase {}, warm plane {})",
+                    self.life.phase.name(),
+                    self.life.warm.name()
+                ),
+            );
+            return;
+        }
+        self.life.upgrade = Upgrade::Pending;
+        self.event(
+            now,
+            EventKind::Upgrade,
+            format!(
+                "online upgrade asked; the warm plane is {}",
+                self.life.warm.name()
+            ),
+        );
+        self.ensure_warm(now, sh);
+        self.try_upgrade(now, sh);
+    }
+
+    /// The upgrade's next step once the warm plane is ready: the active plane hands every
+    /// connection back (a release's first step; the redirect rules stay).
+    pub(super) fn try_upgrade(&mut self, now: Instant, sh: &mut dyn Shards) {
+        if self.life.upgrade != Upgrade::Pending || !matches!(self.life.warm, Warm::Ready { .. }) {
+            return;
+        }
+        let Phase::Active { colour } = self.life.phase else {
+            // The plane was released or failed meanwhile: nothing left to upgrade.
+            self.life.upgrade = Upgrade::None;
+            return;
+        };
+        self.life.upgrade = Upgrade::Releasing;
+        self.life.phase = Phase::Draining {
+            colour,
+            step: DrainStep::HandBack,
+        };
+        sh.send(now, Channel::Control, Msg::Release { colour });
+        self.await_markers(sh.count());
+        self.event(
+            now,
+            EventKind::Upgrade,
+            "the warm plane is ready; the active plane hands its connections back",
+        );
+    }
+
+    /// Every shard of the old plane has handed its connections back during an upgrade: flip
+    /// the redirect rules to the new plane, or, if it failed meanwhile, finish as a release.
+    /// Returns false in the second case (the caller goes on with the release).
+    pub(super) fn upgrade_handed_back(
+        &mut self,
+        now: Instant,
+        count: u64,
+        sh: &mut dyn Shards,
+    ) -> bool {
+        let Warm::Ready { colour } = self.life.warm else {
+            self.life.upgrade = Upgrade::None;
+            self.event(
+                now,
+                EventKind::Upgrade,
+                "upgrade abandoned: the new plane failed; the old one is released",
+            );
+            return false;
+        };
+        let live_at = now + self.f.dpu.flip_latency;
+        self.life.warm = Warm::Flipping { colour, live_at };
+        self.event(
+            now,
+            EventKind::Upgrade,
+            format!(
+                "{count} connections handed back; flipping the redirect rules to the new plane in {}",
+                self.life.active.other()
+            ),
+        );
+        if live_at <= now {
+            self.finish_flip(now, sh);
+        }
+        true
+    }
+
+    /// The upgrade's flip is live: the new plane is the active one and takes the redirected
+    /// buckets' connections (the DPU owns them all since the hand-back); the old plane
+    /// retires after a window, finishing what is in flight.
+    fn finish_upgrade_flip(&mut self, now: Instant, colour: Colour, sh: &mut dyn Shards) {
+        let old = self.life.active;
+        self.life.active = old.other();
+        self.life.colour = colour;
+        self.life.warm = Warm::Off;
+        self.life.last_heartbeat = now;
+        self.life.plane_util = 0.0;
+        // The new plane's first served packet measures the upgrade's forwarding gap.
+        self.life.absorbed = false;
+        self.life.trigger = Some(now);
+        // Anything the old plane still owned (a recall going live stays with the DPU).
+        let handed = sh.flip(now, colour);
+        self.life.phase = Phase::Active { colour };
+        sh.send(now, Channel::Control, Msg::Activated { colour });
+        sh.hand_over_buckets(now, colour, 0, self.life.quota);
+        let workers = self.life.plane_workers;
+        if workers > self.f.host.warm_workers {
+            sh.send(now, Channel::Control, Msg::SetWorkers { workers });
+        }
+        let at = now + self.f.sched.window;
+        self.life.upgrade = Upgrade::Retiring { slot: old, at };
+        self.event(
+            now,
+            EventKind::Upgrade,
+            format!(
+                "redirect rules flipped to {} (colour {}): the redirected buckets' connections handed to it ({handed} the old plane still held); the old plane in {old} retires",
+                self.life.active, colour.0
+            ),
+        );
     }
 
     /// The warm plane failed (or, during a flip, the plane about to take over: then the DPU
@@ -187,10 +316,13 @@ impl DpuControl {
     /// Asks for a warm plane in the other slot if warm standby is on, a plane is up and none
     /// is warm or on its way.
     pub(super) fn ensure_warm(&mut self, now: Instant, _sh: &mut dyn Shards) {
-        if !self.f.host.warm_standby
-            || self.f.dpu_only
-            || self.life.warm != Warm::Off
-            || !self.life.phase.has_plane()
+        let wanted = match self.life.upgrade {
+            Upgrade::Pending => true,
+            // The old plane still holds the other slot.
+            Upgrade::Retiring { .. } => false,
+            Upgrade::None | Upgrade::Releasing => self.f.host.warm_standby,
+        };
+        if !wanted || self.f.dpu_only || self.life.warm != Warm::Off || !self.life.phase.has_plane()
         {
             return;
         }
@@ -256,18 +388,28 @@ impl DpuControl {
         self.life.quota = 0;
         self.life.absorbed = false;
         sh.set_headroom(0.0);
-        // Copies of connections the plane owned are owned now (release handed them back; a
-        // fail-open promoted them). Drop any stale copy flags.
+        // With no plane, every record is the DPU's. A release handed back what the plane
+        // owned and a fail-open promoted its mirrors; what is still a copy here was being
+        // handed to the plane when it stopped (a hand-over on the flow vNIC, overtaken by the
+        // release on the control channel): the plane never took it, and the DPU's copy is its
+        // state. A hand-back from the plane still on its way is taken by version.
+        let stranded = sh.promote_copies();
+        let reason = if stranded > 0 {
+            format!("{reason}; {stranded} connections still on their way to the plane kept")
+        } else {
+            reason
+        };
         self.life.commands.push_back(Command::StopPlane {
             slot: self.life.active,
         });
-        if self.life.warm != Warm::Off {
+        if self.life.warm != Warm::Off || matches!(self.life.upgrade, Upgrade::Retiring { .. }) {
             self.life.warm = Warm::Off;
             sh.warm_off();
             self.life.commands.push_back(Command::StopPlane {
                 slot: self.life.active.other(),
             });
         }
+        self.life.upgrade = Upgrade::None;
         self.life.plane_workers = 0;
         self.event(now, EventKind::Idle, reason);
     }
@@ -278,6 +420,18 @@ impl DpuControl {
             && now >= live_at
         {
             self.finish_flip(now, sh);
+        }
+        if let Upgrade::Retiring { slot, at } = self.life.upgrade
+            && now >= at
+        {
+            self.life.upgrade = Upgrade::None;
+            self.life.commands.push_back(Command::StopPlane { slot });
+            self.event(
+                now,
+                EventKind::Upgrade,
+                format!("the old plane in {slot} stopped; upgrade done"),
+            );
+            self.ensure_warm(now, sh);
         }
         match self.life.phase {
             Phase::Activating { colour, live_at } if now >= live_at => {
@@ -370,6 +524,7 @@ impl DpuControl {
             return;
         }
         self.ensure_warm(now, sh);
+        self.try_upgrade(now, sh);
         if self.f.dpu_only {
             return;
         }

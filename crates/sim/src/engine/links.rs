@@ -109,6 +109,11 @@ impl Links {
         m
     }
 
+    /// The plane slot of the message parked in `parked` (still on its way).
+    pub(super) fn slot_of(&self, parked: u32) -> PlaneSlot {
+        self.msgs[parked as usize].slot
+    }
+
     /// The message parked in `slot` (still on its way).
     pub(super) fn msg(&self, slot: u32) -> &Msg {
         &self.msgs[slot as usize].msg

@@ -30,7 +30,7 @@ mod sampling;
 mod sources;
 mod summary;
 
-use spillway_fabric::dpu::{Command, DpuNode, Hold, ShardCell};
+use spillway_fabric::dpu::{Command, DpuNode, Hold, ShardCell, Warm};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::{Drops, FabricDrop};
 use spillway_fabric::types::{ConnId, PlaneSlot, Train};
@@ -204,7 +204,8 @@ impl<'a> Sim<'a> {
     fn timers(&mut self) {
         self.queue.arm_dpu(self.dpu.poll_timeout(), self.now);
         for (slot, p) in self.planes.each() {
-            if p.running() {
+            // A stalled plane's timers wait for its `Thaw`.
+            if p.running() && p.frozen(self.now).is_none() {
                 self.queue
                     .arm_spill(slot.index(), p.node().poll_timeout(), self.now);
             }
@@ -279,6 +280,16 @@ impl<'a> Sim<'a> {
                     .cps_arrival(g, now, &mut self.rng, &mut self.queue);
                 self.offer(t);
             }
+            EvKind::ToSpill(parked)
+                if let Some(until) = self.planes.get(self.links.slot_of(parked)).frozen(now) =>
+            {
+                // A stopped process reads nothing: the message waits in its vNIC set, in
+                // order (the queue keeps the order of events pushed for the same instant).
+                // It looks again every millisecond, so that it is lost within one of the DPU
+                // stopping the process for good, not when the stall would have ended.
+                let retry = until.min(now + core::time::Duration::from_millis(1));
+                self.queue.push(retry, EvKind::ToSpill(parked));
+            }
             EvKind::ToSpill(parked) => {
                 let InFlight {
                     msg, slot, plane, ..
@@ -317,6 +328,7 @@ impl<'a> Sim<'a> {
             EvKind::SpillTimer(i) => {
                 let slot = PlaneSlot(i);
                 if self.queue.fire_spill(slot.index(), ev.at)
+                    && self.planes.get(slot).frozen(now).is_none()
                     && let Some(spill) = self.planes.get_mut(slot).running_node()
                 {
                     spill.handle_timeout(now);
@@ -334,6 +346,8 @@ impl<'a> Sim<'a> {
                 }
             }
             EvKind::Sample => self.sample(),
+            // Nothing to do but let `timers` arm the plane's timers again.
+            EvKind::Thaw => {}
             EvKind::HostLoad(i) => {
                 let h = &self.scenario.host_load[i as usize];
                 self.dpu.set_tenant_cores(h.tenant_cores);
@@ -348,6 +362,21 @@ impl<'a> Sim<'a> {
                                 .handle_plane_failed_in(now, slot, "plane process killed");
                         }
                     }
+                    FaultKind::StallPlane => {
+                        let slot = self.dpu.active_slot();
+                        let until = now + fault.duration.0;
+                        if self.planes.get_mut(slot).freeze(until) {
+                            self.queue.push(until, EvKind::Thaw);
+                        }
+                    }
+                    FaultKind::KillWarm => {
+                        let slot = self.dpu.active_slot().other();
+                        if self.dpu.warm() != Warm::Off && self.planes.get_mut(slot).kill(now) {
+                            self.dpu
+                                .handle_plane_failed_in(now, slot, "warm plane process killed");
+                        }
+                    }
+                    FaultKind::Upgrade => self.dpu.handle_upgrade(now),
                     FaultKind::ControlLoss => {
                         self.links
                             .start_control_loss(now, fault.probability, fault.duration.0);

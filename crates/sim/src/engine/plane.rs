@@ -22,6 +22,8 @@ pub(super) struct PlaneProcess {
     running: bool,
     /// When each generation's process died, by generation.
     killed_at: Vec<Option<Instant>>,
+    /// The running process is stopped (a stall) until then.
+    frozen_until: Option<Instant>,
 }
 
 impl PlaneProcess {
@@ -31,6 +33,7 @@ impl PlaneProcess {
             generation: 0,
             running: false,
             killed_at: vec![None],
+            frozen_until: None,
         }
     }
 
@@ -47,6 +50,20 @@ impl PlaneProcess {
     /// Whether the current generation's process is up.
     pub(super) fn running(&self) -> bool {
         self.running
+    }
+
+    /// Until when the running process is stopped, if it is at `now`.
+    pub(super) fn frozen(&self, now: Instant) -> Option<Instant> {
+        self.frozen_until.filter(|&t| self.running && now < t)
+    }
+
+    /// A fault stops the running process until `until`; false if none was running.
+    pub(super) fn freeze(&mut self, until: Instant) -> bool {
+        if !self.running {
+            return false;
+        }
+        self.frozen_until = Some(until);
+        true
     }
 
     /// The current generation.
@@ -74,6 +91,7 @@ impl PlaneProcess {
 
     /// The DPU stopped the process (or cancelled its start).
     pub(super) fn stop(&mut self, now: Instant) {
+        self.frozen_until = None;
         if self.running {
             self.node.stop(now);
         }
@@ -94,6 +112,7 @@ impl PlaneProcess {
         }
         self.node.stop(now);
         self.running = false;
+        self.frozen_until = None;
         self.killed_at[self.generation as usize] = Some(now);
         true
     }

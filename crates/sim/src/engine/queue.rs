@@ -38,6 +38,8 @@ pub(super) enum EvKind {
         workers: u32,
     },
     Sample,
+    /// A plane's stall ends (its timers are armed again).
+    Thaw,
     /// Host load entry `i` of the scenario takes effect.
     HostLoad(u16),
     /// Fault `i` of the scenario is injected.

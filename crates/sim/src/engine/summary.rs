@@ -15,8 +15,8 @@ use spillway_vswitch::Instant;
 
 use super::checkers::Checkers;
 use super::sampling::{Record, Totals};
-use crate::report::{FailureFigures, LatencyUs, PhaseEvent, RunReport, Sample, WindowFigures};
-use crate::scenario::Scenario;
+use crate::report::{LatencyUs, PhaseEvent, RunReport, Sample, TakeoverFigures, WindowFigures};
+use crate::scenario::{FaultKind, Scenario};
 
 /// What a finished run hands to its report.
 pub(super) struct Ending<'a> {
@@ -146,10 +146,21 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
         checks: checkers.checks(),
         events,
         zero_loss_cps: None,
-        failure: failure_figures(
+        takeover: takeover_figures(
             phases,
             &record.samples,
-            scenario.sample.0.as_secs_f64(),
+            (
+                &|acted| {
+                    scenario
+                        .faults
+                        .iter()
+                        .filter(|f| matches!(f.kind, FaultKind::KillPlane | FaultKind::StallPlane))
+                        .map(|f| f.at.0.as_secs_f64())
+                        .filter(|&at| at <= acted + 1e-9)
+                        .reduce(f64::max)
+                },
+                scenario.sample.0.as_secs_f64(),
+            ),
             if scenario.fabric.host.warm_standby && !dpu_only {
                 scenario.fabric.host.warm_workers
             } else {
@@ -160,27 +171,40 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
     }
 }
 
-/// What the first failure of the active plane cost (see [`FailureFigures`]); `None` if no
-/// plane failed. `step_s` is the sample interval.
-fn failure_figures(
+/// What the first take-over of the active plane's work cost (see [`TakeoverFigures`]);
+/// `None` if nothing took over. `fault_s` gives when the fault behind a failure acted on at a
+/// time was injected (the last plane kill or stall of the scenario at or before it), `step_s`
+/// is the sample interval.
+fn takeover_figures(
     phases: &[FabricEvent],
     samples: &[Sample],
-    step_s: f64,
+    (fault_s, step_s): (&dyn Fn(f64) -> Option<f64>, f64),
     standby_cores: u32,
-) -> Option<FailureFigures> {
-    let (i, fail) = phases
-        .iter()
-        .enumerate()
-        .find(|(_, e)| matches!(e.what, EventKind::FailOver | EventKind::FailOpen))?;
-    let at = fail.at;
+) -> Option<TakeoverFigures> {
+    let (i, first) = phases.iter().enumerate().find(|(_, e)| {
+        matches!(e.what, EventKind::FailOver | EventKind::FailOpen)
+            || (e.what == EventKind::Upgrade && e.reason.starts_with("online upgrade asked"))
+    })?;
+    let acted = first.at.0 as f64 / 1e9;
+    let upgrade = first.what == EventKind::Upgrade;
+    let t = if upgrade {
+        acted
+    } else {
+        fault_s(acted).unwrap_or(acted)
+    };
     let gap_ms = phases[i..]
         .iter()
         .find(|e| e.what == EventKind::Absorbing)
-        .map(|e| (e.at.0 - at.0) as f64 / 1e6);
-    let t = at.0 as f64 / 1e9;
+        .map(|e| {
+            let from = match (upgrade, e.since) {
+                (true, Some(flip)) => flip.0 as f64 / 1e9,
+                _ => t,
+            };
+            (e.at.0 as f64 / 1e9 - from) * 1e3
+        });
     let (mut lost, mut last_loss_end) = (0.0, None);
     for s in samples {
-        // The samples that end after the failure and begin within a second of it.
+        // The samples that end after the fault and begin within a second of it.
         if s.t_s <= t || s.t_s - step_s > t + 1.0 {
             continue;
         }
@@ -189,9 +213,10 @@ fn failure_figures(
             last_loss_end = Some(s.t_s);
         }
     }
-    Some(FailureFigures {
-        kind: fail.what.name(),
+    Some(TakeoverFigures {
+        kind: first.what.name(),
         t_s: t,
+        detected_ms: (acted - t) * 1e3,
         gap_ms,
         lost_packets: lost.round() as u64,
         full_capacity_ms: last_loss_end.map_or(0.0, |e| (e - t) * 1e3),

@@ -410,7 +410,7 @@ mod tests {
             pcie_crossings_per_packet: 0.3,
             window: Default::default(),
             zero_loss_cps: None,
-            failure: None,
+            takeover: None,
             phases: vec![
                 PhaseEvent {
                     phase: "preparing",

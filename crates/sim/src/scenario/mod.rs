@@ -214,7 +214,7 @@ pub struct Fault {
     pub at: Dur,
     /// What happens.
     pub kind: FaultKind,
-    /// How long (for `control_loss`).
+    /// How long (for `control_loss`, `delay` and `stall_plane`).
     #[serde(default)]
     pub duration: Dur,
     /// Loss probability (for `control_loss`).
@@ -233,6 +233,17 @@ pub enum FaultKind {
     /// Flow-vNIC and phy-vNIC messages are delayed by up to `duration` extra (reordering
     /// between channels, never within one).
     Delay,
+    /// The active plane's process stops for `duration` (SIGSTOP, or starved of its cores): it
+    /// takes no message and runs no timer, so its heartbeats stop; what is sent to it waits in
+    /// its vNIC set. The DPU notices the missed heartbeats and fails over or open, which stops
+    /// (kills) it; a plane still running when the stall ends carries on.
+    StallPlane,
+    /// The warm standby plane's process is killed (`host.warm_standby`; nothing happens
+    /// without one).
+    KillWarm,
+    /// Not a fault: an operator asks for an online upgrade (`spillway ctl upgrade`). The plane
+    /// in the warm slot (started for it without a standby) replaces the active one.
+    Upgrade,
 }
 
 /// A scenario file.
@@ -553,6 +564,16 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         "failover-warm",
         "scenarios/failover-warm.toml",
         include_str!("../../../../scenarios/failover-warm.toml"),
+    ),
+    (
+        "stall",
+        "scenarios/stall.toml",
+        include_str!("../../../../scenarios/stall.toml"),
+    ),
+    (
+        "upgrade",
+        "scenarios/upgrade.toml",
+        include_str!("../../../../scenarios/upgrade.toml"),
     ),
     (
         "placement",
