@@ -39,7 +39,9 @@ enum Command {
     /// Benchmarks that print machine-readable results.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Simulate the fabric on a scenario (model results, virtual time).
+    /// Simulate the fabric on a scenario (model results, virtual time), or run a seed swarm
+    /// (`spillway sim swarm`).
+    #[command(args_conflicts_with_subcommands = true)]
     Sim(sim::SimArgs),
     /// The flow-stability classifier offline: rank a feature trace, generate and evaluate
     /// labelled traces.

@@ -50,6 +50,54 @@ pub struct SimArgs {
     /// List the built-in scenarios and exit.
     #[arg(long)]
     pub list: bool,
+    /// A seed swarm instead of one scenario.
+    #[command(subcommand)]
+    pub command: Option<SimCommand>,
+}
+
+/// `spillway sim` subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum SimCommand {
+    /// Run many seeds, each a random scenario with faults, every checker after every event; a
+    /// failure prints the line that replays it (model results).
+    Swarm(SwarmArgs),
+}
+
+/// Swarm generators `--kind` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SwarmKindArg {
+    /// Workload mixes with plane kills, control loss and delays.
+    Plain,
+    /// Flow shapes, arrivals, lifetimes and every placement policy.
+    Shaped,
+    /// Warm standby with every fault class: kills and stalls of the active plane, kills of the
+    /// warm one, control loss, delays, online upgrades.
+    Standby,
+    /// The three, each seed in each.
+    All,
+}
+
+/// `spillway sim swarm` arguments.
+#[derive(clap::Args, Debug)]
+pub struct SwarmArgs {
+    /// Seeds to run.
+    #[arg(long, default_value_t = 1000)]
+    pub seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    pub base: u64,
+    /// Which generator.
+    #[arg(long, value_enum, default_value_t = SwarmKindArg::Standby)]
+    pub kind: SwarmKindArg,
+    /// Threads (default: the machine's CPUs).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Print one JSON object (the summary and every failure) instead of the text.
+    #[arg(long)]
+    pub json: bool,
+    /// Print every train and message of this connection id to stderr (with `--seeds 1`).
+    #[arg(long)]
+    pub trace_conn: Option<u64>,
 }
 
 fn load(args: &SimArgs) -> Result<(Scenario, String)> {
@@ -312,6 +360,9 @@ fn print_vatc(r: &spillway_sim::VatcReport, out: &mut impl Write) -> Result<()> 
 
 /// `spillway sim`.
 pub fn sim(args: &SimArgs) -> Result<()> {
+    if let Some(SimCommand::Swarm(a)) = &args.command {
+        return swarm(a);
+    }
     if args.list {
         for (name, file, _) in scenario::BUILTIN {
             let s = Scenario::builtin(name)?;
@@ -559,4 +610,151 @@ mod tests {
         }
         assert_eq!(p[1]["run"]["placement"], "threshold");
     }
+}
+
+/// `spillway sim swarm`: the seeds `base..base + seeds` of each chosen generator, on `jobs`
+/// threads (each seed is deterministic, so the order they run in changes nothing but the
+/// progress bar); failures sorted by generator and seed, each with its replay line. Exits
+/// non-zero if any seed failed.
+fn swarm(a: &SwarmArgs) -> Result<()> {
+    use spillway_sim::swarm::{SeedOutcome, SwarmKind, run_seed};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let kinds: Vec<SwarmKind> = match a.kind {
+        SwarmKindArg::Plain => vec![SwarmKind::Plain],
+        SwarmKindArg::Shaped => vec![SwarmKind::Shaped],
+        SwarmKindArg::Standby => vec![SwarmKind::Standby],
+        SwarmKindArg::All => SwarmKind::ALL.to_vec(),
+    };
+    let end = a
+        .base
+        .checked_add(a.seeds)
+        .context("--base + --seeds overflows a u64")?;
+    let total = a.seeds * kinds.len() as u64;
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "swarm [{bar:40}] {pos}/{len} seeds, {msg}, {elapsed} (eta {eta})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        b
+    });
+    let next = AtomicU64::new(0);
+    let failed = AtomicU64::new(0);
+    let results: Mutex<(SeedOutcome, u64, Vec<(SwarmKind, u64, String)>)> =
+        Mutex::new((SeedOutcome::default(), 0, Vec::new()));
+    let started = StdInstant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        break;
+                    }
+                    let kind = kinds[(i / a.seeds) as usize];
+                    let seed = a.base + i % a.seeds;
+                    let r = run_seed(kind, seed, a.trace_conn);
+                    let mut g = results.lock().expect("no thread panics holding it");
+                    match r {
+                        Ok(o) => {
+                            g.0.add(&o);
+                            g.1 += u64::from(o.activated);
+                        }
+                        Err(e) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            g.2.push((kind, seed, e));
+                        }
+                    }
+                    drop(g);
+                    if let Some(b) = &bar {
+                        b.inc(1);
+                        b.set_message(format!("{} failed", failed.load(Ordering::Relaxed)));
+                    }
+                }
+            });
+        }
+    });
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let (sum, activated, mut failures) = results.into_inner().expect("the threads are done");
+    failures.sort_by_key(|(k, s, _)| (*k as u8, *s));
+    let repro = |k: SwarmKind, s: u64| {
+        format!(
+            "spillway sim swarm --kind {} --base {s} --seeds 1",
+            k.name()
+        )
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    if a.json {
+        let fails: Vec<Value> = failures
+            .iter()
+            .map(|(k, s, e)| json!({"kind": k.name(), "seed": s, "error": e, "repro": repro(*k, *s)}))
+            .collect();
+        serde_json::to_writer(
+            &mut out,
+            &json!({
+                "kind": "model",
+                "generators": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+                "base": a.base,
+                "seeds": a.seeds,
+                "runs": total,
+                "passed": total - failures.len() as u64,
+                "failed": failures.len(),
+                "activated": activated,
+                "faults": sum.faults,
+                "failovers": sum.failovers,
+                "fail_opens": sum.fail_opens,
+                "upgrades": sum.upgrades,
+                "packets": sum.packets,
+                "wall_s": secs,
+                "jobs": jobs,
+                "failures": fails,
+            }),
+        )?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "MODEL RESULT (simulator) - swarm {} - seeds {}..{end}",
+            kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
+            a.base
+        )?;
+        for (k, s, e) in &failures {
+            writeln!(
+                out,
+                "FAIL {} seed {s}: {e}\n  repro: {}",
+                k.name(),
+                repro(*k, *s)
+            )?;
+        }
+        writeln!(
+            out,
+            "{} runs: {} passed, {} failed; {activated} activated the plane; {} faults injected, {} failovers, {} fail-opens, {} upgrades; {:.2e} packets; {secs:.0} s on {jobs} threads",
+            total,
+            total - failures.len() as u64,
+            failures.len(),
+            sum.faults,
+            sum.failovers,
+            sum.fail_opens,
+            sum.upgrades,
+            sum.packets as f64
+        )?;
+    }
+    out.flush()?;
+    if !failures.is_empty() {
+        anyhow::bail!("{} of {total} swarm runs failed", failures.len());
+    }
+    Ok(())
 }

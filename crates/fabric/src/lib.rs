@@ -29,7 +29,8 @@
 //!
 //! - Every packet offered is delivered, dropped with a counted [`stats::FabricDrop`], or in a
 //!   message in flight (the driver checks the sum).
-//! - A connection has at most one `Owner` across the two planes; while a handover message is in
+//! - A connection has at most one `Owner` across the DPU and the planes in its two plane
+//!   slots (the warm standby plane holds copies only, ADR 0012); while a handover message is in
 //!   flight it has none, and the sender keeps a copy.
 //! - No table or queue exceeds its capacity; inserts never exceed the insertion rate (they are
 //!   served by a server at that rate).

@@ -259,6 +259,106 @@ pub fn scenario_standby(seed: u64) -> Scenario {
     sc
 }
 
+/// Which generator a swarm draws its scenarios from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwarmKind {
+    /// [`scenario`]: workload mixes, plane kills, control loss, delays.
+    Plain,
+    /// [`scenario_shaped`]: flow shapes, arrivals, lifetimes and every placement policy.
+    Shaped,
+    /// [`scenario_standby`]: warm standby, stalls, warm-plane kills and upgrades.
+    Standby,
+}
+
+impl SwarmKind {
+    /// Every kind, in the order `all` runs them.
+    pub const ALL: [SwarmKind; 3] = [SwarmKind::Plain, SwarmKind::Shaped, SwarmKind::Standby];
+
+    /// The scenario of `seed`.
+    pub fn scenario(self, seed: u64) -> Scenario {
+        match self {
+            SwarmKind::Plain => scenario(seed),
+            SwarmKind::Shaped => scenario_shaped(seed),
+            SwarmKind::Standby => scenario_standby(seed),
+        }
+    }
+
+    /// Lowercase name (what `spillway sim swarm --kind` takes).
+    pub fn name(self) -> &'static str {
+        match self {
+            SwarmKind::Plain => "plain",
+            SwarmKind::Shaped => "shaped",
+            SwarmKind::Standby => "standby",
+        }
+    }
+}
+
+/// What one passing seed did, for a swarm's summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeedOutcome {
+    /// The plane absorbed overflow at least once.
+    pub activated: bool,
+    /// Faults injected (upgrades included).
+    pub faults: u64,
+    /// Failovers to a warm plane.
+    pub failovers: u64,
+    /// Fail-opens.
+    pub fail_opens: u64,
+    /// Online upgrades completed.
+    pub upgrades: u64,
+    /// Packets offered.
+    pub packets: u64,
+}
+
+impl SeedOutcome {
+    /// Adds `o` into this sum.
+    pub fn add(&mut self, o: &SeedOutcome) {
+        self.activated |= o.activated;
+        self.faults += o.faults;
+        self.failovers += o.failovers;
+        self.fail_opens += o.fail_opens;
+        self.upgrades += o.upgrades;
+        self.packets += o.packets;
+    }
+}
+
+/// Runs `kind`'s scenario of `seed`: every checker after every event, then conservation after
+/// the drain (every offered packet delivered or dropped with a reason). `Err` is the failure,
+/// one line.
+pub fn run_seed(
+    kind: SwarmKind,
+    seed: u64,
+    trace_conn: Option<u64>,
+) -> Result<SeedOutcome, String> {
+    let sc = kind.scenario(seed);
+    let opts = crate::engine::RunOptions {
+        seed,
+        dpu_only: false,
+        trace_conn: trace_conn.map(spillway_fabric::types::ConnId),
+    };
+    let r = crate::run_with(&sc, opts, &mut |_| {}).map_err(|e| e.to_string())?;
+    let accounted = r.delivered_packets + r.drops.values().sum::<u64>();
+    if r.offered_packets != accounted {
+        return Err(format!(
+            "conservation after the drain: offered {} != delivered and dropped {accounted}",
+            r.offered_packets
+        ));
+    }
+    let count = |name: &str| r.counters.get(name).copied().unwrap_or(0);
+    Ok(SeedOutcome {
+        activated: r.activation_ms.is_some(),
+        faults: sc.faults.len() as u64,
+        failovers: count("dpu.failover"),
+        fail_opens: count("dpu.failopen"),
+        upgrades: r
+            .phases
+            .iter()
+            .filter(|p| p.phase == "upgrade" && p.reason.ends_with("upgrade done"))
+            .count() as u64,
+        packets: r.offered_packets,
+    })
+}
+
 // The check that swarm scenarios pass the scenario bounds lives here, beside what it checks:
 // kept in `scenario`'s tests, it made `scenario` import `swarm`, which imports `scenario`.
 #[cfg(test)]

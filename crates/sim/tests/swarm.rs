@@ -115,9 +115,10 @@ fn shaped_swarm_passes_every_checker() {
 }
 
 /// The standby swarm: the same seeds' workloads with a warm standby plane and a fault schedule
-/// over every fault class, the warm plane's and stalls included (`swarm::scenario_standby`).
-/// Every checker runs (state continuity among them: a packet finds no state only if its
-/// connection's opening packet was lost with a dead plane), and failovers must happen.
+/// over every fault class, the warm plane's, stalls and upgrades included
+/// (`swarm::scenario_standby`). Every checker runs (state continuity among them: a packet finds
+/// no state only if its connection's opening packet was lost with a dead plane), and failovers
+/// must happen. `spillway sim swarm --kind standby --seeds N` runs more.
 #[test]
 fn standby_swarm_passes_every_checker() {
     let n: u64 = std::env::var("SPILLWAY_SWARM_SEEDS")
@@ -131,39 +132,24 @@ fn standby_swarm_passes_every_checker() {
     let trace: Option<u64> = std::env::var("SPILLWAY_TRACE_CONN")
         .ok()
         .and_then(|v| v.parse().ok());
-    let (mut failovers, mut fail_opens, mut stalls, mut warm_kills) = (0, 0, 0, 0);
+    let mut sum = swarm::SeedOutcome::default();
+    let mut activated = 0;
     for seed in base..base + n {
-        let sc = swarm::scenario_standby(seed);
-        for f in &sc.faults {
-            match f.kind {
-                spillway_sim::scenario::FaultKind::StallPlane => stalls += 1,
-                spillway_sim::scenario::FaultKind::KillWarm => warm_kills += 1,
-                _ => {}
-            }
-        }
-        let opts = spillway_sim::engine::RunOptions {
-            seed,
-            dpu_only: false,
-            trace_conn: trace.map(spillway_fabric::types::ConnId),
-        };
-        let r = spillway_sim::run_with(&sc, opts, &mut |_| {}).unwrap_or_else(|e| {
+        let o = swarm::run_seed(swarm::SwarmKind::Standby, seed, trace).unwrap_or_else(|e| {
             panic!(
-                "seed {seed}: {e}\nrepro: SPILLWAY_SWARM_BASE={seed} SPILLWAY_SWARM_SEEDS=1 cargo test -p spillway-sim --test swarm standby"
+                "seed {seed}: {e}\nrepro: spillway sim swarm --kind standby --base {seed} --seeds 1"
             )
         });
-        assert_eq!(
-            r.offered_packets,
-            r.delivered_packets + r.drops.values().sum::<u64>(),
-            "seed {seed}: conservation after the drain"
-        );
-        failovers += r.counters["dpu.failover"];
-        fail_opens += r.counters["dpu.failopen"];
+        activated += usize::from(o.activated);
+        sum.add(&o);
     }
     eprintln!(
-        "{n} standby seeds: {failovers} failovers, {fail_opens} fail-opens, {stalls} stalls and {warm_kills} warm-plane kills injected"
+        "{n} standby seeds: {activated} activated, {} faults, {} failovers, {} fail-opens, {} upgrades",
+        sum.faults, sum.failovers, sum.fail_opens, sum.upgrades
     );
     assert!(
-        n < 50 || failovers >= 5,
-        "only {failovers} failovers in {n} seeds"
+        n < 50 || sum.failovers >= 5,
+        "only {} failovers in {n} seeds",
+        sum.failovers
     );
 }
