@@ -554,64 +554,6 @@ pub fn bench_sim(args: &BenchSimArgs) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_comparison_prints_one_row_and_one_json_object_per_policy() {
-        let sc = Scenario::from_toml_str(
-            r#"
-            name = "tiny-compare"
-            duration = "300ms"
-            measure = ["100ms", "300ms"]
-            [compare]
-            policies = ["first-come", "threshold"]
-            [[flows]]
-            count = 20
-            pps = 1000.0
-            lifetime = "1s"
-            "#,
-            "tiny.toml",
-        )
-        .unwrap();
-        let points = spillway_sim::run_placement_compare(&sc, 3, &mut |_| {}).unwrap();
-        let mut text = Vec::new();
-        print_compare(&sc, 3, &points, &mut text).unwrap();
-        let text = String::from_utf8(text).unwrap();
-        assert!(text.starts_with("MODEL RESULT"), "{text}");
-        assert!(
-            text.lines()
-                .any(|l| l.trim_start().starts_with("first-come "))
-        );
-        assert!(
-            text.lines()
-                .any(|l| l.trim_start().starts_with("threshold "))
-        );
-        let v = compare_json(&sc, 3, &points);
-        assert_eq!(v["kind"], "model");
-        assert_eq!(v["scenario"], "tiny-compare");
-        assert_eq!(v["seed"], 3);
-        let p = v["policies"].as_array().unwrap();
-        assert_eq!(p.len(), 2);
-        assert_eq!(p[1]["policy"], "threshold");
-        for k in [
-            "offload_ratio",
-            "plane_offload_ratio",
-            "inserts_per_s",
-            "deletes_per_s",
-            "host_cpu_cores",
-            "flaps",
-            "recalls",
-            "lost_packets",
-            "run",
-        ] {
-            assert!(p[0].get(k).is_some(), "{k} missing: {}", p[0]);
-        }
-        assert_eq!(p[1]["run"]["placement"], "threshold");
-    }
-}
-
 /// `spillway sim swarm`: the seeds `base..base + seeds` of each chosen generator, on `jobs`
 /// threads (each seed is deterministic, so the order they run in changes nothing but the
 /// progress bar); failures sorted by generator and seed, each with its replay line. Exits
@@ -649,8 +591,9 @@ fn swarm(a: &SwarmArgs) -> Result<()> {
     });
     let next = AtomicU64::new(0);
     let failed = AtomicU64::new(0);
-    let results: Mutex<(SeedOutcome, u64, Vec<(SwarmKind, u64, String)>)> =
-        Mutex::new((SeedOutcome::default(), 0, Vec::new()));
+    /// The passing seeds' sum, how many activated, and the failures.
+    type Results = (SeedOutcome, u64, Vec<(SwarmKind, u64, String)>);
+    let results: Mutex<Results> = Mutex::new((SeedOutcome::default(), 0, Vec::new()));
     let started = StdInstant::now();
     std::thread::scope(|scope| {
         for _ in 0..jobs {
@@ -757,4 +700,62 @@ fn swarm(a: &SwarmArgs) -> Result<()> {
         anyhow::bail!("{} of {total} swarm runs failed", failures.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_comparison_prints_one_row_and_one_json_object_per_policy() {
+        let sc = Scenario::from_toml_str(
+            r#"
+            name = "tiny-compare"
+            duration = "300ms"
+            measure = ["100ms", "300ms"]
+            [compare]
+            policies = ["first-come", "threshold"]
+            [[flows]]
+            count = 20
+            pps = 1000.0
+            lifetime = "1s"
+            "#,
+            "tiny.toml",
+        )
+        .unwrap();
+        let points = spillway_sim::run_placement_compare(&sc, 3, &mut |_| {}).unwrap();
+        let mut text = Vec::new();
+        print_compare(&sc, 3, &points, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.starts_with("MODEL RESULT"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("first-come "))
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with("threshold "))
+        );
+        let v = compare_json(&sc, 3, &points);
+        assert_eq!(v["kind"], "model");
+        assert_eq!(v["scenario"], "tiny-compare");
+        assert_eq!(v["seed"], 3);
+        let p = v["policies"].as_array().unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[1]["policy"], "threshold");
+        for k in [
+            "offload_ratio",
+            "plane_offload_ratio",
+            "inserts_per_s",
+            "deletes_per_s",
+            "host_cpu_cores",
+            "flaps",
+            "recalls",
+            "lost_packets",
+            "run",
+        ] {
+            assert!(p[0].get(k).is_some(), "{k} missing: {}", p[0]);
+        }
+        assert_eq!(p[1]["run"]["placement"], "threshold");
+    }
 }

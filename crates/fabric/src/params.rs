@@ -237,6 +237,11 @@ pub struct HostParams {
     /// Workers of the warm standby plane while it waits; at a failover it is asked for the
     /// failed plane's workers (each starts after `worker_start`). [assumed]: 1.
     pub warm_workers: u32,
+    /// How often the DPU compares per-bucket digests of the connection state it holds with the
+    /// warm plane's copies (also once as soon as the warm plane is synced); a bucket that
+    /// differs is resynced. 0: only that first time. [assumed]: 100 ms.
+    #[serde(with = "humantime_us")]
+    pub digest_interval: Duration,
 }
 
 impl Default for HostParams {
@@ -260,6 +265,7 @@ impl Default for HostParams {
             vatc_miss_cost: Duration::from_micros(2),
             warm_standby: false,
             warm_workers: 1,
+            digest_interval: Duration::from_millis(100),
         }
     }
 }
@@ -717,6 +723,12 @@ impl FabricParams {
                 actual: h.warm_workers.to_string(),
             });
         }
+        duration_in!(
+            "host.digest_interval",
+            h.digest_interval,
+            0..=60_000_000_000,
+            "0..=60s"
+        );
         duration_in!("host.pkt_cost", h.pkt_cost, 1..=1_000_000_000, "1ns..=1s");
         duration_in!(
             "host.new_conn_cost",

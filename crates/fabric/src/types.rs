@@ -333,6 +333,79 @@ pub enum Msg {
         /// Target worker count.
         workers: u32,
     },
+    /// Flow vNIC, DPU -> plane: answer with the digest of every redirect bucket of shard
+    /// `shard` that holds a record ([`Msg::Digest`]), then [`Msg::DigestDone`]. Behind every
+    /// state message the DPU sent before it, so both sides digest the same changes.
+    DigestAsk {
+        /// The plane's colour.
+        colour: Colour,
+        /// The shard asked.
+        shard: u16,
+    },
+    /// Flow vNIC, plane -> DPU: the digest of the records the plane holds in one bucket
+    /// ([`bucket_digests`]).
+    Digest {
+        /// The colour asked with.
+        colour: Colour,
+        /// The redirect bucket.
+        bucket: u16,
+        /// Records in it.
+        count: u32,
+        /// Their digest.
+        digest: u64,
+    },
+    /// Flow vNIC, plane -> DPU: shard `shard` has sent its digests.
+    DigestDone {
+        /// The colour asked with.
+        colour: Colour,
+        /// The shard.
+        shard: u16,
+    },
+    /// Flow vNIC, DPU -> plane: bucket `bucket`'s digests differed: forget every copy in it;
+    /// the DPU's mirrors of the bucket follow.
+    Resync {
+        /// The plane's colour.
+        colour: Colour,
+        /// The redirect bucket.
+        bucket: u16,
+    },
+}
+
+/// What a connection's digest covers: everything of its state the sync protocol carries and
+/// versions (its packet count changes without a sync, so it is left out). SplitMix64 over the
+/// fields, so that equal states hash equal on both sides.
+pub fn state_digest(st: &ConnState) -> u64 {
+    let phase = match st.phase {
+        ConnPhase::Opening => 1u64,
+        ConnPhase::Established => 2,
+        ConnPhase::Closing => 3,
+    };
+    let mut h = st.conn.hash();
+    for v in [
+        u64::from(st.tenant.0),
+        phase,
+        u64::from(st.version),
+        st.opened.0,
+    ] {
+        h = ConnId(h ^ v).hash();
+    }
+    h
+}
+
+/// Per-bucket digests of `states` over `buckets` redirect buckets: for each bucket, the
+/// records in it and the wrapping sum of their [`state_digest`]s (a sum, so the order the
+/// records are visited in does not matter).
+pub fn bucket_digests<'a>(
+    states: impl Iterator<Item = &'a ConnState>,
+    buckets: u16,
+) -> Vec<(u32, u64)> {
+    let mut v = vec![(0u32, 0u64); usize::from(buckets)];
+    for st in states {
+        let b = &mut v[usize::from(st.conn.bucket(buckets))];
+        b.0 += 1;
+        b.1 = b.1.wrapping_add(state_digest(st));
+    }
+    v
 }
 
 /// The three channels between the nodes; the driver gives each its latency and (in fault
@@ -394,7 +467,11 @@ impl Msg {
             | Msg::Absorbing
             | Msg::Budget { .. }
             | Msg::Heartbeat { .. }
-            | Msg::SetWorkers { .. } => None,
+            | Msg::SetWorkers { .. }
+            | Msg::DigestAsk { .. }
+            | Msg::Digest { .. }
+            | Msg::DigestDone { .. }
+            | Msg::Resync { .. } => None,
         }
     }
 
@@ -407,7 +484,12 @@ impl Msg {
         let lane = match self {
             Msg::SyncDone { shard, .. }
             | Msg::Released { shard, .. }
-            | Msg::Drained { shard, .. } => usize::from(*shard),
+            | Msg::Drained { shard, .. }
+            | Msg::DigestAsk { shard, .. }
+            | Msg::DigestDone { shard, .. } => usize::from(*shard),
+            Msg::Digest { bucket, .. } | Msg::Resync { bucket, .. } => {
+                crate::dpu::shard_of_bucket(*bucket, shards)
+            }
             m => m
                 .conn()
                 .map_or(0, |c| crate::dpu::shard_of(c, redirect_buckets, shards)),

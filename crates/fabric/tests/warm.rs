@@ -461,3 +461,56 @@ fn an_upgrade_without_a_standby_starts_the_new_plane_first_and_one_without_a_pla
     assert_eq!(fab.dpu.warm(), Warm::Off);
     fab.assert_one_owner();
 }
+
+#[test]
+fn a_warm_copy_that_drifted_is_found_by_its_bucket_digest_and_resynced() {
+    let mut fab = Fabric::active_with_warm(20);
+    let checked = fab.dpu.counters().digest_buckets;
+    assert!(
+        checked >= u64::from(fab.f.dpu.redirect_buckets),
+        "{checked}"
+    );
+    assert_eq!(fab.dpu.counters().digest_mismatch, 0);
+    // The warm plane loses one copy and keeps a stale one of a connection nobody has.
+    let lost = fab.plane(PlaneSlot(1)).conn(ConnId(4)).unwrap().state;
+    let ghost = ConnState {
+        conn: ConnId(9_999),
+        tenant: TenantId(1),
+        phase: ConnPhase::Established,
+        packets: 1,
+        version: 2,
+        opened: fab.now,
+    };
+    let warm = fab.planes[1].as_mut().unwrap();
+    let colour = spillway_fabric::types::Colour(2);
+    for (kind, state) in [(SyncKind::Closed, lost), (SyncKind::Mirror, ghost)] {
+        warm.handle_msg(
+            fab.now,
+            Msg::Sync {
+                colour,
+                kind,
+                state,
+            },
+        );
+    }
+    assert!(fab.plane(PlaneSlot(1)).conn(ConnId(4)).is_none());
+    // The next comparison (every `host.digest_interval`) finds both buckets and resyncs them.
+    fab.advance(fab.now + fab.f.host.digest_interval + fab.f.sched.window);
+    let c = fab.dpu.counters();
+    let buckets = [ConnId(4), ConnId(9_999)].map(|c| c.bucket(fab.f.dpu.redirect_buckets));
+    let differ = if buckets[0] == buckets[1] { 1 } else { 2 };
+    assert_eq!(c.digest_mismatch, differ, "{c:?}");
+    let warm = fab.plane(PlaneSlot(1));
+    assert_eq!(warm.conn(ConnId(4)).map(|r| r.state), Some(lost));
+    assert!(warm.conn(ConnId(9_999)).is_none(), "the ghost copy is gone");
+    assert!(
+        fab.events
+            .iter()
+            .any(|e| e.0 == EventKind::Warm && e.1.contains("digests differed")),
+        "{:?}",
+        fab.events
+    );
+    // And the next comparison finds nothing.
+    fab.advance(fab.now + fab.f.host.digest_interval + fab.f.sched.window);
+    assert_eq!(fab.dpu.counters().digest_mismatch, differ);
+}

@@ -112,6 +112,42 @@ pub enum ShardRequest {
     CountFailOpen,
     /// Count a failover (asked of the first shard only).
     CountFailover,
+    /// Digest the shard's records per bucket and ask the plane (the warm one, or the active
+    /// one) for its own, on that plane's flow vNIC. [`ShardReply::Done`].
+    DigestAsk {
+        /// When.
+        now: Instant,
+        /// Ask the warm plane (else the active one).
+        warm: bool,
+        /// That plane's colour.
+        colour: Colour,
+        /// The shard's index.
+        shard: u16,
+    },
+    /// One of the plane's bucket digests ([`crate::types::Msg::Digest`]).
+    /// [`ShardReply::Done`].
+    DigestPart {
+        /// The colour asked with.
+        colour: Colour,
+        /// The bucket.
+        bucket: u16,
+        /// Its records.
+        count: u32,
+        /// Their digest.
+        digest: u64,
+    },
+    /// The plane has sent all of the shard's digests: compare, and resync every bucket that
+    /// differs. [`ShardReply::Buckets`]: those buckets.
+    DigestCompare {
+        /// When.
+        now: Instant,
+        /// The colour asked with.
+        colour: Colour,
+        /// The shard's index.
+        shard: u16,
+        /// Shards in all.
+        shards: u16,
+    },
     /// Send one of the control part's own messages to the plane (asked of the first shard).
     Send {
         /// When it leaves.
@@ -161,6 +197,8 @@ pub enum ShardReply {
     Budget(usize, f64),
     /// A time, picoseconds.
     Ps(u64),
+    /// Redirect buckets.
+    Buckets(Vec<u16>),
 }
 
 /// How the control part reaches the shards: one request to one shard, one reply. See the
@@ -323,6 +361,37 @@ impl dyn Shards + '_ {
         self.call(0, ShardRequest::CountFailover);
     }
 
+    pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, colour: Colour) {
+        for i in 0..self.count() {
+            let req = ShardRequest::DigestAsk {
+                now,
+                warm,
+                colour,
+                shard: i as u16,
+            };
+            self.call(i, req);
+        }
+    }
+
+    /// Shard `shard`'s comparison of its digests; the buckets that differed.
+    pub(crate) fn digest_compare(
+        &mut self,
+        shard: usize,
+        now: Instant,
+        colour: Colour,
+    ) -> Vec<u16> {
+        let req = ShardRequest::DigestCompare {
+            now,
+            colour,
+            shard: shard as u16,
+            shards: self.count() as u16,
+        };
+        match self.call(shard, req) {
+            ShardReply::Buckets(v) => v,
+            r => mismatch("buckets", &r),
+        }
+    }
+
     pub(crate) fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
         self.call(0, ShardRequest::Send { at, channel, msg });
     }
@@ -364,6 +433,11 @@ pub struct DpuControl {
     pub(crate) markers: Markers,
     /// The end markers of the warm plane's bulk sync.
     pub(crate) warm_markers: Markers,
+    /// The digest comparison under way with the warm plane: its colour, the shards that have
+    /// not answered, and the buckets that differed so far.
+    pub(crate) digest: Option<(Colour, Markers, Vec<u16>)>,
+    /// When the warm plane's digests are next compared.
+    pub(crate) next_digest: Instant,
     /// The zeroed vector the next shard counts tenants' packets in (see
     /// [`ShardRequest::TakeTenantPackets`]).
     pub(crate) tenant_spare: Vec<u64>,
@@ -420,6 +494,8 @@ impl DpuControl {
             win: Windows::new(f),
             markers: Markers::default(),
             warm_markers: Markers::default(),
+            digest: None,
+            next_digest: Instant::ZERO,
             tenant_spare: Vec::new(),
             f: f.clone(),
         }

@@ -222,6 +222,10 @@ spillway_vswitch::counters! {
         /// Messages from a fenced plane (one that is no longer the active or the warm one)
         /// that could have changed an owner's state, dropped.
         fenced => "dpu.fenced",
+        /// Redirect buckets whose digests the DPU compared with the warm plane's.
+        digest_buckets => "dpu.digest.buckets",
+        /// Compared buckets whose digests differed, and were resynced.
+        digest_mismatch => "dpu.digest.mismatch",
     }
 }
 
@@ -231,8 +235,13 @@ spillway_vswitch::counters! {
 pub fn shard_of(conn: ConnId, redirect_buckets: u16, shards: usize) -> usize {
     match shards {
         0 | 1 => 0,
-        n => usize::from(conn.bucket(redirect_buckets)) % n,
+        _ => shard_of_bucket(conn.bucket(redirect_buckets), shards),
     }
+}
+
+/// The shard of `shards` that holds redirect bucket `bucket`'s connections.
+pub fn shard_of_bucket(bucket: u16, shards: usize) -> usize {
+    usize::from(bucket) % shards.max(1)
 }
 
 /// The emulated DPU node. See the module doc.

@@ -5,7 +5,7 @@
 use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::Inserted;
 
-use super::control::{DpuControl, Shards};
+use super::control::{DpuControl, Markers, ShardRequest, Shards};
 use super::inserts::PendingInsert;
 use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase, Upgrade, Warm};
 use super::resources::SocWork;
@@ -74,6 +74,10 @@ impl DpuControl {
     /// A message from the warm standby plane: its heartbeats and the acknowledgement of its
     /// bulk sync. A warm plane sends nothing else; anything else is ignored.
     pub fn handle_warm_msg(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
+        if matches!(msg, Msg::Digest { .. } | Msg::DigestDone { .. }) {
+            self.handle_digest(now, msg, sh);
+            return;
+        }
         match (msg, self.life.warm) {
             (Msg::Heartbeat { .. }, Warm::Starting { colour }) => self.warm_up(now, colour, sh),
             (Msg::Heartbeat { .. }, _) => self.life.warm_heartbeat = now,
@@ -87,6 +91,7 @@ impl DpuControl {
             ) if c == colour => {
                 if let Some(count) = self.warm_markers.take(shard, count) {
                     self.life.warm = Warm::Ready { colour };
+                    self.ask_warm_digests(now, sh);
                     self.try_upgrade(now, sh);
                     self.event(
                         now,
@@ -97,6 +102,68 @@ impl DpuControl {
                             colour.0
                         ),
                     );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Compares the connection state the DPU holds with the warm plane's copies: every shard
+    /// digests its buckets and asks (see [`Msg::DigestAsk`]); the answers come to
+    /// [`DpuControl::handle_digest`]. Nothing if a comparison is under way or no warm plane is
+    /// ready.
+    pub(super) fn ask_warm_digests(&mut self, now: Instant, sh: &mut dyn Shards) {
+        let Warm::Ready { colour } = self.life.warm else {
+            return;
+        };
+        if self.digest.as_ref().is_some_and(|d| d.0 == colour) {
+            return;
+        }
+        sh.digest_ask(now, true, colour);
+        let mut m = Markers::default();
+        m.await_all(sh.count());
+        self.digest = Some((colour, m, Vec::new()));
+        self.next_digest = now + self.f.host.digest_interval;
+    }
+
+    /// The warm plane's digests: each bucket's to its shard, and at a shard's end marker that
+    /// shard's comparison. A bucket that differs is resynced by the shard and reported here,
+    /// once every shard has answered, with its number.
+    fn handle_digest(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
+        let Some((colour, markers, differ)) = &mut self.digest else {
+            return;
+        };
+        match msg {
+            Msg::Digest {
+                colour: c,
+                bucket,
+                count,
+                digest,
+            } if c == *colour => {
+                let req = ShardRequest::DigestPart {
+                    colour: c,
+                    bucket,
+                    count,
+                    digest,
+                };
+                sh.call(super::shard_of_bucket(bucket, sh.count()), req);
+            }
+            Msg::DigestDone { colour: c, shard } if c == *colour => {
+                let c = *colour;
+                differ.extend(sh.digest_compare(usize::from(shard), now, c));
+                if markers.take(shard, 0).is_some() {
+                    let (_, _, mut differ) = self.digest.take().expect("checked above");
+                    if !differ.is_empty() {
+                        differ.sort_unstable();
+                        self.event(
+                            now,
+                            EventKind::Warm,
+                            format!(
+                                "the warm plane's digests differed in {} buckets ({differ:?}); resynced",
+                                differ.len()
+                            ),
+                        );
+                    }
                 }
             }
             _ => {}
@@ -215,6 +282,11 @@ impl DpuControl {
             | Msg::OffloadStats { .. }
             | Msg::Budget { .. }
             | Msg::Drain { .. } => {}
+            // Only the warm plane is asked for digests; the DPU sends the rest.
+            Msg::Digest { .. }
+            | Msg::DigestDone { .. }
+            | Msg::DigestAsk { .. }
+            | Msg::Resync { .. } => {}
         }
     }
 }

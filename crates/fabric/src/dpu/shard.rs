@@ -47,6 +47,17 @@ impl ShardView {
     }
 }
 
+/// A comparison of per-bucket digests with a plane (`ShardRequest::DigestAsk`): the shard's own
+/// digests when it asked, and the plane's as they arrive (none: an empty bucket).
+#[derive(Debug)]
+pub(crate) struct DigestCheck {
+    /// With the warm plane (else the active one).
+    warm: bool,
+    colour: Colour,
+    mine: Vec<(u32, u64)>,
+    theirs: Vec<(u32, u64)>,
+}
+
 /// A shard. See the module doc.
 #[derive(Debug)]
 pub struct DpuShard<R: ResourcesHandle> {
@@ -66,6 +77,8 @@ pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) warm_out: Outbox,
     /// The warm plane's colour while state messages are relayed to it.
     pub(crate) warm: Option<Colour>,
+    /// A digest comparison under way (see [`DigestCheck`]).
+    pub(crate) digest: Option<DigestCheck>,
     pub(crate) insert_refused_at_completion: u64,
     pub(crate) first_no_state: Option<ConnId>,
     /// Packets matched by recalled entries that are gone or no longer recalled (see
@@ -93,6 +106,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             out: Outbox::new(f),
             warm_out: Outbox::new(f),
             warm: None,
+            digest: None,
             insert_refused_at_completion: 0,
             first_no_state: None,
             recalled_hw_retired: 0,
@@ -235,6 +249,81 @@ impl<R: ResourcesHandle> DpuShard<R> {
         count
     }
 
+    /// Digests every bucket of the shard's records and asks the plane (warm or active) for
+    /// its own, on that plane's flow vNIC behind every state message sent to it so far.
+    pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, colour: Colour, shard: u16) {
+        let buckets = self.f.dpu.redirect_buckets;
+        let mine = crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets);
+        self.digest = Some(DigestCheck {
+            warm,
+            colour,
+            mine,
+            theirs: vec![(0, 0); usize::from(buckets)],
+        });
+        let out = if warm {
+            &mut self.warm_out
+        } else {
+            &mut self.out
+        };
+        out.send_flow(now, Msg::DigestAsk { colour, shard });
+    }
+
+    /// Takes one of the plane's bucket digests.
+    pub(crate) fn digest_part(&mut self, colour: Colour, bucket: u16, count: u32, digest: u64) {
+        if let Some(d) = &mut self.digest
+            && d.colour == colour
+            && let Some(t) = d.theirs.get_mut(usize::from(bucket))
+        {
+            *t = (count, digest);
+        }
+    }
+
+    /// The plane has sent every digest of this shard (`index` of `shards`): compares them with
+    /// the shard's own, and resyncs each bucket that differs (a `Resync`, then a mirror of
+    /// every record of the bucket, in connection order). Returns those buckets.
+    pub(crate) fn digest_compare(
+        &mut self,
+        now: Instant,
+        colour: Colour,
+        (index, shards): (usize, usize),
+    ) -> Vec<u16> {
+        let Some(d) = self.digest.take_if(|d| d.colour == colour) else {
+            return Vec::new();
+        };
+        let buckets = self.f.dpu.redirect_buckets;
+        let mut differ = Vec::new();
+        for (b, (mine, theirs)) in d.mine.iter().zip(&d.theirs).enumerate() {
+            // Only this shard's buckets: the others are other shards' to compare.
+            if super::shard_of_bucket(b as u16, shards) != index {
+                continue;
+            }
+            self.counters.digest_buckets += 1;
+            if mine != theirs {
+                differ.push(b as u16);
+            }
+        }
+        for &bucket in &differ {
+            self.counters.digest_mismatch += 1;
+            let mut states: Vec<ConnState> = self
+                .conns
+                .values()
+                .filter(|c| c.state.conn.bucket(buckets) == bucket)
+                .map(|c| c.state)
+                .collect();
+            states.sort_unstable_by_key(|st| st.conn);
+            let out = if d.warm {
+                &mut self.warm_out
+            } else {
+                &mut self.out
+            };
+            out.send_flow(now, Msg::Resync { colour, bucket });
+            for st in states {
+                out.sync(now, colour, SyncKind::Mirror, st);
+            }
+        }
+        differ
+    }
+
     /// The redirect rules steer to the warm slot now (see [`ShardRequest::Flip`]): its outbox
     /// becomes the shard's, and every connection the failed plane owned (the shard's copies)
     /// is handed to the new plane with the DPU's mirror of its state, in connection order,
@@ -246,6 +335,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         // What was queued for the failed plane is lost with it.
         self.warm_out = Outbox::new(&self.f);
         self.warm = None;
+        self.digest = None;
         let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
         let mut handed = 0;
         for conn in copies {
@@ -460,6 +550,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             }
             ShardRequest::WarmOff => {
                 self.warm = None;
+                self.digest = None;
                 self.warm_out = Outbox::new(&self.f);
                 ShardReply::Done
             }
@@ -502,6 +593,34 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 self.counters.failovers += 1;
                 ShardReply::Done
             }
+            ShardRequest::DigestAsk {
+                now,
+                warm,
+                colour,
+                shard,
+            } => {
+                self.digest_ask(now, warm, colour, shard);
+                ShardReply::Done
+            }
+            ShardRequest::DigestPart {
+                colour,
+                bucket,
+                count,
+                digest,
+            } => {
+                self.digest_part(colour, bucket, count, digest);
+                ShardReply::Done
+            }
+            ShardRequest::DigestCompare {
+                now,
+                colour,
+                shard,
+                shards,
+            } => ShardReply::Buckets(self.digest_compare(
+                now,
+                colour,
+                (usize::from(shard), usize::from(shards)),
+            )),
             ShardRequest::Send { at, channel, msg } => {
                 self.send(at, channel, msg);
                 ShardReply::Done

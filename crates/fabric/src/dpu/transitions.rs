@@ -110,6 +110,7 @@ impl DpuControl {
         self.life.active = old.other();
         self.life.colour = colour;
         self.life.warm = Warm::Off;
+        self.digest = None;
         self.life.last_heartbeat = now;
         self.life.plane_util = 0.0;
         let handed = sh.flip(now, colour);
@@ -246,6 +247,7 @@ impl DpuControl {
         self.life.active = old.other();
         self.life.colour = colour;
         self.life.warm = Warm::Off;
+        self.digest = None;
         self.life.last_heartbeat = now;
         self.life.plane_util = 0.0;
         // The new plane's first served packet measures the upgrade's forwarding gap.
@@ -285,6 +287,7 @@ impl DpuControl {
             Warm::Starting { .. } | Warm::Syncing { .. } | Warm::Ready { .. } => {
                 let slot = self.life.active.other();
                 self.life.warm = Warm::Off;
+                self.digest = None;
                 sh.warm_off();
                 self.life.commands.push_back(Command::StopPlane { slot });
                 self.event(
@@ -409,6 +412,7 @@ impl DpuControl {
                 slot: self.life.active.other(),
             });
         }
+        self.digest = None;
         self.life.upgrade = Upgrade::None;
         self.life.plane_workers = 0;
         self.event(now, EventKind::Idle, reason);
@@ -525,6 +529,9 @@ impl DpuControl {
         }
         self.ensure_warm(now, sh);
         self.try_upgrade(now, sh);
+        if !self.f.host.digest_interval.is_zero() && now >= self.next_digest {
+            self.ask_warm_digests(now, sh);
+        }
         if self.f.dpu_only {
             return;
         }

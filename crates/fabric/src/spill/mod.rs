@@ -558,15 +558,26 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
         }
         let shard = match msg {
             // A shard the plane does not have: nobody waits for its acknowledgement.
-            Msg::SyncDone { shard, .. } => Some(usize::from(shard)).filter(|&s| s < self.total()),
+            Msg::SyncDone { shard, .. } | Msg::DigestAsk { shard, .. } => {
+                Some(usize::from(shard)).filter(|&s| s < self.total())
+            }
+            Msg::Resync { bucket, .. } => Some(crate::dpu::shard_of_bucket(bucket, self.total())),
             _ => self.conn_shard(&msg),
         };
         if let Some(i) = shard {
-            if let Msg::SyncDone { colour, count, .. } = msg
-                && i >= self.shards.len()
-            {
-                self.call(i, PlaneRequest::AckSync { now, colour, count });
-                return;
+            if i >= self.shards.len() {
+                let req = match msg {
+                    Msg::SyncDone { colour, count, .. } => {
+                        Some(PlaneRequest::AckSync { now, colour, count })
+                    }
+                    Msg::DigestAsk { colour, .. } => Some(PlaneRequest::Digest { now, colour }),
+                    Msg::Resync { bucket, .. } => Some(PlaneRequest::Resync { bucket }),
+                    _ => None,
+                };
+                if let Some(req) = req {
+                    self.call(i, req);
+                    return;
+                }
             }
             let view = self.view();
             self.here(i);
@@ -650,7 +661,11 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             | Msg::Heartbeat { .. }
             | Msg::Drained { .. }
             | Msg::Adopted { .. }
-            | Msg::Absorbing => {}
+            | Msg::Absorbing
+            | Msg::DigestAsk { .. }
+            | Msg::Digest { .. }
+            | Msg::DigestDone { .. }
+            | Msg::Resync { .. } => {}
         }
     }
 

@@ -205,6 +205,20 @@ pub enum PlaneRequest {
     },
     /// The process stopped: forget everything. [`PlaneReply::Done`].
     Stop,
+    /// The DPU's [`Msg::DigestAsk`] for this shard, if it reached the control part.
+    /// [`PlaneReply::Done`].
+    Digest {
+        /// When.
+        now: Instant,
+        /// The colour asked with.
+        colour: Colour,
+    },
+    /// The DPU's [`Msg::Resync`] of a bucket of this shard, if it reached the control part.
+    /// [`PlaneReply::Done`].
+    Resync {
+        /// The bucket.
+        bucket: u16,
+    },
     /// Acknowledge the end of the DPU's bulk sync on this shard's flow vNIC, if it reached the
     /// control part rather than the shard. [`PlaneReply::Done`].
     AckSync {
@@ -240,6 +254,8 @@ pub enum PlaneReply {
 pub struct PlaneShard {
     /// Its index, which its end markers carry.
     index: u16,
+    /// `dpu.redirect_buckets`: what digests and resyncs are per.
+    buckets: u16,
     tick: core::time::Duration,
     flow_cache_max: usize,
     pkt_ps: u64,
@@ -274,6 +290,7 @@ impl PlaneShard {
         let per_ps = |d: core::time::Duration| ns(d) * PS_PER_NS;
         PlaneShard {
             index,
+            buckets: f.dpu.redirect_buckets,
             tick: f.placement.tick,
             flow_cache_max: f.host.flow_cache_max / shards.max(1),
             pkt_ps: per_ps(f.host.pkt_cost),
@@ -415,6 +432,8 @@ impl PlaneShard {
                 };
                 self.out.send_flow(now, msg);
             }
+            PlaneRequest::Digest { now, colour } => self.send_digests(now, colour),
+            PlaneRequest::Resync { bucket } => self.resync(bucket),
             PlaneRequest::Stop => {
                 self.conns.clear();
                 self.offloaded.clear();
@@ -444,6 +463,8 @@ impl PlaneShard {
                 // In order on the flow vNIC: every state of this shard's bulk sync is in.
                 self.out.send_flow(now, msg);
             }
+            Msg::DigestAsk { colour, .. } => self.send_digests(now, colour),
+            Msg::Resync { bucket, .. } => self.resync(bucket),
             Msg::RecallDone { conn, ok } => {
                 if ok {
                     self.counters.recalls_ok += 1;
@@ -485,6 +506,42 @@ impl PlaneShard {
     fn send_sync(&mut self, now: Instant, colour: Colour, kind: SyncKind, state: ConnState) {
         self.counters.sync_tx += 1;
         self.out.sync(now, colour, kind, state);
+    }
+
+    /// Answers a [`Msg::DigestAsk`]: the digest of every bucket the shard holds records in,
+    /// on its flow vNIC, then the end marker. Every state message the DPU sent before the ask
+    /// has been taken (it is FIFO behind them).
+    fn send_digests(&mut self, now: Instant, colour: Colour) {
+        let buckets = self.buckets;
+        let digests = crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets);
+        for (bucket, (count, digest)) in digests.into_iter().enumerate() {
+            if count > 0 {
+                let msg = Msg::Digest {
+                    colour,
+                    bucket: bucket as u16,
+                    count,
+                    digest,
+                };
+                self.out.send_flow(now, msg);
+            }
+        }
+        let done = Msg::DigestDone {
+            colour,
+            shard: self.index,
+        };
+        self.out.send_flow(now, done);
+    }
+
+    /// A [`Msg::Resync`]: the copies of `bucket` differed from the DPU's; forget them (the
+    /// DPU's mirrors of the bucket follow). A record the shard owns stays.
+    fn resync(&mut self, bucket: u16) {
+        let buckets = self.buckets;
+        let stale = self
+            .conns
+            .keys_where(|k, c| c.role == Role::Copy && k.bucket(buckets) == bucket);
+        for conn in stale {
+            self.conns.remove(conn);
+        }
     }
 
     fn remove_conn(&mut self, conn: ConnId) -> Option<SpillConn> {

@@ -353,6 +353,33 @@ pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
             w.u8(18);
             w.u32(*workers);
         }
+        Msg::DigestAsk { colour, shard } => {
+            w.u8(19);
+            w.u32(colour.0);
+            w.u16(*shard);
+        }
+        Msg::Digest {
+            colour,
+            bucket,
+            count,
+            digest,
+        } => {
+            w.u8(20);
+            w.u32(colour.0);
+            w.u16(*bucket);
+            w.u32(*count);
+            w.u64(*digest);
+        }
+        Msg::DigestDone { colour, shard } => {
+            w.u8(21);
+            w.u32(colour.0);
+            w.u16(*shard);
+        }
+        Msg::Resync { colour, bucket } => {
+            w.u8(22);
+            w.u32(colour.0);
+            w.u16(*bucket);
+        }
     }
 }
 
@@ -433,6 +460,24 @@ pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
         },
         18 => Msg::SetWorkers {
             workers: r.u32("workers")?,
+        },
+        19 => Msg::DigestAsk {
+            colour: colour(r)?,
+            shard: r.u16("shard")?,
+        },
+        20 => Msg::Digest {
+            colour: colour(r)?,
+            bucket: r.u16("digest.bucket")?,
+            count: r.u32("digest.count")?,
+            digest: r.u64("digest.digest")?,
+        },
+        21 => Msg::DigestDone {
+            colour: colour(r)?,
+            shard: r.u16("shard")?,
+        },
+        22 => Msg::Resync {
+            colour: colour(r)?,
+            bucket: r.u16("resync.bucket")?,
         },
         v => return Err(bad("msg.tag", v)),
     })
@@ -847,6 +892,24 @@ mod tests {
                 util: 0.5,
             },
             Msg::SetWorkers { workers: 3 },
+            Msg::DigestAsk {
+                colour: c,
+                shard: 2,
+            },
+            Msg::Digest {
+                colour: c,
+                bucket: seed as u16,
+                count: 7,
+                digest: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            },
+            Msg::DigestDone {
+                colour: c,
+                shard: 1,
+            },
+            Msg::Resync {
+                colour: c,
+                bucket: 255,
+            },
         ]
     }
 

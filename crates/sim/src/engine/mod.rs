@@ -182,7 +182,10 @@ impl<'a> Sim<'a> {
                         },
                     );
                 }
-                Command::StopPlane { slot } => self.planes.get_mut(slot).stop(self.now),
+                Command::StopPlane { slot } => {
+                    self.planes.get_mut(slot).stop(self.now);
+                    self.lose_deferred(slot);
+                }
             }
         }
         while let Some(e) = self.dpu.poll_event() {
@@ -201,11 +204,33 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
+    /// A message for a plane arrives (or, after a stall, is read): lost if its process is
+    /// gone, else handled.
+    fn deliver_to_plane(&mut self, now: Instant, parked: u32) {
+        let InFlight {
+            msg, slot, plane, ..
+        } = self.links.receive(parked);
+        let process = self.planes.get_mut(slot);
+        if !process.is_current(plane) {
+            self.links.lose(&msg);
+        } else if let Some(spill) = process.running_node() {
+            spill.handle_msg(now, msg);
+        }
+    }
+
+    /// What waited in a stalled process's vNIC set when it was stopped or killed: lost with it.
+    fn lose_deferred(&mut self, slot: PlaneSlot) {
+        for parked in self.planes.get_mut(slot).take_deferred() {
+            let m = self.links.receive(parked);
+            self.links.lose(&m.msg);
+        }
+    }
+
     fn timers(&mut self) {
         self.queue.arm_dpu(self.dpu.poll_timeout(), self.now);
         for (slot, p) in self.planes.each() {
             // A stalled plane's timers wait for its `Thaw`.
-            if p.running() && p.frozen(self.now).is_none() {
+            if p.running() && !p.frozen(self.now) {
                 self.queue
                     .arm_spill(slot.index(), p.node().poll_timeout(), self.now);
             }
@@ -280,27 +305,14 @@ impl<'a> Sim<'a> {
                     .cps_arrival(g, now, &mut self.rng, &mut self.queue);
                 self.offer(t);
             }
-            EvKind::ToSpill(parked)
-                if let Some(until) = self.planes.get(self.links.slot_of(parked)).frozen(now) =>
-            {
-                // A stopped process reads nothing: the message waits in its vNIC set, in
-                // order (the queue keeps the order of events pushed for the same instant).
-                // It looks again every millisecond, so that it is lost within one of the DPU
-                // stopping the process for good, not when the stall would have ended.
-                let retry = until.min(now + core::time::Duration::from_millis(1));
-                self.queue.push(retry, EvKind::ToSpill(parked));
+            EvKind::ToSpill(parked) if self.planes.get(self.links.slot_of(parked)).frozen(now) => {
+                // A stopped process reads nothing: the message waits in its vNIC set, in order,
+                // until the stall ends (`Thaw`) or the process is stopped for good.
+                self.planes
+                    .get_mut(self.links.slot_of(parked))
+                    .defer(parked);
             }
-            EvKind::ToSpill(parked) => {
-                let InFlight {
-                    msg, slot, plane, ..
-                } = self.links.receive(parked);
-                let process = self.planes.get_mut(slot);
-                if !process.is_current(plane) {
-                    self.links.lose(&msg);
-                } else if let Some(spill) = process.running_node() {
-                    spill.handle_msg(now, msg);
-                }
-            }
+            EvKind::ToSpill(parked) => self.deliver_to_plane(now, parked),
             EvKind::ToDpu(parked) => {
                 let InFlight {
                     msg,
@@ -328,7 +340,7 @@ impl<'a> Sim<'a> {
             EvKind::SpillTimer(i) => {
                 let slot = PlaneSlot(i);
                 if self.queue.fire_spill(slot.index(), ev.at)
-                    && self.planes.get(slot).frozen(now).is_none()
+                    && !self.planes.get(slot).frozen(now)
                     && let Some(spill) = self.planes.get_mut(slot).running_node()
                 {
                     spill.handle_timeout(now);
@@ -346,8 +358,13 @@ impl<'a> Sim<'a> {
                 }
             }
             EvKind::Sample => self.sample(),
-            // Nothing to do but let `timers` arm the plane's timers again.
-            EvKind::Thaw => {}
+            EvKind::Thaw(i) => {
+                // The messages that waited, in order; then `timers` arms its timers again.
+                let slot = PlaneSlot(i);
+                for parked in self.planes.get_mut(slot).thaw(now) {
+                    self.deliver_to_plane(now, parked);
+                }
+            }
             EvKind::HostLoad(i) => {
                 let h = &self.scenario.host_load[i as usize];
                 self.dpu.set_tenant_cores(h.tenant_cores);
@@ -358,6 +375,7 @@ impl<'a> Sim<'a> {
                     FaultKind::KillPlane => {
                         let slot = self.dpu.active_slot();
                         if self.planes.get_mut(slot).kill(now) {
+                            self.lose_deferred(slot);
                             self.dpu
                                 .handle_plane_failed_in(now, slot, "plane process killed");
                         }
@@ -366,12 +384,13 @@ impl<'a> Sim<'a> {
                         let slot = self.dpu.active_slot();
                         let until = now + fault.duration.0;
                         if self.planes.get_mut(slot).freeze(until) {
-                            self.queue.push(until, EvKind::Thaw);
+                            self.queue.push(until, EvKind::Thaw(slot.0));
                         }
                     }
                     FaultKind::KillWarm => {
                         let slot = self.dpu.active_slot().other();
                         if self.dpu.warm() != Warm::Off && self.planes.get_mut(slot).kill(now) {
+                            self.lose_deferred(slot);
                             self.dpu
                                 .handle_plane_failed_in(now, slot, "warm plane process killed");
                         }

@@ -10,6 +10,8 @@ use spillway_fabric::params::FabricParams;
 use spillway_fabric::spill::{SpillCounters, SpillPlane};
 use spillway_fabric::stats::{Drops, LatencyHist};
 use spillway_fabric::types::{ConnId, PlaneSlot};
+use std::collections::VecDeque;
+
 use spillway_vswitch::Instant;
 
 /// The plane's process and its generations.
@@ -24,6 +26,9 @@ pub(super) struct PlaneProcess {
     killed_at: Vec<Option<Instant>>,
     /// The running process is stopped (a stall) until then.
     frozen_until: Option<Instant>,
+    /// Messages that reached it while it was stopped, in arrival order (parked in the links):
+    /// what waits in its vNIC set.
+    deferred: VecDeque<u32>,
 }
 
 impl PlaneProcess {
@@ -34,6 +39,7 @@ impl PlaneProcess {
             running: false,
             killed_at: vec![None],
             frozen_until: None,
+            deferred: VecDeque::new(),
         }
     }
 
@@ -52,9 +58,32 @@ impl PlaneProcess {
         self.running
     }
 
-    /// Until when the running process is stopped, if it is at `now`.
-    pub(super) fn frozen(&self, now: Instant) -> Option<Instant> {
-        self.frozen_until.filter(|&t| self.running && now < t)
+    /// Whether the running process is stopped at `now` (until its `Thaw`, at the end of the
+    /// stall inclusive: a message arriving at that instant before the thaw waits behind those
+    /// that arrived earlier).
+    pub(super) fn frozen(&self, now: Instant) -> bool {
+        self.frozen_until.is_some_and(|t| self.running && now <= t)
+    }
+
+    /// A message (parked in the links at `parked`) reached the stopped process: it waits.
+    pub(super) fn defer(&mut self, parked: u32) {
+        self.deferred.push_back(parked);
+    }
+
+    /// The stall that ends at `now` ends: the messages that waited, in the order they
+    /// arrived. Nothing if the process was not stalled until `now` (a `Thaw` of an earlier
+    /// process's stall, or of one a later stall extended).
+    pub(super) fn thaw(&mut self, now: Instant) -> VecDeque<u32> {
+        if self.frozen_until != Some(now) {
+            return VecDeque::new();
+        }
+        self.frozen_until = None;
+        core::mem::take(&mut self.deferred)
+    }
+
+    /// The messages that waited for a process that was stopped or killed meanwhile: lost.
+    pub(super) fn take_deferred(&mut self) -> VecDeque<u32> {
+        core::mem::take(&mut self.deferred)
     }
 
     /// A fault stops the running process until `until`; false if none was running.

@@ -38,8 +38,8 @@ pub(super) enum EvKind {
         workers: u32,
     },
     Sample,
-    /// A plane's stall ends (its timers are armed again).
-    Thaw,
+    /// The stall of the plane in slot `i` ends: it reads what waited, its timers run again.
+    Thaw(u8),
     /// Host load entry `i` of the scenario takes effect.
     HostLoad(u16),
     /// Fault `i` of the scenario is injected.
