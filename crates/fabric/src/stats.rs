@@ -29,13 +29,18 @@ pub enum FabricDrop {
     /// Zero unless the connection opened with a dropped packet; for an established connection
     /// this would break state continuity (a checker fails on it).
     NoState,
+    /// `fabric.after_close`: a packet of a connection whose last packet had already been
+    /// delivered and its state removed: it took a slower path than its close (steered to the
+    /// plane while the close took the recalled fast path, say) and arrived after it, as TCP's
+    /// TIME_WAIT would see it. Counted apart from `fabric.no_state`, which means lost state.
+    AfterClose,
     /// `policy.deny`: the vSwitch policy denied it (security group). Not a loss.
     Policy,
 }
 
 impl FabricDrop {
     /// Every reason, in metric order.
-    pub const ALL: [FabricDrop; 11] = [
+    pub const ALL: [FabricDrop; 12] = [
         FabricDrop::HwOverload,
         FabricDrop::SocQueueFull,
         FabricDrop::MemFull,
@@ -46,6 +51,7 @@ impl FabricDrop {
         FabricDrop::SpillCacheFull,
         FabricDrop::SpillFailed,
         FabricDrop::NoState,
+        FabricDrop::AfterClose,
         FabricDrop::Policy,
     ];
 
@@ -62,6 +68,7 @@ impl FabricDrop {
             FabricDrop::SpillCacheFull => "spill.cache_full",
             FabricDrop::SpillFailed => "spill.failed",
             FabricDrop::NoState => "fabric.no_state",
+            FabricDrop::AfterClose => "fabric.after_close",
             FabricDrop::Policy => "policy.deny",
         }
     }
@@ -75,7 +82,7 @@ impl fmt::Display for FabricDrop {
 
 /// Packets dropped, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Drops([u64; 11]);
+pub struct Drops([u64; FabricDrop::ALL.len()]);
 
 impl Drops {
     /// Counts `n` drops of `reason`.

@@ -175,6 +175,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 // while releasing may be handed over yet. It has the state; send it there.
                 self.steer_to_host(now, t);
             }
+            None if self.closed_recently.contains(t.conn) => {
+                self.drops.add(FabricDrop::AfterClose, u64::from(t.packets));
+            }
             None => {
                 self.drops.add(FabricDrop::NoState, u64::from(t.packets));
                 self.first_no_state.get_or_insert(t.conn);
@@ -216,7 +219,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             let mut st = c.state;
             st.phase = ConnPhase::Closing;
             st.version += 1;
-            self.remove_conn(t.conn);
+            self.close_conn(t.conn);
             if has_plane {
                 // Tell the plane to drop its copy.
                 self.send_sync(now, view.colour, SyncKind::Closed, st);

@@ -736,6 +736,31 @@ mod tests {
     }
 
     #[test]
+    fn a_packet_after_its_connections_close_is_told_apart_from_lost_state() {
+        use crate::stats::FabricDrop;
+        let mut dpu = DpuNode::new(&FabricParams::default());
+        let conn = ConnId(9);
+        let train = |kind, at| Train {
+            kind,
+            ..data(conn, at, 1)
+        };
+        dpu.handle_train(Instant(0), &train(Kind::Open, Instant(0)));
+        dpu.handle_train(Instant(1_000), &train(Kind::Close, Instant(1_000)));
+        assert!(dpu.conn(conn).is_none());
+        // A data packet of it that took a slower path (the plane punts it back) arrives late.
+        dpu.handle_msg(Instant(2_000), Msg::Punt(data(conn, Instant(500), 3)));
+        assert_eq!(dpu.drops().get(FabricDrop::AfterClose), 3);
+        assert_eq!(dpu.drops().get(FabricDrop::NoState), 0);
+        // A connection the DPU never knew is lost state.
+        dpu.handle_msg(
+            Instant(3_000),
+            Msg::Punt(data(ConnId(10), Instant(2_500), 2)),
+        );
+        assert_eq!(dpu.drops().get(FabricDrop::NoState), 2);
+        assert_eq!(dpu.first_no_state(), Some(ConnId(10)));
+    }
+
+    #[test]
     fn a_shed_counts_as_a_flap_only_for_a_recalled_connection() {
         let mut dpu = DpuNode::new(&FabricParams::default());
         // A connection the SoC opened, with live entries (what a shed picks).

@@ -370,7 +370,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.relay(now, kind, state);
         if kind == SyncKind::Closed {
             // The connection's last packet went through the plane: forget it, entries and all.
-            self.remove_conn(state.conn);
+            self.close_conn(state.conn);
             return;
         }
         if orphan

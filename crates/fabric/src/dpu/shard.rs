@@ -47,6 +47,34 @@ impl ShardView {
     }
 }
 
+/// How many of its most recently closed connections a shard remembers: a packet of one that
+/// arrives after its close (reordered across two paths) is counted as `fabric.after_close`, not
+/// as lost state. The model's TIME_WAIT; a bound, not a time, so that it costs a fixed 32 KiB.
+pub const CLOSED_KEPT: usize = 4096;
+
+/// The last [`CLOSED_KEPT`] connections a shard closed: a ring, written once per close, searched
+/// only for a packet that found no state.
+#[derive(Debug, Default)]
+pub(crate) struct ClosedRing {
+    ring: Vec<ConnId>,
+    next: usize,
+}
+
+impl ClosedRing {
+    pub(crate) fn note(&mut self, conn: ConnId) {
+        if self.ring.len() < CLOSED_KEPT {
+            self.ring.push(conn);
+        } else {
+            self.ring[self.next] = conn;
+            self.next = (self.next + 1) % CLOSED_KEPT;
+        }
+    }
+
+    pub(crate) fn contains(&self, conn: ConnId) -> bool {
+        self.ring.contains(&conn)
+    }
+}
+
 /// A comparison of per-bucket digests with a plane (`ShardRequest::DigestAsk`): the shard's own
 /// digests when it asked, and the plane's as they arrive (none: an empty bucket).
 #[derive(Debug)]
@@ -79,6 +107,8 @@ pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) warm: Option<Colour>,
     /// A digest comparison under way (see [`DigestCheck`]).
     pub(crate) digest: Option<DigestCheck>,
+    /// The connections this shard closed most recently (see [`CLOSED_KEPT`]).
+    pub(crate) closed_recently: ClosedRing,
     pub(crate) insert_refused_at_completion: u64,
     pub(crate) first_no_state: Option<ConnId>,
     /// Packets matched by recalled entries that are gone or no longer recalled (see
@@ -107,6 +137,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             warm_out: Outbox::new(f),
             warm: None,
             digest: None,
+            closed_recently: ClosedRing::default(),
             insert_refused_at_completion: 0,
             first_no_state: None,
             recalled_hw_retired: 0,
@@ -364,6 +395,13 @@ impl<R: ResourcesHandle> DpuShard<R> {
             // It had a record after all: that one's memory is the reservation's.
             self.res.write().conn_removed();
         }
+    }
+
+    /// The connection closed (its last packet was delivered, here or by the plane): its
+    /// record goes, and it is remembered as closed.
+    pub(crate) fn close_conn(&mut self, conn: ConnId) {
+        self.remove_conn(conn);
+        self.closed_recently.note(conn);
     }
 
     pub(crate) fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
