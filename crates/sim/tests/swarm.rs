@@ -9,21 +9,25 @@
 
 use spillway_sim::swarm;
 
+/// A number from the environment, if set and valid.
+fn env_opt(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// A number from the environment, or `default`.
+fn env_u64(name: &str, default: u64) -> u64 {
+    env_opt(name).unwrap_or(default)
+}
+
 #[test]
 fn swarm_of_seeds_passes_every_checker() {
-    let n: u64 = std::env::var("SPILLWAY_SWARM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let base: u64 = std::env::var("SPILLWAY_SWARM_BASE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let (n, base) = (
+        env_u64("SPILLWAY_SWARM_SEEDS", 100),
+        env_u64("SPILLWAY_SWARM_BASE", 0),
+    );
     // `SPILLWAY_TRACE_CONN=N` prints every train and message of connection N (with a single
     // seed, to see how a failing one went wrong).
-    let trace: Option<u64> = std::env::var("SPILLWAY_TRACE_CONN")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let trace = env_opt("SPILLWAY_TRACE_CONN");
     let mut activated = 0;
     let mut faults = 0;
     for seed in base..base + n {
@@ -58,20 +62,14 @@ fn swarm_of_seeds_passes_every_checker() {
 
 #[test]
 fn shaped_swarm_passes_every_checker() {
-    let n: u64 = std::env::var("SPILLWAY_SWARM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
-    let base: u64 = std::env::var("SPILLWAY_SWARM_BASE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let (n, base) = (
+        env_u64("SPILLWAY_SWARM_SEEDS", 50),
+        env_u64("SPILLWAY_SWARM_BASE", 0),
+    );
     let mut activated = 0;
     let mut threshold_recalled = 0;
     let mut stability_recalled = 0;
-    let trace: Option<u64> = std::env::var("SPILLWAY_TRACE_CONN")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let trace = env_opt("SPILLWAY_TRACE_CONN");
     for seed in base..base + n {
         let sc = swarm::scenario_shaped(seed);
         let opts = spillway_sim::engine::RunOptions {
@@ -121,17 +119,11 @@ fn shaped_swarm_passes_every_checker() {
 /// must happen. `spillway sim swarm --kind standby --seeds N` runs more.
 #[test]
 fn standby_swarm_passes_every_checker() {
-    let n: u64 = std::env::var("SPILLWAY_SWARM_SEEDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let base: u64 = std::env::var("SPILLWAY_SWARM_BASE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let trace: Option<u64> = std::env::var("SPILLWAY_TRACE_CONN")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let (n, base) = (
+        env_u64("SPILLWAY_SWARM_SEEDS", 100),
+        env_u64("SPILLWAY_SWARM_BASE", 0),
+    );
+    let trace = env_opt("SPILLWAY_TRACE_CONN");
     let mut sum = swarm::SeedOutcome::default();
     let mut activated = 0;
     for seed in base..base + n {

@@ -106,13 +106,7 @@ impl DpuControl {
             self.finish_upgrade_flip(now, colour, sh);
             return;
         }
-        let old = self.life.active;
-        self.life.active = old.other();
-        self.life.colour = colour;
-        self.life.warm = Warm::Off;
-        self.digest = None;
-        self.life.last_heartbeat = now;
-        self.life.plane_util = 0.0;
+        self.take_warm_slot(now, colour);
         let handed = sh.flip(now, colour);
         sh.count_failover();
         self.life.phase = match self.life.phase {
@@ -243,13 +237,7 @@ impl DpuControl {
     /// buckets' connections (the DPU owns them all since the hand-back); the old plane
     /// retires after a window, finishing what is in flight.
     fn finish_upgrade_flip(&mut self, now: Instant, colour: Colour, sh: &mut dyn Shards) {
-        let old = self.life.active;
-        self.life.active = old.other();
-        self.life.colour = colour;
-        self.life.warm = Warm::Off;
-        self.digest = None;
-        self.life.last_heartbeat = now;
-        self.life.plane_util = 0.0;
+        let old = self.take_warm_slot(now, colour);
         // The new plane's first served packet measures the upgrade's forwarding gap.
         self.life.absorbed = false;
         self.life.trigger = Some(now);
@@ -272,6 +260,20 @@ impl DpuControl {
                 self.life.active, colour.0
             ),
         );
+    }
+
+    /// A flip went live: the warm slot, whose plane has `colour`, is the active one. Returns
+    /// the slot that was.
+    fn take_warm_slot(&mut self, now: Instant, colour: Colour) -> PlaneSlot {
+        let old = self.life.active;
+        self.life.active = old.other();
+        self.life.colour = colour;
+        self.life.warm = Warm::Off;
+        self.digest = None;
+        // Its heartbeats were the warm plane's until now.
+        self.life.last_heartbeat = now;
+        self.life.plane_util = 0.0;
+        old
     }
 
     /// The warm plane failed (or, during a flip, the plane about to take over: then the DPU
