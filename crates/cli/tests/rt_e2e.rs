@@ -1109,6 +1109,10 @@ fn connections_survive_activation_and_release(shards: u32) {
         on_plane >= 1,
         "activation handed established connections to the plane"
     );
+    // The plane answered the drain (every steered frame had reached it: the drain fence),
+    // rather than the DPU giving up after `dpu.drain_timeout`.
+    let reason = s["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("plane drained"), "{reason}");
     assert!(pongs > 100, "{pongs}");
     assert!(
         stalled.is_empty(),

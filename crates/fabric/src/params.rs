@@ -58,6 +58,12 @@ pub struct DpuParams {
     /// again. Packets steered meanwhile still go to the old set. [assumed]: 1 ms.
     #[serde(with = "humantime_us")]
     pub flip_latency: Duration,
+    /// How long a release waits for the plane's `Drained` after asking it to drain; then the
+    /// DPU stops the plane anyway (what it had not handed back is kept from the DPU's copies).
+    /// A bound, so that a plane that lost a packet of the drain fence cannot hold the release.
+    /// [assumed]: 200 ms.
+    #[serde(with = "humantime_us")]
+    pub drain_timeout: Duration,
     /// Hash buckets the redirect rules split the 5-tuple space into (the overflow quota is a
     /// number of buckets). [assumed]: 256, an RSS indirection table's size.
     pub redirect_buckets: u16,
@@ -105,6 +111,7 @@ impl Default for DpuParams {
             insert_queue_max: 65_536,
             redirect_latency: Duration::from_millis(10),
             flip_latency: Duration::from_millis(1),
+            drain_timeout: Duration::from_millis(200),
             redirect_buckets: 256,
             steer_pps_limit: 297.6e6,
             soc_cores: 8,
@@ -625,6 +632,12 @@ impl FabricParams {
             d.redirect_latency,
             0..=10_000_000_000,
             "0..=10s"
+        );
+        duration_in!(
+            "dpu.drain_timeout",
+            d.drain_timeout,
+            1_000_000..=60_000_000_000,
+            "1ms..=60s"
         );
         duration_in!(
             "dpu.flip_latency",

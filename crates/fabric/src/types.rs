@@ -291,10 +291,17 @@ pub enum Msg {
         /// The plane's shard that sent them (every shard sends one).
         shard: u16,
     },
-    /// Control, DPU -> host: the redirect rules are gone; finish what is in flight.
+    /// Control, DPU -> host: the redirect rules are gone; finish what is in flight. One per
+    /// shard: the plane's shard `shard` answers once it has received the `packets` that DPU
+    /// shard steered to this plane (a drain fence: this message, on the control channel, may
+    /// overtake them on the phy vNIC).
     Drain {
         /// Colour.
         colour: Colour,
+        /// The shard.
+        shard: u16,
+        /// Packets the DPU shard steered to this plane since it became the active one.
+        packets: u64,
     },
     /// Control, host -> DPU: nothing is in flight any more.
     Drained {
@@ -486,7 +493,8 @@ impl Msg {
             | Msg::Released { shard, .. }
             | Msg::Drained { shard, .. }
             | Msg::DigestAsk { shard, .. }
-            | Msg::DigestDone { shard, .. } => usize::from(*shard),
+            | Msg::DigestDone { shard, .. }
+            | Msg::Drain { shard, .. } => usize::from(*shard),
             Msg::Digest { bucket, .. } | Msg::Resync { bucket, .. } => {
                 crate::dpu::shard_of_bucket(*bucket, shards)
             }

@@ -250,7 +250,14 @@ fn a_release_over_two_threads_ends_with_a_marker_from_each_shard() {
     assert_eq!(acks, [ack]);
 
     plane.handle_msg(ms(2), Msg::Release { colour });
-    plane.handle_msg(ms(3), Msg::Drain { colour });
+    for shard in [0, 1] {
+        let drain = Msg::Drain {
+            colour,
+            shard,
+            packets: 0,
+        };
+        plane.handle_msg(ms(3), drain);
+    }
     let mut here: Vec<Transmit> = std::iter::from_fn(|| plane.poll_transmit()).collect();
     here.extend(to1.take_sent());
     let mut released: Vec<(u16, u64)> = here

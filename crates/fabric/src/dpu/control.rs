@@ -112,6 +112,16 @@ pub enum ShardRequest {
     CountFailOpen,
     /// Count a failover (asked of the first shard only).
     CountFailover,
+    /// Ask the plane to drain: the shard's `Msg::Drain`, with the packets it steered to the
+    /// plane since it became the active one, leaving at `at`. [`ShardReply::Done`].
+    Drain {
+        /// When it leaves.
+        at: Instant,
+        /// The activation's colour.
+        colour: Colour,
+        /// The shard's index.
+        shard: u16,
+    },
     /// Digest the shard's records per bucket and ask the plane (the warm one, or the active
     /// one) for its own, on that plane's flow vNIC. [`ShardReply::Done`].
     DigestAsk {
@@ -355,6 +365,17 @@ impl dyn Shards + '_ {
 
     pub(crate) fn count_fail_open(&mut self) {
         self.call(0, ShardRequest::CountFailOpen);
+    }
+
+    pub(crate) fn drain(&mut self, at: Instant, colour: Colour) {
+        for i in 0..self.count() {
+            let req = ShardRequest::Drain {
+                at,
+                colour,
+                shard: i as u16,
+            };
+            self.call(i, req);
+        }
     }
 
     pub(crate) fn count_failover(&mut self) {

@@ -108,6 +108,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
         part.packets = l.count;
         self.counters.steered += u64::from(l.count);
+        self.steered_active += u64::from(l.count);
         if t.kind == Kind::Open {
             self.counters.steered_new_conn += 1;
         }

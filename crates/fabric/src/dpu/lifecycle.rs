@@ -337,6 +337,8 @@ pub(crate) struct Lifecycle {
     pub(crate) warm_heartbeat: Instant,
     /// An online upgrade under way.
     pub(crate) upgrade: Upgrade,
+    /// When a release's drain step gives up waiting for the plane (`dpu.drain_timeout`).
+    pub(crate) drain_deadline: Option<Instant>,
     /// Redirected buckets (the overflow quota).
     pub(crate) quota: u16,
     /// When the decision behind the activation under way was taken (for the time to absorb).
@@ -364,6 +366,7 @@ impl Lifecycle {
             warm: Warm::Off,
             warm_heartbeat: Instant::ZERO,
             upgrade: Upgrade::None,
+            drain_deadline: None,
             quota: 0,
             trigger: None,
             absorbed: false,
@@ -410,6 +413,10 @@ impl Lifecycle {
                 step: DrainStep::RemoveRedirect { done_at },
                 ..
             } => Some(done_at),
+            Phase::Draining {
+                step: DrainStep::Drain,
+                ..
+            } => self.drain_deadline,
             Phase::Idle
             | Phase::Preparing { .. }
             | Phase::Shadow { .. }

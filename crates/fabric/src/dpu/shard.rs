@@ -109,6 +109,9 @@ pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) digest: Option<DigestCheck>,
     /// The connections this shard closed most recently (see [`CLOSED_KEPT`]).
     pub(crate) closed_recently: ClosedRing,
+    /// Packets steered to the active plane since it became the active one: the drain fence
+    /// (`Msg::Drain::packets`).
+    pub(crate) steered_active: u64,
     pub(crate) insert_refused_at_completion: u64,
     pub(crate) first_no_state: Option<ConnId>,
     /// Packets matched by recalled entries that are gone or no longer recalled (see
@@ -138,6 +141,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             warm: None,
             digest: None,
             closed_recently: ClosedRing::default(),
+            steered_active: 0,
             insert_refused_at_completion: 0,
             first_no_state: None,
             recalled_hw_retired: 0,
@@ -367,6 +371,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.warm_out = Outbox::new(&self.f);
         self.warm = None;
         self.digest = None;
+        self.steered_active = 0;
         let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
         let mut handed = 0;
         for conn in copies {
@@ -463,6 +468,8 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// owns, in connection order, then the end marker naming the shard (`shard`). Returns how
     /// many.
     pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour, shard: u16) -> u64 {
+        // A new active plane: nothing was steered to it yet.
+        self.steered_active = 0;
         let mut v: Vec<(ConnId, ConnState)> = self
             .conns
             .iter()
@@ -625,6 +632,15 @@ impl<R: ResourcesHandle> DpuShard<R> {
             }
             ShardRequest::CountFailOpen => {
                 self.counters.fail_opens += 1;
+                ShardReply::Done
+            }
+            ShardRequest::Drain { at, colour, shard } => {
+                let msg = Msg::Drain {
+                    colour,
+                    shard,
+                    packets: self.steered_active,
+                };
+                self.send(at, Channel::Control, msg);
                 ShardReply::Done
             }
             ShardRequest::CountFailover => {

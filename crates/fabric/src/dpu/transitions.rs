@@ -416,6 +416,7 @@ impl DpuControl {
         }
         self.digest = None;
         self.life.upgrade = Upgrade::None;
+        self.life.drain_deadline = None;
         self.life.plane_workers = 0;
         self.event(now, EventKind::Idle, reason);
     }
@@ -426,6 +427,19 @@ impl DpuControl {
             && now >= live_at
         {
             self.finish_flip(now, sh);
+        }
+        if let Phase::Draining {
+            step: DrainStep::Drain,
+            ..
+        } = self.life.phase
+            && self.life.drain_deadline.is_some_and(|d| now >= d)
+        {
+            let waited = self.f.dpu.drain_timeout.as_secs_f64() * 1e3;
+            self.go_idle(
+                now,
+                format!("the plane did not drain within {waited:.0} ms; stopped"),
+                sh,
+            );
         }
         if let Upgrade::Retiring { slot, at } = self.life.upgrade
             && now >= at
@@ -473,8 +487,9 @@ impl DpuControl {
                 // separate, so the drain request must not overtake packets still queued on the
                 // phy vNIC.
                 let at = at_ps(sh.host_idle_ps(now));
-                sh.send(at, Channel::Control, Msg::Drain { colour });
+                sh.drain(at, colour);
                 self.await_markers(sh.count());
+                self.life.drain_deadline = Some(now + self.f.dpu.drain_timeout);
             }
             _ => {}
         }

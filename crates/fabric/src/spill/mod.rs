@@ -558,9 +558,9 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
         }
         let shard = match msg {
             // A shard the plane does not have: nobody waits for its acknowledgement.
-            Msg::SyncDone { shard, .. } | Msg::DigestAsk { shard, .. } => {
-                Some(usize::from(shard)).filter(|&s| s < self.total())
-            }
+            Msg::SyncDone { shard, .. }
+            | Msg::DigestAsk { shard, .. }
+            | Msg::Drain { shard, .. } => Some(usize::from(shard)).filter(|&s| s < self.total()),
             Msg::Resync { bucket, .. } => Some(crate::dpu::shard_of_bucket(bucket, self.total())),
             _ => self.conn_shard(&msg),
         };
@@ -571,6 +571,14 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
                         Some(PlaneRequest::AckSync { now, colour, count })
                     }
                     Msg::DigestAsk { colour, .. } => Some(PlaneRequest::Digest { now, colour }),
+                    Msg::Drain {
+                        colour, packets, ..
+                    } => Some(PlaneRequest::Drain {
+                        now,
+                        colour,
+                        host_idle_ps: self.res.read().idle_at_ps(),
+                        packets,
+                    }),
                     Msg::Resync { bucket, .. } => Some(PlaneRequest::Resync { bucket }),
                     _ => None,
                 };
@@ -636,14 +644,6 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
                     sync_colour,
                 });
             }
-            Msg::Drain { colour } => {
-                let host_idle_ps = self.res.read().idle_at_ps();
-                self.each(|| PlaneRequest::Drain {
-                    now,
-                    colour,
-                    host_idle_ps,
-                });
-            }
             Msg::SetWorkers { workers } => {
                 self.pending_workers = Some((now + self.f.host.worker_start, workers));
             }
@@ -662,6 +662,7 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             | Msg::Drained { .. }
             | Msg::Adopted { .. }
             | Msg::Absorbing
+            | Msg::Drain { .. }
             | Msg::DigestAsk { .. }
             | Msg::Digest { .. }
             | Msg::DigestDone { .. }
@@ -971,7 +972,14 @@ mod tests {
         assert_eq!(handovers, 16);
         assert_eq!(plane.conns_owned(), 0);
 
-        plane.handle_msg(Instant(3), Msg::Drain { colour });
+        for shard in [0, 1] {
+            let drain = Msg::Drain {
+                colour,
+                shard,
+                packets: 0,
+            };
+            plane.handle_msg(Instant(3), drain);
+        }
         let mut drained: Vec<u16> = std::iter::from_fn(|| plane.poll_transmit())
             .filter_map(|t| match t.msg {
                 Msg::Drained { shard, .. } => Some(shard),
@@ -980,6 +988,56 @@ mod tests {
             .collect();
         drained.sort_unstable();
         assert_eq!(drained, [0, 1]);
+    }
+
+    #[test]
+    fn a_drain_waits_for_the_packets_steered_before_it_and_hands_back_what_they_open() {
+        let mut plane = SpillPlane::new(&FabricParams::default());
+        plane.start(Instant(0), 1);
+        let colour = Colour(1);
+        plane.handle_msg(Instant(0), Msg::Activated { colour });
+        plane.handle_msg(Instant(1), Msg::Release { colour });
+        while plane.poll_transmit().is_some() {}
+        // The drain request overtook one steered packet, a new connection's first.
+        let drain = Msg::Drain {
+            colour,
+            shard: 0,
+            packets: 1,
+        };
+        plane.handle_msg(Instant(2), drain);
+        let early: Vec<Msg> = std::iter::from_fn(|| plane.poll_transmit())
+            .map(|t| t.msg)
+            .collect();
+        assert!(
+            !early.iter().any(|m| matches!(m, Msg::Drained { .. })),
+            "{early:?}"
+        );
+        let open = Train {
+            conn: ConnId(77),
+            tenant: spillway_vswitch::TenantId(1),
+            side: crate::types::Side::Orig,
+            dest: crate::types::Dest::Wire,
+            kind: crate::types::Kind::Open,
+            packets: 1,
+            packet_bytes: 64,
+            born: Instant(1),
+            denied: false,
+        };
+        plane.handle_msg(Instant(3), Msg::Packets(open));
+        let out: Vec<Transmit> = std::iter::from_fn(|| plane.poll_transmit()).collect();
+        let handback = out
+            .iter()
+            .position(|t| {
+                matches!(t.msg, Msg::Sync { kind: crate::types::SyncKind::Handover, state, .. } if state.conn == ConnId(77))
+            })
+            .expect("the releasing plane hands the new connection back");
+        let drained = out
+            .iter()
+            .position(|t| matches!(t.msg, Msg::Drained { shard: 0, .. }))
+            .expect("answered once the packet is in");
+        assert!(handback < drained, "{out:?}");
+        assert_eq!(out[drained].channel, Channel::FlowVnic);
+        assert!(out[drained].at >= out[handback].at);
     }
 
     /// Demotes `a` and recalls `b` in its place at its first tick.

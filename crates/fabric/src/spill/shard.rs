@@ -193,8 +193,8 @@ pub enum PlaneRequest {
         /// The colour the handovers carry (the newest the plane has heard of).
         sync_colour: Colour,
     },
-    /// Drain: `Msg::Drained` on the flow vNIC once the workers and the phy vNIC toward the
-    /// DPU (idle at `host_idle_ps`) and the shard's flow vNIC are idle. [`PlaneReply::Done`].
+    /// The DPU's `Msg::Drain` for this shard, if it reached the control part: see
+    /// [`PlaneShard::drain`]. [`PlaneReply::Done`].
     Drain {
         /// When.
         now: Instant,
@@ -202,6 +202,8 @@ pub enum PlaneRequest {
         colour: Colour,
         /// When the workers and the phy vNIC are idle, ps.
         host_idle_ps: u64,
+        /// Packets the DPU shard steered to this plane (the drain fence).
+        packets: u64,
     },
     /// The process stopped: forget everything. [`PlaneReply::Done`].
     Stop,
@@ -273,6 +275,10 @@ pub struct PlaneShard {
     /// Connections closed since the last tick: the placement policy forgets them.
     closed: Vec<ConnId>,
     absorbed_sent: bool,
+    /// Packets received from the DPU since the process started (the drain fence's count).
+    rx_active: u64,
+    /// A drain waiting for the packets the DPU steered here: its colour and their count.
+    drain_fence: Option<(Colour, u64)>,
     pub(super) first_no_state: Option<ConnId>,
     out: Outbox,
     pub(super) counters: SpillCounters,
@@ -304,6 +310,8 @@ impl PlaneShard {
             offloaded: BTreeMap::new(),
             closed: Vec::new(),
             absorbed_sent: false,
+            rx_active: 0,
+            drain_fence: None,
             first_no_state: None,
             out: Outbox::new(f),
             counters: SpillCounters::default(),
@@ -412,18 +420,8 @@ impl PlaneShard {
                 now,
                 colour,
                 host_idle_ps,
-            } => {
-                let done = host_idle_ps
-                    .max(ps(self.out.flow_idle_at(now)))
-                    .max(ps(now));
-                // On the flow vNIC, behind every handover the shard has sent: the DPU must
-                // own all of them before it stops the plane.
-                let msg = Msg::Drained {
-                    colour,
-                    shard: self.index,
-                };
-                self.out.send(at_ps(done), Channel::FlowVnic, msg);
-            }
+                packets,
+            } => self.drain(now, colour, packets, host_idle_ps),
             PlaneRequest::AckSync { now, colour, count } => {
                 let msg = Msg::SyncDone {
                     colour,
@@ -435,6 +433,8 @@ impl PlaneShard {
             PlaneRequest::Digest { now, colour } => self.send_digests(now, colour),
             PlaneRequest::Resync { bucket } => self.resync(bucket),
             PlaneRequest::Stop => {
+                self.rx_active = 0;
+                self.drain_fence = None;
                 self.conns.clear();
                 self.offloaded.clear();
                 self.closed.clear();
@@ -457,13 +457,25 @@ impl PlaneShard {
     ) {
         self.direct_last = 0;
         match msg {
-            Msg::Packets(t) => self.handle_packets(now, &t, view, res),
+            Msg::Packets(t) => {
+                self.handle_packets(now, &t, view, res);
+                // The last packet a pending drain waited for: answer it now, behind whatever
+                // this packet made the shard send.
+                if let Some((colour, packets)) = self.drain_fence
+                    && self.rx_active >= packets
+                {
+                    self.drain(now, colour, packets, res.idle_at_ps());
+                }
+            }
             Msg::Sync { kind, state, .. } => self.ingest_sync(now, kind, state, view),
             msg @ Msg::SyncDone { .. } => {
                 // In order on the flow vNIC: every state of this shard's bulk sync is in.
                 self.out.send_flow(now, msg);
             }
             Msg::DigestAsk { colour, .. } => self.send_digests(now, colour),
+            Msg::Drain {
+                colour, packets, ..
+            } => self.drain(now, colour, packets, res.idle_at_ps()),
             Msg::Resync { bucket, .. } => self.resync(bucket),
             Msg::RecallDone { conn, ok } => {
                 if ok {
@@ -506,6 +518,28 @@ impl PlaneShard {
     fn send_sync(&mut self, now: Instant, colour: Colour, kind: SyncKind, state: ConnState) {
         self.counters.sync_tx += 1;
         self.out.sync(now, colour, kind, state);
+    }
+
+    /// The DPU asks this shard to drain: `Msg::Drained` on the flow vNIC, behind every
+    /// handover the shard has sent (the DPU must own all of them before it stops the plane),
+    /// once the workers and the phy vNIC toward the DPU (idle at `host_idle_ps`) are idle
+    /// and, first, the `packets` the DPU shard steered here have all arrived: the request
+    /// travels on the control channel and may overtake them, and one of them may open a
+    /// connection the plane must hand back before it is stopped.
+    fn drain(&mut self, now: Instant, colour: Colour, packets: u64, host_idle_ps: u64) {
+        if self.rx_active < packets {
+            self.drain_fence = Some((colour, packets));
+            return;
+        }
+        self.drain_fence = None;
+        let done = host_idle_ps
+            .max(ps(self.out.flow_idle_at(now)))
+            .max(ps(now));
+        let msg = Msg::Drained {
+            colour,
+            shard: self.index,
+        };
+        self.out.send(at_ps(done), Channel::FlowVnic, msg);
     }
 
     /// Answers a [`Msg::DigestAsk`]: the digest of every bucket the shard holds records in,
@@ -625,6 +659,7 @@ impl PlaneShard {
         res: &mut PlaneResources,
     ) {
         self.counters.rx += u64::from(t.packets);
+        self.rx_active += u64::from(t.packets);
         // The cost depends on the packet, not on what the plane knows of its connection.
         let direct = view.vatc && t.dest == Dest::Vm && !t.denied;
         let copy = if direct {

@@ -321,9 +321,15 @@ pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
             w.u64(*count);
             w.u16(*shard);
         }
-        Msg::Drain { colour } => {
+        Msg::Drain {
+            colour,
+            shard,
+            packets,
+        } => {
             w.u8(12);
             w.u32(colour.0);
+            w.u16(*shard);
+            w.u64(*packets);
         }
         Msg::Drained { colour, shard } => {
             w.u8(13);
@@ -440,7 +446,11 @@ pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
             count: r.u64("count")?,
             shard: r.u16("shard")?,
         },
-        12 => Msg::Drain { colour: colour(r)? },
+        12 => Msg::Drain {
+            colour: colour(r)?,
+            shard: r.u16("shard")?,
+            packets: r.u64("drain.packets")?,
+        },
         13 => Msg::Drained {
             colour: colour(r)?,
             shard: r.u16("shard")?,
@@ -873,7 +883,11 @@ mod tests {
                 count: 4,
                 shard: 3,
             },
-            Msg::Drain { colour: c },
+            Msg::Drain {
+                colour: c,
+                shard: 1,
+                packets: seed,
+            },
             Msg::Drained {
                 colour: c,
                 shard: 1,
