@@ -336,7 +336,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// A message about one of this shard's connections from a plane that has been fenced
     /// (the failed plane of a slot the DPU flipped away from, still in flight, or sent by a
     /// stalled plane that resumed). Its packets are real and are served. Its state is an
-    /// orphan's (see [`DpuShard::ingest_sync`]). Anything that would change who owns a
+    /// orphan's (see `DpuShard::ingest_sync`). Anything that would change who owns a
     /// connection or its entries (a recall, a delete, an adoption) is dropped and counted
     /// (`dpu.fenced`): the plane it concerned no longer holds the connection.
     pub fn handle_fenced_msg(&mut self, now: Instant, msg: Msg, view: ShardView) {

@@ -34,8 +34,10 @@
 //! - **Releasing** (`releasing`): hands every connection it owns back to the DPU
 //!   (`SyncKind::Handover`; it keeps a copy), then sends `Msg::Released` on the flow vNIC behind
 //!   them. A connection it opens or is handed from here on goes straight back. Placement moves
-//!   nothing. `Msg::Drain` is answered with `Msg::Drained` once its workers, its flow vNIC and
-//!   its phy vNIC toward the DPU are idle; the plane stays Releasing until the DPU stops it.
+//!   nothing. Each shard answers its `Msg::Drain` with `Msg::Drained` once it has received the
+//!   packets the drain counts (the DPU shard's steered to this plane: the request may overtake
+//!   them) and its workers, its flow vNIC and its phy vNIC toward the DPU are idle; the plane
+//!   stays Releasing until the DPU stops it.
 //!   Entered from Active only, by `Msg::Release` (the DPU sends it only from its own Active
 //!   phase; a plane released from Shadow is stopped without it).
 //!

@@ -194,7 +194,7 @@ pub enum PlaneRequest {
         sync_colour: Colour,
     },
     /// The DPU's `Msg::Drain` for this shard, if it reached the control part: see
-    /// [`PlaneShard::drain`]. [`PlaneReply::Done`].
+    /// `PlaneShard::drain`. [`PlaneReply::Done`].
     Drain {
         /// When.
         now: Instant,
