@@ -213,9 +213,14 @@ impl DpuControl {
                 } = self.life.phase
                     && c == colour
                     && let Some(count) = self.take_marker(shard, count)
-                    && !(self.life.upgrade == Upgrade::Releasing
-                        && self.upgrade_handed_back(now, count, sh))
                 {
+                    // An upgrade flips to the new plane instead of removing the rules (unless
+                    // the new plane failed meanwhile: then this is a release after all).
+                    if self.life.upgrade == Upgrade::Releasing
+                        && self.upgrade_handed_back(now, count, sh)
+                    {
+                        return;
+                    }
                     let done_at = now + self.f.dpu.redirect_latency;
                     self.life.phase = Phase::Draining {
                         colour,

@@ -267,11 +267,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
     pub(crate) fn warm_sync(&mut self, now: Instant, colour: Colour, shard: u16) -> u64 {
         self.warm = Some(colour);
         self.warm_out = Outbox::new(&self.f);
-        let mut v: Vec<(ConnId, ConnState)> =
-            self.conns.iter().map(|(k, c)| (*k, c.state)).collect();
-        v.sort_unstable_by_key(|(k, _)| *k);
-        let count = v.len() as u64;
-        for (_, st) in v {
+        let states = self.states_where(|_| true);
+        let count = states.len() as u64;
+        for st in states {
             self.relay(now, SyncKind::Mirror, st);
         }
         let at = self.warm_out.flow_idle_at(now);
@@ -339,13 +337,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
         for &bucket in &differ {
             self.counters.digest_mismatch += 1;
-            let mut states: Vec<ConnState> = self
-                .conns
-                .values()
-                .filter(|c| c.state.conn.bucket(buckets) == bucket)
-                .map(|c| c.state)
-                .collect();
-            states.sort_unstable_by_key(|st| st.conn);
+            let states = self.states_where(|c| c.state.conn.bucket(buckets) == bucket);
             let out = if d.warm {
                 &mut self.warm_out
             } else {
@@ -400,6 +392,19 @@ impl<R: ResourcesHandle> DpuShard<R> {
             // It had a record after all: that one's memory is the reservation's.
             self.res.write().conn_removed();
         }
+    }
+
+    /// The states of the records `keep` selects, in connection order (what a sync sends, so
+    /// that hash-map order never reaches the wire).
+    fn states_where(&self, mut keep: impl FnMut(&DpuConn) -> bool) -> Vec<ConnState> {
+        let mut v: Vec<ConnState> = self
+            .conns
+            .values()
+            .filter(|c| keep(c))
+            .map(|c| c.state)
+            .collect();
+        v.sort_unstable_by_key(|st| st.conn);
+        v
     }
 
     /// The connection closed (its last packet was delivered, here or by the plane): its
@@ -470,15 +475,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
     pub(crate) fn bulk_sync(&mut self, now: Instant, colour: Colour, shard: u16) -> u64 {
         // A new active plane: nothing was steered to it yet.
         self.steered_active = 0;
-        let mut v: Vec<(ConnId, ConnState)> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.role == Role::Owner)
-            .map(|(k, c)| (*k, c.state))
-            .collect();
-        v.sort_unstable_by_key(|(k, _)| *k);
-        let count = v.len() as u64;
-        for (_, st) in v {
+        let states = self.states_where(|c| c.role == Role::Owner);
+        let count = states.len() as u64;
+        for st in states {
             self.send_sync(now, colour, SyncKind::Mirror, st);
         }
         let at = self.out.flow_idle_at(now);

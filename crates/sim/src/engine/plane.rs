@@ -200,19 +200,24 @@ impl Planes {
             .collect()
     }
 
-    /// Both nodes' counters, summed.
+    /// Both nodes' counters, summed. A slot never started (the second, without warm standby)
+    /// adds nothing and is not read: conservation reads this after every event.
     pub(super) fn counters(&self) -> SpillCounters {
         let mut c = self.slots[0].node().counters();
-        c.add(&self.slots[1].node().counters());
+        if self.slots[1].generation() > 0 {
+            c.add(&self.slots[1].node().counters());
+        }
         c
     }
 
-    /// Both nodes' drops.
+    /// Both nodes' drops (a slot never started is not read, as in [`Planes::counters`]).
     pub(super) fn drops(&self) -> Drops {
-        self.slots[0]
-            .node()
-            .drops()
-            .merged(&self.slots[1].node().drops())
+        let d = self.slots[0].node().drops();
+        if self.slots[1].generation() > 0 {
+            d.merged(&self.slots[1].node().drops())
+        } else {
+            d
+        }
     }
 
     /// Latency of the packets both nodes delivered themselves.
