@@ -92,6 +92,14 @@ pub enum CtlCommand {
         /// on or off.
         state: String,
     },
+    /// Online upgrade: start a new plane in the warm slot, sync it, hand the active plane's
+    /// connections over, flip the redirect rules to it and retire the old plane.
+    Upgrade {
+        /// The binary the new plane (and every later one) runs: an absolute path to a file
+        /// owned by root, not writable by group or others, in directories that are not either.
+        #[arg(long)]
+        binary: Option<PathBuf>,
+    },
 }
 
 /// Most packets per second `vm-endpoint --pps` accepts (far above what one queue carries).
@@ -313,6 +321,18 @@ pub fn ctl(args: &CtlArgs) -> Result<()> {
                 "on" => true,
                 "off" => false,
                 _ => bail!("vatc: expected on or off, got {state:?}"),
+            },
+        },
+        CtlCommand::Upgrade { binary } => CtlRequest::Upgrade {
+            binary: match binary {
+                Some(b) => Some(
+                    std::path::absolute(b)
+                        .with_context(|| format!("upgrade: --binary {}", b.display()))?
+                        .to_str()
+                        .with_context(|| format!("upgrade: --binary {} is not UTF-8", b.display()))?
+                        .to_string(),
+                ),
+                None => None,
             },
         },
     };

@@ -509,8 +509,8 @@ fn wrk(bed: &Bed, close: bool, conns: u32, secs: u32) -> (f64, String) {
 }
 
 /// A Python client holding one TCP connection to redis for `secs`, sending PING every 20 ms and
-/// requiring every PONG; prints the count. Exits non-zero if the connection breaks or a reply is
-/// missing or late by more than 3 s.
+/// requiring every PONG; prints the count and the longest time between two PONGs, in ms. Exits
+/// non-zero if the connection breaks or a reply is missing or late by more than 3 s.
 fn redis_pinger(bed: &Bed, secs: u32) -> Child {
     let script = format!(
         "import socket,time,sys\n\
@@ -518,6 +518,8 @@ fn redis_pinger(bed: &Bed, secs: u32) -> Child {
          s.settimeout(3)\n\
          end=time.time()+{secs}\n\
          n=0\n\
+         last=None\n\
+         gap=0.0\n\
          while time.time()<end:\n\
          \x20   s.sendall(b'PING\\r\\n')\n\
          \x20   r=b''\n\
@@ -526,9 +528,12 @@ fn redis_pinger(bed: &Bed, secs: u32) -> Child {
          \x20       if not c: sys.exit('connection closed after %d replies' % n)\n\
          \x20       r+=c\n\
          \x20   assert r==b'+PONG\\r\\n', r\n\
+         \x20   t=time.monotonic()\n\
+         \x20   if last is not None: gap=max(gap,t-last)\n\
+         \x20   last=t\n\
          \x20   n+=1\n\
          \x20   time.sleep(0.02)\n\
-         print(n)\n"
+         print(n, round(gap*1000,1))\n"
     );
     bed.exec("a", "python3")
         .args(["-c", &script])
@@ -572,7 +577,16 @@ impl LongLived {
     /// Waits for both; returns the PONGs received and the starts of the iperf3 intervals that
     /// carried no data. Panics if either connection broke.
     fn finish(self) -> (u64, Vec<f64>) {
-        let pongs = finish(self.pinger, "redis pinger").trim().parse().unwrap();
+        let (pongs, stalled, _) = self.finish_with_gap();
+        (pongs, stalled)
+    }
+
+    /// [`LongLived::finish`], with the longest time between two PONGs, in ms.
+    fn finish_with_gap(self) -> (u64, Vec<f64>, f64) {
+        let out = finish(self.pinger, "redis pinger");
+        let mut words = out.split_whitespace();
+        let pongs = words.next().and_then(|w| w.parse().ok()).unwrap();
+        let gap_ms = words.next().and_then(|w| w.parse().ok()).unwrap();
         let v: serde_json::Value = serde_json::from_str(&finish(self.iperf, "iperf3")).unwrap();
         let stalled = v["intervals"]
             .as_array()
@@ -581,7 +595,7 @@ impl LongLived {
             .filter(|i| i["sum"]["bytes"].as_f64().unwrap_or(0.0) == 0.0)
             .map(|i| i["sum"]["start"].as_f64().unwrap_or(-1.0))
             .collect();
-        (pongs, stalled)
+        (pongs, stalled, gap_ms)
     }
 }
 
@@ -1493,5 +1507,234 @@ fn the_spill_plane_runs_unprivileged_under_seccomp_and_still_carries_traffic() {
     // The same plane did it: the filter killed nothing, so nothing was restarted.
     assert_eq!(st["plane"]["pid"].as_u64(), Some(pid), "{st:#}");
     assert_eq!(counter(&st, "rt.plane.starts"), 1, "{st:#}");
+    bed.stop_and_check_clean();
+}
+
+/// Warm standby: `[fabric.host] warm_standby = true` on a bed held active.
+const WARM: &str = "warm_standby = true";
+
+/// Waits until the active plane is up and a warm plane is synced beside it; returns the status.
+fn wait_warm_ready(bed: &Bed, within: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = bed.status();
+        if s["phase"] == "active" && s["plane"]["up"] == true && s["warm"] == "ready" {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "no warm plane ready: {s:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The events of a status, oldest first, as (name, reason).
+fn events(s: &serde_json::Value) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = s["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or_default().to_string(),
+                e["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    v.reverse();
+    v
+}
+
+/// Whether process `pid` still exists (a zombie counts as gone).
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    })
+}
+
+/// The warm plane takes over from a plane killed with SIGKILL: no fail-open, every connection
+/// continues (the redis connection answers every PING, iperf3 never stalls a second), and a new
+/// warm plane is synced in the freed slot.
+#[test]
+fn a_warm_plane_takes_over_from_a_killed_plane_and_no_connection_breaks() {
+    if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start_with("active", 2, "", WARM);
+    bed.redis();
+    bed.iperf3_server();
+    let before = wait_warm_ready(&bed, Duration::from_secs(15));
+    let long = LongLived::start(&bed, 8);
+    std::thread::sleep(Duration::from_secs(2));
+    let active = bed.status();
+    let pid = active["plane"]["pid"].as_u64().expect("an active plane");
+    let slot = active["active_slot"].as_u64().unwrap();
+    // SAFETY: kill(2) with a pid read from the daemon; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let after = wait_warm_ready(&bed, Duration::from_secs(15));
+    let (pongs, stalled, gap_ms) = long.finish_with_gap();
+    let s = bed.status();
+    let ev = events(&s);
+    eprintln!(
+        "{pongs} PONGs, longest gap {gap_ms} ms; slot {slot} -> {}; events {ev:?}",
+        after["active_slot"]
+    );
+    assert_ne!(after["active_slot"].as_u64().unwrap(), slot, "{after:#}");
+    assert_ne!(after["plane"]["pid"], pid, "{after:#}");
+    assert!(ev.iter().any(|(e, _)| e == "fail_over"), "{ev:?}");
+    assert!(!ev.iter().any(|(e, _)| e == "fail_open"), "{ev:?}");
+    assert_eq!(s["counters"]["dpu.failopen"], 0, "{s:#}");
+    assert!(
+        s["counters"]["dpu.sync.relay"].as_u64().unwrap() >= 1,
+        "{s:#}"
+    );
+    assert!(pongs > 200, "{pongs}");
+    assert!(
+        stalled.is_empty(),
+        "iperf3 intervals without data at {stalled:?}"
+    );
+    // The warm plane's sync was checked against the DPU's own digests, bucket by bucket.
+    assert!(
+        s["counters"]["dpu.digest.buckets"].as_u64().unwrap() > 0,
+        "{before:#}"
+    );
+    bed.stop_and_check_clean();
+}
+
+/// A plane stopped with SIGSTOP for 2 s misses its heartbeats: the DPU fences it (closes its
+/// vNIC set, then kills it) and flips to the warm plane; no connection breaks, and the stopped
+/// process never comes back.
+#[test]
+fn a_stalled_plane_is_fenced_and_the_warm_plane_takes_over() {
+    if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start_with("active", 2, "", WARM);
+    bed.redis();
+    bed.iperf3_server();
+    wait_warm_ready(&bed, Duration::from_secs(15));
+    let long = LongLived::start(&bed, 8);
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = bed.status()["plane"]["pid"]
+        .as_u64()
+        .expect("an active plane");
+    // SAFETY: kill(2) with a pid read from the daemon; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    std::thread::sleep(Duration::from_secs(2));
+    // Resumed (if it still exists): whatever it sends now must not reach the DPU.
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    let after = wait_warm_ready(&bed, Duration::from_secs(15));
+    let (pongs, stalled, gap_ms) = long.finish_with_gap();
+    let s = bed.status();
+    let ev = events(&s);
+    eprintln!("{pongs} PONGs, longest gap {gap_ms} ms; events {ev:?}");
+    assert_ne!(after["plane"]["pid"], pid, "{after:#}");
+    assert!(!alive(pid), "the stalled plane {pid} was not killed");
+    let over = ev
+        .iter()
+        .find(|(e, _)| e == "fail_over")
+        .unwrap_or_else(|| panic!("no failover: {ev:?}"));
+    assert!(over.1.contains("heartbeat"), "{over:?}");
+    assert!(!ev.iter().any(|(e, _)| e == "fail_open"), "{ev:?}");
+    assert!(pongs > 200, "{pongs}");
+    assert!(
+        stalled.is_empty(),
+        "iperf3 intervals without data at {stalled:?}"
+    );
+    bed.stop_and_check_clean();
+}
+
+/// `spillway ctl upgrade --binary` under load (redis PINGs, an iperf3 transfer, wrk over
+/// keep-alive connections): the new plane runs the new binary, takes over, the old one retires,
+/// and no connection breaks. A binary that others could write is refused.
+#[test]
+fn an_online_upgrade_under_load_loses_no_connection() {
+    if !spillway_testkit::prerequisites(&[
+        "ip",
+        "redis-server",
+        "python3",
+        "iperf3",
+        "ss",
+        "nginx",
+        "wrk",
+    ]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // No warm standby: the upgrade starts its own warm plane.
+    let mut bed = Bed::start("active", 2);
+    bed.wait_phase("active", Duration::from_secs(10));
+    bed.redis();
+    bed.iperf3_server();
+    bed.nginx();
+    // The new binary: a copy, in this test's own directory.
+    use std::os::unix::fs::PermissionsExt as _;
+    let new_bin = bed.dir.path().join("spillway-next");
+    std::fs::copy(BIN, &new_bin).unwrap();
+    std::fs::set_permissions(&new_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // One others could write is refused, naming the file.
+    let unsafe_bin = bed.dir.path().join("spillway-open");
+    std::fs::copy(BIN, &unsafe_bin).unwrap();
+    std::fs::set_permissions(&unsafe_bin, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let refused = Command::new(BIN)
+        .args(["ctl", "--config"])
+        .arg(&bed.config)
+        .args(["upgrade", "--binary"])
+        .arg(&unsafe_bin)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    assert!(
+        err.contains("spillway-open") && err.contains("not writable"),
+        "{err}"
+    );
+    let old_pid = bed.status()["plane"]["pid"]
+        .as_u64()
+        .expect("an active plane");
+    let long = LongLived::start(&bed, 9);
+    let wrk = {
+        let mut c = bed.exec("a", "wrk");
+        c.args(["-t1", "-c8", "-d8", "http://10.66.0.2:8080/"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let asked = bed.ctl(&["upgrade", "--binary", new_bin.to_str().unwrap()]);
+    eprintln!("upgrade: {asked}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let done = loop {
+        let s = bed.status();
+        if s["upgrade"] == "none" && s["plane"]["pid"] != old_pid && s["plane"]["up"] == true {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "upgrade not done: {s:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let new_pid = done["plane"]["pid"].as_u64().unwrap();
+    let exe = std::fs::read_link(format!("/proc/{new_pid}/exe")).unwrap();
+    assert_eq!(exe, std::fs::canonicalize(&new_bin).unwrap());
+    let wrk_out = finish(wrk, "wrk");
+    let (pongs, stalled, gap_ms) = long.finish_with_gap();
+    let s = bed.status();
+    let ev = events(&s);
+    eprintln!("{pongs} PONGs, longest gap {gap_ms} ms; wrk: {wrk_out}; events {ev:?}");
+    assert!(!alive(old_pid), "the old plane {old_pid} still runs");
+    assert!(
+        !ev.iter().any(|(e, _)| e == "fail_open" || e == "fail_over"),
+        "{ev:?}"
+    );
+    assert_eq!(s["counters"]["dpu.failopen"], 0, "{s:#}");
+    assert!(!wrk_out.contains("Socket errors"), "{wrk_out}");
+    assert!(pongs > 200, "{pongs}");
+    assert!(
+        stalled.is_empty(),
+        "iperf3 intervals without data at {stalled:?}"
+    );
     bed.stop_and_check_clean();
 }

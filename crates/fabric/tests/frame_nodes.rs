@@ -5,13 +5,16 @@
 //! after the hand-over rules ran (state continuity: mirrors, conntrack changes and their
 //! order), that a copy's snapshot never replaces the owner's, that records without packets are
 //! refused and counted, that a forwarding node allocates nothing per frame once warm, and that
-//! the plane's node over one shard of the plane serves a steered frame as the whole plane does.
+//! the plane's node over one shard of the plane serves a steered frame as the whole plane does;
+//! with warm standby, that the warm plane's bulk sync carries the DPU's snapshots and that a
+//! fenced plane's snapshot never replaces the DPU's copy.
 
+use spillway_fabric::dpu::{Role, Sender};
 use spillway_fabric::frame::{
     CONNS_MAX, DpuSwitch, FrameDrop, Outcome, Outgoing, Pair, PlaneSwitch,
 };
 use spillway_fabric::params::FabricParams;
-use spillway_fabric::types::{Msg, SyncKind};
+use spillway_fabric::types::{Msg, PlaneSlot, SyncKind};
 use spillway_vswitch::pipeline::PipelineConfig;
 use spillway_vswitch::{Instant, PacketBuf, PortId};
 use spillway_wire::build::FrameBuilder;
@@ -454,4 +457,110 @@ fn a_plane_shard_serves_a_steered_frame_as_the_whole_plane_does() {
         )),
         "{out:?}"
     );
+}
+
+/// A DPU and a plane with every redirect bucket live, warm standby on or off, and the
+/// connection of [`handshake`] open through the plane; with warm standby the DPU has asked for
+/// a warm plane in slot 1.
+fn open_pair(warm_standby: bool) -> (Pair, Instant) {
+    let mut f = FabricParams::default();
+    f.host.warm_standby = warm_standby;
+    let dpu = DpuSwitch::new(&f, policy(), PipelineConfig::default(), CONNS_MAX).unwrap();
+    let plane = PlaneSwitch::new(&f, policy(), PipelineConfig::default(), CONNS_MAX).unwrap();
+    let mut pair = Pair::new(dpu, plane);
+    let start = pair.activate(at(1)).expect("the plane activates");
+    let mut now = start;
+    for (i, (port, fr)) in handshake().into_iter().take(3).enumerate() {
+        now = Instant(start.0 + i as u64 * 1_000_000);
+        pair.process(now, port, &fr).unwrap();
+    }
+    (pair, now)
+}
+
+#[test]
+fn the_warm_plane_s_bulk_sync_carries_the_dpu_s_snapshot_of_every_connection() {
+    let (mut pair, now) = open_pair(true);
+    let d = &mut pair.dpu;
+    assert_eq!(d.dpu().active_slot(), PlaneSlot(0));
+    // Nothing for a warm plane until one is up in the other slot.
+    assert!(d.poll_warm_transmit(now).is_none());
+    d.dpu_mut().handle_plane_up_in(now, PlaneSlot(1));
+    let out: Vec<Outgoing> = std::iter::from_fn(|| d.poll_warm_transmit(now)).collect();
+    let conn = d.conns().id_of(ACME, &key());
+    let mine = d
+        .pipeline()
+        .export_conn(now, ACME, &key())
+        .expect("the DPU's copy");
+    let mirror = out.iter().find_map(|o| match o {
+        Outgoing::Msg {
+            msg:
+                Msg::Sync {
+                    kind: SyncKind::Mirror,
+                    state,
+                    ..
+                },
+            snapshot,
+            ..
+        } if state.conn == conn => Some(*snapshot),
+        _ => None,
+    });
+    assert_eq!(mirror, Some(Some(mine)), "{out:?}");
+    assert!(
+        matches!(
+            out.last(),
+            Some(Outgoing::Msg {
+                msg: Msg::SyncDone { .. },
+                ..
+            })
+        ),
+        "{out:?}"
+    );
+    // The active plane's queue got none of it.
+    assert!(d.poll_transmit(now).is_none());
+}
+
+#[test]
+fn a_fenced_plane_s_snapshot_never_replaces_the_dpu_s_copy() {
+    let (mut pair, now) = open_pair(false);
+    let d = &mut pair.dpu;
+    // No warm standby: slot 1 holds no plane of the DPU's (a plane stopped there, say), so its
+    // messages are fenced.
+    assert_eq!(d.dpu().sender(PlaneSlot(1)), Sender::Fenced);
+    let conn = d.conns().id_of(ACME, &key());
+    let copy = d.dpu().conn(conn).copied().expect("the DPU's copy");
+    assert_eq!(copy.role, Role::Copy);
+    let before = d.pipeline().export_conn(now, ACME, &key()).unwrap();
+    let adopted = d.counters().adopted;
+    // A mirror claiming a newer state, with a snapshot from long ago.
+    let mut stale = before;
+    stale.packets = [1, 0];
+    let mut state = copy.state;
+    state.version += 10;
+    let mirror = Msg::Sync {
+        colour: spillway_fabric::types::Colour(1),
+        kind: SyncKind::Mirror,
+        state,
+    };
+    d.handle_msg_from(now, PlaneSlot(1), mirror, Some(stale));
+    assert_eq!(d.counters().adopted, adopted);
+    assert_eq!(d.pipeline().export_conn(now, ACME, &key()), Some(before));
+    // The current plane still owns it: the newer state went on to it as an update.
+    assert_eq!(d.dpu().conn(conn).unwrap().role, Role::Copy);
+    let out: Vec<Outgoing> = std::iter::from_fn(|| d.poll_transmit(now)).collect();
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            Outgoing::Msg {
+                msg: Msg::Sync {
+                    kind: SyncKind::Update,
+                    ..
+                },
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+    // The same from the active plane is the owner's word and is adopted.
+    d.handle_msg_from(now, PlaneSlot(0), mirror, Some(stale));
+    assert_eq!(d.counters().adopted, adopted + 1);
 }

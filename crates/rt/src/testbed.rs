@@ -368,13 +368,13 @@ impl Testbed {
         raw.fabric
             .validate()
             .map_err(|e| err(&format!("fabric.{}", e.field), e.expected, e.actual))?;
-        if raw.fabric.host.warm_standby {
-            // The model has two plane slots; this driver runs one plane process and one vNIC
-            // set so far. Refused rather than ignored, so that nobody counts on a standby
-            // that is not there.
+        if raw.fabric.host.warm_standby && raw.fabric.dpu.shards > 1 {
+            // A warm plane needs a lane of its own per forwarding thread, for its bulk sync
+            // and relays; the threads hold one plane's lanes so far. Refused rather than
+            // ignored, so that nobody counts on a standby that is not there.
             return Err(err(
                 "fabric.host.warm_standby",
-                "false (the real-time driver has no warm standby plane yet; the simulator has)",
+                "false with fabric.dpu.shards > 1 (a warm standby plane runs with one forwarding thread so far)",
                 "true".to_string(),
             ));
         }
@@ -835,14 +835,16 @@ netns = "swvs-b"
     }
 
     #[test]
-    fn warm_standby_is_refused_until_this_driver_runs_two_planes() {
+    fn warm_standby_runs_with_one_forwarding_thread_and_is_refused_with_more() {
         let warm = GOOD.replace(
             "[fabric.dpu]\n",
             "[fabric.host]\nwarm_standby = true\n\n[fabric.dpu]\n",
         );
-        let e = load_err(&warm);
+        let t = Testbed::from_toml_str(&warm, Path::new("t.toml")).unwrap();
+        assert!(t.fabric.host.warm_standby);
+        let e = load_err(&warm.replace("[fabric.dpu]\n", "[fabric.dpu]\nshards = 2\n"));
         assert_eq!(e.field, "fabric.host.warm_standby", "{e}");
-        assert!(e.expected.contains("no warm standby plane yet"), "{e}");
+        assert!(e.expected.contains("one forwarding thread"), "{e}");
     }
 
     #[test]

@@ -204,6 +204,18 @@ impl Warm {
     }
 }
 
+impl Upgrade {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Upgrade::None => "none",
+            Upgrade::Pending => "pending",
+            Upgrade::Releasing => "releasing",
+            Upgrade::Retiring { .. } => "retiring",
+        }
+    }
+}
+
 /// An operator's hold on the lifecycle (`spillway ctl activate | release | auto`). While a hold
 /// is set, URSched's decisions against it are dropped and the DPU moves towards the held state
 /// by the same transitions URSched would use; a fail-open under `Active` is followed by a fresh

@@ -84,6 +84,7 @@ pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
 pub use control::{DpuControl, ShardReply, ShardRequest, Shards};
 pub use lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Upgrade, Warm};
+pub use protocol::Sender;
 pub use resources::{Resources, ResourcesHandle, ShardCell};
 pub use shard::{DpuShard, ShardView};
 pub use window::{Totals, Utils};

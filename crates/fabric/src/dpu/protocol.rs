@@ -40,17 +40,29 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// lifecycle (heartbeats, the acknowledgement of its bulk sync; it sends nothing else
     /// while warm), and anything from a slot with no plane of the DPU's is fenced.
     pub fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg) {
+        match self.sender(slot) {
+            Sender::Active => self.handle_msg(now, msg),
+            Sender::Warm => {
+                self.shards[self.last].delivered_last = 0;
+                self.control.handle_warm_msg(
+                    now,
+                    msg,
+                    &mut super::all(&mut self.shards, &mut self.remote),
+                );
+            }
+            Sender::Fenced => self.handle_fenced_msg(now, msg),
+        }
+    }
+
+    /// What the plane in `slot` is to the DPU now, which decides how its messages are taken
+    /// ([`DpuNode::handle_msg_from`]).
+    pub fn sender(&self, slot: PlaneSlot) -> Sender {
         if slot == self.control.active_slot() {
-            self.handle_msg(now, msg);
+            Sender::Active
         } else if self.control.warm() != Warm::Off {
-            self.shards[self.last].delivered_last = 0;
-            self.control.handle_warm_msg(
-                now,
-                msg,
-                &mut super::all(&mut self.shards, &mut self.remote),
-            );
+            Sender::Warm
         } else {
-            self.handle_fenced_msg(now, msg);
+            Sender::Fenced
         }
     }
 
@@ -68,6 +80,18 @@ impl<R: ResourcesHandle> DpuNode<R> {
             }
         }
     }
+}
+
+/// What a plane slot's sender is to the DPU ([`DpuNode::sender`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Sender {
+    /// The active plane: the redirect rules steer to it.
+    Active,
+    /// The warm standby plane (starting, syncing, ready or being flipped to).
+    Warm,
+    /// No plane of the DPU's: a failed or stopped plane whose messages are still in flight, or
+    /// a stalled one that resumed. Its packets are served; its state is taken as an orphan's.
+    Fenced,
 }
 
 impl DpuControl {

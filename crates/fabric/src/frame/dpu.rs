@@ -5,13 +5,15 @@ use spillway_vswitch::pipeline::{Pipeline, PipelineConfig, PipelineError};
 use spillway_vswitch::policy::Policy;
 use spillway_vswitch::{Instant, PacketBuf, PortId};
 
-use super::{FrameDrop, Model, Outcome, SwitchCore, gso_segments};
+use spillway_vswitch::conntrack::CtSnapshot;
+
+use super::{FrameDrop, Model, Outcome, Outgoing, SwitchCore, gso_segments};
 use crate::dpu::{
-    Command, DpuConn, DpuNode, DpuShard, FabricEvent, Resources, ResourcesHandle, ShardView,
+    Command, DpuConn, DpuNode, DpuShard, FabricEvent, Resources, ResourcesHandle, Sender, ShardView,
 };
 use crate::params::FabricParams;
 use crate::records::Role;
-use crate::types::{ConnId, Dest, Kind, Msg, Train, Transmit};
+use crate::types::{ConnId, Dest, Kind, Msg, PlaneSlot, Train, Transmit};
 
 /// The DPU model a [`DpuSwitch`] joins to its pipeline: what a frame asks of it.
 pub trait DpuModel {
@@ -397,6 +399,19 @@ impl<M: DpuModel> DpuSwitch<M> {
         gso_size: u16,
         frame: &'a [u8],
     ) -> Outcome<'a> {
+        self.take_from_plane(now, (port, gso_size, frame), msg, |m, now, msg| {
+            m.handle_msg(now, msg)
+        })
+    }
+
+    /// [`DpuSwitch::process_from_plane`], the model taking the message with `take`.
+    fn take_from_plane<'a>(
+        &'a mut self,
+        now: Instant,
+        (port, gso_size, frame): (PortId, u16, &'a [u8]),
+        msg: Msg,
+        take: impl FnOnce(&mut M, Instant, Msg),
+    ) -> Outcome<'a> {
         let Some(mut t) = msg.train().copied() else {
             return self.sw.drop(FrameDrop::Protocol);
         };
@@ -416,7 +431,7 @@ impl<M: DpuModel> DpuSwitch<M> {
             reopen_if_stateless(&self.dpu, &mut t, &key);
             msg = Msg::Punt(t);
         }
-        self.dpu.handle_msg(now, msg);
+        take(&mut self.dpu, now, msg);
         let served = self.dpu.delivered_last() == t.packets;
         self.sw.drain(&mut self.dpu, None);
         let r = match &parsed {
@@ -446,5 +461,85 @@ impl<R: ResourcesHandle> DpuSwitch<DpuNode<R>> {
     /// The model's next lifecycle event.
     pub fn poll_event(&mut self) -> Option<FabricEvent> {
         self.dpu.poll_event()
+    }
+
+    /// A flow-vNIC or control message from the plane in `slot`, with the conntrack snapshot
+    /// it carried: the model takes it as its sender is now ([`DpuNode::sender`]). The active
+    /// plane's snapshots are adopted as [`DpuSwitch::handle_msg`] adopts them. A fenced
+    /// plane's is adopted only where the model took its state as the owner's (an orphan
+    /// nobody else held, newer than the DPU's record): a fenced plane is never the owner, so
+    /// its snapshot must not overwrite the DPU's copy of a connection the current plane owns.
+    pub fn handle_msg_from(
+        &mut self,
+        now: Instant,
+        slot: PlaneSlot,
+        msg: Msg,
+        snap: Option<CtSnapshot>,
+    ) {
+        let mut from = FromSlot {
+            dpu: &mut self.dpu,
+            slot,
+        };
+        if from.dpu.sender(slot) != Sender::Fenced {
+            self.sw.handle_msg(&mut from, now, msg, snap);
+            return;
+        }
+        self.sw.handle_msg(&mut from, now, msg, None);
+        if let (Some(s), Msg::Sync { state, .. }) = (snap, msg)
+            && self
+                .dpu
+                .conn(state.conn)
+                .is_some_and(|c| c.role == Role::Owner && c.state == state)
+        {
+            self.sw.adopt(now, &s);
+        }
+    }
+
+    /// A frame from the plane in `slot` ([`DpuSwitch::process_from_plane`] for the active
+    /// plane's; a fenced plane's packets are served, as the model serves them).
+    pub fn process_from_slot<'a>(
+        &'a mut self,
+        now: Instant,
+        slot: PlaneSlot,
+        port: PortId,
+        msg: Msg,
+        (gso_size, frame): (u16, &'a [u8]),
+    ) -> Outcome<'a> {
+        self.take_from_plane(now, (port, gso_size, frame), msg, |m, now, msg| {
+            m.handle_msg_from(now, slot, msg)
+        })
+    }
+
+    /// The next message for the warm standby plane (the DPU's bulk sync of it and its relays,
+    /// [`DpuNode::poll_warm_transmit`]) with the conntrack snapshot of the connection it
+    /// carries, as this pipeline holds it now. Poll it after every input, as
+    /// [`DpuSwitch::poll_transmit`]; the warm plane is the other slot than
+    /// [`DpuNode::active_slot`] at the time of the poll.
+    pub fn poll_warm_transmit(&mut self, now: Instant) -> Option<Outgoing> {
+        let t = self.dpu.poll_warm_transmit()?;
+        let snapshot = t.msg.state_conn().and_then(|c| self.sw.snapshot(now, c));
+        Some(Outgoing::Msg {
+            channel: t.channel,
+            msg: t.msg,
+            snapshot,
+        })
+    }
+}
+
+/// The DPU model taking a plane's message as from `slot`, for the joining rules.
+struct FromSlot<'a, R: ResourcesHandle> {
+    dpu: &'a mut DpuNode<R>,
+    slot: PlaneSlot,
+}
+
+impl<R: ResourcesHandle> Model for FromSlot<'_, R> {
+    fn role(&self, conn: ConnId) -> Option<Role> {
+        self.dpu.conn(conn).map(|c| c.role)
+    }
+    fn handle_msg(&mut self, now: Instant, msg: Msg) {
+        self.dpu.handle_msg_from(now, self.slot, msg);
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.dpu.poll_transmit()
     }
 }

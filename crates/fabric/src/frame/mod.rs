@@ -588,7 +588,7 @@ impl SwitchCore {
         }
     }
 
-    fn adopt(&mut self, now: Instant, s: &CtSnapshot) {
+    pub(crate) fn adopt(&mut self, now: Instant, s: &CtSnapshot) {
         self.conns.learn(now, s.zone, s.orig);
         match self.pipeline.adopt_conn(now, s) {
             Ok(()) => self.counters.adopted += 1,

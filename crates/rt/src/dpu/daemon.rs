@@ -38,13 +38,13 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use spillway_fabric::dpu::DpuNode;
-use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent};
+use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent, Sender};
 use spillway_fabric::frame::{DpuModel, DpuSwitch, Outcome};
-use spillway_fabric::types::Msg;
+use spillway_fabric::types::{Msg, PlaneSlot};
 use spillway_vswitch::{Instant, PacketBuf, PortId};
 
 use crate::dpu::forward::{self, Forwarders, Links, Parcel};
-use crate::dpu::plane_proc::PlaneProc;
+use crate::dpu::plane_proc::{PlaneProc, Retiring};
 use crate::dpu::ports::{DataPath, DetachReason, PortIo};
 use crate::dpu::shards::DpuResources;
 use crate::host::allocs;
@@ -139,20 +139,46 @@ pub struct RunReport {
     pub cleaned: usize,
 }
 
-/// Sends the node's messages to the plane (its snapshots attached), then rings the plane's
-/// doorbell. With no plane connected they are dropped: the model's fail-open has them covered.
+/// The processes in the plane slots, the active one first (the slot the redirect rules steer
+/// to), then the other (the warm plane's, or a retiring one's).
+pub(super) fn by_role(
+    planes: &mut [Option<PlaneProc>; 2],
+    active: PlaneSlot,
+) -> (Option<&mut PlaneProc>, Option<&mut PlaneProc>) {
+    let [p0, p1] = planes;
+    let (a, w) = if active.index() == 0 {
+        (p0, p1)
+    } else {
+        (p1, p0)
+    };
+    (a.as_mut(), w.as_mut())
+}
+
+/// Sends the node's messages to the active plane and to the warm one (their snapshots
+/// attached), then rings their doorbells. With no plane connected in a slot its messages are
+/// dropped: the model's fail-open (or the warm plane's restart) has them covered. An error
+/// names the slot whose vNIC broke.
 fn send_outgoing(
     sw: &mut Switch,
-    plane: Option<&mut PlaneProc>,
+    planes: &mut [Option<PlaneProc>; 2],
     now: Instant,
-) -> Result<(), String> {
-    let mut vnic = plane.and_then(|p| p.vnic.as_mut());
+) -> Result<(), (PlaneSlot, String)> {
+    let active = sw.dpu().active_slot();
+    let (a, w) = by_role(planes, active);
+    let mut vnic = a.and_then(|p| p.vnic.as_mut());
     while let Some(o) = sw.poll_transmit(now) {
         if let Some(v) = vnic.as_deref_mut() {
-            v.send_outgoing(&o).map_err(|e| e.to_string())?;
+            v.send_outgoing(&o).map_err(|e| (active, e.to_string()))?;
         }
     }
-    if let Some(v) = vnic {
+    let mut warm = w.and_then(|p| p.vnic.as_mut());
+    while let Some(o) = sw.poll_warm_transmit(now) {
+        if let Some(v) = warm.as_deref_mut() {
+            v.send_outgoing(&o)
+                .map_err(|e| (active.other(), e.to_string()))?;
+        }
+    }
+    for v in [vnic, warm].into_iter().flatten() {
         v.kick();
     }
     Ok(())
@@ -287,12 +313,12 @@ impl Egress for PortsOut<'_> {
 fn on_vm_frame(
     sw: &mut Switch,
     dp: &mut DataPath,
-    (plane, tx): (Option<&mut PlaneProc>, Option<&mut TapTx>),
+    (planes, tx): (&mut [Option<PlaneProc>; 2], Option<&mut TapTx>),
     links: Option<&mut Links>,
     now: Instant,
     i: usize,
     pkt: &mut PacketBuf,
-) -> Result<(), String> {
+) -> Result<(), (PlaneSlot, String)> {
     dp.counters.rx_frames += 1;
     let has_hdr = match dp.ports[i].io {
         PortIo::Tap(_) => dp.vnet_hdr,
@@ -302,15 +328,14 @@ fn on_vm_frame(
         return Ok(());
     };
     let port = dp.ports[i].id;
-    let mut plane = plane;
     let mut out = PortsOut {
         dp,
-        plane: plane.as_deref_mut(),
+        plane: by_role(planes, sw.dpu().active_slot()).0,
         tx,
         links,
     };
     offer_frame(sw, &mut out, now, port, &vnet, pkt);
-    send_outgoing(sw, plane, now)
+    send_outgoing(sw, planes, now)
 }
 
 /// The virtio-net header of a frame with nothing offloaded.
@@ -340,7 +365,12 @@ pub struct DpuDaemon {
     /// first.
     pub(super) taps: Option<TapUring>,
     pub(super) dp: DataPath,
-    pub(super) plane: Option<PlaneProc>,
+    /// The plane processes, by plane slot ([`PlaneSlot::index`]): the active one and, with
+    /// warm standby or during an upgrade, the other.
+    pub(super) planes: [Option<PlaneProc>; 2],
+    /// Stopped planes not yet reaped.
+    pub(super) retiring: Vec<Retiring>,
+    /// The binary the next plane runs (`spillway ctl upgrade --binary` changes it).
     pub(super) plane_exe: PathBuf,
     pub(super) listener: UnixListener,
     pub(super) vnic_path: PathBuf,
@@ -499,14 +529,14 @@ impl DpuDaemon {
                 let r = on_vm_frame(
                     &mut self.sw,
                     &mut self.dp,
-                    (self.plane.as_mut(), self.taps.as_mut().map(|t| t.tx())),
+                    (&mut self.planes, self.taps.as_mut().map(|t| t.tx())),
                     self.links.as_mut(),
                     now,
                     i,
                     &mut self.rx,
                 );
-                if let Err(e) = r {
-                    self.plane_failed(now, &e);
+                if let Err((slot, e)) = r {
+                    self.plane_failed_in(slot, now, &e);
                 }
             }
             self.dp.detach_if_misbehaving(i, now);
@@ -514,21 +544,25 @@ impl DpuDaemon {
         // The TAPs in the ring: the frames its last `enter` collected, at most
         // `TAP_RING_READS` a TAP (one per armed read), so no TAP holds the loop.
         if let Some(taps) = self.taps.as_mut() {
-            let (sw, dp, plane, links) =
-                (&mut self.sw, &mut self.dp, &mut self.plane, &mut self.links);
+            let (sw, dp, planes, links) = (
+                &mut self.sw,
+                &mut self.dp,
+                &mut self.planes,
+                &mut self.links,
+            );
             let mut failed = None;
             let n = taps
                 .drain_frames(|file, pkt, tx| {
                     let i = dp.tap_slots[file];
-                    let out = (plane.as_mut(), Some(tx));
+                    let out = (&mut *planes, Some(tx));
                     if let Err(e) = on_vm_frame(sw, dp, out, links.as_mut(), now, i, pkt) {
                         failed = Some(e);
                     }
                 })
                 .map_err(io_err("re-arming a TAP read"))?;
             busy |= n > 0;
-            if let Some(e) = failed {
-                self.plane_failed(now, &e);
+            if let Some((slot, e)) = failed {
+                self.plane_failed_in(slot, now, &e);
             }
         }
         Ok(busy)
@@ -542,9 +576,21 @@ impl DpuDaemon {
         Ok(())
     }
 
-    /// Records from the plane; true if there were any.
+    /// Records from the planes; true if there were any.
     fn poll_plane(&mut self, now: Instant) -> bool {
-        let Some(plane) = self.plane.as_mut() else {
+        let mut busy = false;
+        for slot in [PlaneSlot(0), PlaneSlot(1)] {
+            busy |= self.poll_plane_in(slot, now);
+        }
+        busy
+    }
+
+    /// Records from the plane in `slot`; true if there were any. The core takes them as from
+    /// that slot ([`DpuSwitch::handle_msg_from`]): the active plane's as the owner's, the warm
+    /// plane's as its lifecycle replies, a fenced one's as an orphan's. Conntrack changes are
+    /// taken only from the active plane: no other plane owns a connection.
+    fn poll_plane_in(&mut self, slot: PlaneSlot, now: Instant) -> bool {
+        let Some(plane) = self.planes[slot.index()].as_mut() else {
             return false;
         };
         let Some(vnic) = plane.vnic.as_mut() else {
@@ -570,7 +616,8 @@ impl DpuDaemon {
                 tx: taps.as_mut().map(|t| t.tx()),
                 links: None,
             };
-            forward::from_plane(sw, &mut out, now, port, rec.msg, &vnet, rec.frame);
+            let o = sw.process_from_slot(now, slot, port, rec.msg, (gso_size(&vnet), rec.frame));
+            forward::act_from_plane(&mut out, now, o, &vnet, rec.frame.len());
         });
         let mut failure = None;
         match r {
@@ -623,7 +670,7 @@ impl DpuDaemon {
             // The plane's first record (its start-up heartbeat) says it runs and has mapped
             // the rings.
             plane.up = true;
-            sw.dpu_mut().handle_plane_up(now);
+            sw.dpu_mut().handle_plane_up_in(now, slot);
         }
         for (m, s) in inbox {
             match links
@@ -631,8 +678,12 @@ impl DpuDaemon {
                 .and_then(|l| Some((l.shard_of_conn(m.conn())?, l)))
             {
                 Some((to, l)) => l.send(to, Parcel::Msg(m, s)),
-                None => sw.handle_msg(now, m, s),
+                None => sw.handle_msg_from(now, slot, m, s),
             }
+        }
+        if !ct_updates.is_empty() && sw.dpu().sender(slot) != Sender::Active {
+            dp.counters.plane_ct_fenced += ct_updates.len() as u64;
+            ct_updates.clear();
         }
         for snap in ct_updates {
             let conn = sw.conn_of_snapshot(&snap);
@@ -645,7 +696,7 @@ impl DpuDaemon {
             }
         }
         if let Some(e) = failure {
-            self.plane_failed(now, &e);
+            self.plane_failed_in(slot, now, &e);
         }
         busy
     }
@@ -663,7 +714,8 @@ impl DpuDaemon {
                 break;
             };
             busy = true;
-            let vnic = self.plane.as_mut().and_then(|p| p.vnic.as_mut());
+            let a = self.sw.dpu().active_slot().index();
+            let vnic = self.planes[a].as_mut().and_then(|p| p.vnic.as_mut());
             match p {
                 Parcel::Frame {
                     from,
@@ -675,7 +727,7 @@ impl DpuDaemon {
                     // Handed here as shard 0's: the node serves it.
                     let mut out = PortsOut {
                         dp: &mut self.dp,
-                        plane: self.plane.as_mut(),
+                        plane: self.planes[a].as_mut(),
                         tx: self.taps.as_mut().map(|t| t.tx()),
                         links: None,
                     };
@@ -708,7 +760,8 @@ impl DpuDaemon {
                 }
             }
         }
-        if let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
+        let a = self.active_slot().index();
+        if let Some(v) = self.planes[a].as_mut().and_then(|p| p.vnic.as_mut()) {
             v.kick();
         }
         busy
@@ -716,15 +769,15 @@ impl DpuDaemon {
 
     /// Drains the core's outputs after this turn's inputs.
     pub(super) fn after_input(&mut self, now: Instant) {
-        if let Err(e) = send_outgoing(&mut self.sw, self.plane.as_mut(), now) {
-            self.plane_failed(now, &e);
+        // A plane that fails here may make the core fail over, which queues more: until
+        // quiet (each failure takes a process out of its slot, so this ends).
+        while let Err((slot, e)) = send_outgoing(&mut self.sw, &mut self.planes, now) {
+            self.plane_failed_in(slot, now, &e);
         }
         while let Some(cmd) = self.sw.poll_command() {
             match cmd {
-                // One plane slot here (warm standby is refused by the config): the core
-                // names slot 0 in every command.
-                DpuCommand::StartPlane { workers, .. } => self.start_plane(now, workers),
-                DpuCommand::StopPlane { .. } => self.stop_plane(),
+                DpuCommand::StartPlane { slot, workers } => self.start_plane(now, slot, workers),
+                DpuCommand::StopPlane { slot } => self.stop_plane(slot),
             }
         }
         while let Some(ev) = self.sw.poll_event() {
@@ -771,10 +824,15 @@ impl DpuDaemon {
             .map_or(10_000_000, |t| t.0.saturating_sub(now.0));
         // Wake at least every 10 ms for the plane's process, ctl requests and metrics.
         let timeout_ms = (next / 1_000_000).clamp(0, 10) as i32;
-        let mut armed = match self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
-            Some(v) => v.prepare_sleep(),
-            None => true,
-        };
+        let mut armed = true;
+        for v in self
+            .planes
+            .iter_mut()
+            .flatten()
+            .filter_map(|p| p.vnic.as_mut())
+        {
+            armed &= v.prepare_sleep();
+        }
         if let Some(l) = self.links.as_mut() {
             armed &= l.prepare_sleep();
         }
@@ -803,7 +861,7 @@ impl DpuDaemon {
             };
             set.extend(fd.map(readable));
         }
-        if let Some(v) = self.plane.as_ref().and_then(|p| p.vnic.as_ref()) {
+        for v in self.planes.iter().flatten().filter_map(|p| p.vnic.as_ref()) {
             set.extend(v.poll_fds().map(readable));
         }
         set.push(readable(self.listener.as_fd()));
@@ -815,7 +873,12 @@ impl DpuDaemon {
         // during the call; `poll` only writes the entries' `revents`. The result is not needed:
         // every source is polled again after waking, whatever woke it.
         let _ = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, timeout_ms) };
-        if let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
+        for v in self
+            .planes
+            .iter_mut()
+            .flatten()
+            .filter_map(|p| p.vnic.as_mut())
+        {
             v.woke();
         }
         if let Some(l) = &self.links {
@@ -825,7 +888,7 @@ impl DpuDaemon {
     }
 
     fn teardown(&mut self) -> RunReport {
-        self.stop_plane();
+        self.stop_planes();
         self.ctl.take();
         self.metrics.take();
         // The forwarding threads last publish their counters as they stop.

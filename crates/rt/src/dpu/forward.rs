@@ -870,9 +870,21 @@ pub(super) fn from_plane<M: DpuModel>(
     vnet: &Vnet,
     frame: &[u8],
 ) {
-    use spillway_fabric::frame::Outcome;
     let gso = gso_size(vnet);
-    match sw.process_from_plane(now, port, msg, gso, frame) {
+    let o = sw.process_from_plane(now, port, msg, gso, frame);
+    act_from_plane(out, now, o, vnet, frame.len());
+}
+
+/// Sends on what a DPU node made of a frame from the plane (`len` bytes as it came).
+pub(super) fn act_from_plane(
+    out: &mut impl Egress,
+    now: Instant,
+    o: spillway_fabric::frame::Outcome<'_>,
+    vnet: &Vnet,
+    len: usize,
+) {
+    use spillway_fabric::frame::Outcome;
+    match o {
         Outcome::Forward {
             port: to,
             bytes,
@@ -882,7 +894,7 @@ pub(super) fn from_plane<M: DpuModel>(
             out.forward_bytes(now, to, vnet, bytes);
         }
         Outcome::Drop(why) => {
-            tracing::debug!(target: "spillway::drop", ?why, len = frame.len(), "the DPU dropped a frame from the plane");
+            tracing::debug!(target: "spillway::drop", ?why, len, "the DPU dropped a frame from the plane");
         }
         other => {
             tracing::error!(target: "spillway::run", outcome = ?other, "a DPU outcome only the plane has");

@@ -1,7 +1,9 @@
-//! The daemon's methods that start, stop and watch the spill plane's process ([`PlaneProc`]):
-//! accepting (and authenticating) its vNIC connection, failing open when it dies or breaks the
-//! protocol, and telling it of shared-memory port changes and operator commands. The daemon
-//! (`daemon.rs`) calls these from its outputs (`after_input`) and its upkeep.
+//! The daemon's methods that start, stop and watch the spill planes' processes ([`PlaneProc`]),
+//! one per plane slot of the core (the active plane and, with warm standby or during an
+//! upgrade, the warm one): accepting (and authenticating) each one's vNIC connection, telling
+//! the core when one dies or breaks the protocol (it fails over or fails open), and telling the
+//! planes of shared-memory port changes and operator commands. The daemon (`daemon.rs`) calls
+//! these from its outputs (`after_input`) and its upkeep.
 
 use crate::dpu::daemon::DpuDaemon;
 use crate::dpu::forward::Parcel;
@@ -10,7 +12,10 @@ use crate::dpu::ports::{PortIo, VmChange, vm_id, worth_logging};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, VnicSet};
 use serde_json::json;
+use spillway_fabric::dpu::{EventKind, Upgrade};
+use spillway_fabric::types::PlaneSlot;
 use spillway_vswitch::Instant;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// Connections taken from the vNIC socket per loop turn.
@@ -23,6 +28,16 @@ impl DpuDaemon {
         self.links.as_ref().map_or(1, |l| l.threads())
     }
 
+    /// The slot the redirect rules steer to.
+    pub(super) fn active_slot(&self) -> PlaneSlot {
+        self.sw.dpu().active_slot()
+    }
+
+    /// The active plane's process, if one runs.
+    pub(super) fn active_plane(&self) -> Option<&PlaneProc> {
+        self.planes[self.active_slot().index()].as_ref()
+    }
+
     /// Tells every forwarding thread to drop its lane of the plane that is going.
     fn close_lanes(&mut self) {
         if let Some(l) = self.links.as_mut() {
@@ -33,21 +48,35 @@ impl DpuDaemon {
         }
     }
 
+    /// The active plane failed: see [`DpuDaemon::plane_failed_in`].
     pub(super) fn plane_failed(&mut self, now: Instant, why: &str) {
-        if let Some(p) = self.plane.take() {
-            self.close_lanes();
+        let slot = self.active_slot();
+        self.plane_failed_in(slot, now, why);
+    }
+
+    /// The plane in `slot` died or broke the protocol: it is killed, and the core decides
+    /// (a warm plane takes over, or the DPU fails open; a failed warm plane is replaced).
+    pub(super) fn plane_failed_in(&mut self, slot: PlaneSlot, now: Instant, why: &str) {
+        if let Some(p) = self.planes[slot.index()].take() {
+            if slot.index() == 0 {
+                self.close_lanes();
+            }
             self.dp.counters.plane_failures += 1;
-            tracing::warn!(target: "spillway::run", reason = why, "spill plane failed; failing open");
+            tracing::warn!(target: "spillway::run", %slot, reason = why, "spill plane failed");
             p.kill();
-            self.sw
-                .dpu_mut()
-                .handle_plane_failed(now, &format!("spill plane failed: {why}"));
+            self.sw.dpu_mut().handle_plane_failed_in(
+                now,
+                slot,
+                &format!("spill plane failed: {why}"),
+            );
         }
     }
 
-    pub(super) fn start_plane(&mut self, now: Instant, workers: u32) {
-        if self.plane.is_some() {
-            self.stop_plane();
+    /// Starts a plane in `slot` with `workers` workers (the binary of the last `ctl upgrade`,
+    /// or this one).
+    pub(super) fn start_plane(&mut self, now: Instant, slot: PlaneSlot, workers: u32) {
+        if self.planes[slot.index()].is_some() {
+            self.stop_plane(slot);
         }
         let mut cmd = Command::new(&self.plane_exe);
         cmd.arg("spill-plane")
@@ -70,9 +99,11 @@ impl DpuDaemon {
             Ok(x) => x,
             Err(e) => {
                 tracing::error!(target: "spillway::run", error = %e, "could not make the plane's handshake secret");
-                self.sw
-                    .dpu_mut()
-                    .handle_plane_failed(now, &format!("handshake secret: {e}"));
+                self.sw.dpu_mut().handle_plane_failed_in(
+                    now,
+                    slot,
+                    &format!("handshake secret: {e}"),
+                );
                 return;
             }
         };
@@ -97,9 +128,10 @@ impl DpuDaemon {
                     tracing::warn!(target: "spillway::run", pid, error = %e, "could not move the spill plane into its cgroup");
                 }
                 self.dp.counters.plane_starts += 1;
-                tracing::info!(target: "spillway::run", pid, workers, at_ms = now.0 as f64 / 1e6, "spill plane started");
-                self.plane = Some(PlaneProc {
+                tracing::info!(target: "spillway::run", pid, workers, %slot, exe = %self.plane_exe.display(), at_ms = now.0 as f64 / 1e6, "spill plane started");
+                self.planes[slot.index()] = Some(PlaneProc {
                     child,
+                    exe: self.plane_exe.clone(),
                     secret,
                     vnic: None,
                     up: false,
@@ -109,18 +141,102 @@ impl DpuDaemon {
             }
             Err(e) => {
                 tracing::error!(target: "spillway::run", error = %e, exe = %self.plane_exe.display(), "could not start the spill plane");
-                self.sw
-                    .dpu_mut()
-                    .handle_plane_failed(now, &format!("could not start the spill plane: {e}"));
+                self.sw.dpu_mut().handle_plane_failed_in(
+                    now,
+                    slot,
+                    &format!("could not start the spill plane: {e}"),
+                );
             }
         }
     }
 
-    pub(super) fn stop_plane(&mut self) {
-        if let Some(p) = self.plane.take() {
-            self.close_lanes();
+    /// `spillway ctl upgrade [--binary PATH]`: the core's online upgrade
+    /// ([`DpuNode::handle_upgrade`](spillway_fabric::dpu::DpuNode::handle_upgrade)), with the
+    /// new plane running `binary` (checked: [`trusted_executable`]) if one is given. A warm
+    /// plane already running another binary is replaced first, so the upgrade's new plane
+    /// runs the binary asked for. Refused with one forwarding thread per shard (the warm slot
+    /// has no lanes there) and whenever the core refuses (no active plane, an upgrade or a
+    /// flip under way), saying why.
+    pub(super) fn upgrade(
+        &mut self,
+        now: Instant,
+        binary: Option<&str>,
+    ) -> Result<serde_json::Value, String> {
+        if self.lanes() > 1 {
+            return Err(
+                "an online upgrade needs fabric.dpu.shards = 1 (a warm plane has no lanes to \
+                 the forwarding threads yet)"
+                    .into(),
+            );
+        }
+        let exe = match binary {
+            Some(b) => {
+                crate::host::ledger::trusted_executable(Path::new(b)).map_err(|e| e.to_string())?
+            }
+            None => self.plane_exe.clone(),
+        };
+        let before = std::mem::replace(&mut self.plane_exe, exe);
+        self.sw.dpu_mut().handle_upgrade(now);
+        if self.sw.dpu().upgrade() == Upgrade::None {
+            self.plane_exe = before;
+            self.after_input(now);
+            return Err(self
+                .events
+                .back()
+                .filter(|e| e.what == EventKind::Upgrade)
+                .map_or_else(
+                    || "the fabric refused the upgrade".into(),
+                    |e| e.reason.clone(),
+                ));
+        }
+        // A warm plane of the old binary cannot be the upgrade's: the core starts another.
+        let warm = self.active_slot().other();
+        if self.planes[warm.index()]
+            .as_ref()
+            .is_some_and(|p| p.exe != self.plane_exe)
+        {
+            self.sw.dpu_mut().handle_plane_failed_in(
+                now,
+                warm,
+                "replaced: the upgrade runs another binary",
+            );
+        }
+        self.after_input(now);
+        tracing::info!(target: "spillway::run", exe = %self.plane_exe.display(), "online upgrade under way");
+        Ok(json!({
+            "upgrade": self.sw.dpu().upgrade().name(),
+            "warm": self.sw.dpu().warm().name(),
+            "plane_exe": self.plane_exe.display().to_string(),
+        }))
+    }
+
+    /// Stops the plane in `slot`: fenced at once (its vNIC set closed), then retired without
+    /// the loop waiting for it ([`PlaneProc::retire`]).
+    pub(super) fn stop_plane(&mut self, slot: PlaneSlot) {
+        if let Some(p) = self.planes[slot.index()].take() {
+            if slot.index() == 0 {
+                self.close_lanes();
+            }
+            let r = p.retire();
+            tracing::info!(target: "spillway::run", %slot, pid = r.pid(), "spill plane stopped");
+            self.retiring.push(r);
+        }
+    }
+
+    /// Stops every plane and waits for each (at teardown).
+    pub(super) fn stop_planes(&mut self) {
+        self.close_lanes();
+        for p in self.planes.iter_mut().filter_map(Option::take) {
             p.stop();
         }
+        for r in self.retiring.drain(..) {
+            r.kill();
+        }
+    }
+
+    /// Reaps the retired planes that have exited (killing those past their grace).
+    fn reap_retired(&mut self) {
+        self.retiring.retain_mut(|r| !r.reap());
     }
 
     /// Accepts the plane's connection; notices its death. Every pending connection is taken:
@@ -134,15 +250,22 @@ impl DpuDaemon {
             let Ok((stream, _)) = self.listener.accept() else {
                 break;
             };
-            let want = self
-                .plane
-                .as_ref()
-                .filter(|p| p.vnic.is_none())
-                .map(|p| p.child.id());
+            // The plane it must be: one we started that has not connected yet, by pid.
+            let waiting = |p: &Option<PlaneProc>| {
+                p.as_ref()
+                    .filter(|p| p.vnic.is_none())
+                    .map(|p| p.child.id())
+            };
+            let want: Vec<u32> = self.planes.iter().filter_map(waiting).collect();
             let peer = crate::host::unixsock::peer_cred(&stream);
-            match (want, &peer) {
-                (Some(pid), Ok(c)) if c.pid == pid => {}
-                _ => {
+            let slot = peer.as_ref().ok().and_then(|c| {
+                (0..2)
+                    .find(|&i| waiting(&self.planes[i]) == Some(c.pid))
+                    .map(|i| PlaneSlot(i as u8))
+            });
+            let slot = match slot {
+                Some(s) => s,
+                None => {
                     self.dp.counters.vnic_rejected += 1;
                     if worth_logging(self.dp.counters.vnic_rejected) {
                         let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
@@ -151,9 +274,9 @@ impl DpuDaemon {
                     }
                     continue;
                 }
-            }
+            };
             let lanes = self.lanes();
-            let p = self.plane.as_mut().expect("checked above");
+            let p = self.planes[slot.index()].as_mut().expect("checked above");
             let checked = crate::shm::vnic::check_auth(
                 &stream,
                 &p.secret,
@@ -162,7 +285,7 @@ impl DpuDaemon {
             if let Err(e) = checked {
                 self.dp.counters.vnic_rejected += 1;
                 let e = format!("vNIC handshake: {e}");
-                self.plane_failed(now, &e);
+                self.plane_failed_in(slot, now, &e);
                 return;
             }
             match VnicSet::create(stream, &format!("workers={}", p.workers), lanes) {
@@ -185,50 +308,66 @@ impl DpuDaemon {
                     // The plane's delivery path, then every attached VM's memory.
                     if let Err(e) = v.send_json(CONTROL_COMMAND, &json!({"vatc": self.vatc})) {
                         let e = e.to_string();
-                        self.plane_failed(now, &e);
+                        self.plane_failed_in(slot, now, &e);
                         return;
                     }
                     p.vnic = Some(v);
-                    self.dp.vm_changes = self
+                    let attached: Vec<VmChange> = self
                         .dp
                         .ports
                         .iter()
                         .filter(|p| matches!(&p.io, PortIo::Shm(s) if s.port.is_some()))
                         .map(|p| VmChange::Attached(p.id))
                         .collect();
-                    self.tell_plane_vm_changes();
+                    self.tell_plane_in(slot, &attached);
                 }
                 Err(e) => {
                     let e = e.to_string();
-                    self.plane_failed(now, &e);
+                    self.plane_failed_in(slot, now, &e);
                     return;
                 }
             }
         }
-        if let Some(p) = self.plane.as_mut()
-            && let Ok(Some(status)) = p.child.try_wait()
-        {
-            let why = format!("process exited ({status})");
-            self.plane_failed(now, &why);
+        for slot in [PlaneSlot(0), PlaneSlot(1)] {
+            if let Some(p) = self.planes[slot.index()].as_mut()
+                && let Ok(Some(status)) = p.child.try_wait()
+            {
+                let why = format!("process exited ({status})");
+                self.plane_failed_in(slot, now, &why);
+            }
+        }
+        self.reap_retired();
+    }
+
+    /// Sends every connected plane each shared-memory port change since the last call.
+    pub(super) fn tell_plane_vm_changes(&mut self) {
+        if self.dp.vm_changes.is_empty() {
+            return;
+        }
+        let changes = std::mem::take(&mut self.dp.vm_changes);
+        for slot in [PlaneSlot(0), PlaneSlot(1)] {
+            self.tell_plane_in(slot, &changes);
         }
     }
 
-    /// Sends the plane every shared-memory port change since the last call: an attach hands it
+    /// Sends the plane in `slot` (if connected) the port changes `changes`: an attach hands it
     /// the VM's memory and interrupt eventfd; a detach is a vATC invalidation at the VM's new
-    /// epoch.
-    pub(super) fn tell_plane_vm_changes(&mut self) {
-        let changes = std::mem::take(&mut self.dp.vm_changes);
-        let Some(v) = self.plane.as_mut().and_then(|p| p.vnic.as_mut()) else {
+    /// epoch. A plane that cannot take them has failed.
+    fn tell_plane_in(&mut self, slot: PlaneSlot, changes: &[VmChange]) {
+        let Some(v) = self.planes[slot.index()]
+            .as_mut()
+            .and_then(|p| p.vnic.as_mut())
+        else {
             return;
         };
         let mut failure = None;
         for c in changes {
-            let r = match c {
+            let r = match *c {
                 VmChange::Attached(id) => {
-                    let Some(slot) = self.dp.port_slot(id) else {
+                    let Some(i) = self.dp.port_slot(id) else {
                         continue;
                     };
-                    let PortIo::Shm(s) = &self.dp.ports[slot].io else {
+                    let PortIo::Shm(s) = &self.dp.ports[i].io else {
                         continue;
                     };
                     let Some(port) = s.port.as_ref() else {
@@ -263,16 +402,37 @@ impl DpuDaemon {
         }
         if let Some(e) = failure {
             let now = self.clock.now();
-            self.plane_failed(now, &e);
+            self.plane_failed_in(slot, now, &e);
         }
     }
 
+    /// Sends an operator's command to every connected plane (the warm one takes it too, so a
+    /// flip changes nothing an operator set); an error if no plane is connected or one could
+    /// not take it (that plane has then failed).
     pub(super) fn send_plane_command(&mut self, doc: serde_json::Value) -> Result<(), String> {
-        match self.plane.as_mut().and_then(|p| p.vnic.as_mut()) {
-            Some(v) => v
-                .send_json(CONTROL_COMMAND, &doc)
-                .map_err(|e| e.to_string()),
-            None => Err("no spill plane is running".into()),
+        let mut sent = false;
+        let mut failure = None;
+        for slot in [PlaneSlot(0), PlaneSlot(1)] {
+            let Some(v) = self.planes[slot.index()]
+                .as_mut()
+                .and_then(|p| p.vnic.as_mut())
+            else {
+                continue;
+            };
+            match v.send_json(CONTROL_COMMAND, &doc) {
+                Ok(()) => sent = true,
+                Err(e) => failure = Some((slot, e.to_string())),
+            }
+        }
+        if let Some((slot, e)) = failure {
+            let now = self.clock.now();
+            self.plane_failed_in(slot, now, &e);
+            return Err(e);
+        }
+        if sent {
+            Ok(())
+        } else {
+            Err("no spill plane is running".into())
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The spill plane's process as the DPU process holds it: [`PlaneProc`] (the child, its
-//! handshake secret, its vNIC set once connected, its last stats), and how it is stopped or
-//! killed. The daemon's methods that start and watch it are in `plane_ctl.rs`.
+//! handshake secret, its vNIC set once connected, its last stats), and how it is stopped,
+//! retired ([`Retiring`]) or killed. The daemon's methods that start and watch it are in `plane_ctl.rs`.
 
 use std::process::Child;
 
@@ -10,6 +10,8 @@ use crate::shm::vnic::VnicSet;
 #[derive(Debug)]
 pub(super) struct PlaneProc {
     pub(super) child: Child,
+    /// The binary it runs.
+    pub(super) exe: std::path::PathBuf,
     /// The handshake secret handed to `child` on its stdin.
     pub(super) secret: [u8; crate::shm::vnic::SECRET_LEN],
     pub(super) vnic: Option<VnicSet>,
@@ -45,6 +47,62 @@ impl PlaneProc {
     }
 
     /// Kills and reaps the process at once (it failed: there is nothing to wait for).
+    pub(super) fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Fences the process and lets it go without waiting: its vNIC set is closed at once (so
+    /// nothing it sends from now on reaches the DPU, even if it is stalled and resumes), it is
+    /// asked to exit (SIGTERM) and handed back to be reaped by [`Retiring::reap`], which
+    /// kills it if it has not exited within [`RETIRE_GRACE`]. The DPU's loop never waits on
+    /// it: a plane retired under load (an upgrade) or fenced while stopped (a stall) costs the
+    /// loop one `kill` and one `waitpid` per upkeep.
+    pub(super) fn retire(self) -> Retiring {
+        let PlaneProc { child, vnic, .. } = self;
+        drop(vnic);
+        // SAFETY: a signal to our own child's pid, not reaped yet (so not recycled).
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        Retiring {
+            child,
+            deadline: std::time::Instant::now() + RETIRE_GRACE,
+        }
+    }
+}
+
+/// How long a retired plane has to exit after SIGTERM before it is killed. A stalled plane
+/// (SIGSTOP) never takes a SIGTERM, so this is also how long a fenced stalled process lives.
+pub(super) const RETIRE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A plane process asked to exit and not yet reaped.
+#[derive(Debug)]
+pub(super) struct Retiring {
+    child: Child,
+    deadline: std::time::Instant,
+}
+
+impl Retiring {
+    /// Reaps the process if it has exited; kills it past its deadline. True once it is gone.
+    pub(super) fn reap(&mut self) -> bool {
+        match self.child.try_wait() {
+            Ok(Some(_)) | Err(_) => true,
+            Ok(None) if std::time::Instant::now() < self.deadline => false,
+            Ok(None) => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                true
+            }
+        }
+    }
+
+    /// Its pid.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills and reaps it now (at teardown).
     pub(super) fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

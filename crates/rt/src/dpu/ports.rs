@@ -60,6 +60,9 @@ spillway_vswitch::counters! {
         plane_starts => "rt.plane.starts",
         /// Plane processes that died or broke the protocol.
         plane_failures => "rt.plane.failures",
+        /// Conntrack changes from a plane that is not the active one (a warm plane owns
+        /// nothing; a fenced one no longer does), not taken.
+        plane_ct_fenced => "rt.plane.ct_fenced",
         /// Shared-memory VM ports attached (endpoint connected).
         vm_attached => "rt.vm.attached",
         /// Shared-memory VM ports detached (endpoint gone or queue broken).

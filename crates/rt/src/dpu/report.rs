@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
-use spillway_fabric::dpu::{DpuConn, Hold, Role};
+use spillway_fabric::dpu::{DpuConn, Hold, Role, Sender};
 use spillway_fabric::frame::{DpuModel, DpuSwitch};
 use spillway_fabric::params::PlacementKind;
-use spillway_fabric::types::ConnId;
+use spillway_fabric::types::{ConnId, PlaneSlot};
 use spillway_vswitch::Instant;
 use spillway_vswitch::policy::Policy;
 
@@ -49,6 +49,10 @@ impl DpuDaemon {
                 };
                 CtlResponse::ok(json!({ "vatc": on, "plane": plane }))
             }
+            CtlRequest::Upgrade { binary } => match self.upgrade(now, binary.as_deref()) {
+                Ok(v) => CtlResponse::ok(v),
+                Err(e) => CtlResponse::error(e),
+            },
             CtlRequest::Metrics => {
                 let mut v = Vec::new();
                 self.fill_samples(&mut v);
@@ -149,12 +153,20 @@ impl DpuDaemon {
                 PortIo::Tap(_) => None,
             }).collect::<Vec<_>>(),
             "metrics_addr": self.metrics.as_ref().map(|m| m.local_addr().to_string()),
-            "plane": self.plane.as_ref().map(|p| json!({
+            // The active plane (the one the redirect rules steer to), then every plane
+            // process by slot: the warm one, or one retiring after an upgrade.
+            "plane": self.active_plane().map(|p| json!({
                 "pid": p.child.id(),
                 "up": p.up,
                 "connected": p.vnic.is_some(),
                 "stats": p.stats,
             })),
+            "active_slot": self.active_slot().0,
+            "warm": self.sw.dpu().warm().name(),
+            "upgrade": self.sw.dpu().upgrade().name(),
+            "plane_exe": self.plane_exe.display().to_string(),
+            "planes": self.planes_status(),
+            "retiring": self.retiring.iter().map(|r| r.pid()).collect::<Vec<_>>(),
             "rates_per_s": self.rates.per_sec,
             // Allocations of the forwarding thread outside upkeep (see `host::allocs` and
             // `upkeep`), up to the start of the upkeep that answers this request.
@@ -171,6 +183,28 @@ impl DpuDaemon {
                 "at_s": e.at.0 as f64 / 1e9, "event": e.what.name(), "reason": e.reason,
             })).collect::<Vec<_>>(),
         })
+    }
+
+    /// Every plane process by slot, with what it is to the DPU now.
+    fn planes_status(&self) -> Vec<serde_json::Value> {
+        [PlaneSlot(0), PlaneSlot(1)]
+            .iter()
+            .filter_map(|&slot| {
+                let p = self.planes[slot.index()].as_ref()?;
+                let role = match self.sw.dpu().sender(slot) {
+                    Sender::Active => "active",
+                    Sender::Warm => "warm",
+                    Sender::Fenced => "fenced",
+                };
+                Some(json!({
+                    "slot": slot.0,
+                    "role": role,
+                    "pid": p.child.id(),
+                    "up": p.up,
+                    "connected": p.vnic.is_some(),
+                }))
+            })
+            .collect()
     }
 
     /// The flow dump: this thread's shard's records and, with several forwarding threads,
@@ -246,7 +280,7 @@ impl DpuDaemon {
         out.push(Sample::gauge("dpu.conns", stats.conns_held as f64));
         out.push(Sample::gauge(
             "spill.up",
-            if self.plane.as_ref().is_some_and(|p| p.up) {
+            if self.active_plane().is_some_and(|p| p.up) {
                 1.0
             } else {
                 0.0
@@ -265,7 +299,7 @@ impl DpuDaemon {
             ],
             dpu.phase().name(),
         ));
-        if let Some(p) = &self.plane
+        if let Some(p) = self.active_plane()
             && let Some(obj) = p.stats.get("counters").and_then(|c| c.as_object())
         {
             for (k, v) in obj {
@@ -322,8 +356,7 @@ impl DpuDaemon {
                 .chain(rt_counters(&stats))
                 .collect();
             if let Some(obj) = self
-                .plane
-                .as_ref()
+                .active_plane()
                 .and_then(|p| p.stats.get("counters"))
                 .and_then(|c| c.as_object())
             {

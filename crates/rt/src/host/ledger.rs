@@ -596,21 +596,79 @@ pub fn secure_state_dir(dir: &Path) -> Result<(), LedgerError> {
     let meta = fs::symlink_metadata(dir).map_err(io_err("lstat", dir))?;
     check_owned(dir, &meta, true)?;
     let canonical = fs::canonicalize(dir).map_err(io_err("canonicalize", dir))?;
+    check_ancestors(
+        &canonical,
+        "a parent of the state directory owned by root or us, and not writable by group or \
+         others unless sticky",
+    )
+}
+
+/// Checks that no one but root and us can swap `canonical` (a canonical path) for another
+/// file: each of its ancestors must be owned by root or us and, if writable by group or others,
+/// sticky (as `/tmp` is). `expected` is the error's description of a good ancestor.
+fn check_ancestors(canonical: &Path, expected: &'static str) -> Result<(), LedgerError> {
     let euid = rustix::process::geteuid().as_raw();
     for parent in canonical.ancestors().skip(1) {
-        let meta = fs::symlink_metadata(parent).map_err(io_err("lstat", parent))?;
+        let meta = fs::symlink_metadata(parent).map_err(|source| LedgerError::Io {
+            op: "lstat",
+            path: parent.to_owned(),
+            source,
+        })?;
         let sticky = meta.mode() & 0o1000 != 0;
         let owner_ok = meta.uid() == 0 || meta.uid() == euid;
         if !owner_ok || (meta.mode() & 0o022 != 0 && !sticky) {
             return Err(LedgerError::Unsafe {
                 path: parent.to_owned(),
                 found: describe(&meta),
-                expected: "a parent of the state directory owned by root or us, and not \
-                           writable by group or others unless sticky",
+                expected,
             });
         }
     }
     Ok(())
+}
+
+/// Checks a binary an operator asks a root process to run (`spillway ctl upgrade --binary`):
+/// an absolute path to a regular file with an execute bit, owned by root or us and not
+/// writable by group or others, in directories nobody else can swap it in (see
+/// [`check_ancestors`]). Returns its canonical path, which is what runs: a symbolic link
+/// followed now cannot be pointed elsewhere later.
+pub fn trusted_executable(path: &Path) -> Result<PathBuf, LedgerError> {
+    if !path.is_absolute() {
+        return Err(LedgerError::Unsafe {
+            path: path.to_owned(),
+            found: "a relative path".into(),
+            expected: "an absolute path",
+        });
+    }
+    let canonical = fs::canonicalize(path).map_err(|source| LedgerError::Io {
+        op: "canonicalize",
+        path: path.to_owned(),
+        source,
+    })?;
+    let meta = fs::symlink_metadata(&canonical).map_err(|source| LedgerError::Io {
+        op: "lstat",
+        path: canonical.clone(),
+        source,
+    })?;
+    let euid = rustix::process::geteuid().as_raw();
+    let owner_ok = meta.uid() == 0 || meta.uid() == euid;
+    if !meta.file_type().is_file()
+        || !owner_ok
+        || meta.mode() & 0o022 != 0
+        || meta.mode() & 0o111 == 0
+    {
+        return Err(LedgerError::Unsafe {
+            path: canonical,
+            found: describe(&meta),
+            expected: "an executable regular file owned by root or us, not writable by group or others",
+        });
+    }
+    check_ancestors(
+        &canonical,
+        "a directory above the binary owned by root or us, and not writable by group or \
+         others unless sticky",
+    )?;
+    Ok(canonical)
 }
 
 /// What a recovered ledger may undo: the objects this program could have created for one

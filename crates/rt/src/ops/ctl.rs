@@ -140,6 +140,14 @@ pub enum CtlRequest {
         /// Deliver straight into VM memory.
         on: bool,
     },
+    /// Replace the active spill plane under load: a plane started in the warm slot (running
+    /// `binary` if given, which every later plane then runs) is synced, the active plane hands
+    /// its connections back, the redirect rules flip to the new one and the old one retires.
+    Upgrade {
+        /// An absolute path to the binary the new plane runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        binary: Option<String>,
+    },
 }
 
 /// The answer to one request. `body` is the daemon's business (status JSON, flow rows, ...);
