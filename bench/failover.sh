@@ -19,6 +19,7 @@
 # interleaved (the mode order rotates each run); the table gives medians [min-max].
 #
 #   sudo bash bench/failover.sh [--runs N] [--modes none,cold,warm,stall,upgrade] [--json FILE]
+#                               [--keep-logs DIR]   (each run's status after it and daemon log)
 #
 # Uses target/release/spillway (or $SPILLWAY) and bench/testbed-apps-vs.toml; needs root and
 # python3. Exit status: 0 done; 1 a run failed (the reason is printed); 2 bad usage.
@@ -27,14 +28,15 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${SPILLWAY:-$ROOT/target/release/spillway}
 BASE=$ROOT/bench/testbed-apps-vs.toml
 RUNS=5
-JSON=
+JSON= KEEP=
 MODES=(none cold warm stall upgrade)
 while [[ $# -gt 0 ]]; do
     case $1 in
         --runs) RUNS=${2:?}; shift 2 ;;
         --modes) IFS=, read -r -a MODES <<<"${2:?}"; shift 2 ;;
         --json) JSON=${2:?}; shift 2 ;;
-        *) echo "usage: $0 [--runs N] [--modes none,cold,warm,stall,upgrade] [--json FILE]" >&2; exit 2 ;;
+        --keep-logs) KEEP=${2:?}; mkdir -p "$KEEP"; shift 2 ;;
+        *) echo "usage: $0 [--runs N] [--modes none,cold,warm,stall,upgrade] [--json FILE] [--keep-logs DIR]" >&2; exit 2 ;;
     esac
 done
 [[ $RUNS =~ ^[1-9][0-9]?$ ]] || { echo "--runs: 1..99" >&2; exit 2; }
@@ -138,6 +140,10 @@ one_run() {
     esac
     wait "$SEND"; SEND=
     wait "$SINK"; SINK=
+    if [[ -n $KEEP ]]; then
+        ctl status >"$KEEP/$mode-$RUN-status.json"
+        cp "$TMP/daemon.log" "$KEEP/$mode-$RUN-daemon.log"
+    fi
     local events
     events=$(status_field '",".join(e["event"] for e in reversed(s["events"]) if e["event"] in ("fail_open","fail_over","upgrade"))')
     stop_daemon; DAEMON=
@@ -149,7 +155,7 @@ one_run() {
 for ((r = 0; r < RUNS; r++)); do
     n=${#MODES[@]}
     for ((k = 0; k < n; k++)); do
-        mode=${MODES[$(((r + k) % n))]}
+        mode=${MODES[$(((r + k) % n))]} RUN=$((r + 1))
         line=$(one_run "$mode") || { echo "run $((r + 1)) of $mode failed" >&2; exit 1; }
         echo "$line" | tee -a "$TMP/runs.jsonl" >&2
     done

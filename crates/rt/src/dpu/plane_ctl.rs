@@ -111,21 +111,34 @@ impl DpuDaemon {
             Some(l) => l.spawn(&mut cmd).map_err(|e| e.to_string()),
             None => cmd.spawn().map_err(|e| e.to_string()),
         };
-        // Drop our copy of the read end (held by `cmd`), then write: 32 bytes fit in any pipe.
+        // Drop our copy of the read end (held by `cmd`): the child holds the only one.
         drop(cmd);
-        let spawned = spawned.and_then(|child| {
-            let mut w = std::fs::File::from(secret_w);
-            std::io::Write::write_all(&mut w, &secret)
-                .map(|()| child)
-                .map_err(|e| format!("handing the plane its secret: {e}"))
-        });
         match spawned {
             Ok(child) => {
                 let pid = child.id();
-                if let Some(cg) = &self.cgroup
-                    && let Err(e) = cg.add_pid(pid)
-                {
-                    tracing::warn!(target: "spillway::run", pid, error = %e, "could not move the spill plane into its cgroup");
+                // Into its cgroup, then its secret, on a thread of their own: a v1 cpuset move
+                // takes milliseconds the loop would not forward for (a failover starts the new
+                // warm plane right after the flip). The plane reads its secret before it does
+                // anything but parse the testbed, so it runs in its cgroup from then on. A
+                // plane whose secret could not be written never connects, exits, and is seen
+                // to fail.
+                let joiner = self.cgroup.as_ref().map(|c| c.joiner());
+                let handed = std::thread::Builder::new()
+                    .name("plane-start".into())
+                    .spawn(move || {
+                        if let Some(j) = joiner
+                            && let Err(e) = j.add_pid(pid)
+                        {
+                            tracing::warn!(target: "spillway::run", pid, error = %e, "could not move the spill plane into its cgroup");
+                        }
+                        // 32 bytes fit in any pipe.
+                        let mut w = std::fs::File::from(secret_w);
+                        if let Err(e) = std::io::Write::write_all(&mut w, &secret) {
+                            tracing::error!(target: "spillway::run", pid, error = %e, "could not hand the spill plane its secret");
+                        }
+                    });
+                if let Err(e) = handed {
+                    tracing::error!(target: "spillway::run", pid, error = %e, "could not start a thread to hand the plane its secret");
                 }
                 self.dp.counters.plane_starts += 1;
                 tracing::info!(target: "spillway::run", pid, workers, %slot, exe = %self.plane_exe.display(), at_ms = now.0 as f64 / 1e6, "spill plane started");
