@@ -1513,12 +1513,17 @@ fn the_spill_plane_runs_unprivileged_under_seccomp_and_still_carries_traffic() {
 /// Warm standby: `[fabric.host] warm_standby = true` on a bed held active.
 const WARM: &str = "warm_standby = true";
 
-/// Waits until the active plane is up and a warm plane is synced beside it; returns the status.
-fn wait_warm_ready(bed: &Bed, within: Duration) -> serde_json::Value {
+/// Waits until an active plane other than `not` (a pid; 0 for any) is up and a warm plane is
+/// synced beside it; returns the status.
+fn wait_warm_ready(bed: &Bed, not: u64, within: Duration) -> serde_json::Value {
     let deadline = Instant::now() + within;
     loop {
         let s = bed.status();
-        if s["phase"] == "active" && s["plane"]["up"] == true && s["warm"] == "ready" {
+        if s["phase"] == "active"
+            && s["plane"]["up"] == true
+            && s["plane"]["pid"] != not
+            && s["warm"] == "ready"
+        {
             return s;
         }
         assert!(Instant::now() < deadline, "no warm plane ready: {s:#}");
@@ -1552,27 +1557,37 @@ fn alive(pid: u64) -> bool {
     })
 }
 
+/// A bed held active with a warm plane ready, redis and iperf3 serving, and [`LongLived`]
+/// connections running for 8 s, 2 s in; `None` if the test skips. The guard serialises the
+/// tests.
+fn warm_bed_under_load() -> Option<(std::sync::MutexGuard<'static, ()>, Bed, LongLived)> {
+    if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
+        return None;
+    }
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start_with("active", 2, "", WARM);
+    bed.redis();
+    bed.iperf3_server();
+    wait_warm_ready(&bed, 0, Duration::from_secs(15));
+    let long = LongLived::start(&bed, 8);
+    std::thread::sleep(Duration::from_secs(2));
+    Some((g, bed, long))
+}
+
 /// The warm plane takes over from a plane killed with SIGKILL: no fail-open, every connection
 /// continues (the redis connection answers every PING, iperf3 never stalls a second), and a new
 /// warm plane is synced in the freed slot.
 #[test]
 fn a_warm_plane_takes_over_from_a_killed_plane_and_no_connection_breaks() {
-    if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
+    let Some((_g, bed, long)) = warm_bed_under_load() else {
         return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start_with("active", 2, "", WARM);
-    bed.redis();
-    bed.iperf3_server();
-    let before = wait_warm_ready(&bed, Duration::from_secs(15));
-    let long = LongLived::start(&bed, 8);
-    std::thread::sleep(Duration::from_secs(2));
+    };
     let active = bed.status();
     let pid = active["plane"]["pid"].as_u64().expect("an active plane");
     let slot = active["active_slot"].as_u64().unwrap();
     // SAFETY: kill(2) with a pid read from the daemon; no memory is involved.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
-    let after = wait_warm_ready(&bed, Duration::from_secs(15));
+    let after = wait_warm_ready(&bed, pid, Duration::from_secs(15));
     let (pongs, stalled, gap_ms) = long.finish_with_gap();
     let s = bed.status();
     let ev = events(&s);
@@ -1597,7 +1612,7 @@ fn a_warm_plane_takes_over_from_a_killed_plane_and_no_connection_breaks() {
     // The warm plane's sync was checked against the DPU's own digests, bucket by bucket.
     assert!(
         s["counters"]["dpu.digest.buckets"].as_u64().unwrap() > 0,
-        "{before:#}"
+        "{s:#}"
     );
     bed.stop_and_check_clean();
 }
@@ -1607,16 +1622,9 @@ fn a_warm_plane_takes_over_from_a_killed_plane_and_no_connection_breaks() {
 /// process never comes back.
 #[test]
 fn a_stalled_plane_is_fenced_and_the_warm_plane_takes_over() {
-    if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
+    let Some((_g, bed, long)) = warm_bed_under_load() else {
         return;
-    }
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start_with("active", 2, "", WARM);
-    bed.redis();
-    bed.iperf3_server();
-    wait_warm_ready(&bed, Duration::from_secs(15));
-    let long = LongLived::start(&bed, 8);
-    std::thread::sleep(Duration::from_secs(2));
+    };
     let pid = bed.status()["plane"]["pid"]
         .as_u64()
         .expect("an active plane");
@@ -1626,7 +1634,7 @@ fn a_stalled_plane_is_fenced_and_the_warm_plane_takes_over() {
     // Resumed (if it still exists): whatever it sends now must not reach the DPU.
     // SAFETY: as above.
     unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-    let after = wait_warm_ready(&bed, Duration::from_secs(15));
+    let after = wait_warm_ready(&bed, pid, Duration::from_secs(15));
     let (pongs, stalled, gap_ms) = long.finish_with_gap();
     let s = bed.status();
     let ev = events(&s);
