@@ -4,8 +4,9 @@
 //! time order). It proves that the warm plane holds a copy of every connection while it waits,
 //! that a failover hands it every connection the failed plane owned with its state, that no
 //! connection ever has two owners, that a new warm plane takes the freed slot, that messages
-//! from the fenced plane neither change ownership nor resurrect stale state, and that without
-//! a ready warm plane the DPU still fails open.
+//! from the fenced plane neither change ownership nor resurrect stale state, that without a
+//! ready warm plane the DPU still fails open, and that per-bucket digests find a copy that
+//! drifted, the warm plane's and the active slot's before its activation.
 
 use core::time::Duration;
 
@@ -513,4 +514,64 @@ fn a_warm_copy_that_drifted_is_found_by_its_bucket_digest_and_resynced() {
     // And the next comparison finds nothing.
     fab.advance(fab.now + fab.f.host.digest_interval + fab.f.sched.window);
     assert_eq!(fab.dpu.counters().digest_mismatch, differ);
+}
+
+#[test]
+fn a_mirror_lost_in_the_bulk_sync_is_found_by_the_digests_before_activation() {
+    let mut fab = Fabric::new(false);
+    for c in 0..20 {
+        fab.offer(ConnId(c), Kind::Open, Side::Orig);
+    }
+    fab.advance(at(10));
+    // A pre-warm: the plane starts in slot 0 and is bulk-synced, and the mirror of connection
+    // 7 is lost on the way (a full flow ring drops it: the flow vNIC is not the reliable
+    // channel).
+    fab.dpu.handle_hold(fab.now, Hold::Shadow);
+    let Some(Command::StartPlane { slot, workers }) = fab.dpu.poll_command() else {
+        panic!("no plane asked for");
+    };
+    let mut p = SpillPlane::new(&fab.f);
+    p.start(fab.now, workers);
+    fab.planes[slot.index()] = Some(p);
+    fab.dpu.handle_plane_up_in(fab.now, slot);
+    let mut lost = 0;
+    while let Some(t) = fab.dpu.poll_transmit() {
+        if let Msg::Sync { state, .. } = t.msg
+            && state.conn == ConnId(7)
+        {
+            lost += 1;
+            continue;
+        }
+        fab.planes[slot.index()]
+            .as_mut()
+            .unwrap()
+            .handle_msg(fab.now, t.msg);
+    }
+    assert_eq!(lost, 1);
+    assert!(fab.plane(slot).conn(ConnId(7)).is_none());
+    // Its acknowledgement of the bulk sync makes the DPU compare digests before any
+    // activation: the bucket of connection 7 differs and is resynced.
+    fab.pump();
+    fab.advance(fab.now + Duration::from_millis(50));
+    assert!(matches!(
+        fab.dpu.phase(),
+        Phase::Shadow { synced: true, .. }
+    ));
+    let c = fab.dpu.counters();
+    assert_eq!(c.digest_mismatch, 1, "{c:?}");
+    assert_eq!(c.digest_stale, 0, "{c:?}");
+    assert!(c.digest_buckets >= u64::from(fab.f.dpu.redirect_buckets));
+    assert_eq!(
+        fab.plane(slot).conn(ConnId(7)).map(|r| r.state),
+        fab.dpu.conn(ConnId(7)).map(|r| r.state),
+        "the copy is back"
+    );
+    assert!(
+        fab.events
+            .iter()
+            .any(|e| e.0 == EventKind::Synced && e.1.contains("before its activation")),
+        "{:?}",
+        fab.events
+    );
+    fab.assert_one_owner();
 }

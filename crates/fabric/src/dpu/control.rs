@@ -157,6 +157,8 @@ pub enum ShardRequest {
         shard: u16,
         /// Shards in all.
         shards: u16,
+        /// Drop the comparison (counted) instead: it no longer says anything.
+        stale: bool,
     },
     /// Send one of the control part's own messages to the plane (asked of the first shard).
     Send {
@@ -394,18 +396,21 @@ impl dyn Shards + '_ {
         }
     }
 
-    /// Shard `shard`'s comparison of its digests; the buckets that differed.
+    /// Shard `shard`'s comparison of its digests; the buckets that differed (none if `stale`:
+    /// the comparison is dropped).
     pub(crate) fn digest_compare(
         &mut self,
         shard: usize,
         now: Instant,
         colour: Colour,
+        stale: bool,
     ) -> Vec<u16> {
         let req = ShardRequest::DigestCompare {
             now,
             colour,
             shard: shard as u16,
             shards: self.count() as u16,
+            stale,
         };
         match self.call(shard, req) {
             ShardReply::Buckets(v) => v,
@@ -454,9 +459,10 @@ pub struct DpuControl {
     pub(crate) markers: Markers,
     /// The end markers of the warm plane's bulk sync.
     pub(crate) warm_markers: Markers,
-    /// The digest comparison under way with the warm plane: its colour, the shards that have
-    /// not answered, and the buckets that differed so far.
-    pub(crate) digest: Option<(Colour, Markers, Vec<u16>)>,
+    /// The digest comparisons under way, `[0]` with the active slot's plane before its
+    /// activation and `[1]` with the warm plane: the plane's colour, the shards that have not
+    /// answered, and the buckets that differed so far.
+    pub(crate) digests: [Option<(Colour, Markers, Vec<u16>)>; 2],
     /// When the warm plane's digests are next compared.
     pub(crate) next_digest: Instant,
     /// The zeroed vector the next shard counts tenants' packets in (see
@@ -515,7 +521,7 @@ impl DpuControl {
             win: Windows::new(f),
             markers: Markers::default(),
             warm_markers: Markers::default(),
-            digest: None,
+            digests: [None, None],
             next_digest: Instant::ZERO,
             tenant_spare: Vec::new(),
             f: f.clone(),

@@ -223,10 +223,15 @@ spillway_vswitch::counters! {
         /// Messages from a fenced plane (one that is no longer the active or the warm one)
         /// that could have changed an owner's state, dropped.
         fenced => "dpu.fenced",
-        /// Redirect buckets whose digests the DPU compared with the warm plane's.
+        /// Redirect buckets whose digests the DPU compared with a plane's: the warm plane's,
+        /// or the active slot's before its activation.
         digest_buckets => "dpu.digest.buckets",
         /// Compared buckets whose digests differed, and were resynced.
         digest_mismatch => "dpu.digest.mismatch",
+        /// Comparisons (per shard) dropped because the plane's answer came after its redirect
+        /// rules went live: it could own connections by then, and the comparison would not be
+        /// exact.
+        digest_stale => "dpu.digest.stale",
     }
 }
 

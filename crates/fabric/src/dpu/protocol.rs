@@ -12,7 +12,7 @@ use super::resources::SocWork;
 use super::shard::{DpuShard, ShardView};
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
 use crate::hw::{HwKey, HwRule};
-use crate::types::{Channel, ConnId, ConnState, Msg, PlaneSlot, Side, SyncKind};
+use crate::types::{Channel, Colour, ConnId, ConnState, Msg, PlaneSlot, Side, SyncKind};
 
 impl<R: ResourcesHandle> DpuNode<R> {
     /// A message from the spill plane: one about a connection ([`Msg::conn`]) goes to the
@@ -132,58 +132,94 @@ impl DpuControl {
         }
     }
 
-    /// Compares the connection state the DPU holds with the warm plane's copies: every shard
-    /// digests its buckets and asks (see [`Msg::DigestAsk`]); the answers come to
-    /// [`DpuControl::handle_digest`]. Nothing if a comparison is under way or no warm plane is
+    /// Compares the connection state the DPU holds with the warm plane's copies (see
+    /// [`DpuControl::ask_digests`]). Nothing if a comparison is under way or no warm plane is
     /// ready.
     pub(super) fn ask_warm_digests(&mut self, now: Instant, sh: &mut dyn Shards) {
         let Warm::Ready { colour } = self.life.warm else {
             return;
         };
-        if self.digest.as_ref().is_some_and(|d| d.0 == colour) {
-            return;
+        if self.ask_digests(now, true, colour, sh) {
+            self.next_digest = now + self.f.host.digest_interval;
         }
-        sh.digest_ask(now, true, colour);
-        let mut m = Markers::default();
-        m.await_all(sh.count());
-        self.digest = Some((colour, m, Vec::new()));
-        self.next_digest = now + self.f.host.digest_interval;
     }
 
-    /// The warm plane's digests: each bucket's to its shard, and at a shard's end marker that
-    /// shard's comparison. A bucket that differs is resynced by the shard and reported here,
-    /// once every shard has answered, with its number.
+    /// Compares the connection state the DPU holds with the copies of the plane of `colour`,
+    /// the warm one (`warm`) or the active slot's before its activation: every shard digests
+    /// its buckets and asks (see [`Msg::DigestAsk`]); the answers come to
+    /// [`DpuControl::handle_digest`]. False (nothing asked) if that comparison is under way.
+    /// The plane digests what it holds when the ask reaches it, behind every state message the
+    /// DPU sent before; a plane that owns nothing holds exactly that. So the comparison is
+    /// exact for the warm plane, and for the active slot's only while its redirect rules are
+    /// not live: an answer that comes later is dropped (`dpu.digest.stale`).
+    fn ask_digests(
+        &mut self,
+        now: Instant,
+        warm: bool,
+        colour: Colour,
+        sh: &mut dyn Shards,
+    ) -> bool {
+        let run = &mut self.digests[usize::from(warm)];
+        if run.as_ref().is_some_and(|d| d.0 == colour) {
+            return false;
+        }
+        sh.digest_ask(now, warm, colour);
+        let mut m = Markers::default();
+        m.await_all(sh.count());
+        *run = Some((colour, m, Vec::new()));
+        true
+    }
+
+    /// A plane's digests: each bucket's to its shard, and at a shard's end marker that shard's
+    /// comparison. A bucket that differs is resynced by the shard and reported here, once every
+    /// shard has answered, with its number.
     fn handle_digest(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
-        let Some((colour, markers, differ)) = &mut self.digest else {
+        let (Msg::Digest { colour, .. } | Msg::DigestDone { colour, .. }) = msg else {
+            return;
+        };
+        let Some(i) = (0..2).find(|&i| self.digests[i].as_ref().is_some_and(|d| d.0 == colour))
+        else {
             return;
         };
         match msg {
             Msg::Digest {
-                colour: c,
                 bucket,
                 count,
                 digest,
-            } if c == *colour => {
+                ..
+            } => {
                 let req = ShardRequest::DigestPart {
-                    colour: c,
+                    colour,
                     bucket,
                     count,
                     digest,
                 };
                 sh.call(super::shard_of_bucket(bucket, sh.count()), req);
             }
-            Msg::DigestDone { colour: c, shard } if c == *colour => {
-                let c = *colour;
-                differ.extend(sh.digest_compare(usize::from(shard), now, c));
+            Msg::DigestDone { shard, .. } => {
+                let stale = i == 0
+                    && !matches!(
+                        self.life.phase,
+                        Phase::Shadow { colour: c, .. } | Phase::Activating { colour: c, .. }
+                            if c == colour
+                    );
+                let found = sh.digest_compare(usize::from(shard), now, colour, stale);
+                let (_, markers, differ) = self.digests[i].as_mut().expect("found above");
+                differ.extend(found);
                 if markers.take(shard, 0).is_some() {
-                    let (_, _, mut differ) = self.digest.take().expect("checked above");
+                    let (_, _, mut differ) = self.digests[i].take().expect("found above");
                     if !differ.is_empty() {
                         differ.sort_unstable();
+                        let (kind, whose) = if i == 1 {
+                            (EventKind::Warm, "the warm plane's")
+                        } else {
+                            (EventKind::Synced, "the plane's (before its activation)")
+                        };
                         self.event(
                             now,
-                            EventKind::Warm,
+                            kind,
                             format!(
-                                "the warm plane's digests differed in {} buckets ({differ:?}); resynced",
+                                "{whose} digests differed in {} buckets ({differ:?}); resynced",
                                 differ.len()
                             ),
                         );
@@ -222,6 +258,8 @@ impl DpuControl {
                             colour.0
                         ),
                     );
+                    // Verified before the plane owns anything: its copies against the DPU's.
+                    self.ask_digests(now, false, colour, sh);
                     self.enforce_hold(now, sh);
                 }
             }
@@ -311,11 +349,10 @@ impl DpuControl {
             | Msg::OffloadStats { .. }
             | Msg::Budget { .. }
             | Msg::Drain { .. } => {}
-            // Only the warm plane is asked for digests; the DPU sends the rest.
-            Msg::Digest { .. }
-            | Msg::DigestDone { .. }
-            | Msg::DigestAsk { .. }
-            | Msg::Resync { .. } => {}
+            // The active slot's plane answers the digests it was asked for before its
+            // activation; the DPU sends the rest.
+            Msg::Digest { .. } | Msg::DigestDone { .. } => self.handle_digest(now, msg, sh),
+            Msg::DigestAsk { .. } | Msg::Resync { .. } => {}
         }
     }
 }

@@ -105,8 +105,9 @@ pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) warm_out: Outbox,
     /// The warm plane's colour while state messages are relayed to it.
     pub(crate) warm: Option<Colour>,
-    /// A digest comparison under way (see [`DigestCheck`]).
-    pub(crate) digest: Option<DigestCheck>,
+    /// Digest comparisons under way (see [`DigestCheck`]): `[0]` with the active slot's plane
+    /// before its activation, `[1]` with the warm plane.
+    pub(crate) digests: [Option<DigestCheck>; 2],
     /// The connections this shard closed most recently (see [`CLOSED_KEPT`]).
     pub(crate) closed_recently: ClosedRing,
     /// Packets steered to the active plane since it became the active one: the drain fence
@@ -139,7 +140,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             out: Outbox::new(f),
             warm_out: Outbox::new(f),
             warm: None,
-            digest: None,
+            digests: [None, None],
             closed_recently: ClosedRing::default(),
             steered_active: 0,
             insert_refused_at_completion: 0,
@@ -287,7 +288,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, colour: Colour, shard: u16) {
         let buckets = self.f.dpu.redirect_buckets;
         let mine = crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets);
-        self.digest = Some(DigestCheck {
+        self.digests[usize::from(warm)] = Some(DigestCheck {
             warm,
             colour,
             mine,
@@ -303,8 +304,11 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     /// Takes one of the plane's bucket digests.
     pub(crate) fn digest_part(&mut self, colour: Colour, bucket: u16, count: u32, digest: u64) {
-        if let Some(d) = &mut self.digest
-            && d.colour == colour
+        if let Some(d) = self
+            .digests
+            .iter_mut()
+            .flatten()
+            .find(|d| d.colour == colour)
             && let Some(t) = d.theirs.get_mut(usize::from(bucket))
         {
             *t = (count, digest);
@@ -313,16 +317,27 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     /// The plane has sent every digest of this shard (`index` of `shards`): compares them with
     /// the shard's own, and resyncs each bucket that differs (a `Resync`, then a mirror of
-    /// every record of the bucket, in connection order). Returns those buckets.
+    /// every record of the bucket, in connection order). Returns those buckets. A `stale`
+    /// comparison (the plane could own connections by the time it digested) is dropped and
+    /// counted instead.
     pub(crate) fn digest_compare(
         &mut self,
         now: Instant,
         colour: Colour,
         (index, shards): (usize, usize),
+        stale: bool,
     ) -> Vec<u16> {
-        let Some(d) = self.digest.take_if(|d| d.colour == colour) else {
+        let Some(d) = self
+            .digests
+            .iter_mut()
+            .find_map(|d| d.take_if(|d| d.colour == colour))
+        else {
             return Vec::new();
         };
+        if stale {
+            self.counters.digest_stale += 1;
+            return Vec::new();
+        }
         let buckets = self.f.dpu.redirect_buckets;
         let mut differ = Vec::new();
         for (b, (mine, theirs)) in d.mine.iter().zip(&d.theirs).enumerate() {
@@ -362,7 +377,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         // What was queued for the failed plane is lost with it.
         self.warm_out = Outbox::new(&self.f);
         self.warm = None;
-        self.digest = None;
+        self.digests = [None, None];
         self.steered_active = 0;
         let copies = self.conns.keys_where(|_, c| c.role == Role::Copy);
         let mut handed = 0;
@@ -594,7 +609,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             }
             ShardRequest::WarmOff => {
                 self.warm = None;
-                self.digest = None;
+                self.digests[1] = None;
                 self.warm_out = Outbox::new(&self.f);
                 ShardReply::Done
             }
@@ -669,10 +684,12 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 colour,
                 shard,
                 shards,
+                stale,
             } => ShardReply::Buckets(self.digest_compare(
                 now,
                 colour,
                 (usize::from(shard), usize::from(shards)),
+                stale,
             )),
             ShardRequest::Send { at, channel, msg } => {
                 self.send(at, channel, msg);

@@ -269,7 +269,7 @@ impl DpuControl {
         self.life.active = old.other();
         self.life.colour = colour;
         self.life.warm = Warm::Off;
-        self.digest = None;
+        self.digests = [None, None];
         // Its heartbeats were the warm plane's until now.
         self.life.last_heartbeat = now;
         self.life.plane_util = 0.0;
@@ -289,7 +289,7 @@ impl DpuControl {
             Warm::Starting { .. } | Warm::Syncing { .. } | Warm::Ready { .. } => {
                 let slot = self.life.active.other();
                 self.life.warm = Warm::Off;
-                self.digest = None;
+                self.digests[1] = None;
                 sh.warm_off();
                 self.life.commands.push_back(Command::StopPlane { slot });
                 self.event(
@@ -414,7 +414,7 @@ impl DpuControl {
                 slot: self.life.active.other(),
             });
         }
-        self.digest = None;
+        self.digests = [None, None];
         self.life.upgrade = Upgrade::None;
         self.life.drain_deadline = None;
         self.life.plane_workers = 0;
