@@ -145,7 +145,7 @@ one_run() {
         cp "$TMP/daemon.log" "$KEEP/$mode-$RUN-daemon.log"
     fi
     local events
-    events=$(status_field '",".join(e["event"] for e in reversed(s["events"]) if e["event"] in ("fail_open","fail_over","upgrade"))')
+    events=$(status_field '",".join(e["event"] for e in reversed(s["events"]) if e["event"] in ("fail_open","fail_over","upgrade_asked","upgrade","upgraded"))')
     stop_daemon; DAEMON=
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d.update(mode=sys.argv[2], events=sys.argv[3], standby_rss_kb=int(sys.argv[4]), standby_cpu_ms=int(sys.argv[5])); print(json.dumps(d))' \
         "$TMP/probe.json" "$mode" "$events" "$standby_rss" "$standby_cpu"

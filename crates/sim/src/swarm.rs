@@ -350,11 +350,7 @@ pub fn run_seed(
         faults: sc.faults.len() as u64,
         failovers: count("dpu.failover"),
         fail_opens: count("dpu.failopen"),
-        upgrades: r
-            .phases
-            .iter()
-            .filter(|p| p.phase == "upgrade" && p.reason.ends_with("upgrade done"))
-            .count() as u64,
+        upgrades: count("dpu.upgrade"),
         packets: r.offered_packets,
     })
 }

@@ -112,6 +112,8 @@ pub enum ShardRequest {
     CountFailOpen,
     /// Count a failover (asked of the first shard only).
     CountFailover,
+    /// Count a finished online upgrade (asked of the first shard only).
+    CountUpgrade,
     /// Ask the plane to drain: the shard's `Msg::Drain`, with the packets it steered to the
     /// plane since it became the active one, leaving at `at`. [`ShardReply::Done`].
     Drain {
@@ -382,6 +384,10 @@ impl dyn Shards + '_ {
 
     pub(crate) fn count_failover(&mut self) {
         self.call(0, ShardRequest::CountFailover);
+    }
+
+    pub(crate) fn count_upgrade(&mut self) {
+        self.call(0, ShardRequest::CountUpgrade);
     }
 
     pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, colour: Colour) {

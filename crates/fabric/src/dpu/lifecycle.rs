@@ -65,9 +65,14 @@ pub enum EventKind {
     FailOver,
     /// The warm standby plane changed: started, synced, failed.
     Warm,
-    /// An online upgrade: the active plane hands back, the rules flip to the new plane, the
-    /// old one retires.
+    /// An operator asked for an online upgrade ([`crate::dpu::DpuNode::handle_upgrade`]), and
+    /// it was taken: the time the upgrade's figures count from.
+    UpgradeAsked,
+    /// A step of an online upgrade: the active plane hands back, the rules flip to the new
+    /// plane, the old one retires; or the upgrade was refused or abandoned.
     Upgrade,
+    /// An online upgrade finished: the old plane stopped.
+    Upgraded,
 }
 
 impl EventKind {
@@ -90,7 +95,9 @@ impl EventKind {
             EventKind::Hold => "hold",
             EventKind::FailOver => "fail_over",
             EventKind::Warm => "warm",
+            EventKind::UpgradeAsked => "upgrade_asked",
             EventKind::Upgrade => "upgrade",
+            EventKind::Upgraded => "upgraded",
         }
     }
 }

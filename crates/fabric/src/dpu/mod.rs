@@ -220,6 +220,8 @@ spillway_vswitch::counters! {
         relayed => "dpu.sync.relay",
         /// Failovers: the redirect rules flipped to the warm plane's slot.
         failovers => "dpu.failover",
+        /// Online upgrades finished: the new plane active, the old one stopped.
+        upgrades => "dpu.upgrade",
         /// Messages from a fenced plane (one that is no longer the active or the warm one)
         /// that could have changed an owner's state, dropped.
         fenced => "dpu.fenced",

@@ -661,6 +661,10 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 self.counters.failovers += 1;
                 ShardReply::Done
             }
+            ShardRequest::CountUpgrade => {
+                self.counters.upgrades += 1;
+                ShardReply::Done
+            }
             ShardRequest::DigestAsk {
                 now,
                 warm,

@@ -164,7 +164,7 @@ impl DpuControl {
         self.life.upgrade = Upgrade::Pending;
         self.event(
             now,
-            EventKind::Upgrade,
+            EventKind::UpgradeAsked,
             format!(
                 "online upgrade asked; the warm plane is {}",
                 self.life.warm.name()
@@ -448,9 +448,10 @@ impl DpuControl {
             self.life.commands.push_back(Command::StopPlane { slot });
             self.event(
                 now,
-                EventKind::Upgrade,
+                EventKind::Upgraded,
                 format!("the old plane in {slot} stopped; upgrade done"),
             );
+            sh.count_upgrade();
             self.ensure_warm(now, sh);
         }
         match self.life.phase {

@@ -370,6 +370,8 @@ pub struct DpuDaemon {
     pub(super) planes: [Option<PlaneProc>; 2],
     /// Stopped planes not yet reaped.
     pub(super) retiring: Vec<Retiring>,
+    /// Frames taken back from a failed plane's phy ring, waiting to be offered again.
+    pub(super) reclaimed: Vec<crate::dpu::plane_ctl::Reclaimed>,
     /// The binary the next plane runs (`spillway ctl upgrade --binary` changes it).
     pub(super) plane_exe: PathBuf,
     pub(super) listener: UnixListener,
@@ -428,6 +430,9 @@ impl DpuDaemon {
                 self.sw.dpu_mut().handle_timeout(now);
             }
             self.after_input(now);
+            if !self.reclaimed.is_empty() {
+                self.reoffer(now);
+            }
             if let Some(l) = self.links.as_mut() {
                 l.publish_view(self.sw.dpu().view());
             }

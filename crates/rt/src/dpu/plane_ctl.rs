@@ -12,7 +12,10 @@ use crate::dpu::ports::{PortIo, VmChange, vm_id, worth_logging};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, VnicSet};
 use serde_json::json;
-use spillway_fabric::dpu::{EventKind, Upgrade};
+use spillway_fabric::dpu::{EventKind, Upgrade, Warm};
+use spillway_vswitch::PortId;
+
+use crate::dpu::daemon::{PortsOut, gso_size, offer_frame};
 use spillway_fabric::types::PlaneSlot;
 use spillway_vswitch::Instant;
 use std::path::Path;
@@ -20,6 +23,19 @@ use std::process::{Command, Stdio};
 
 /// Connections taken from the vNIC socket per loop turn.
 const VNIC_ACCEPTS_PER_TURN: usize = 16;
+
+/// Frames taken back from a failed plane's phy ring, at most.
+const RECLAIM_FRAMES: usize = 4096;
+/// Bytes of frames taken back from a failed plane's phy ring, at most.
+const RECLAIM_BYTES: usize = 8 << 20;
+
+/// A frame taken back from a failed plane's phy ring: as it came from `port`.
+#[derive(Debug)]
+pub(super) struct Reclaimed {
+    port: PortId,
+    vnet: crate::dpu::daemon::Vnet,
+    frame: Vec<u8>,
+}
 
 /// The daemon's side of the plane's process.
 impl DpuDaemon {
@@ -57,19 +73,74 @@ impl DpuDaemon {
     /// The plane in `slot` died or broke the protocol: it is killed, and the core decides
     /// (a warm plane takes over, or the DPU fails open; a failed warm plane is replaced).
     pub(super) fn plane_failed_in(&mut self, slot: PlaneSlot, now: Instant, why: &str) {
-        if let Some(p) = self.planes[slot.index()].take() {
+        if let Some(mut p) = self.planes[slot.index()].take() {
             if slot.index() == 0 {
                 self.close_lanes();
             }
             self.dp.counters.plane_failures += 1;
             tracing::warn!(target: "spillway::run", %slot, reason = why, "spill plane failed");
+            let vnic = p.vnic.take();
             p.kill();
+            // What it never took from its phy ring, taken back now that it is gone: offered
+            // again once the core steers to a plane that runs (`reoffer`).
+            if let Some(mut v) = vnic {
+                self.reclaim(&mut v);
+            }
             self.sw.dpu_mut().handle_plane_failed_in(
                 now,
                 slot,
                 &format!("spill plane failed: {why}"),
             );
         }
+    }
+
+    /// Takes back the frames a dead plane never took from lane 0's phy ring (the other lanes
+    /// go with their forwarding threads): at most [`RECLAIM_FRAMES`] frames and
+    /// [`RECLAIM_BYTES`] bytes are kept; the rest are dropped and counted.
+    fn reclaim(&mut self, v: &mut crate::shm::vnic::VnicSet) {
+        let (kept, counters) = (&mut self.reclaimed, &mut self.dp.counters);
+        let mut bytes: usize = kept.iter().map(|r| r.frame.len()).sum();
+        let room = RECLAIM_FRAMES.saturating_sub(kept.len());
+        let r = v.reclaim_frames(room, |rec| {
+            if bytes + rec.frame.len() > RECLAIM_BYTES {
+                counters.plane_reclaim_dropped += 1;
+                return;
+            }
+            bytes += rec.frame.len();
+            counters.plane_reclaimed += 1;
+            kept.push(Reclaimed {
+                port: PortId(rec.port),
+                vnet: *rec.vnet,
+                frame: rec.frame.to_vec(),
+            });
+        });
+        if let Err(e) = r {
+            tracing::warn!(target: "spillway::run", error = %e, "could not take back what the failed plane left in its ring");
+        }
+    }
+
+    /// Offers the frames taken back from a failed plane again, as they first came from their
+    /// ports, once the core steers to a plane that runs or serves them itself: not while a
+    /// flip to the warm plane is under way (they would be steered to the dead one).
+    pub(super) fn reoffer(&mut self, now: Instant) {
+        if matches!(self.sw.dpu().warm(), Warm::Flipping { .. }) {
+            return;
+        }
+        for r in std::mem::take(&mut self.reclaimed) {
+            if self.rx.load(&r.frame).is_err() {
+                continue;
+            }
+            self.rx.set_gso_size(gso_size(&r.vnet));
+            let a = self.active_slot().index();
+            let mut out = PortsOut {
+                dp: &mut self.dp,
+                plane: self.planes[a].as_mut(),
+                tx: self.taps.as_mut().map(|t| t.tx()),
+                links: self.links.as_mut(),
+            };
+            offer_frame(&mut self.sw, &mut out, now, r.port, &r.vnet, &mut self.rx);
+        }
+        self.after_input(now);
     }
 
     /// Starts a plane in `slot` with `workers` workers (the binary of the last `ctl upgrade`,

@@ -63,6 +63,11 @@ spillway_vswitch::counters! {
         /// Conntrack changes from a plane that is not the active one (a warm plane owns
         /// nothing; a fenced one no longer does), not taken.
         plane_ct_fenced => "rt.plane.ct_fenced",
+        /// Frames a failed plane never took from its phy ring, taken back and offered to the
+        /// DPU again.
+        plane_reclaimed => "rt.plane.reclaimed",
+        /// Frames a failed plane left in its phy ring beyond what is taken back, dropped.
+        plane_reclaim_dropped => "rt.plane.reclaim_dropped",
         /// Shared-memory VM ports attached (endpoint connected).
         vm_attached => "rt.vm.attached",
         /// Shared-memory VM ports detached (endpoint gone or queue broken).

@@ -1311,6 +1311,18 @@ impl Producer<SharedRing> {
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.mem.fd()
     }
+
+    /// A consumer of this ring of the producer's own, resuming where the ring's consumer
+    /// stopped: to take back the records a consumer that is gone (its process killed and
+    /// reaped) never popped. Only then: while the consumer runs, both would pop the same
+    /// records. Fails if the consumer left the counters invalid.
+    pub fn reclaimer(&self) -> Result<Consumer, RingError> {
+        Consumer::new(SharedRing {
+            map: Arc::clone(&self.mem.map),
+            data_bytes: self.mem.data_bytes,
+            record_max: self.mem.record_max,
+        })
+    }
 }
 
 impl Consumer<SharedRing> {

@@ -338,6 +338,27 @@ pub struct PhyRecord<'a> {
     pub frame: &'a [u8],
 }
 
+/// A phy-ring record: the message, the port, the virtio-net header, the frame.
+fn parse_phy(rec: &[u8]) -> Result<PhyRecord<'_>, CodecError> {
+    let mut r = Reader::new(rec);
+    let msg = codec::decode_msg(&mut r)?;
+    let port = r.u32("phy.port")?;
+    let rest = r.rest();
+    let Some((vnet, frame)) = rest.split_first_chunk::<12>() else {
+        return Err(CodecError::Truncated {
+            field: "phy.vnet",
+            need: 12,
+            have: rest.len(),
+        });
+    };
+    Ok(PhyRecord {
+        msg,
+        port,
+        vnet,
+        frame,
+    })
+}
+
 fn ring_err(ring: &'static str) -> impl Fn(crate::shm::ring::RingError) -> VnicError {
     move |e| VnicError::Ring {
         ring,
@@ -633,6 +654,15 @@ impl VnicSet {
     /// Kicks the peer if a push on lane 0 since the last call found it asleep.
     pub fn kick(&mut self) {
         self.lane.kick();
+    }
+
+    /// [`VnicLane::reclaim_frames`] of lane 0.
+    pub fn reclaim_frames(
+        &mut self,
+        max: usize,
+        f: impl FnMut(PhyRecord<'_>),
+    ) -> Result<usize, VnicError> {
+        self.lane.reclaim_frames(max, f)
     }
 
     /// Pops up to `max` phy records of lane 0.
@@ -960,38 +990,36 @@ impl VnicLane {
             counters: &mut self.counters,
             kick_pending: &mut self.kick_pending,
         };
-        let n = self.phy_rx.pop_batch(max, |rec| {
-            let mut r = Reader::new(rec);
-            let parsed = codec::decode_msg(&mut r).and_then(|msg| {
-                let port = r.u32("phy.port")?;
-                let rest = r.rest();
-                let Some((vnet, frame)) = rest.split_first_chunk::<12>() else {
-                    return Err(CodecError::Truncated {
-                        field: "phy.vnet",
-                        need: 12,
-                        have: rest.len(),
-                    });
-                };
-                Ok((msg, port, vnet, frame))
-            });
-            match parsed {
-                Ok((msg, port, vnet, frame)) => f(
-                    PhyRecord {
-                        msg,
-                        port,
-                        vnet,
-                        frame,
-                    },
-                    &mut tx,
-                ),
-                Err(e) => {
-                    bad.get_or_insert(e);
-                }
+        let n = self.phy_rx.pop_batch(max, |rec| match parse_phy(rec) {
+            Ok(rec) => f(rec, &mut tx),
+            Err(e) => {
+                bad.get_or_insert(e);
             }
         });
         let n = popped("phy", n, bad)?;
         self.counters.phy_rx += n as u64;
         Ok(n)
+    }
+
+    /// Takes back up to `max` frames this end sent on the phy ring that the peer never took:
+    /// call it only once the peer's process is dead and reaped (see
+    /// [`Producer::reclaimer`](crate::shm::ring::Producer::reclaimer)). Stops at the first
+    /// record that does not decode (the peer may have left the ring corrupt).
+    pub fn reclaim_frames(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(PhyRecord<'_>),
+    ) -> Result<usize, VnicError> {
+        let mut back = self.phy_tx.reclaimer().map_err(ring_err("phy"))?;
+        let mut bad = None;
+        let n = back.pop_batch(max, |rec| match parse_phy(rec) {
+            Ok(rec) if bad.is_none() => f(rec),
+            Ok(_) => {}
+            Err(e) => {
+                bad.get_or_insert(e);
+            }
+        });
+        popped("phy", n, bad)
     }
 
     /// Pops up to `max` flow records.
@@ -1135,6 +1163,40 @@ mod tests {
             dpu.lane0()
                 .recv_flow(8, |_| panic!("lane 0 got lane 2's record"))
                 .unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn the_dpu_takes_back_the_frames_a_plane_that_is_gone_never_took() {
+        use spillway_fabric::types::ConnId;
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut dpu = VnicSet::create(a, "workers=1", 1).unwrap();
+        let (mut plane, _) = VnicSet::accept(b).unwrap();
+        let msg = |conn| Msg::Adopted { conn: ConnId(conn) };
+        for (c, frame) in [(1, b"one"), (2, b"two"), (3, b"thr")] {
+            assert!(dpu.send_frame(&msg(c), c as u32, &[c as u8; 12], frame));
+        }
+        // The plane takes the first, then goes away with the rest in its ring.
+        assert_eq!(plane.recv_frames(1, |_| {}).unwrap(), 1);
+        drop(plane);
+        let mut back = Vec::new();
+        let n = dpu
+            .reclaim_frames(16, |r| {
+                back.push((r.msg.conn(), r.port, r.vnet[0], r.frame.to_vec()));
+            })
+            .unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(
+            back,
+            [
+                (Some(ConnId(2)), 2, 2, b"two".to_vec()),
+                (Some(ConnId(3)), 3, 3, b"thr".to_vec()),
+            ]
+        );
+        // Taken once: nothing is left.
+        assert_eq!(
+            dpu.reclaim_frames(16, |_| panic!("taken twice")).unwrap(),
             0
         );
     }

@@ -182,11 +182,13 @@ fn takeover_figures(
     standby_cores: u32,
 ) -> Option<TakeoverFigures> {
     let (i, first) = phases.iter().enumerate().find(|(_, e)| {
-        matches!(e.what, EventKind::FailOver | EventKind::FailOpen)
-            || (e.what == EventKind::Upgrade && e.reason.starts_with("online upgrade asked"))
+        matches!(
+            e.what,
+            EventKind::FailOver | EventKind::FailOpen | EventKind::UpgradeAsked
+        )
     })?;
     let acted = first.at.0 as f64 / 1e9;
-    let upgrade = first.what == EventKind::Upgrade;
+    let upgrade = first.what == EventKind::UpgradeAsked;
     let t = if upgrade {
         acted
     } else {
@@ -214,7 +216,11 @@ fn takeover_figures(
         }
     }
     Some(TakeoverFigures {
-        kind: first.what.name(),
+        kind: if upgrade {
+            "upgrade"
+        } else {
+            first.what.name()
+        },
         t_s: t,
         detected_ms: (acted - t) * 1e3,
         gap_ms,
