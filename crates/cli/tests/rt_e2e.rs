@@ -1746,3 +1746,54 @@ fn an_online_upgrade_under_load_loses_no_connection() {
     );
     bed.stop_and_check_clean();
 }
+
+/// With warm standby on, `ctl upgrade --binary` does not take the warm plane that runs the old
+/// binary: it is replaced by one of the new binary, which then becomes the active plane.
+#[test]
+fn an_upgrade_to_another_binary_replaces_the_warm_plane_first() {
+    if !spillway_testkit::prerequisites(&["ip"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let bed = Bed::start_with("active", 2, "", WARM);
+    let before = wait_warm_ready(&bed, 0, Duration::from_secs(15));
+    let old_active = before["plane"]["pid"].as_u64().unwrap();
+    let old_warm = before["planes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["role"] == "warm")
+        .and_then(|p| p["pid"].as_u64())
+        .expect("a warm plane");
+    use std::os::unix::fs::PermissionsExt as _;
+    let new_bin = bed.dir.path().join("spillway-next");
+    std::fs::copy(BIN, &new_bin).unwrap();
+    std::fs::set_permissions(&new_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bed.ctl(&["upgrade", "--binary", new_bin.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let done = loop {
+        let s = bed.status();
+        let pid = s["plane"]["pid"].as_u64().unwrap_or(0);
+        if s["upgrade"] == "none" && ![0, old_active, old_warm].contains(&pid) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "upgrade not done: {s:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pid = done["plane"]["pid"].as_u64().unwrap();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert_eq!(exe, std::fs::canonicalize(&new_bin).unwrap());
+    let ev = events(&done);
+    assert!(
+        !ev.iter().any(|(e, _)| e == "fail_open" || e == "fail_over"),
+        "{ev:?}"
+    );
+    assert!(ev.iter().any(|(e, _)| e == "upgraded"), "{ev:?}");
+    // A new warm plane follows, of the new binary too.
+    let after = wait_warm_ready(&bed, old_active, Duration::from_secs(15));
+    assert_eq!(
+        after["plane_exe"],
+        new_bin.canonicalize().unwrap().to_str().unwrap()
+    );
+    bed.stop_and_check_clean();
+}

@@ -575,3 +575,38 @@ fn a_mirror_lost_in_the_bulk_sync_is_found_by_the_digests_before_activation() {
     );
     fab.assert_one_owner();
 }
+
+#[test]
+fn an_upgrade_to_another_binary_replaces_the_ready_warm_plane_before_anything_moves() {
+    let mut fab = Fabric::active_with_warm(10);
+    assert_eq!(fab.starts, [1, 1]);
+    let t = fab.now;
+    fab.dpu.handle_upgrade_fresh(t);
+    fab.pump();
+    // The ready warm plane was stopped and another started in its slot; the active plane
+    // handed nothing back before that one was synced.
+    assert_eq!(fab.starts, [1, 2], "{:?}", fab.events);
+    assert!(
+        fab.events
+            .iter()
+            .any(|e| e.0 == EventKind::Warm && e.1.contains("binary being replaced")),
+        "{:?}",
+        fab.events
+    );
+    assert!(
+        !fab.events.iter().any(|e| e.1.contains("upgrade abandoned")),
+        "{:?}",
+        fab.events
+    );
+    // Synced, handed over, flipped, the old plane retired a window later.
+    fab.advance(t + fab.f.sched.window + Duration::from_millis(10));
+    assert_eq!(fab.dpu.upgrade(), Upgrade::None);
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    for c in 0..10 {
+        let r = fab.plane(PlaneSlot(1)).conn(ConnId(c)).unwrap();
+        assert_eq!(r.role, Role::Owner, "conn {c}");
+    }
+    assert_eq!(fab.dpu.counters().fail_opens, 0);
+    assert_eq!(fab.dpu.counters().upgrades, 1);
+    fab.assert_one_owner();
+}

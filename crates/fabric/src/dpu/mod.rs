@@ -571,7 +571,14 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// An operator asks for an online upgrade: see [`Upgrade`].
     pub fn handle_upgrade(&mut self, now: Instant) {
         self.control
-            .handle_upgrade(now, &mut all(&mut self.shards, &mut self.remote));
+            .handle_upgrade(now, false, &mut all(&mut self.shards, &mut self.remote));
+    }
+
+    /// An online upgrade to another binary: a warm plane already up runs the old one, so it is
+    /// stopped and a plane is started for the upgrade, as without warm standby.
+    pub fn handle_upgrade_fresh(&mut self, now: Instant) {
+        self.control
+            .handle_upgrade(now, true, &mut all(&mut self.shards, &mut self.remote));
     }
 
     /// The online upgrade under way.

@@ -144,9 +144,10 @@ impl DpuControl {
 
     /// An operator asks for an online upgrade (`spillway ctl upgrade`): the plane in the warm
     /// slot, started for it if warm standby is off, replaces the active one. See [`Upgrade`].
-    /// Refused (an event says why) unless a plane is active and no upgrade or flip is under
-    /// way.
-    pub fn handle_upgrade(&mut self, now: Instant, sh: &mut dyn Shards) {
+    /// `fresh`: the upgrade is to another binary, so a warm plane already up (running the old
+    /// one) is stopped first and one is started for the upgrade. Refused (an event says why)
+    /// unless a plane is active and no upgrade or flip is under way.
+    pub fn handle_upgrade(&mut self, now: Instant, fresh: bool, sh: &mut dyn Shards) {
         let busy =
             self.life.upgrade != Upgrade::None || matches!(self.life.warm, Warm::Flipping { .. });
         if busy || !matches!(self.life.phase, Phase::Active { .. }) {
@@ -166,10 +167,20 @@ impl DpuControl {
             now,
             EventKind::UpgradeAsked,
             format!(
-                "online upgrade asked; the warm plane is {}",
-                self.life.warm.name()
+                "online upgrade asked; the warm plane is {}{}",
+                self.life.warm.name(),
+                if fresh {
+                    ", and a new one is started for it"
+                } else {
+                    ""
+                }
             ),
         );
+        if fresh && self.life.warm != Warm::Off {
+            let slot = self.life.active.other();
+            let why = format!("warm plane in {slot} stopped: it runs the binary being replaced");
+            self.stop_warm(now, why, sh);
+        }
         self.ensure_warm(now, sh);
         self.try_upgrade(now, sh);
     }
@@ -288,17 +299,22 @@ impl DpuControl {
             ),
             Warm::Starting { .. } | Warm::Syncing { .. } | Warm::Ready { .. } => {
                 let slot = self.life.active.other();
-                self.life.warm = Warm::Off;
-                self.digests[1] = None;
-                sh.warm_off();
-                self.life.commands.push_back(Command::StopPlane { slot });
-                self.event(
-                    now,
-                    EventKind::Warm,
-                    format!("warm plane in {slot} failed: {reason}; a new one at the next window"),
-                );
+                let why =
+                    format!("warm plane in {slot} failed: {reason}; a new one at the next window");
+                self.stop_warm(now, why, sh);
             }
         }
+    }
+
+    /// Stops the warm plane (not during a flip); the event says `why`.
+    fn stop_warm(&mut self, now: Instant, why: String, sh: &mut dyn Shards) {
+        self.life.warm = Warm::Off;
+        self.digests[1] = None;
+        sh.warm_off();
+        self.life.commands.push_back(Command::StopPlane {
+            slot: self.life.active.other(),
+        });
+        self.event(now, EventKind::Warm, why);
     }
 
     /// The warm plane of `colour` runs: its bulk sync starts.

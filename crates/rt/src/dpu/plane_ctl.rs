@@ -237,8 +237,8 @@ impl DpuDaemon {
     /// `spillway ctl upgrade [--binary PATH]`: the core's online upgrade
     /// ([`DpuNode::handle_upgrade`](spillway_fabric::dpu::DpuNode::handle_upgrade)), with the
     /// new plane running `binary` (checked: [`trusted_executable`]) if one is given. A warm
-    /// plane already running another binary is replaced first, so the upgrade's new plane
-    /// runs the binary asked for. Refused with one forwarding thread per shard (the warm slot
+    /// plane already running another binary is replaced first (the core's
+    /// `handle_upgrade_fresh`), so the upgrade's new plane runs the binary asked for. Refused with one forwarding thread per shard (the warm slot
     /// has no lanes there) and whenever the core refuses (no active plane, an upgrade or a
     /// flip under way), saying why.
     pub(super) fn upgrade(
@@ -259,8 +259,17 @@ impl DpuDaemon {
             }
             None => self.plane_exe.clone(),
         };
+        // A warm plane of another binary cannot be the upgrade's: the core starts one.
+        let warm = self.active_slot().other();
+        let fresh = self.planes[warm.index()]
+            .as_ref()
+            .is_some_and(|p| p.exe != exe);
         let before = std::mem::replace(&mut self.plane_exe, exe);
-        self.sw.dpu_mut().handle_upgrade(now);
+        if fresh {
+            self.sw.dpu_mut().handle_upgrade_fresh(now);
+        } else {
+            self.sw.dpu_mut().handle_upgrade(now);
+        }
         if self.sw.dpu().upgrade() == Upgrade::None {
             self.plane_exe = before;
             self.after_input(now);
@@ -272,18 +281,6 @@ impl DpuDaemon {
                     || "the fabric refused the upgrade".into(),
                     |e| e.reason.clone(),
                 ));
-        }
-        // A warm plane of the old binary cannot be the upgrade's: the core starts another.
-        let warm = self.active_slot().other();
-        if self.planes[warm.index()]
-            .as_ref()
-            .is_some_and(|p| p.exe != self.plane_exe)
-        {
-            self.sw.dpu_mut().handle_plane_failed_in(
-                now,
-                warm,
-                "replaced: the upgrade runs another binary",
-            );
         }
         self.after_input(now);
         tracing::info!(target: "spillway::run", exe = %self.plane_exe.display(), "online upgrade under way");
