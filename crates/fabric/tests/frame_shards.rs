@@ -8,7 +8,7 @@
 //! - A shard's node names a frame of another shard's connection from its own parse
 //!   (`Outcome::Elsewhere`) and learns nothing of it, so a driver parses each frame once.
 
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 
 use spillway_fabric::dpu::{DpuControl, DpuShard, Resources, shard_of};
@@ -119,6 +119,31 @@ const STEPS_MS: u64 = 1_000;
 /// Data segments each thread offers per ms: 40 kpps each, 80 kpps in all.
 const PER_MS: u64 = 40;
 
+/// Strict turns between threads: step `s` goes once every step before it has gone, so the
+/// shared fast path sees the threads' frames in the order of their times whatever the
+/// scheduler does (with a barrier per millisecond instead, one thread could run its whole
+/// millisecond first and take all of it, and the split between the threads was the
+/// scheduler's).
+#[derive(Default)]
+struct Turns {
+    next: Mutex<u64>,
+    moved: Condvar,
+}
+
+impl Turns {
+    fn wait(&self, step: u64) {
+        let mut next = self.next.lock().unwrap();
+        while *next != step {
+            next = self.moved.wait(next).unwrap();
+        }
+    }
+
+    fn done(&self) {
+        *self.next.lock().unwrap() += 1;
+        self.moved.notify_all();
+    }
+}
+
 #[test]
 fn two_forwarding_threads_share_one_fast_path() {
     let mut f = FabricParams::default();
@@ -136,12 +161,12 @@ fn two_forwarding_threads_share_one_fast_path() {
     }
     drop(ids);
     assert!(ports.iter().all(|p| !p.is_empty()), "{ports:?}");
-    let step = Arc::new(Barrier::new(2));
+    let turns = Arc::new(Turns::default());
     let threads: Vec<_> = ports
         .into_iter()
         .enumerate()
         .map(|(k, ports)| {
-            let (f, res, step) = (f.clone(), Arc::clone(&res), Arc::clone(&step));
+            let (f, res, turns) = (f.clone(), Arc::clone(&res), Arc::clone(&turns));
             thread::spawn(move || {
                 let mut sw = shard_switch(&f, &res);
                 let timers = |sw: &mut DpuSwitch<ShardModel<Locked>>, now: Instant| {
@@ -159,16 +184,18 @@ fn two_forwarding_threads_share_one_fast_path() {
                 let mut out = 0u64;
                 let mut next = 0;
                 for m in 1..=STEPS_MS {
-                    step.wait();
                     for j in 0..PER_MS {
-                        // The two threads' frames interleave in time.
+                        // The two threads' frames interleave in time, and go in that order.
+                        let step = ((m - 1) * PER_MS + j) * 2 + k as u64;
                         let now = Instant(m * 1_000_000 + (j * 2 + k as u64) * 12_500);
+                        turns.wait(step);
                         timers(&mut sw, now);
                         let (port, frame) = &data[next];
                         next = (next + 1) % data.len();
                         if forwarded(sw.process(now, *port, 0, frame)).is_some() {
                             out += 1;
                         }
+                        turns.done();
                     }
                 }
                 let c = *sw.dpu().shard().counters();
