@@ -321,6 +321,16 @@ port = 2
         serde_json::from_slice(&out.stdout).expect("ctl prints JSON")
     }
 
+    /// A copy of the binary under test named `name` in this bed's directory, with `mode`
+    /// (an upgrade's new binary).
+    fn binary_copy(&self, name: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = self.dir.path().join(name);
+        std::fs::copy(BIN, &path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
     fn status(&self) -> serde_json::Value {
         self.ctl(&["status"])
     }
@@ -1679,14 +1689,9 @@ fn an_online_upgrade_under_load_loses_no_connection() {
     bed.iperf3_server();
     bed.nginx();
     // The new binary: a copy, in this test's own directory.
-    use std::os::unix::fs::PermissionsExt as _;
-    let new_bin = bed.dir.path().join("spillway-next");
-    std::fs::copy(BIN, &new_bin).unwrap();
-    std::fs::set_permissions(&new_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let new_bin = bed.binary_copy("spillway-next", 0o755);
     // One others could write is refused, naming the file.
-    let unsafe_bin = bed.dir.path().join("spillway-open");
-    std::fs::copy(BIN, &unsafe_bin).unwrap();
-    std::fs::set_permissions(&unsafe_bin, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let unsafe_bin = bed.binary_copy("spillway-open", 0o777);
     let refused = Command::new(BIN)
         .args(["ctl", "--config"])
         .arg(&bed.config)
@@ -1765,10 +1770,7 @@ fn an_upgrade_to_another_binary_replaces_the_warm_plane_first() {
         .find(|p| p["role"] == "warm")
         .and_then(|p| p["pid"].as_u64())
         .expect("a warm plane");
-    use std::os::unix::fs::PermissionsExt as _;
-    let new_bin = bed.dir.path().join("spillway-next");
-    std::fs::copy(BIN, &new_bin).unwrap();
-    std::fs::set_permissions(&new_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let new_bin = bed.binary_copy("spillway-next", 0o755);
     bed.ctl(&["upgrade", "--binary", new_bin.to_str().unwrap()]);
     let deadline = Instant::now() + Duration::from_secs(15);
     let done = loop {

@@ -54,6 +54,13 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
     }
 
+    /// Whether a conntrack change from the plane in `slot` may be taken: only the active
+    /// plane owns connections, so only its changes are an owner's (a warm plane sends none; a
+    /// fenced one's would overwrite the DPU's copy of a connection the current plane owns).
+    pub fn takes_conntrack_from(&self, slot: PlaneSlot) -> bool {
+        self.sender(slot) == Sender::Active
+    }
+
     /// What the plane in `slot` is to the DPU now, which decides how its messages are taken
     /// ([`DpuNode::handle_msg_from`]).
     pub fn sender(&self, slot: PlaneSlot) -> Sender {

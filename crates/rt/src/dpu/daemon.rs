@@ -38,7 +38,7 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use spillway_fabric::dpu::DpuNode;
-use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent, Sender};
+use spillway_fabric::dpu::{Command as DpuCommand, EventKind, FabricEvent};
 use spillway_fabric::frame::{DpuModel, DpuSwitch, Outcome};
 use spillway_fabric::types::{Msg, PlaneSlot};
 use spillway_vswitch::{Instant, PacketBuf, PortId};
@@ -686,18 +686,23 @@ impl DpuDaemon {
                 None => sw.handle_msg_from(now, slot, m, s),
             }
         }
-        if !ct_updates.is_empty() && sw.dpu().sender(slot) != Sender::Active {
-            dp.counters.plane_ct_fenced += ct_updates.len() as u64;
-            ct_updates.clear();
-        }
         for snap in ct_updates {
             let conn = sw.conn_of_snapshot(&snap);
-            match links
+            let taken = match links
                 .as_mut()
                 .and_then(|l| Some((l.shard_of_conn(Some(conn))?, l)))
             {
-                Some((to, l)) => l.send(to, Parcel::Ct(snap)),
-                None => sw.handle_conntrack(now, &snap),
+                // Another thread's shard: only an active plane's change goes there (the
+                // forwarding threads serve slot 0, the only slot with several threads).
+                Some((to, l)) if sw.dpu().takes_conntrack_from(slot) => {
+                    l.send(to, Parcel::Ct(snap));
+                    true
+                }
+                Some(_) => false,
+                None => sw.handle_conntrack_from(now, slot, &snap),
+            };
+            if !taken {
+                dp.counters.plane_ct_fenced += 1;
             }
         }
         if let Some(e) = failure {
