@@ -1146,6 +1146,16 @@ fn connections_survive_activation_and_release(shards: u32) {
         s["counters"]["rt.snapshot.adopted"].as_u64().unwrap() >= 1,
         "{s:#}"
     );
+    // What the plane handed back was checked at its `Released`, bucket by bucket, on every
+    // shard (ADR 0012), and nothing differed.
+    let buckets = u64::from(
+        spillway_fabric::params::FabricParams::default()
+            .dpu
+            .redirect_buckets,
+    );
+    let compared = |s: &serde_json::Value| s["counters"]["dpu.digest.buckets"].as_u64().unwrap();
+    assert!(compared(&s) >= compared(&during) + buckets, "{s:#}");
+    assert_eq!(s["counters"]["dpu.digest.mismatch"], 0, "{s:#}");
     if shards > 1 {
         // Every frame and record of the plane came on its connection's shard's lane.
         assert_eq!(s["counters"]["rt.lane.misrouted"], 0, "{s:#}");
@@ -1657,6 +1667,12 @@ fn a_stalled_plane_is_fenced_and_the_warm_plane_takes_over() {
         .unwrap_or_else(|| panic!("no failover: {ev:?}"));
     assert!(over.1.contains("heartbeat"), "{over:?}");
     assert!(!ev.iter().any(|(e, _)| e == "fail_open"), "{ev:?}");
+    // It was killed rather than asked to exit, and what was steered to it while it was
+    // stopped was taken back from its ring, to be served by the plane that took over.
+    assert!(
+        s["counters"]["rt.plane.reclaimed"].as_u64().unwrap() > 0,
+        "{s:#}"
+    );
     assert!(pongs > 200, "{pongs}");
     assert!(
         stalled.is_empty(),

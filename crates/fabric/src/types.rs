@@ -376,6 +376,25 @@ pub enum Msg {
         /// The redirect bucket.
         bucket: u16,
     },
+    /// Flow vNIC, DPU -> plane: after a sync-back, the DPU's state of the connections the plane
+    /// handed back in bucket `bucket` differed from the plane's digest of them: hand them back
+    /// again (the DPU takes each by version), then [`Msg::SentBack`].
+    SendBack {
+        /// The colour of the activation released.
+        colour: Colour,
+        /// The redirect bucket.
+        bucket: u16,
+    },
+    /// Flow vNIC, plane -> DPU: bucket `bucket`'s connections were handed back again, behind
+    /// their states.
+    SentBack {
+        /// The colour of the activation released.
+        colour: Colour,
+        /// The redirect bucket.
+        bucket: u16,
+        /// States sent.
+        count: u32,
+    },
 }
 
 /// What a connection's digest covers: everything of its state the sync protocol carries and
@@ -478,7 +497,9 @@ impl Msg {
             | Msg::DigestAsk { .. }
             | Msg::Digest { .. }
             | Msg::DigestDone { .. }
-            | Msg::Resync { .. } => None,
+            | Msg::Resync { .. }
+            | Msg::SendBack { .. }
+            | Msg::SentBack { .. } => None,
         }
     }
 
@@ -495,9 +516,10 @@ impl Msg {
             | Msg::DigestAsk { shard, .. }
             | Msg::DigestDone { shard, .. }
             | Msg::Drain { shard, .. } => usize::from(*shard),
-            Msg::Digest { bucket, .. } | Msg::Resync { bucket, .. } => {
-                crate::dpu::shard_of_bucket(*bucket, shards)
-            }
+            Msg::Digest { bucket, .. }
+            | Msg::Resync { bucket, .. }
+            | Msg::SendBack { bucket, .. }
+            | Msg::SentBack { bucket, .. } => crate::dpu::shard_of_bucket(*bucket, shards),
             m => m
                 .conn()
                 .map_or(0, |c| crate::dpu::shard_of(c, redirect_buckets, shards)),

@@ -33,6 +33,9 @@ struct Fabric {
     events: Vec<(EventKind, String)>,
     /// Plane starts asked for, by slot.
     starts: [u32; 2],
+    /// State messages from a plane to lose on the way (a full flow ring drops them: the flow
+    /// vNIC is not the reliable channel), each once.
+    lose: Vec<(ConnId, SyncKind)>,
 }
 
 impl Fabric {
@@ -45,6 +48,7 @@ impl Fabric {
             now: Instant::ZERO,
             events: Vec::new(),
             starts: [0, 0],
+            lose: Vec::new(),
             f,
         }
     }
@@ -76,12 +80,18 @@ impl Fabric {
                         self.planes[slot.index()] = Some(p);
                         self.dpu.handle_plane_up_in(self.now, slot);
                     }
-                    Command::StopPlane { slot } => self.planes[slot.index()] = None,
+                    Command::StopPlane { slot, .. } => self.planes[slot.index()] = None,
                 }
             }
             for i in 0..2 {
                 while let Some(t) = self.planes[i].as_mut().and_then(|p| p.poll_transmit()) {
                     moved = true;
+                    if let Msg::Sync { kind, state, .. } = t.msg
+                        && let Some(k) = self.lose.iter().position(|&l| l == (state.conn, kind))
+                    {
+                        self.lose.remove(k);
+                        continue;
+                    }
                     self.dpu
                         .handle_msg_from(self.now, PlaneSlot(i as u8), t.msg);
                 }
@@ -609,4 +619,90 @@ fn an_upgrade_to_another_binary_replaces_the_ready_warm_plane_before_anything_mo
     assert_eq!(fab.dpu.counters().fail_opens, 0);
     assert_eq!(fab.dpu.counters().upgrades, 1);
     fab.assert_one_owner();
+}
+
+#[test]
+fn a_hand_back_lost_in_a_release_is_found_by_the_digests_and_sent_again() {
+    let mut fab = Fabric::new(false);
+    fab.dpu.handle_hold(at(1), Hold::Active);
+    fab.pump();
+    fab.advance(at(100));
+    assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+    let slot = fab.dpu.active_slot();
+    for c in 0..20 {
+        fab.offer(ConnId(c), Kind::Open, Side::Orig);
+    }
+    // Connection 7's change to established never reaches the DPU (its mirror is lost), and
+    // neither does its hand-back at the release: the DPU's copy stays as it opened.
+    fab.lose = vec![
+        (ConnId(7), SyncKind::Mirror),
+        (ConnId(7), SyncKind::Handover),
+    ];
+    for c in 0..20 {
+        fab.offer(ConnId(c), Kind::Data, Side::Reply);
+    }
+    fab.advance(at(120));
+    assert_eq!(
+        fab.lose,
+        [(ConnId(7), SyncKind::Handover)],
+        "the mirror was lost"
+    );
+    let held = fab
+        .plane(slot)
+        .conn(ConnId(7))
+        .expect("the plane owns it")
+        .state;
+    assert_eq!(held.phase, ConnPhase::Established);
+    assert_ne!(fab.dpu.conn(ConnId(7)).map(|r| r.state), Some(held));
+    // The release: the hand-back of 7 is lost too; the plane's digest of what it handed back
+    // differs from the DPU's records of it in 7's bucket, which the plane sends again.
+    fab.dpu.handle_hold(fab.now, Hold::Released);
+    fab.pump();
+    fab.advance(fab.now + Duration::from_millis(100));
+    assert!(fab.lose.is_empty(), "the hand-back was lost");
+    assert_eq!(fab.dpu.phase(), Phase::Idle, "{:?}", fab.events);
+    let c = fab.dpu.counters();
+    assert_eq!(c.digest_mismatch, 1, "{c:?}");
+    assert!(c.digest_buckets >= u64::from(fab.f.dpu.redirect_buckets));
+    let r = fab.dpu.conn(ConnId(7)).expect("the DPU holds 7");
+    assert_eq!(r.state, held, "the plane's state is the DPU's");
+    assert_eq!(r.role, Role::Owner);
+    let bucket = ConnId(7).bucket(fab.f.dpu.redirect_buckets);
+    assert!(
+        fab.events.iter().any(|e| e.0 == EventKind::Draining
+            && e.1.contains(&format!("differed in 1 buckets ([{bucket}])"))
+            && e.1.contains("1 connections handed back again")),
+        "{:?}",
+        fab.events
+    );
+    fab.assert_one_owner();
+}
+
+#[test]
+fn a_release_with_nothing_lost_finds_every_digest_equal() {
+    let mut fab = Fabric::new(false);
+    fab.dpu.handle_hold(at(1), Hold::Active);
+    fab.pump();
+    fab.advance(at(100));
+    for c in 0..50 {
+        fab.offer(ConnId(c), Kind::Open, Side::Orig);
+        fab.offer(ConnId(c), Kind::Data, Side::Reply);
+    }
+    fab.advance(at(120));
+    fab.dpu.handle_hold(fab.now, Hold::Released);
+    fab.pump();
+    fab.advance(fab.now + Duration::from_millis(100));
+    assert_eq!(fab.dpu.phase(), Phase::Idle, "{:?}", fab.events);
+    let c = fab.dpu.counters();
+    assert_eq!(c.digest_mismatch, 0, "{c:?}");
+    assert!(
+        c.digest_buckets >= 2 * u64::from(fab.f.dpu.redirect_buckets),
+        "{c:?}"
+    );
+    for conn in 0..50 {
+        assert_eq!(
+            fab.dpu.conn(ConnId(conn)).map(|r| r.role),
+            Some(Role::Owner)
+        );
+    }
 }

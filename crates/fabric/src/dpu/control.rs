@@ -162,6 +162,25 @@ pub enum ShardRequest {
         /// Drop the comparison (counted) instead: it no longer says anything.
         stale: bool,
     },
+    /// A release begins: note what the plane hands back for the sync-back check.
+    /// [`ShardReply::Done`].
+    SyncBackBegin {
+        /// The activation released.
+        colour: Colour,
+    },
+    /// The plane's shard `shard` has handed everything back (its `Released`): compare its
+    /// digest of the hand-backs with the shard's records of them, and ask for each bucket that
+    /// differs again. [`ShardReply::Buckets`]: those buckets.
+    SyncBackCompare {
+        /// When.
+        now: Instant,
+        /// The activation released.
+        colour: Colour,
+        /// The shard's index.
+        shard: u16,
+        /// Shards in all.
+        shards: u16,
+    },
     /// Send one of the control part's own messages to the plane (asked of the first shard).
     Send {
         /// When it leaves.
@@ -424,6 +443,29 @@ impl dyn Shards + '_ {
         }
     }
 
+    pub(crate) fn sync_back_begin(&mut self, colour: Colour) {
+        self.each(|| ShardRequest::SyncBackBegin { colour });
+    }
+
+    /// Shard `shard`'s sync-back comparison; the buckets asked for again.
+    pub(crate) fn sync_back_compare(
+        &mut self,
+        shard: usize,
+        now: Instant,
+        colour: Colour,
+    ) -> Vec<u16> {
+        let req = ShardRequest::SyncBackCompare {
+            now,
+            colour,
+            shard: shard as u16,
+            shards: self.count() as u16,
+        };
+        match self.call(shard, req) {
+            ShardReply::Buckets(v) => v,
+            r => mismatch("buckets", &r),
+        }
+    }
+
     pub(crate) fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
         self.call(0, ShardRequest::Send { at, channel, msg });
     }
@@ -469,11 +511,43 @@ pub struct DpuControl {
     /// activation and `[1]` with the warm plane: the plane's colour, the shards that have not
     /// answered, and the buckets that differed so far.
     pub(crate) digests: [Option<(Colour, Markers, Vec<u16>)>; 2],
+    /// The release under way's sync-back check (see [`SyncBack`]).
+    pub(crate) sync_back: Option<SyncBack>,
     /// When the warm plane's digests are next compared.
     pub(crate) next_digest: Instant,
     /// The zeroed vector the next shard counts tenants' packets in (see
     /// [`ShardRequest::TakeTenantPackets`]).
     pub(crate) tenant_spare: Vec<u64>,
+}
+
+/// A release's sync-back check, at the control part: each shard compares the plane's digest
+/// of what it handed back with its own records of it at that shard's `Released`, and asks
+/// again for each bucket that differs (`Msg::SendBack`). The release goes on when every shard's
+/// `Released` is in and every bucket asked for again was answered (`Msg::SentBack`), or when
+/// `dpu.drain_timeout` has passed since the last `Released`.
+#[derive(Debug)]
+pub(crate) struct SyncBack {
+    pub(crate) colour: Colour,
+    /// Buckets asked for again and not answered yet.
+    pub(crate) pending: usize,
+    /// Every bucket asked for again.
+    pub(crate) differ: Vec<u16>,
+    /// States handed back again.
+    pub(crate) sent: u64,
+    /// Connections handed back, once every shard's `Released` is in.
+    pub(crate) handed: Option<u64>,
+}
+
+impl SyncBack {
+    pub(crate) fn new(colour: Colour) -> SyncBack {
+        SyncBack {
+            colour,
+            pending: 0,
+            differ: Vec::new(),
+            sent: 0,
+            handed: None,
+        }
+    }
 }
 
 /// The shards whose end marker a step awaits from a plane (bit `k` for shard `k`), and the
@@ -493,6 +567,12 @@ impl Markers {
             (1u64 << shards) - 1
         };
         self.sum = 0;
+    }
+
+    /// Whether shard `shard`'s end marker is awaited.
+    pub(crate) fn awaits(&self, shard: u16) -> bool {
+        1u64.checked_shl(u32::from(shard))
+            .is_some_and(|bit| self.awaited & bit != 0)
     }
 
     /// Takes shard `shard`'s end marker, which counted `count` connections: `Some(total)` when
@@ -528,6 +608,7 @@ impl DpuControl {
             markers: Markers::default(),
             warm_markers: Markers::default(),
             digests: [None, None],
+            sync_back: None,
             next_digest: Instant::ZERO,
             tenant_spare: Vec::new(),
             f: f.clone(),

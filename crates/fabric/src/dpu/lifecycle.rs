@@ -118,6 +118,12 @@ pub enum Command {
     StopPlane {
         /// The slot.
         slot: PlaneSlot,
+        /// The plane failed (it died, or missed its heartbeats: stalled or starved): nothing
+        /// it still holds is worth waiting for, so it is killed at once rather than asked to
+        /// finish, and what it never took from its vNICs may be taken back and served again.
+        /// False for a plane stopped in order (released, retired after an upgrade, a warm
+        /// plane no longer wanted), which finishes what is in flight first.
+        failed: bool,
     },
 }
 
@@ -433,14 +439,12 @@ impl Lifecycle {
                 ..
             } => Some(done_at),
             Phase::Draining {
-                step: DrainStep::Drain,
+                step: DrainStep::Drain | DrainStep::HandBack,
                 ..
             } => self.drain_deadline,
-            Phase::Idle
-            | Phase::Preparing { .. }
-            | Phase::Shadow { .. }
-            | Phase::Active { .. }
-            | Phase::Draining { .. } => None,
+            Phase::Idle | Phase::Preparing { .. } | Phase::Shadow { .. } | Phase::Active { .. } => {
+                None
+            }
         };
         let warm = match self.warm {
             Warm::Flipping { live_at, .. } => Some(live_at),

@@ -7,7 +7,7 @@ use spillway_vswitch::flow_table::Inserted;
 
 use super::control::{DpuControl, Markers, ShardRequest, Shards};
 use super::inserts::PendingInsert;
-use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase, Upgrade, Warm};
+use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase, Warm};
 use super::resources::SocWork;
 use super::shard::{DpuShard, ShardView};
 use super::{DpuConn, DpuNode, RecallHistory, ResourcesHandle, Role};
@@ -184,6 +184,28 @@ impl DpuControl {
         let (Msg::Digest { colour, .. } | Msg::DigestDone { colour, .. }) = msg else {
             return;
         };
+        // A releasing plane's digest of what it handed back: to its shard, compared at that
+        // shard's `Released`.
+        if let Msg::Digest {
+            bucket,
+            count,
+            digest,
+            ..
+        } = msg
+            && self
+                .sync_back
+                .as_ref()
+                .is_some_and(|sb| sb.colour == colour)
+        {
+            let req = ShardRequest::DigestPart {
+                colour,
+                bucket,
+                count,
+                digest,
+            };
+            sh.call(super::shard_of_bucket(bucket, sh.count()), req);
+            return;
+        }
         let Some(i) = (0..2).find(|&i| self.digests[i].as_ref().is_some_and(|d| d.0 == colour))
         else {
             return;
@@ -275,31 +297,40 @@ impl DpuControl {
                 count,
                 shard,
             } => {
-                // Every shard of the plane hands its connections back and then says so.
+                // Every shard of the plane hands its connections back, then its digest of
+                // them, then says so: compare at once, then wait for every shard.
                 if let Phase::Draining {
                     colour: c,
                     step: DrainStep::HandBack,
                 } = self.life.phase
                     && c == colour
-                    && let Some(count) = self.take_marker(shard, count)
+                    && self.markers.awaits(shard)
                 {
-                    // An upgrade flips to the new plane instead of removing the rules (unless
-                    // the new plane failed meanwhile: then this is a release after all).
-                    if self.life.upgrade == Upgrade::Releasing
-                        && self.upgrade_handed_back(now, count, sh)
-                    {
-                        return;
+                    let differ = sh.sync_back_compare(usize::from(shard), now, colour);
+                    let total = self.take_marker(shard, count);
+                    if let Some(sb) = self.sync_back.as_mut().filter(|sb| sb.colour == colour) {
+                        sb.pending += differ.len();
+                        sb.differ.extend(differ);
+                        sb.handed = total;
+                        if total.is_some() && sb.pending > 0 {
+                            self.life.drain_deadline = Some(now + self.f.dpu.drain_timeout);
+                        }
                     }
-                    let done_at = now + self.f.dpu.redirect_latency;
-                    self.life.phase = Phase::Draining {
-                        colour,
-                        step: DrainStep::RemoveRedirect { done_at },
-                    };
-                    self.event(
-                        now,
-                        EventKind::Draining,
-                        format!("{count} connections handed back; removing redirect rules"),
-                    );
+                    self.hand_back_done(now, sh);
+                }
+            }
+            Msg::SentBack {
+                colour,
+                bucket,
+                count,
+            } => {
+                if let Some(sb) = self.sync_back.as_mut().filter(|sb| sb.colour == colour)
+                    && sb.pending > 0
+                    && sb.differ.contains(&bucket)
+                {
+                    sb.pending -= 1;
+                    sb.sent += u64::from(count);
+                    self.hand_back_done(now, sh);
                 }
             }
             Msg::Heartbeat { workers, util } => {
@@ -337,7 +368,7 @@ impl DpuControl {
                     && c == colour
                     && self.take_marker(shard, 0).is_some()
                 {
-                    self.go_idle(now, "plane drained; host cores released".into(), sh);
+                    self.go_idle(now, "plane drained; host cores released".into(), false, sh);
                 }
             }
             // Messages about a connection go to its shard; DPU-to-plane messages never come
@@ -359,7 +390,7 @@ impl DpuControl {
             // The active slot's plane answers the digests it was asked for before its
             // activation; the DPU sends the rest.
             Msg::Digest { .. } | Msg::DigestDone { .. } => self.handle_digest(now, msg, sh),
-            Msg::DigestAsk { .. } | Msg::Resync { .. } => {}
+            Msg::DigestAsk { .. } | Msg::Resync { .. } | Msg::SendBack { .. } => {}
         }
     }
 }
@@ -388,6 +419,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 // been released: nobody but the DPU can own what it carries.
                 let orphan = !view.phase.has_plane() || colour < view.colour;
                 self.ingest_sync(now, kind, state, orphan, view);
+                if kind == SyncKind::Handover && !orphan {
+                    self.note_handed_back(state.conn);
+                }
             }
             Msg::Recall {
                 state,

@@ -86,6 +86,17 @@ pub(crate) struct DigestCheck {
     theirs: Vec<(u32, u64)>,
 }
 
+/// A release's sync-back check (`ShardRequest::SyncBackBegin`): the connections the plane
+/// handed back to this shard, as they arrived, and the plane's per-bucket digest of them, sent
+/// just before its `Released` (none: an empty bucket). At the `Released` both sides have
+/// seen exactly these hand-backs, so the comparison is exact.
+#[derive(Debug)]
+pub(crate) struct SyncBackCheck {
+    colour: Colour,
+    handed: Vec<ConnId>,
+    theirs: Vec<(u32, u64)>,
+}
+
 /// A shard. See the module doc.
 #[derive(Debug)]
 pub struct DpuShard<R: ResourcesHandle> {
@@ -108,6 +119,8 @@ pub struct DpuShard<R: ResourcesHandle> {
     /// Digest comparisons under way (see [`DigestCheck`]): `[0]` with the active slot's plane
     /// before its activation, `[1]` with the warm plane.
     pub(crate) digests: [Option<DigestCheck>; 2],
+    /// The release under way's sync-back check (see [`SyncBackCheck`]).
+    pub(crate) sync_back: Option<SyncBackCheck>,
     /// The connections this shard closed most recently (see [`CLOSED_KEPT`]).
     pub(crate) closed_recently: ClosedRing,
     /// Packets steered to the active plane since it became the active one: the drain fence
@@ -141,6 +154,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             warm_out: Outbox::new(f),
             warm: None,
             digests: [None, None],
+            sync_back: None,
             closed_recently: ClosedRing::default(),
             steered_active: 0,
             insert_refused_at_completion: 0,
@@ -302,17 +316,78 @@ impl<R: ResourcesHandle> DpuShard<R> {
         out.send_flow(now, Msg::DigestAsk { colour, shard });
     }
 
-    /// Takes one of the plane's bucket digests.
+    /// Takes one of the plane's bucket digests: a sync-back's, or an asked comparison's.
     pub(crate) fn digest_part(&mut self, colour: Colour, bucket: u16, count: u32, digest: u64) {
-        if let Some(d) = self
-            .digests
-            .iter_mut()
-            .flatten()
-            .find(|d| d.colour == colour)
-            && let Some(t) = d.theirs.get_mut(usize::from(bucket))
-        {
+        let theirs = match &mut self.sync_back {
+            Some(sb) if sb.colour == colour => Some(&mut sb.theirs),
+            _ => self
+                .digests
+                .iter_mut()
+                .flatten()
+                .find(|d| d.colour == colour)
+                .map(|d| &mut d.theirs),
+        };
+        if let Some(t) = theirs.and_then(|t| t.get_mut(usize::from(bucket))) {
             *t = (count, digest);
         }
+    }
+
+    /// A release of the activation `colour` begins: note each connection the plane hands back
+    /// until its `Released` (see [`SyncBackCheck`]).
+    pub(crate) fn sync_back_begin(&mut self, colour: Colour) {
+        self.sync_back = Some(SyncBackCheck {
+            colour,
+            handed: Vec::new(),
+            theirs: vec![(0, 0); usize::from(self.f.dpu.redirect_buckets)],
+        });
+    }
+
+    /// A hand-back of `conn` by the active plane, taken while a release's sync-back check runs
+    /// (from the control part's `SyncBackBegin` to this shard's `Released`; the shard's view
+    /// of the phase may lag the control part's, so it is not asked).
+    pub(crate) fn note_handed_back(&mut self, conn: ConnId) {
+        if let Some(sb) = &mut self.sync_back {
+            sb.handed.push(conn);
+        }
+    }
+
+    /// The plane's shard sent its `Released`, behind its hand-backs and its digest of them
+    /// (this is shard `index` of `shards`): digests the DPU's records of the connections
+    /// handed back, per bucket, and asks the plane to hand each bucket that differs back again
+    /// (`Msg::SendBack`; the DPU takes each state by version). Returns those buckets.
+    pub(crate) fn sync_back_compare(
+        &mut self,
+        now: Instant,
+        colour: Colour,
+        (index, shards): (usize, usize),
+    ) -> Vec<u16> {
+        let Some(mut sb) = self.sync_back.take_if(|sb| sb.colour == colour) else {
+            return Vec::new();
+        };
+        sb.handed.sort_unstable();
+        sb.handed.dedup();
+        let buckets = self.f.dpu.redirect_buckets;
+        let conns = &self.conns;
+        let mine = crate::types::bucket_digests(
+            sb.handed
+                .iter()
+                .filter_map(|c| conns.get(c).map(|r| &r.state)),
+            buckets,
+        );
+        let mut differ = Vec::new();
+        for (b, (mine, theirs)) in mine.iter().zip(&sb.theirs).enumerate() {
+            if super::shard_of_bucket(b as u16, shards) != index {
+                continue;
+            }
+            self.counters.digest_buckets += 1;
+            if mine != theirs {
+                self.counters.digest_mismatch += 1;
+                differ.push(b as u16);
+                let bucket = b as u16;
+                self.out.send_flow(now, Msg::SendBack { colour, bucket });
+            }
+        }
+        differ
     }
 
     /// The plane has sent every digest of this shard (`index` of `shards`): compares them with
@@ -603,7 +678,11 @@ impl<R: ResourcesHandle> DpuShard<R> {
             ShardRequest::BulkSync { now, colour, shard } => {
                 ShardReply::Count(self.bulk_sync(now, colour, shard))
             }
-            ShardRequest::PromoteCopies => ShardReply::Count(self.promote_copies() as u64),
+            ShardRequest::PromoteCopies => {
+                // No plane any more: a release's check under way, if any, has nothing to wait for.
+                self.sync_back = None;
+                ShardReply::Count(self.promote_copies() as u64)
+            }
             ShardRequest::WarmSync { now, colour, shard } => {
                 ShardReply::Count(self.warm_sync(now, colour, shard))
             }
@@ -694,6 +773,20 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 colour,
                 (usize::from(shard), usize::from(shards)),
                 stale,
+            )),
+            ShardRequest::SyncBackBegin { colour } => {
+                self.sync_back_begin(colour);
+                ShardReply::Done
+            }
+            ShardRequest::SyncBackCompare {
+                now,
+                colour,
+                shard,
+                shards,
+            } => ShardReply::Buckets(self.sync_back_compare(
+                now,
+                colour,
+                (usize::from(shard), usize::from(shards)),
             )),
             ShardRequest::Send { at, channel, msg } => {
                 self.send(at, channel, msg);

@@ -5,7 +5,7 @@
 
 use spillway_vswitch::Instant;
 
-use super::control::{DpuControl, Shards};
+use super::control::{DpuControl, Shards, SyncBack};
 use super::lifecycle::{Command, DrainStep, EventKind, FabricEvent, Hold, Phase, Upgrade, Warm};
 use crate::links::at_ps;
 use crate::params::ns;
@@ -74,9 +74,10 @@ impl DpuControl {
     /// rules are flipped to the warm slot, live after `dpu.flip_latency`.
     fn begin_flip(&mut self, now: Instant, colour: Colour, reason: String, sh: &mut dyn Shards) {
         let old = self.life.active;
-        self.life
-            .commands
-            .push_back(Command::StopPlane { slot: old });
+        self.life.commands.push_back(Command::StopPlane {
+            slot: old,
+            failed: true,
+        });
         let live_at = now + self.f.dpu.flip_latency;
         self.life.warm = Warm::Flipping { colour, live_at };
         // The failure is the trigger of the warm plane's first absorbed packet: the
@@ -179,7 +180,7 @@ impl DpuControl {
         if fresh && self.life.warm != Warm::Off {
             let slot = self.life.active.other();
             let why = format!("warm plane in {slot} stopped: it runs the binary being replaced");
-            self.stop_warm(now, why, sh);
+            self.stop_warm(now, why, false, sh);
         }
         self.ensure_warm(now, sh);
         self.try_upgrade(now, sh);
@@ -197,16 +198,73 @@ impl DpuControl {
             return;
         };
         self.life.upgrade = Upgrade::Releasing;
-        self.life.phase = Phase::Draining {
-            colour,
-            step: DrainStep::HandBack,
-        };
-        sh.send(now, Channel::Control, Msg::Release { colour });
-        self.await_markers(sh.count());
+        self.begin_hand_back(now, colour, sh);
         self.event(
             now,
             EventKind::Upgrade,
             "the warm plane is ready; the active plane hands its connections back",
+        );
+    }
+
+    /// A release's first step (an upgrade's too): the active plane hands every connection
+    /// back, and the shards note what arrives for the sync-back check (see [`SyncBack`]).
+    fn begin_hand_back(&mut self, now: Instant, colour: Colour, sh: &mut dyn Shards) {
+        self.life.phase = Phase::Draining {
+            colour,
+            step: DrainStep::HandBack,
+        };
+        self.sync_back = Some(SyncBack::new(colour));
+        sh.sync_back_begin(colour);
+        sh.send(now, Channel::Control, Msg::Release { colour });
+        self.await_markers(sh.count());
+    }
+
+    /// The hand-back is over when every shard's `Released` is in and every bucket the
+    /// sync-back check asked for again has come back (or `dpu.drain_timeout` passed): the
+    /// release removes the redirect rules, an upgrade flips them to the new plane.
+    pub(super) fn hand_back_done(&mut self, now: Instant, sh: &mut dyn Shards) {
+        let Phase::Draining {
+            colour,
+            step: DrainStep::HandBack,
+        } = self.life.phase
+        else {
+            return;
+        };
+        let Some(sb) = self
+            .sync_back
+            .take_if(|sb| sb.handed.is_some() && sb.pending == 0)
+        else {
+            return;
+        };
+        self.life.drain_deadline = None;
+        let count = sb.handed.unwrap_or(0);
+        if !sb.differ.is_empty() {
+            let mut differ = sb.differ;
+            differ.sort_unstable();
+            self.event(
+                now,
+                EventKind::Draining,
+                format!(
+                    "the plane's digests of what it handed back differed in {} buckets ({differ:?}); {} connections handed back again",
+                    differ.len(),
+                    sb.sent
+                ),
+            );
+        }
+        // An upgrade flips to the new plane instead of removing the rules (unless the new
+        // plane failed meanwhile: then this is a release after all).
+        if self.life.upgrade == Upgrade::Releasing && self.upgrade_handed_back(now, count, sh) {
+            return;
+        }
+        let done_at = now + self.f.dpu.redirect_latency;
+        self.life.phase = Phase::Draining {
+            colour,
+            step: DrainStep::RemoveRedirect { done_at },
+        };
+        self.event(
+            now,
+            EventKind::Draining,
+            format!("{count} connections handed back; removing redirect rules"),
         );
     }
 
@@ -301,18 +359,20 @@ impl DpuControl {
                 let slot = self.life.active.other();
                 let why =
                     format!("warm plane in {slot} failed: {reason}; a new one at the next window");
-                self.stop_warm(now, why, sh);
+                self.stop_warm(now, why, true, sh);
             }
         }
     }
 
-    /// Stops the warm plane (not during a flip); the event says `why`.
-    fn stop_warm(&mut self, now: Instant, why: String, sh: &mut dyn Shards) {
+    /// Stops the warm plane (not during a flip), which `failed` or is no longer wanted; the
+    /// event says `why`.
+    fn stop_warm(&mut self, now: Instant, why: String, failed: bool, sh: &mut dyn Shards) {
         self.life.warm = Warm::Off;
         self.digests[1] = None;
         sh.warm_off();
         self.life.commands.push_back(Command::StopPlane {
             slot: self.life.active.other(),
+            failed,
         });
         self.event(now, EventKind::Warm, why);
     }
@@ -401,10 +461,18 @@ impl DpuControl {
             EventKind::FailOpen,
             format!("{reason}; redirect rules removed, {n} connections taken over from mirrors"),
         );
-        self.go_idle(now, "fail-open: plane stopped".into(), sh);
+        self.go_idle(now, "fail-open: plane stopped".into(), true, sh);
     }
 
-    pub(super) fn go_idle(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
+    /// No plane any more: the active one is stopped (killed at once if it `failed`), and the
+    /// warm one if any; the DPU owns every connection.
+    pub(super) fn go_idle(
+        &mut self,
+        now: Instant,
+        reason: String,
+        failed: bool,
+        sh: &mut dyn Shards,
+    ) {
         self.life.phase = Phase::Idle;
         self.life.quota = 0;
         self.life.absorbed = false;
@@ -422,15 +490,18 @@ impl DpuControl {
         };
         self.life.commands.push_back(Command::StopPlane {
             slot: self.life.active,
+            failed,
         });
         if self.life.warm != Warm::Off || matches!(self.life.upgrade, Upgrade::Retiring { .. }) {
             self.life.warm = Warm::Off;
             sh.warm_off();
             self.life.commands.push_back(Command::StopPlane {
                 slot: self.life.active.other(),
+                failed: false,
             });
         }
         self.digests = [None, None];
+        self.sync_back = None;
         self.life.upgrade = Upgrade::None;
         self.life.drain_deadline = None;
         self.life.plane_workers = 0;
@@ -445,6 +516,27 @@ impl DpuControl {
             self.finish_flip(now, sh);
         }
         if let Phase::Draining {
+            step: DrainStep::HandBack,
+            ..
+        } = self.life.phase
+            && self.life.drain_deadline.is_some_and(|d| now >= d)
+            && let Some(sb) = &mut self.sync_back
+        {
+            // A bucket asked for again never came back (the flow vNIC is not the reliable
+            // channel): go on with what the DPU holds, and say so.
+            let waited = self.f.dpu.drain_timeout.as_secs_f64() * 1e3;
+            let missing = sb.pending;
+            sb.pending = 0;
+            self.event(
+                now,
+                EventKind::Draining,
+                format!(
+                    "{missing} buckets asked for again did not come back within {waited:.0} ms"
+                ),
+            );
+            self.hand_back_done(now, sh);
+        }
+        if let Phase::Draining {
             step: DrainStep::Drain,
             ..
         } = self.life.phase
@@ -454,6 +546,7 @@ impl DpuControl {
             self.go_idle(
                 now,
                 format!("the plane did not drain within {waited:.0} ms; stopped"),
+                false,
                 sh,
             );
         }
@@ -461,7 +554,10 @@ impl DpuControl {
             && now >= at
         {
             self.life.upgrade = Upgrade::None;
-            self.life.commands.push_back(Command::StopPlane { slot });
+            self.life.commands.push_back(Command::StopPlane {
+                slot,
+                failed: false,
+            });
             self.event(
                 now,
                 EventKind::Upgraded,
@@ -801,17 +897,12 @@ impl DpuControl {
                 );
             }
             (Phase::Active { colour }, Decision::Release { reason }) => {
-                self.life.phase = Phase::Draining {
-                    colour,
-                    step: DrainStep::HandBack,
-                };
-                sh.send(now, Channel::Control, Msg::Release { colour });
-                self.await_markers(sh.count());
+                self.begin_hand_back(now, colour, sh);
                 self.event(now, EventKind::Draining, format!("release: {reason}"));
             }
             (Phase::Shadow { .. }, Decision::Release { reason }) => {
                 // Nothing was redirected: drop the copies the plane sent and stop it.
-                self.go_idle(now, format!("release: {reason}"), sh);
+                self.go_idle(now, format!("release: {reason}"), false, sh);
             }
             (phase, d) => {
                 // URSched only proposes what fits the phase it was shown; anything else is a

@@ -32,8 +32,10 @@
 //!   Shadow only, by `Msg::Activated` (the DPU sends it once per colour, when its redirect rules
 //!   go live, and before any `Msg::Release` on the same control channel).
 //! - **Releasing** (`releasing`): hands every connection it owns back to the DPU
-//!   (`SyncKind::Handover`; it keeps a copy), then sends `Msg::Released` on the flow vNIC behind
-//!   them. A connection it opens or is handed from here on goes straight back. Placement moves
+//!   (`SyncKind::Handover`; it keeps a copy), then its per-bucket digest of them
+//!   (`Msg::Digest`) and `Msg::Released` on the flow vNIC behind them; a `Msg::SendBack` of a
+//!   bucket whose digest the DPU found different hands that bucket's connections back again
+//!   and answers `Msg::SentBack`. A connection it opens or is handed from here on goes straight back. Placement moves
 //!   nothing. Each shard answers its `Msg::Drain` with `Msg::Drained` once it has received the
 //!   packets the drain counts (the DPU shard's steered to this plane: the request may overtake
 //!   them) and its workers, its flow vNIC and its phy vNIC toward the DPU are idle; the plane
@@ -563,7 +565,9 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             Msg::SyncDone { shard, .. }
             | Msg::DigestAsk { shard, .. }
             | Msg::Drain { shard, .. } => Some(usize::from(shard)).filter(|&s| s < self.total()),
-            Msg::Resync { bucket, .. } => Some(crate::dpu::shard_of_bucket(bucket, self.total())),
+            Msg::Resync { bucket, .. } | Msg::SendBack { bucket, .. } => {
+                Some(crate::dpu::shard_of_bucket(bucket, self.total()))
+            }
             _ => self.conn_shard(&msg),
         };
         if let Some(i) = shard {
@@ -582,6 +586,11 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
                         packets,
                     }),
                     Msg::Resync { bucket, .. } => Some(PlaneRequest::Resync { bucket }),
+                    Msg::SendBack { colour, bucket } => Some(PlaneRequest::SendBack {
+                        now,
+                        colour,
+                        bucket,
+                    }),
                     _ => None,
                 };
                 if let Some(req) = req {
@@ -668,7 +677,9 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             | Msg::DigestAsk { .. }
             | Msg::Digest { .. }
             | Msg::DigestDone { .. }
-            | Msg::Resync { .. } => {}
+            | Msg::Resync { .. }
+            | Msg::SendBack { .. }
+            | Msg::SentBack { .. } => {}
         }
     }
 

@@ -221,6 +221,16 @@ pub enum PlaneRequest {
         /// The bucket.
         bucket: u16,
     },
+    /// The DPU's [`Msg::SendBack`] of a bucket of this shard, if it reached the control part.
+    /// [`PlaneReply::Done`].
+    SendBack {
+        /// When.
+        now: Instant,
+        /// The activation released.
+        colour: Colour,
+        /// The bucket.
+        bucket: u16,
+    },
     /// Acknowledge the end of the DPU's bulk sync on this shard's flow vNIC, if it reached the
     /// control part rather than the shard. [`PlaneReply::Done`].
     AckSync {
@@ -270,6 +280,9 @@ pub struct PlaneShard {
     /// Expected translation misses not yet counted whole.
     atc_miss_acc: f64,
     pub(super) conns: Records<SpillConn>,
+    /// Every connection this shard handed back to the DPU since it started releasing: what
+    /// its sync-back digest covers and a `Msg::SendBack` sends again.
+    handed: Vec<ConnId>,
     /// This shard's connections on the fast path, with their last measured rate.
     offloaded: BTreeMap<ConnId, f64>,
     /// Connections closed since the last tick: the placement policy forgets them.
@@ -307,6 +320,7 @@ impl PlaneShard {
             vatc_hit_ratio: f.host.vatc_hit_ratio,
             atc_miss_acc: 0.0,
             conns: Records::new(11),
+            handed: Vec::new(),
             offloaded: BTreeMap::new(),
             closed: Vec::new(),
             absorbed_sent: false,
@@ -408,7 +422,9 @@ impl PlaneShard {
                     self.hand_over(now, sync_colour, conn);
                 }
                 let at = self.out.flow_idle_at(now);
-                // On the flow vNIC, after the handovers, so the DPU has them all first.
+                // On the flow vNIC, after the handovers, so the DPU has them all first: this
+                // shard's digest of what it handed back (the DPU compares at `Released`).
+                self.send_back_digests(at, colour);
                 let done = Msg::Released {
                     colour,
                     count,
@@ -432,7 +448,13 @@ impl PlaneShard {
             }
             PlaneRequest::Digest { now, colour } => self.send_digests(now, colour),
             PlaneRequest::Resync { bucket } => self.resync(bucket),
+            PlaneRequest::SendBack {
+                now,
+                colour,
+                bucket,
+            } => self.send_back(now, colour, bucket),
             PlaneRequest::Stop => {
+                self.handed.clear();
                 self.rx_active = 0;
                 self.drain_fence = None;
                 self.conns.clear();
@@ -477,6 +499,7 @@ impl PlaneShard {
                 colour, packets, ..
             } => self.drain(now, colour, packets, res.idle_at_ps()),
             Msg::Resync { bucket, .. } => self.resync(bucket),
+            Msg::SendBack { colour, bucket } => self.send_back(now, colour, bucket),
             Msg::RecallDone { conn, ok } => {
                 if ok {
                     self.counters.recalls_ok += 1;
@@ -566,6 +589,58 @@ impl PlaneShard {
         self.out.send_flow(now, done);
     }
 
+    /// The digest of what this shard handed back, per bucket ([`Msg::Digest`], none for an
+    /// empty bucket), sent just before its `Released`: the copies it kept of them, which are
+    /// what it sent or newer changes it mirrored behind them.
+    fn send_back_digests(&mut self, at: Instant, colour: Colour) {
+        self.handed.sort_unstable();
+        self.handed.dedup();
+        let conns = &self.conns;
+        let digests = crate::types::bucket_digests(
+            self.handed
+                .iter()
+                .filter_map(|c| conns.get(c).map(|r| &r.state)),
+            self.buckets,
+        );
+        for (bucket, (count, digest)) in digests.into_iter().enumerate() {
+            if count > 0 {
+                let msg = Msg::Digest {
+                    colour,
+                    bucket: bucket as u16,
+                    count,
+                    digest,
+                };
+                self.out.send(at, Channel::FlowVnic, msg);
+            }
+        }
+    }
+
+    /// A [`Msg::SendBack`]: the DPU's state of what this shard handed back in `bucket` differed
+    /// from the shard's digest: hand each of those connections back again, with the copy's
+    /// state (the DPU takes it by version), then [`Msg::SentBack`].
+    fn send_back(&mut self, now: Instant, colour: Colour, bucket: u16) {
+        let buckets = self.buckets;
+        let mut count = 0u32;
+        for i in 0..self.handed.len() {
+            let conn = self.handed[i];
+            if conn.bucket(buckets) != bucket {
+                continue;
+            }
+            if let Some(c) = self.conns.get(&conn).copied() {
+                self.counters.handovers += 1;
+                self.send_sync(now, colour, SyncKind::Handover, c.state);
+                count += 1;
+            }
+        }
+        let at = self.out.flow_idle_at(now);
+        let done = Msg::SentBack {
+            colour,
+            bucket,
+            count,
+        };
+        self.out.send(at, Channel::FlowVnic, done);
+    }
+
     /// A [`Msg::Resync`]: the copies of `bucket` differed from the DPU's; forget them (the
     /// DPU's mirrors of the bucket follow). A record the shard owns stays.
     fn resync(&mut self, bucket: u16) {
@@ -595,6 +670,7 @@ impl PlaneShard {
             return;
         };
         self.conns.set_role(conn, Role::Copy);
+        self.handed.push(conn);
         self.counters.handovers += 1;
         self.send_sync(now, colour, SyncKind::Handover, c.state);
     }

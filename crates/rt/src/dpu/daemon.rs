@@ -787,7 +787,7 @@ impl DpuDaemon {
         while let Some(cmd) = self.sw.poll_command() {
             match cmd {
                 DpuCommand::StartPlane { slot, workers } => self.start_plane(now, slot, workers),
-                DpuCommand::StopPlane { slot } => self.stop_plane(slot),
+                DpuCommand::StopPlane { slot, failed } => self.stop_plane(slot, failed),
             }
         }
         while let Some(ev) = self.sw.poll_event() {

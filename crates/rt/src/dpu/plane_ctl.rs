@@ -73,25 +73,31 @@ impl DpuDaemon {
     /// The plane in `slot` died or broke the protocol: it is killed, and the core decides
     /// (a warm plane takes over, or the DPU fails open; a failed warm plane is replaced).
     pub(super) fn plane_failed_in(&mut self, slot: PlaneSlot, now: Instant, why: &str) {
-        if let Some(mut p) = self.planes[slot.index()].take() {
-            if slot.index() == 0 {
-                self.close_lanes();
-            }
+        if self.kill_plane(slot) {
             self.dp.counters.plane_failures += 1;
             tracing::warn!(target: "spillway::run", %slot, reason = why, "spill plane failed");
-            let vnic = p.vnic.take();
-            p.kill();
-            // What it never took from its phy ring, taken back now that it is gone: offered
-            // again once the core steers to a plane that runs (`reoffer`).
-            if let Some(mut v) = vnic {
-                self.reclaim(&mut v);
-            }
             self.sw.dpu_mut().handle_plane_failed_in(
                 now,
                 slot,
                 &format!("spill plane failed: {why}"),
             );
         }
+    }
+
+    /// Kills the plane in `slot`; once it is reaped (now if it was dead already, else at an
+    /// upkeep), what it never took from its phy ring is taken back and offered again once the
+    /// core steers to a plane that runs (`reoffer`). Only once the process is gone can nothing
+    /// it pops race with the taking back. False if the slot had no plane.
+    fn kill_plane(&mut self, slot: PlaneSlot) -> bool {
+        let Some(p) = self.planes[slot.index()].take() else {
+            return false;
+        };
+        if slot.index() == 0 {
+            self.close_lanes();
+        }
+        self.retiring.push(p.kill_async());
+        self.reap_retired();
+        true
     }
 
     /// Takes back the frames a dead plane never took from lane 0's phy ring (the other lanes
@@ -147,7 +153,7 @@ impl DpuDaemon {
     /// or this one).
     pub(super) fn start_plane(&mut self, now: Instant, slot: PlaneSlot, workers: u32) {
         if self.planes[slot.index()].is_some() {
-            self.stop_plane(slot);
+            self.stop_plane(slot, false);
         }
         let mut cmd = Command::new(&self.plane_exe);
         cmd.arg("spill-plane")
@@ -293,7 +299,17 @@ impl DpuDaemon {
 
     /// Stops the plane in `slot`: fenced at once (its vNIC set closed), then retired without
     /// the loop waiting for it ([`PlaneProc::retire`]).
-    pub(super) fn stop_plane(&mut self, slot: PlaneSlot) {
+    /// The core stops the plane in `slot` (see `Command::StopPlane`): one that `failed` (it
+    /// missed its heartbeats: stopped or starved; a dead one is gone already) is killed at
+    /// once and its ring taken back; one stopped in order is retired (fenced at once, asked
+    /// to exit, reaped at upkeep).
+    pub(super) fn stop_plane(&mut self, slot: PlaneSlot, failed: bool) {
+        if failed {
+            if self.kill_plane(slot) {
+                tracing::warn!(target: "spillway::run", %slot, "unresponsive spill plane killed");
+            }
+            return;
+        }
         if let Some(p) = self.planes[slot.index()].take() {
             if slot.index() == 0 {
                 self.close_lanes();
@@ -315,9 +331,20 @@ impl DpuDaemon {
         }
     }
 
-    /// Reaps the retired planes that have exited (killing those past their grace).
+    /// Reaps the retired planes that have exited (killing those past their grace), and takes
+    /// back the rings of the killed ones that are gone.
     fn reap_retired(&mut self) {
-        self.retiring.retain_mut(|r| !r.reap());
+        let mut rings = Vec::new();
+        self.retiring.retain_mut(|r| {
+            let gone = r.reap();
+            if gone {
+                rings.extend(r.take_ring());
+            }
+            !gone
+        });
+        for mut v in rings {
+            self.reclaim(&mut v);
+        }
     }
 
     /// Accepts the plane's connection; notices its death. Every pending connection is taken:

@@ -46,12 +46,6 @@ impl PlaneProc {
         }
     }
 
-    /// Kills and reaps the process at once (it failed: there is nothing to wait for).
-    pub(super) fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
     /// Fences the process and lets it go without waiting: its vNIC set is closed at once (so
     /// nothing it sends from now on reaches the DPU, even if it is stalled and resumes), it is
     /// asked to exit (SIGTERM) and handed back to be reaped by [`Retiring::reap`], which
@@ -68,6 +62,21 @@ impl PlaneProc {
         Retiring {
             child,
             deadline: std::time::Instant::now() + RETIRE_GRACE,
+            ring: None,
+        }
+    }
+
+    /// Kills the process (SIGKILL: it failed, or stopped answering, so there is nothing to
+    /// wait for) without waiting for it to be gone: a stopped process with its rings mapped
+    /// takes milliseconds to exit, which the loop does not wait for. Its vNIC set is kept,
+    /// unread, so that what it never took from its phy ring can be taken back once it is
+    /// gone ([`Retiring::take_ring`]).
+    pub(super) fn kill_async(mut self) -> Retiring {
+        let _ = self.child.kill();
+        Retiring {
+            ring: self.vnic.take(),
+            child: self.child,
+            deadline: std::time::Instant::now() + RETIRE_GRACE,
         }
     }
 }
@@ -81,6 +90,8 @@ pub(super) const RETIRE_GRACE: std::time::Duration = std::time::Duration::from_m
 pub(super) struct Retiring {
     child: Child,
     deadline: std::time::Instant,
+    /// A killed plane's vNIC set, to take its ring back from once it is reaped.
+    ring: Option<VnicSet>,
 }
 
 impl Retiring {
@@ -95,6 +106,11 @@ impl Retiring {
                 true
             }
         }
+    }
+
+    /// The vNIC set of a killed plane, once [`Retiring::reap`] has found it gone.
+    pub(super) fn take_ring(&mut self) -> Option<VnicSet> {
+        self.ring.take()
     }
 
     /// Its pid.

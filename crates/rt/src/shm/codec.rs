@@ -386,6 +386,21 @@ pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
             w.u32(colour.0);
             w.u16(*bucket);
         }
+        Msg::SendBack { colour, bucket } => {
+            w.u8(23);
+            w.u32(colour.0);
+            w.u16(*bucket);
+        }
+        Msg::SentBack {
+            colour,
+            bucket,
+            count,
+        } => {
+            w.u8(24);
+            w.u32(colour.0);
+            w.u16(*bucket);
+            w.u32(*count);
+        }
     }
 }
 
@@ -488,6 +503,15 @@ pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
         22 => Msg::Resync {
             colour: colour(r)?,
             bucket: r.u16("resync.bucket")?,
+        },
+        23 => Msg::SendBack {
+            colour: colour(r)?,
+            bucket: r.u16("send_back.bucket")?,
+        },
+        24 => Msg::SentBack {
+            colour: colour(r)?,
+            bucket: r.u16("sent_back.bucket")?,
+            count: r.u32("sent_back.count")?,
         },
         v => return Err(bad("msg.tag", v)),
     })
@@ -923,6 +947,15 @@ mod tests {
             Msg::Resync {
                 colour: c,
                 bucket: 255,
+            },
+            Msg::SendBack {
+                colour: c,
+                bucket: 254,
+            },
+            Msg::SentBack {
+                colour: c,
+                bucket: seed as u16,
+                count: 3,
             },
         ]
     }

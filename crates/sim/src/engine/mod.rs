@@ -182,7 +182,7 @@ impl<'a> Sim<'a> {
                         },
                     );
                 }
-                Command::StopPlane { slot } => {
+                Command::StopPlane { slot, .. } => {
                     self.planes.get_mut(slot).stop(self.now);
                     self.lose_deferred(slot);
                 }
