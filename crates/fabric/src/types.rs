@@ -376,6 +376,14 @@ pub enum Msg {
         /// The redirect bucket.
         bucket: u16,
     },
+    /// Flow vNIC, DPU -> plane: after a flip, bucket `bucket`'s digests differed: mirror every
+    /// connection the plane owns in it to the DPU again (the DPU takes each by version).
+    Remirror {
+        /// The plane's colour.
+        colour: Colour,
+        /// The redirect bucket.
+        bucket: u16,
+    },
     /// Flow vNIC, DPU -> plane: after a sync-back, the DPU's state of the connections the plane
     /// handed back in bucket `bucket` differed from the plane's digest of them: hand them back
     /// again (the DPU takes each by version), then [`Msg::SentBack`].
@@ -498,6 +506,7 @@ impl Msg {
             | Msg::Digest { .. }
             | Msg::DigestDone { .. }
             | Msg::Resync { .. }
+            | Msg::Remirror { .. }
             | Msg::SendBack { .. }
             | Msg::SentBack { .. } => None,
         }
@@ -518,6 +527,7 @@ impl Msg {
             | Msg::Drain { shard, .. } => usize::from(*shard),
             Msg::Digest { bucket, .. }
             | Msg::Resync { bucket, .. }
+            | Msg::Remirror { bucket, .. }
             | Msg::SendBack { bucket, .. }
             | Msg::SentBack { bucket, .. } => crate::dpu::shard_of_bucket(*bucket, shards),
             m => m

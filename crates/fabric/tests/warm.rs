@@ -6,7 +6,9 @@
 //! connection ever has two owners, that a new warm plane takes the freed slot, that messages
 //! from the fenced plane neither change ownership nor resurrect stale state, that without a
 //! ready warm plane the DPU still fails open, and that per-bucket digests find a copy that
-//! drifted, the warm plane's and the active slot's before its activation.
+//! drifted and repair it: the warm plane's, the active slot's before its activation, the new
+//! active plane's after a flip (without mistaking a change still on its way for a drift), and
+//! what a releasing plane hands back.
 
 use core::time::Duration;
 
@@ -36,6 +38,12 @@ struct Fabric {
     /// State messages from a plane to lose on the way (a full flow ring drops them: the flow
     /// vNIC is not the reliable channel), each once.
     lose: Vec<(ConnId, SyncKind)>,
+    /// The same from the DPU to either plane.
+    lose_to_plane: Vec<(ConnId, SyncKind)>,
+    /// Hold what the DPU sends the active plane from its next `DigestAsk` on (in `paused`,
+    /// in order) until [`Fabric::resume`].
+    pause_at_ask: bool,
+    paused: Vec<Msg>,
 }
 
 impl Fabric {
@@ -49,6 +57,9 @@ impl Fabric {
             events: Vec::new(),
             starts: [0, 0],
             lose: Vec::new(),
+            lose_to_plane: Vec::new(),
+            pause_at_ask: false,
+            paused: Vec::new(),
             f,
         }
     }
@@ -60,13 +71,24 @@ impl Fabric {
             let active = self.dpu.active_slot();
             while let Some(t) = self.dpu.poll_transmit() {
                 moved = true;
-                if let Some(p) = &mut self.planes[active.index()] {
+                if (self.pause_at_ask && matches!(t.msg, Msg::DigestAsk { .. }))
+                    || !self.paused.is_empty()
+                {
+                    self.pause_at_ask = false;
+                    self.paused.push(t.msg);
+                    continue;
+                }
+                if !self.lost_to_plane(&t.msg)
+                    && let Some(p) = &mut self.planes[active.index()]
+                {
                     p.handle_msg(self.now, t.msg);
                 }
             }
             while let Some(t) = self.dpu.poll_warm_transmit() {
                 moved = true;
-                if let Some(p) = &mut self.planes[active.other().index()] {
+                if !self.lost_to_plane(&t.msg)
+                    && let Some(p) = &mut self.planes[active.other().index()]
+                {
                     p.handle_msg(self.now, t.msg);
                 }
             }
@@ -103,6 +125,45 @@ impl Fabric {
                 return;
             }
         }
+    }
+
+    /// Delivers the held ask to the active plane, its answer to the DPU, and only then what
+    /// the DPU sent behind the ask; then everything else.
+    fn resume(&mut self) {
+        let mut held = std::mem::take(&mut self.paused).into_iter();
+        let active = self.dpu.active_slot();
+        let ask = held.next().expect("an ask was held");
+        self.planes[active.index()]
+            .as_mut()
+            .expect("an active plane")
+            .handle_msg(self.now, ask);
+        while let Some(t) = self.planes[active.index()]
+            .as_mut()
+            .and_then(|p| p.poll_transmit())
+        {
+            self.dpu.handle_msg_from(self.now, active, t.msg);
+        }
+        for msg in held {
+            self.planes[active.index()]
+                .as_mut()
+                .expect("an active plane")
+                .handle_msg(self.now, msg);
+        }
+        self.pump();
+    }
+
+    /// Whether `msg`, from the DPU to a plane, is one of `lose_to_plane` (then lost, once).
+    fn lost_to_plane(&mut self, msg: &Msg) -> bool {
+        if let Msg::Sync { kind, state, .. } = *msg
+            && let Some(k) = self
+                .lose_to_plane
+                .iter()
+                .position(|&l| l == (state.conn, kind))
+        {
+            self.lose_to_plane.remove(k);
+            return true;
+        }
+        false
     }
 
     /// Runs every timer due up to `until`, in time order.
@@ -705,4 +766,93 @@ fn a_release_with_nothing_lost_finds_every_digest_equal() {
             Some(Role::Owner)
         );
     }
+}
+
+#[test]
+fn a_hand_over_lost_at_a_flip_is_found_by_the_digests_after_it() {
+    let mut fab = Fabric::active_with_warm(10);
+    // Connection 3 steps on (a FIN) on the active plane; the relay of that change to the warm
+    // plane is lost on the way, and so is the flip's hand-over of 3 to it: the new plane would
+    // hold 3 as a stale copy that nobody owns.
+    fab.lose_to_plane = vec![
+        (ConnId(3), SyncKind::Mirror),
+        (ConnId(3), SyncKind::Handover),
+    ];
+    fab.offer(ConnId(3), Kind::Control, Side::Orig);
+    let current = fab.plane(PlaneSlot(0)).conn(ConnId(3)).unwrap().state;
+    assert_ne!(current.phase, ConnPhase::Established, "the FIN stepped it");
+    assert_eq!(fab.dpu.conn(ConnId(3)).map(|r| r.state), Some(current));
+    assert_eq!(fab.lose_to_plane, [(ConnId(3), SyncKind::Handover)]);
+    let t = fab.now;
+    fab.planes[0] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
+    fab.pump();
+    fab.advance(t + fab.f.dpu.flip_latency);
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    assert!(fab.lose_to_plane.is_empty(), "the hand-over was lost");
+    fab.advance(fab.now + Duration::from_millis(5));
+    // The digests after the flip differ in 3's bucket: the DPU hands 3 over again and the
+    // plane mirrors what it owns there back.
+    let c = fab.dpu.counters();
+    assert_eq!(c.digest_mismatch, 1, "{c:?}");
+    let r = fab
+        .plane(PlaneSlot(1))
+        .conn(ConnId(3))
+        .expect("the new plane has 3");
+    assert_eq!(r.role, Role::Owner);
+    assert_eq!(r.state, current);
+    for conn in (0..10).filter(|&c| c != 3) {
+        let r = fab.plane(PlaneSlot(1)).conn(ConnId(conn)).unwrap();
+        assert_eq!(r.role, Role::Owner, "{conn}");
+    }
+    let bucket = ConnId(3).bucket(fab.f.dpu.redirect_buckets);
+    assert!(
+        fab.events.iter().any(|e| e.0 == EventKind::FailOver
+            && e.1.contains(&format!(
+                "after the flip) digests differed in 1 buckets ([{bucket}])"
+            ))),
+        "{:?}",
+        fab.events
+    );
+    fab.assert_one_owner();
+}
+
+#[test]
+fn a_change_the_dpu_sends_while_the_digests_travel_leaves_its_bucket_out() {
+    let mut fab = Fabric::active_with_warm(10);
+    let stale = fab.plane(PlaneSlot(0)).conn(ConnId(5)).unwrap().state;
+    fab.pause_at_ask = true;
+    let t = fab.now;
+    fab.planes[0] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
+    fab.pump();
+    fab.advance(t + fab.f.dpu.flip_latency);
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    assert!(!fab.paused.is_empty(), "the ask after the flip is held");
+    // While the ask is on its way, the failed plane's last change of 5 arrives: the DPU takes
+    // it and sends it on to the new owner, behind the ask. The new plane's digest cannot
+    // have seen it.
+    let newer = ConnState {
+        version: stale.version + 1,
+        phase: ConnPhase::Closing,
+        ..stale
+    };
+    fab.dpu.handle_fenced_msg(
+        fab.now,
+        Msg::Sync {
+            colour: stale_colour(),
+            kind: SyncKind::Update,
+            state: newer,
+        },
+    );
+    assert_eq!(fab.dpu.conn(ConnId(5)).unwrap().state, newer);
+    fab.resume();
+    let c = fab.dpu.counters();
+    assert_eq!(c.digest_mismatch, 0, "{c:?}");
+    assert_eq!(c.digest_skipped, 1, "{c:?}");
+    assert_eq!(
+        fab.plane(PlaneSlot(1)).conn(ConnId(5)).unwrap().state,
+        newer
+    );
+    fab.assert_one_owner();
 }

@@ -131,6 +131,9 @@ pub enum ShardRequest {
         now: Instant,
         /// Ask the warm plane (else the active one).
         warm: bool,
+        /// The plane owns connections: digest at the answer, not now (see
+        /// `shard::DigestCheck`).
+        at_answer: bool,
         /// That plane's colour.
         colour: Colour,
         /// The shard's index.
@@ -409,11 +412,12 @@ impl dyn Shards + '_ {
         self.call(0, ShardRequest::CountUpgrade);
     }
 
-    pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, colour: Colour) {
+    pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, at_answer: bool, colour: Colour) {
         for i in 0..self.count() {
             let req = ShardRequest::DigestAsk {
                 now,
                 warm,
+                at_answer,
                 colour,
                 shard: i as u16,
             };
@@ -507,10 +511,11 @@ pub struct DpuControl {
     pub(crate) markers: Markers,
     /// The end markers of the warm plane's bulk sync.
     pub(crate) warm_markers: Markers,
-    /// The digest comparisons under way, `[0]` with the active slot's plane before its
-    /// activation and `[1]` with the warm plane: the plane's colour, the shards that have not
-    /// answered, and the buckets that differed so far.
-    pub(crate) digests: [Option<(Colour, Markers, Vec<u16>)>; 2],
+    /// The digest comparisons under way, `[0]` with the active slot's plane (before its
+    /// activation, or after a flip) and `[1]` with the warm plane: the plane's colour, the
+    /// shards that have not answered, the buckets that differed so far, and whether the plane
+    /// owns connections (after a flip: see `shard::DigestCheck`).
+    pub(crate) digests: [Option<Comparison>; 2],
     /// The release under way's sync-back check (see [`SyncBack`]).
     pub(crate) sync_back: Option<SyncBack>,
     /// When the warm plane's digests are next compared.
@@ -518,6 +523,19 @@ pub struct DpuControl {
     /// The zeroed vector the next shard counts tenants' packets in (see
     /// [`ShardRequest::TakeTenantPackets`]).
     pub(crate) tenant_spare: Vec<u64>,
+}
+
+/// A digest comparison under way at the control part (see `DpuControl::ask_digests`).
+#[derive(Debug)]
+pub(crate) struct Comparison {
+    /// The plane's colour.
+    pub(crate) colour: Colour,
+    /// The shards that have not answered.
+    pub(crate) markers: Markers,
+    /// The buckets that differed so far.
+    pub(crate) differ: Vec<u16>,
+    /// The plane owns connections (after a flip): see `shard::DigestCheck`.
+    pub(crate) at_answer: bool,
 }
 
 /// A release's sync-back check, at the control part: each shard compares the plane's digest

@@ -234,6 +234,10 @@ spillway_vswitch::counters! {
         /// rules went live: it could own connections by then, and the comparison would not be
         /// exact.
         digest_stale => "dpu.digest.stale",
+        /// Buckets left out of a comparison with a plane that owns connections (after a flip)
+        /// because the DPU sent a state message about one of them while the digests travelled:
+        /// the plane's digest could not have seen it.
+        digest_skipped => "dpu.digest.skipped",
     }
 }
 

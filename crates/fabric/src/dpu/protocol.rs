@@ -5,7 +5,7 @@
 use spillway_vswitch::Instant;
 use spillway_vswitch::flow_table::Inserted;
 
-use super::control::{DpuControl, Markers, ShardRequest, Shards};
+use super::control::{Comparison, DpuControl, Markers, ShardRequest, Shards};
 use super::inserts::PendingInsert;
 use super::lifecycle::{DrainStep, EventKind, FabricEvent, Phase, Warm};
 use super::resources::SocWork;
@@ -146,7 +146,7 @@ impl DpuControl {
         let Warm::Ready { colour } = self.life.warm else {
             return;
         };
-        if self.ask_digests(now, true, colour, sh) {
+        if self.ask_digests(now, (true, false), colour, sh) {
             self.next_digest = now + self.f.host.digest_interval;
         }
     }
@@ -159,21 +159,31 @@ impl DpuControl {
     /// DPU sent before; a plane that owns nothing holds exactly that. So the comparison is
     /// exact for the warm plane, and for the active slot's only while its redirect rules are
     /// not live: an answer that comes later is dropped (`dpu.digest.stale`).
-    fn ask_digests(
+    ///
+    /// After a flip (`at_answer`) the active plane owns connections and changes them while the
+    /// digests travel: each shard then digests when the answer is in, leaving out the buckets
+    /// it sent a state message about meanwhile (`dpu.digest.skipped`), and resyncs a bucket
+    /// that differs in both directions (see `DpuShard::resync_owned`).
+    pub(super) fn ask_digests(
         &mut self,
         now: Instant,
-        warm: bool,
+        (warm, at_answer): (bool, bool),
         colour: Colour,
         sh: &mut dyn Shards,
     ) -> bool {
         let run = &mut self.digests[usize::from(warm)];
-        if run.as_ref().is_some_and(|d| d.0 == colour) {
+        if run.as_ref().is_some_and(|d| d.colour == colour) {
             return false;
         }
-        sh.digest_ask(now, warm, colour);
+        sh.digest_ask(now, warm, at_answer, colour);
         let mut m = Markers::default();
         m.await_all(sh.count());
-        *run = Some((colour, m, Vec::new()));
+        *run = Some(Comparison {
+            colour,
+            markers: m,
+            differ: Vec::new(),
+            at_answer,
+        });
         true
     }
 
@@ -206,7 +216,8 @@ impl DpuControl {
             sh.call(super::shard_of_bucket(bucket, sh.count()), req);
             return;
         }
-        let Some(i) = (0..2).find(|&i| self.digests[i].as_ref().is_some_and(|d| d.0 == colour))
+        let Some(i) =
+            (0..2).find(|&i| self.digests[i].as_ref().is_some_and(|d| d.colour == colour))
         else {
             return;
         };
@@ -226,23 +237,25 @@ impl DpuControl {
                 sh.call(super::shard_of_bucket(bucket, sh.count()), req);
             }
             Msg::DigestDone { shard, .. } => {
+                let at_answer = self.digests[i].as_ref().is_some_and(|d| d.at_answer);
                 let stale = i == 0
+                    && !at_answer
                     && !matches!(
                         self.life.phase,
                         Phase::Shadow { colour: c, .. } | Phase::Activating { colour: c, .. }
                             if c == colour
                     );
                 let found = sh.digest_compare(usize::from(shard), now, colour, stale);
-                let (_, markers, differ) = self.digests[i].as_mut().expect("found above");
-                differ.extend(found);
-                if markers.take(shard, 0).is_some() {
-                    let (_, _, mut differ) = self.digests[i].take().expect("found above");
+                let run = self.digests[i].as_mut().expect("found above");
+                run.differ.extend(found);
+                if run.markers.take(shard, 0).is_some() {
+                    let mut differ = self.digests[i].take().expect("found above").differ;
                     if !differ.is_empty() {
                         differ.sort_unstable();
-                        let (kind, whose) = if i == 1 {
-                            (EventKind::Warm, "the warm plane's")
-                        } else {
-                            (EventKind::Synced, "the plane's (before its activation)")
+                        let (kind, whose) = match (i, at_answer) {
+                            (1, _) => (EventKind::Warm, "the warm plane's"),
+                            (_, true) => (EventKind::FailOver, "the new plane's (after the flip)"),
+                            _ => (EventKind::Synced, "the plane's (before its activation)"),
                         };
                         self.event(
                             now,
@@ -288,7 +301,7 @@ impl DpuControl {
                         ),
                     );
                     // Verified before the plane owns anything: its copies against the DPU's.
-                    self.ask_digests(now, false, colour, sh);
+                    self.ask_digests(now, (false, false), colour, sh);
                     self.enforce_hold(now, sh);
                 }
             }
@@ -390,7 +403,10 @@ impl DpuControl {
             // The active slot's plane answers the digests it was asked for before its
             // activation; the DPU sends the rest.
             Msg::Digest { .. } | Msg::DigestDone { .. } => self.handle_digest(now, msg, sh),
-            Msg::DigestAsk { .. } | Msg::Resync { .. } | Msg::SendBack { .. } => {}
+            Msg::DigestAsk { .. }
+            | Msg::Resync { .. }
+            | Msg::Remirror { .. }
+            | Msg::SendBack { .. } => {}
         }
     }
 }

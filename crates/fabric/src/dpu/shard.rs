@@ -76,14 +76,25 @@ impl ClosedRing {
 }
 
 /// A comparison of per-bucket digests with a plane (`ShardRequest::DigestAsk`): the shard's own
-/// digests when it asked, and the plane's as they arrive (none: an empty bucket).
+/// digests, and the plane's as they arrive (none: an empty bucket).
+///
+/// A plane that owns nothing (the warm one, or the active slot's before its activation) only
+/// takes the DPU's messages, so the shard digests when it asks: the plane digests when the ask
+/// reaches it, behind the same messages. A plane that owns connections (after a flip) changes
+/// them itself, and mirrors each change before its answer; so the shard digests when the answer
+/// is in, and leaves out every bucket it sent a state message about since it asked (`dirty`):
+/// the only changes the plane's digest cannot have seen.
 #[derive(Debug)]
 pub(crate) struct DigestCheck {
     /// With the warm plane (else the active one).
     warm: bool,
     colour: Colour,
+    /// Digested at the answer (see above); `mine` is empty until then.
+    at_answer: bool,
     mine: Vec<(u32, u64)>,
     theirs: Vec<(u32, u64)>,
+    /// Buckets the shard sent a state message about since it asked (`at_answer` only).
+    dirty: Vec<bool>,
 }
 
 /// A release's sync-back check (`ShardRequest::SyncBackBegin`): the connections the plane
@@ -241,7 +252,23 @@ impl<R: ResourcesHandle> DpuShard<R> {
     }
 
     pub(crate) fn send(&mut self, at: Instant, channel: Channel, msg: Msg) {
+        if let Some(conn) = msg.state_conn() {
+            self.touched(conn);
+        }
         self.out.send(at, channel, msg);
+    }
+
+    /// A state message about `conn` goes to the active plane: a comparison digested at the
+    /// answer leaves its bucket out (see [`DigestCheck`]).
+    fn touched(&mut self, conn: ConnId) {
+        if let Some(d) = &mut self.digests[0]
+            && d.at_answer
+            && let Some(b) = d
+                .dirty
+                .get_mut(usize::from(conn.bucket(self.f.dpu.redirect_buckets)))
+        {
+            *b = true;
+        }
     }
 
     /// Sends a state message of `colour` on the flow vNIC (rate-limited; never refused: the
@@ -254,6 +281,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         st: ConnState,
     ) {
         self.counters.sync_tx += 1;
+        self.touched(st.conn);
         self.out.sync(now, colour, kind, st);
         self.relay(now, kind, st);
     }
@@ -299,14 +327,32 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     /// Digests every bucket of the shard's records and asks the plane (warm or active) for
     /// its own, on that plane's flow vNIC behind every state message sent to it so far.
-    pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, colour: Colour, shard: u16) {
+    pub(crate) fn digest_ask(
+        &mut self,
+        now: Instant,
+        (warm, at_answer): (bool, bool),
+        colour: Colour,
+        shard: u16,
+    ) {
         let buckets = self.f.dpu.redirect_buckets;
-        let mine = crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets);
+        let at_answer = at_answer && !warm;
+        let mine = if at_answer {
+            Vec::new()
+        } else {
+            crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets)
+        };
+        let dirty = if at_answer {
+            vec![false; usize::from(buckets)]
+        } else {
+            Vec::new()
+        };
         self.digests[usize::from(warm)] = Some(DigestCheck {
             warm,
             colour,
+            at_answer,
             mine,
             theirs: vec![(0, 0); usize::from(buckets)],
+            dirty,
         });
         let out = if warm {
             &mut self.warm_out
@@ -409,15 +455,24 @@ impl<R: ResourcesHandle> DpuShard<R> {
         else {
             return Vec::new();
         };
-        if stale {
+        if stale && !d.at_answer {
             self.counters.digest_stale += 1;
             return Vec::new();
         }
         let buckets = self.f.dpu.redirect_buckets;
+        let mine = if d.at_answer {
+            crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets)
+        } else {
+            d.mine
+        };
         let mut differ = Vec::new();
-        for (b, (mine, theirs)) in d.mine.iter().zip(&d.theirs).enumerate() {
+        for (b, (mine, theirs)) in mine.iter().zip(&d.theirs).enumerate() {
             // Only this shard's buckets: the others are other shards' to compare.
             if super::shard_of_bucket(b as u16, shards) != index {
+                continue;
+            }
+            if d.dirty.get(b).copied().unwrap_or(false) {
+                self.counters.digest_skipped += 1;
                 continue;
             }
             self.counters.digest_buckets += 1;
@@ -427,6 +482,10 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
         for &bucket in &differ {
             self.counters.digest_mismatch += 1;
+            if d.at_answer {
+                self.resync_owned(now, colour, bucket);
+                continue;
+            }
             let states = self.states_where(|c| c.state.conn.bucket(buckets) == bucket);
             let out = if d.warm {
                 &mut self.warm_out
@@ -439,6 +498,28 @@ impl<R: ResourcesHandle> DpuShard<R> {
             }
         }
         differ
+    }
+
+    /// Resyncs `bucket` with a plane that owns connections: the plane forgets its copies in
+    /// it; the DPU mirrors what it owns there and hands the plane again what it holds as the
+    /// plane's (a hand-over lost on the way is repaired; a newer state of the plane's is kept,
+    /// each side taking by version), except a copy whose recall is going live; then the plane
+    /// mirrors what it owns there (`Remirror`), which the DPU takes by version.
+    fn resync_owned(&mut self, now: Instant, colour: Colour, bucket: u16) {
+        let buckets = self.f.dpu.redirect_buckets;
+        self.out.send_flow(now, Msg::Resync { colour, bucket });
+        let conns = self
+            .conns
+            .keys_where(|k, c| k.bucket(buckets) == bucket && c.inserts_pending == 0);
+        for conn in conns {
+            let c = self.conns[&conn];
+            let kind = match c.role {
+                Role::Owner => SyncKind::Mirror,
+                Role::Copy => SyncKind::Handover,
+            };
+            self.out.sync(now, colour, kind, c.state);
+        }
+        self.out.send_flow(now, Msg::Remirror { colour, bucket });
     }
 
     /// The redirect rules steer to the warm slot now (see [`ShardRequest::Flip`]): its outbox
@@ -747,10 +828,11 @@ impl<R: ResourcesHandle> DpuShard<R> {
             ShardRequest::DigestAsk {
                 now,
                 warm,
+                at_answer,
                 colour,
                 shard,
             } => {
-                self.digest_ask(now, warm, colour, shard);
+                self.digest_ask(now, (warm, at_answer), colour, shard);
                 ShardReply::Done
             }
             ShardRequest::DigestPart {

@@ -131,6 +131,8 @@ impl DpuControl {
         if workers > self.f.host.warm_workers {
             sh.send(now, Channel::Control, Msg::SetWorkers { workers });
         }
+        // Verified once it has taken them: its digests against the DPU's.
+        self.ask_digests(now, (false, true), colour, sh);
         self.life.events.push_back(FabricEvent {
             at: now,
             what: EventKind::FailOver,
@@ -319,6 +321,8 @@ impl DpuControl {
         if workers > self.f.host.warm_workers {
             sh.send(now, Channel::Control, Msg::SetWorkers { workers });
         }
+        // Verified once it has taken them: its digests against the DPU's.
+        self.ask_digests(now, (false, true), colour, sh);
         let at = now + self.f.sched.window;
         self.life.upgrade = Upgrade::Retiring { slot: old, at };
         self.event(

@@ -565,7 +565,9 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             Msg::SyncDone { shard, .. }
             | Msg::DigestAsk { shard, .. }
             | Msg::Drain { shard, .. } => Some(usize::from(shard)).filter(|&s| s < self.total()),
-            Msg::Resync { bucket, .. } | Msg::SendBack { bucket, .. } => {
+            Msg::Resync { bucket, .. }
+            | Msg::Remirror { bucket, .. }
+            | Msg::SendBack { bucket, .. } => {
                 Some(crate::dpu::shard_of_bucket(bucket, self.total()))
             }
             _ => self.conn_shard(&msg),
@@ -586,6 +588,11 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
                         packets,
                     }),
                     Msg::Resync { bucket, .. } => Some(PlaneRequest::Resync { bucket }),
+                    Msg::Remirror { colour, bucket } => Some(PlaneRequest::Remirror {
+                        now,
+                        colour,
+                        bucket,
+                    }),
                     Msg::SendBack { colour, bucket } => Some(PlaneRequest::SendBack {
                         now,
                         colour,
@@ -678,6 +685,7 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
             | Msg::Digest { .. }
             | Msg::DigestDone { .. }
             | Msg::Resync { .. }
+            | Msg::Remirror { .. }
             | Msg::SendBack { .. }
             | Msg::SentBack { .. } => {}
         }

@@ -221,6 +221,16 @@ pub enum PlaneRequest {
         /// The bucket.
         bucket: u16,
     },
+    /// The DPU's [`Msg::Remirror`] of a bucket of this shard, if it reached the control part.
+    /// [`PlaneReply::Done`].
+    Remirror {
+        /// When.
+        now: Instant,
+        /// The plane's colour.
+        colour: Colour,
+        /// The bucket.
+        bucket: u16,
+    },
     /// The DPU's [`Msg::SendBack`] of a bucket of this shard, if it reached the control part.
     /// [`PlaneReply::Done`].
     SendBack {
@@ -453,6 +463,11 @@ impl PlaneShard {
                 colour,
                 bucket,
             } => self.send_back(now, colour, bucket),
+            PlaneRequest::Remirror {
+                now,
+                colour,
+                bucket,
+            } => self.remirror(now, colour, bucket),
             PlaneRequest::Stop => {
                 self.handed.clear();
                 self.rx_active = 0;
@@ -500,6 +515,7 @@ impl PlaneShard {
             } => self.drain(now, colour, packets, res.idle_at_ps()),
             Msg::Resync { bucket, .. } => self.resync(bucket),
             Msg::SendBack { colour, bucket } => self.send_back(now, colour, bucket),
+            Msg::Remirror { colour, bucket } => self.remirror(now, colour, bucket),
             Msg::RecallDone { conn, ok } => {
                 if ok {
                     self.counters.recalls_ok += 1;
@@ -639,6 +655,20 @@ impl PlaneShard {
             count,
         };
         self.out.send(at, Channel::FlowVnic, done);
+    }
+
+    /// A [`Msg::Remirror`]: the DPU's records of `bucket` differed from this shard's after a
+    /// flip: mirror every connection the shard owns in it again, in connection order.
+    fn remirror(&mut self, now: Instant, colour: Colour, bucket: u16) {
+        let buckets = self.buckets;
+        let owned = self
+            .conns
+            .keys_where(|k, c| c.role == Role::Owner && k.bucket(buckets) == bucket);
+        for conn in owned {
+            if let Some(c) = self.conns.get(&conn).copied() {
+                self.send_sync(now, colour, SyncKind::Mirror, c.state);
+            }
+        }
     }
 
     /// A [`Msg::Resync`]: the copies of `bucket` differed from the DPU's; forget them (the

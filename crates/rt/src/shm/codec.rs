@@ -386,6 +386,11 @@ pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
             w.u32(colour.0);
             w.u16(*bucket);
         }
+        Msg::Remirror { colour, bucket } => {
+            w.u8(25);
+            w.u32(colour.0);
+            w.u16(*bucket);
+        }
         Msg::SendBack { colour, bucket } => {
             w.u8(23);
             w.u32(colour.0);
@@ -507,6 +512,10 @@ pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
         23 => Msg::SendBack {
             colour: colour(r)?,
             bucket: r.u16("send_back.bucket")?,
+        },
+        25 => Msg::Remirror {
+            colour: colour(r)?,
+            bucket: r.u16("remirror.bucket")?,
         },
         24 => Msg::SentBack {
             colour: colour(r)?,
@@ -951,6 +960,10 @@ mod tests {
             Msg::SendBack {
                 colour: c,
                 bucket: 254,
+            },
+            Msg::Remirror {
+                colour: c,
+                bucket: 253,
             },
             Msg::SentBack {
                 colour: c,
