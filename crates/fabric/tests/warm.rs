@@ -275,11 +275,14 @@ fn a_failover_hands_every_connection_to_the_warm_plane_and_starts_a_new_one() {
     fab.planes[0] = None;
     fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
     fab.pump();
-    // Until the flip is live the rules still steer to the failed slot.
+    // Until the flip is live the rules still steer to the failed slot: what a driver took
+    // back from the failed plane waits.
     assert!(matches!(fab.dpu.warm(), Warm::Flipping { .. }));
     assert_eq!(fab.dpu.active_slot(), PlaneSlot(0));
+    assert!(!fab.dpu.takes_reoffers());
     fab.advance(t + fab.f.dpu.flip_latency);
     assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    assert!(fab.dpu.takes_reoffers());
     assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
     assert_eq!(fab.dpu.counters().failovers, 1);
     assert_eq!(fab.dpu.counters().fail_opens, 0);

@@ -534,6 +534,12 @@ impl<R: ResourcesHandle> DpuNode<R> {
     pub fn warm(&self) -> Warm {
         self.control.warm()
     }
+    /// Whether frames a driver took back from a failed plane may be offered again now: not
+    /// while a flip is under way, since the redirect rules still steer to the failed slot
+    /// until it is live (they would go to the dead plane again).
+    pub fn takes_reoffers(&self) -> bool {
+        !matches!(self.control.warm(), Warm::Flipping { .. })
+    }
     /// The next command for the driver.
     pub fn poll_command(&mut self) -> Option<Command> {
         self.control.poll_command()

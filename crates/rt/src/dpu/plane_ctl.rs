@@ -12,7 +12,7 @@ use crate::dpu::ports::{PortIo, VmChange, vm_id, worth_logging};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, VnicSet};
 use serde_json::json;
-use spillway_fabric::dpu::{EventKind, Upgrade, Warm};
+use spillway_fabric::dpu::{EventKind, Upgrade};
 use spillway_vswitch::PortId;
 
 use crate::dpu::daemon::{PortsOut, gso_size, offer_frame};
@@ -129,7 +129,7 @@ impl DpuDaemon {
     /// ports, once the core steers to a plane that runs or serves them itself: not while a
     /// flip to the warm plane is under way (they would be steered to the dead one).
     pub(super) fn reoffer(&mut self, now: Instant) {
-        if matches!(self.sw.dpu().warm(), Warm::Flipping { .. }) {
+        if !self.sw.dpu().takes_reoffers() {
             return;
         }
         for r in std::mem::take(&mut self.reclaimed) {
@@ -265,6 +265,14 @@ impl DpuDaemon {
             }
             None => self.plane_exe.clone(),
         };
+        // Recorded before any process runs it, so that the recovery after a crash knows the
+        // plane processes running it as ours.
+        if let Some(l) = self.ledger.as_mut() {
+            let entry = crate::host::ledger::LedgerEntry::Exe(exe.clone());
+            if !l.entries().contains(&entry) {
+                l.record(entry).map_err(|e| e.to_string())?;
+            }
+        }
         // A warm plane of another binary cannot be the upgrade's: the core starts one.
         let warm = self.active_slot().other();
         let fresh = self.planes[warm.index()]

@@ -69,6 +69,10 @@ pub enum LedgerEntry {
     },
     /// A file (socket, pid file, shared-memory backing file, ...).
     File(PathBuf),
+    /// A binary the run started processes from besides its own (`spillway ctl upgrade
+    /// --binary`), recorded before the first of them: recovery allows a recorded process
+    /// running it, if it still is a [`trusted_executable`] then. Nothing to remove.
+    Exe(PathBuf),
 }
 
 impl LedgerEntry {
@@ -809,6 +813,14 @@ impl LedgerScope {
                 }
                 Ok(())
             }
+            LedgerEntry::Exe(path) => {
+                if !plain(path) {
+                    return Err("not an absolute path without '.' or '..'".into());
+                }
+                trusted_executable(path)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
             LedgerEntry::Pid { exe, .. } => match exe {
                 None => Err("no executable recorded (a ledger of an older version?)".into()),
                 Some(exe) if self.exes.iter().any(|e| e == exe) => Ok(()),
@@ -830,6 +842,7 @@ fn parse_ledger(
     scope: &LedgerScope,
 ) -> Result<(Vec<LedgerEntry>, usize), LedgerError> {
     let mut entries = Vec::new();
+    let mut lines_of = Vec::new();
     let mut torn = 0;
     let complete = text.ends_with('\n');
     let lines: Vec<&str> = text.split_terminator('\n').collect();
@@ -855,15 +868,25 @@ fn parse_ledger(
                 });
             }
         };
-        if let Err(reason) = scope.check(&entry) {
+        entries.push(entry);
+        lines_of.push(i + 1);
+    }
+    // The binaries the run recorded first (an upgrade's): a process running one is ours too.
+    let mut scope = scope.clone();
+    for e in &entries {
+        if let LedgerEntry::Exe(exe) = e {
+            scope = scope.allow_exe(exe);
+        }
+    }
+    for (entry, &line) in entries.iter().zip(&lines_of) {
+        if let Err(reason) = scope.check(entry) {
             return Err(LedgerError::Foreign {
                 path: path.to_owned(),
-                line: i + 1,
-                entry: serde_json::to_string(&entry).expect("ledger entries always serialize"),
+                line,
+                entry: serde_json::to_string(entry).expect("ledger entries always serialize"),
                 reason,
             });
         }
-        entries.push(entry);
     }
     Ok((entries, torn))
 }
@@ -927,6 +950,8 @@ fn remove_entry(entry: &LedgerEntry) -> Result<bool, String> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(format!("removing {}: {e}", path.display())),
         },
+        // A note for recovery, not an object.
+        LedgerEntry::Exe(_) => Ok(false),
     }
 }
 
@@ -1189,6 +1214,38 @@ mod tests {
         }
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn an_upgraded_binary_the_ledger_recorded_is_recovered_if_it_is_still_trusted() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let sleep = fs::canonicalize("/usr/bin/sleep").unwrap();
+        let mut child = Command::new(&sleep).arg("30").spawn().unwrap();
+        let pid = serde_json::to_string(&LedgerEntry::pid(child.id()).unwrap()).unwrap();
+        let path = Ledger::path_for(dir.path(), "up");
+        // Without the binary recorded, the process is none this program starts.
+        fs::write(&path, format!("{pid}\n")).unwrap();
+        let err = recover_unforked(dir.path(), "up").unwrap_err();
+        assert!(matches!(err, LedgerError::Foreign { line: 1, .. }), "{err}");
+        assert!(child.try_wait().unwrap().is_none());
+        // A binary others could write is refused where it is recorded, and nothing is killed.
+        let open = dir.path().join("open-bin");
+        fs::copy(&sleep, &open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let exe = |p: &Path| serde_json::to_string(&LedgerEntry::Exe(p.to_owned())).unwrap();
+        fs::write(&path, format!("{}\n{pid}\n", exe(&open))).unwrap();
+        let err = recover_unforked(dir.path(), "up").unwrap_err();
+        assert!(matches!(err, LedgerError::Foreign { line: 1, .. }), "{err}");
+        assert!(child.try_wait().unwrap().is_none());
+        // A root-owned binary nobody else can write, recorded before the process: recovered.
+        fs::write(&path, format!("{}\n{pid}\n", exe(&sleep))).unwrap();
+        let report = recover_unforked(dir.path(), "up").unwrap().unwrap();
+        assert_eq!(report.removed.len(), 1, "{report:?}");
+        assert!(report.failed.is_empty(), "{report:?}");
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "killed: {status}");
+        assert!(!path.exists());
     }
 
     #[test]
