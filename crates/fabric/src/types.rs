@@ -348,12 +348,17 @@ pub enum Msg {
         colour: Colour,
         /// The shard asked.
         shard: u16,
+        /// Which comparison (the DPU's count of them, never 0): an answer to an earlier one of
+        /// the same colour, still on its way, is not this one's.
+        round: u16,
     },
     /// Flow vNIC, plane -> DPU: the digest of the records the plane holds in one bucket
     /// ([`bucket_digests`]).
     Digest {
         /// The colour asked with.
         colour: Colour,
+        /// The round asked with (0: a releasing plane's digest of what it handed back).
+        round: u16,
         /// The redirect bucket.
         bucket: u16,
         /// Records in it.
@@ -365,6 +370,8 @@ pub enum Msg {
     DigestDone {
         /// The colour asked with.
         colour: Colour,
+        /// The round asked with.
+        round: u16,
         /// The shard.
         shard: u16,
     },

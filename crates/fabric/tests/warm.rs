@@ -44,6 +44,10 @@ struct Fabric {
     /// in order) until [`Fabric::resume`].
     pause_at_ask: bool,
     paused: Vec<Msg>,
+    /// Hold the planes' digest answers (in `held`, with their slot, in order) until
+    /// [`Fabric::release_answers`].
+    hold_answers: bool,
+    held: Vec<(PlaneSlot, Msg)>,
 }
 
 impl Fabric {
@@ -60,6 +64,8 @@ impl Fabric {
             lose_to_plane: Vec::new(),
             pause_at_ask: false,
             paused: Vec::new(),
+            hold_answers: false,
+            held: Vec::new(),
             f,
         }
     }
@@ -114,6 +120,12 @@ impl Fabric {
                         self.lose.remove(k);
                         continue;
                     }
+                    if self.hold_answers
+                        && matches!(t.msg, Msg::Digest { .. } | Msg::DigestDone { .. })
+                    {
+                        self.held.push((PlaneSlot(i as u8), t.msg));
+                        continue;
+                    }
                     self.dpu
                         .handle_msg_from(self.now, PlaneSlot(i as u8), t.msg);
                 }
@@ -148,6 +160,15 @@ impl Fabric {
                 .as_mut()
                 .expect("an active plane")
                 .handle_msg(self.now, msg);
+        }
+        self.pump();
+    }
+
+    /// Delivers the held digest answers, in order, and what they make move.
+    fn release_answers(&mut self) {
+        self.hold_answers = false;
+        for (slot, msg) in std::mem::take(&mut self.held) {
+            self.dpu.handle_msg_from(self.now, slot, msg);
         }
         self.pump();
     }
@@ -226,14 +247,21 @@ impl Fabric {
         }
     }
 
-    /// A fabric with an active plane in slot 0 (every bucket redirected) and a synced warm
-    /// plane in slot 1, and `conns` connections opened and established on the active plane.
-    fn active_with_warm(conns: u64) -> Fabric {
-        let mut fab = Fabric::new(true);
+    /// A fabric (with a warm standby if `warm`) whose plane is active at 100 ms, every bucket
+    /// redirected.
+    fn active(warm: bool) -> Fabric {
+        let mut fab = Fabric::new(warm);
         fab.dpu.handle_hold(at(1), Hold::Active);
         fab.pump();
         fab.advance(at(100));
         assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+        fab
+    }
+
+    /// A fabric with an active plane in slot 0 (every bucket redirected) and a synced warm
+    /// plane in slot 1, and `conns` connections opened and established on the active plane.
+    fn active_with_warm(conns: u64) -> Fabric {
+        let mut fab = Fabric::active(true);
         assert!(
             matches!(fab.dpu.warm(), Warm::Ready { .. }),
             "{:?}",
@@ -687,11 +715,7 @@ fn an_upgrade_to_another_binary_replaces_the_ready_warm_plane_before_anything_mo
 
 #[test]
 fn a_hand_back_lost_in_a_release_is_found_by_the_digests_and_sent_again() {
-    let mut fab = Fabric::new(false);
-    fab.dpu.handle_hold(at(1), Hold::Active);
-    fab.pump();
-    fab.advance(at(100));
-    assert!(matches!(fab.dpu.phase(), Phase::Active { .. }));
+    let mut fab = Fabric::active(false);
     let slot = fab.dpu.active_slot();
     for c in 0..20 {
         fab.offer(ConnId(c), Kind::Open, Side::Orig);
@@ -744,10 +768,7 @@ fn a_hand_back_lost_in_a_release_is_found_by_the_digests_and_sent_again() {
 
 #[test]
 fn a_release_with_nothing_lost_finds_every_digest_equal() {
-    let mut fab = Fabric::new(false);
-    fab.dpu.handle_hold(at(1), Hold::Active);
-    fab.pump();
-    fab.advance(at(100));
+    let mut fab = Fabric::active(false);
     for c in 0..50 {
         fab.offer(ConnId(c), Kind::Open, Side::Orig);
         fab.offer(ConnId(c), Kind::Data, Side::Reply);
@@ -772,11 +793,11 @@ fn a_release_with_nothing_lost_finds_every_digest_equal() {
 }
 
 #[test]
-fn a_hand_over_lost_at_a_flip_is_found_by_the_digests_after_it() {
+fn a_stale_copy_left_by_a_flip_is_found_by_the_digests_after_it() {
     let mut fab = Fabric::active_with_warm(10);
     // Connection 3 steps on (a FIN) on the active plane; the relay of that change to the warm
-    // plane is lost on the way, and so is the flip's hand-over of 3 to it: the new plane would
-    // hold 3 as a stale copy that nobody owns.
+    // plane is lost on the way, and so is the flip's hand-over of 3 to it: the new plane holds
+    // a stale copy of 3.
     fab.lose_to_plane = vec![
         (ConnId(3), SyncKind::Mirror),
         (ConnId(3), SyncKind::Handover),
@@ -794,16 +815,16 @@ fn a_hand_over_lost_at_a_flip_is_found_by_the_digests_after_it() {
     assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
     assert!(fab.lose_to_plane.is_empty(), "the hand-over was lost");
     fab.advance(fab.now + Duration::from_millis(5));
-    // The digests after the flip differ in 3's bucket: the DPU hands 3 over again and the
-    // plane mirrors what it owns there back.
+    // The digests after the flip differ in 3's bucket: the bucket is resynced, both ways,
+    // without moving an owner. The digests cover states, not roles: 3 stays a copy on both
+    // sides (served from the plane's, promoted by the DPU at the next release or fail-open).
     let c = fab.dpu.counters();
     assert_eq!(c.digest_mismatch, 1, "{c:?}");
     let r = fab
         .plane(PlaneSlot(1))
         .conn(ConnId(3))
         .expect("the new plane has 3");
-    assert_eq!(r.role, Role::Owner);
-    assert_eq!(r.state, current);
+    assert_eq!(r.state, current, "the stale copy was replaced");
     for conn in (0..10).filter(|&c| c != 3) {
         let r = fab.plane(PlaneSlot(1)).conn(ConnId(conn)).unwrap();
         assert_eq!(r.role, Role::Owner, "{conn}");
@@ -857,5 +878,38 @@ fn a_change_the_dpu_sends_while_the_digests_travel_leaves_its_bucket_out() {
         fab.plane(PlaneSlot(1)).conn(ConnId(5)).unwrap().state,
         newer
     );
+    fab.assert_one_owner();
+}
+
+#[test]
+fn an_answer_to_the_warm_planes_digests_still_on_its_way_at_the_flip_is_not_the_new_ones() {
+    let mut fab = Fabric::active_with_warm(10);
+    // The warm plane answers a periodic comparison; the answer is slow to arrive.
+    fab.hold_answers = true;
+    let t = fab.now + fab.f.host.digest_interval;
+    fab.advance(t);
+    assert!(
+        fab.held
+            .iter()
+            .any(|(s, m)| *s == PlaneSlot(1) && matches!(m, Msg::DigestDone { .. })),
+        "{:?}",
+        fab.held
+    );
+    // Then connection 3 steps on (relayed to the warm plane too), the active plane fails, and
+    // the new active plane (of the same colour as that answer) is asked after the flip.
+    fab.offer(ConnId(3), Kind::Control, Side::Orig);
+    let t = fab.now;
+    fab.planes[0] = None;
+    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
+    fab.pump();
+    fab.advance(t + fab.f.dpu.flip_latency);
+    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    let asked = fab.held.len();
+    assert!(asked >= 4, "both answers held: {:?}", fab.held);
+    // The old answer (which has not seen 3's step) arrives first: it is not the new
+    // comparison's, which the new answer completes with nothing different.
+    fab.release_answers();
+    let c = fab.dpu.counters();
+    assert_eq!(c.digest_mismatch, 0, "{c:?}");
     fab.assert_one_owner();
 }

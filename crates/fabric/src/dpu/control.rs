@@ -136,6 +136,8 @@ pub enum ShardRequest {
         at_answer: bool,
         /// That plane's colour.
         colour: Colour,
+        /// Which comparison (0: a sync-back's digest).
+        round: u16,
         /// The shard's index.
         shard: u16,
     },
@@ -144,6 +146,8 @@ pub enum ShardRequest {
     DigestPart {
         /// The colour asked with.
         colour: Colour,
+        /// Which comparison (0: a sync-back's digest).
+        round: u16,
         /// The bucket.
         bucket: u16,
         /// Its records.
@@ -158,6 +162,8 @@ pub enum ShardRequest {
         now: Instant,
         /// The colour asked with.
         colour: Colour,
+        /// Which comparison (0: a sync-back's digest).
+        round: u16,
         /// The shard's index.
         shard: u16,
         /// Shards in all.
@@ -412,13 +418,19 @@ impl dyn Shards + '_ {
         self.call(0, ShardRequest::CountUpgrade);
     }
 
-    pub(crate) fn digest_ask(&mut self, now: Instant, warm: bool, at_answer: bool, colour: Colour) {
+    pub(crate) fn digest_ask(
+        &mut self,
+        now: Instant,
+        (warm, at_answer): (bool, bool),
+        (colour, round): (Colour, u16),
+    ) {
         for i in 0..self.count() {
             let req = ShardRequest::DigestAsk {
                 now,
                 warm,
                 at_answer,
                 colour,
+                round,
                 shard: i as u16,
             };
             self.call(i, req);
@@ -431,12 +443,13 @@ impl dyn Shards + '_ {
         &mut self,
         shard: usize,
         now: Instant,
-        colour: Colour,
+        (colour, round): (Colour, u16),
         stale: bool,
     ) -> Vec<u16> {
         let req = ShardRequest::DigestCompare {
             now,
             colour,
+            round,
             shard: shard as u16,
             shards: self.count() as u16,
             stale,
@@ -518,6 +531,8 @@ pub struct DpuControl {
     pub(crate) digests: [Option<Comparison>; 2],
     /// The release under way's sync-back check (see [`SyncBack`]).
     pub(crate) sync_back: Option<SyncBack>,
+    /// The last digest comparison's round (never 0 once one was asked).
+    pub(crate) digest_round: u16,
     /// When the warm plane's digests are next compared.
     pub(crate) next_digest: Instant,
     /// The zeroed vector the next shard counts tenants' packets in (see
@@ -530,6 +545,8 @@ pub struct DpuControl {
 pub(crate) struct Comparison {
     /// The plane's colour.
     pub(crate) colour: Colour,
+    /// Which comparison (see `Msg::DigestAsk`).
+    pub(crate) round: u16,
     /// The shards that have not answered.
     pub(crate) markers: Markers,
     /// The buckets that differed so far.
@@ -627,6 +644,7 @@ impl DpuControl {
             warm_markers: Markers::default(),
             digests: [None, None],
             sync_back: None,
+            digest_round: 0,
             next_digest: Instant::ZERO,
             tenant_spare: Vec::new(),
             f: f.clone(),

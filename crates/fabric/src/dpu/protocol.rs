@@ -175,11 +175,14 @@ impl DpuControl {
         if run.as_ref().is_some_and(|d| d.colour == colour) {
             return false;
         }
-        sh.digest_ask(now, warm, at_answer, colour);
+        self.digest_round = self.digest_round.checked_add(1).unwrap_or(1);
+        let round = self.digest_round;
+        sh.digest_ask(now, (warm, at_answer), (colour, round));
         let mut m = Markers::default();
         m.await_all(sh.count());
         *run = Some(Comparison {
             colour,
+            round,
             markers: m,
             differ: Vec::new(),
             at_answer,
@@ -191,84 +194,76 @@ impl DpuControl {
     /// comparison. A bucket that differs is resynced by the shard and reported here, once every
     /// shard has answered, with its number.
     fn handle_digest(&mut self, now: Instant, msg: Msg, sh: &mut dyn Shards) {
-        let (Msg::Digest { colour, .. } | Msg::DigestDone { colour, .. }) = msg else {
+        let (Msg::Digest { colour, round, .. } | Msg::DigestDone { colour, round, .. }) = msg
+        else {
             return;
         };
-        // A releasing plane's digest of what it handed back: to its shard, compared at that
-        // shard's `Released`.
+        let current = |d: &Comparison| d.colour == colour && d.round == round;
+        // A bucket's digest goes to its shard: for a comparison under way, or for a releasing
+        // plane's sync-back (round 0, compared at that shard's `Released`). An answer to an
+        // earlier comparison (a warm plane's, still on its way at the flip that made it the
+        // active one, has its colour) is not this one's.
         if let Msg::Digest {
             bucket,
             count,
             digest,
             ..
         } = msg
-            && self
-                .sync_back
-                .as_ref()
-                .is_some_and(|sb| sb.colour == colour)
         {
-            let req = ShardRequest::DigestPart {
-                colour,
-                bucket,
-                count,
-                digest,
+            let awaited = if round == 0 {
+                self.sync_back
+                    .as_ref()
+                    .is_some_and(|sb| sb.colour == colour)
+            } else {
+                self.digests.iter().flatten().any(current)
             };
-            sh.call(super::shard_of_bucket(bucket, sh.count()), req);
-            return;
-        }
-        let Some(i) =
-            (0..2).find(|&i| self.digests[i].as_ref().is_some_and(|d| d.colour == colour))
-        else {
-            return;
-        };
-        match msg {
-            Msg::Digest {
-                bucket,
-                count,
-                digest,
-                ..
-            } => {
+            if awaited {
                 let req = ShardRequest::DigestPart {
                     colour,
+                    round,
                     bucket,
                     count,
                     digest,
                 };
                 sh.call(super::shard_of_bucket(bucket, sh.count()), req);
             }
-            Msg::DigestDone { shard, .. } => {
-                let at_answer = self.digests[i].as_ref().is_some_and(|d| d.at_answer);
-                let stale = i == 0
-                    && !at_answer
-                    && !matches!(
-                        self.life.phase,
-                        Phase::Shadow { colour: c, .. } | Phase::Activating { colour: c, .. }
-                            if c == colour
-                    );
-                let found = sh.digest_compare(usize::from(shard), now, colour, stale);
-                let run = self.digests[i].as_mut().expect("found above");
-                run.differ.extend(found);
-                if run.markers.take(shard, 0).is_some() {
-                    let mut differ = self.digests[i].take().expect("found above").differ;
-                    if !differ.is_empty() {
-                        differ.sort_unstable();
-                        let (kind, whose) = match (i, at_answer) {
-                            (1, _) => (EventKind::Warm, "the warm plane's"),
-                            (_, true) => (EventKind::FailOver, "the new plane's (after the flip)"),
-                            _ => (EventKind::Synced, "the plane's (before its activation)"),
-                        };
-                        self.event(
-                            now,
-                            kind,
-                            format!(
-                                "{whose} digests differed in {} buckets ({differ:?}); resynced",
-                                differ.len()
-                            ),
-                        );
-                    }
-                }
+            return;
+        }
+        let Msg::DigestDone { shard, .. } = msg else {
+            return;
+        };
+        let Some(i) = (0..2).find(|&i| self.digests[i].as_ref().is_some_and(current)) else {
+            return;
+        };
+        let at_answer = self.digests[i].as_ref().is_some_and(|d| d.at_answer);
+        let stale = i == 0
+            && !at_answer
+            && !matches!(
+                self.life.phase,
+                Phase::Shadow { colour: c, .. } | Phase::Activating { colour: c, .. }
+                    if c == colour
+            );
+        let found = sh.digest_compare(usize::from(shard), now, (colour, round), stale);
+        let run = self.digests[i].as_mut().expect("found above");
+        run.differ.extend(found);
+        if run.markers.take(shard, 0).is_some() {
+            let mut differ = self.digests[i].take().expect("found above").differ;
+            if !differ.is_empty() {
+                differ.sort_unstable();
+                let (kind, whose) = match (i, at_answer) {
+                    (1, _) => (EventKind::Warm, "the warm plane's"),
+                    (_, true) => (EventKind::FailOver, "the new plane's (after the flip)"),
+                    _ => (EventKind::Synced, "the plane's (before its activation)"),
+                };
+                self.event(
+                    now,
+                    kind,
+                    format!(
+                        "{whose} digests differed in {} buckets ({differ:?}); resynced",
+                        differ.len()
+                    ),
+                );
             }
-            _ => {}
         }
     }
 

@@ -89,6 +89,8 @@ pub(crate) struct DigestCheck {
     /// With the warm plane (else the active one).
     warm: bool,
     colour: Colour,
+    /// Which comparison (see [`Msg::DigestAsk`]).
+    round: u16,
     /// Digested at the answer (see above); `mine` is empty until then.
     at_answer: bool,
     mine: Vec<(u32, u64)>,
@@ -331,7 +333,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         &mut self,
         now: Instant,
         (warm, at_answer): (bool, bool),
-        colour: Colour,
+        (colour, round): (Colour, u16),
         shard: u16,
     ) {
         let buckets = self.f.dpu.redirect_buckets;
@@ -349,6 +351,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.digests[usize::from(warm)] = Some(DigestCheck {
             warm,
             colour,
+            round,
             at_answer,
             mine,
             theirs: vec![(0, 0); usize::from(buckets)],
@@ -359,19 +362,36 @@ impl<R: ResourcesHandle> DpuShard<R> {
         } else {
             &mut self.out
         };
-        out.send_flow(now, Msg::DigestAsk { colour, shard });
+        out.send_flow(
+            now,
+            Msg::DigestAsk {
+                colour,
+                shard,
+                round,
+            },
+        );
     }
 
-    /// Takes one of the plane's bucket digests: a sync-back's, or an asked comparison's.
-    pub(crate) fn digest_part(&mut self, colour: Colour, bucket: u16, count: u32, digest: u64) {
-        let theirs = match &mut self.sync_back {
-            Some(sb) if sb.colour == colour => Some(&mut sb.theirs),
-            _ => self
-                .digests
+    /// Takes one of the plane's bucket digests: a sync-back's (round 0), or an asked
+    /// comparison's.
+    pub(crate) fn digest_part(
+        &mut self,
+        (colour, round): (Colour, u16),
+        bucket: u16,
+        count: u32,
+        digest: u64,
+    ) {
+        let theirs = if round == 0 {
+            self.sync_back
+                .as_mut()
+                .filter(|sb| sb.colour == colour)
+                .map(|sb| &mut sb.theirs)
+        } else {
+            self.digests
                 .iter_mut()
                 .flatten()
-                .find(|d| d.colour == colour)
-                .map(|d| &mut d.theirs),
+                .find(|d| d.colour == colour && d.round == round)
+                .map(|d| &mut d.theirs)
         };
         if let Some(t) = theirs.and_then(|t| t.get_mut(usize::from(bucket))) {
             *t = (count, digest);
@@ -444,14 +464,14 @@ impl<R: ResourcesHandle> DpuShard<R> {
     pub(crate) fn digest_compare(
         &mut self,
         now: Instant,
-        colour: Colour,
+        (colour, round): (Colour, u16),
         (index, shards): (usize, usize),
         stale: bool,
     ) -> Vec<u16> {
         let Some(d) = self
             .digests
             .iter_mut()
-            .find_map(|d| d.take_if(|d| d.colour == colour))
+            .find_map(|d| d.take_if(|d| d.colour == colour && d.round == round))
         else {
             return Vec::new();
         };
@@ -500,24 +520,16 @@ impl<R: ResourcesHandle> DpuShard<R> {
         differ
     }
 
-    /// Resyncs `bucket` with a plane that owns connections: the plane forgets its copies in
-    /// it; the DPU mirrors what it owns there and hands the plane again what it holds as the
-    /// plane's (a hand-over lost on the way is repaired; a newer state of the plane's is kept,
-    /// each side taking by version), except a copy whose recall is going live; then the plane
-    /// mirrors what it owns there (`Remirror`), which the DPU takes by version.
+    /// Resyncs `bucket` with a plane that owns connections, moving no ownership (a hand-over
+    /// here could cross a recall the plane has on its way and leave two owners): the plane
+    /// forgets its copies in it (not one it is recalling), the DPU mirrors every record it
+    /// holds there, and a `Remirror` makes the plane mirror what it owns there back; each side
+    /// takes a state by version, so a newer one is kept.
     fn resync_owned(&mut self, now: Instant, colour: Colour, bucket: u16) {
         let buckets = self.f.dpu.redirect_buckets;
         self.out.send_flow(now, Msg::Resync { colour, bucket });
-        let conns = self
-            .conns
-            .keys_where(|k, c| k.bucket(buckets) == bucket && c.inserts_pending == 0);
-        for conn in conns {
-            let c = self.conns[&conn];
-            let kind = match c.role {
-                Role::Owner => SyncKind::Mirror,
-                Role::Copy => SyncKind::Handover,
-            };
-            self.out.sync(now, colour, kind, c.state);
+        for st in self.states_where(|c| c.state.conn.bucket(buckets) == bucket) {
+            self.out.sync(now, colour, SyncKind::Mirror, st);
         }
         self.out.send_flow(now, Msg::Remirror { colour, bucket });
     }
@@ -830,29 +842,32 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 warm,
                 at_answer,
                 colour,
+                round,
                 shard,
             } => {
-                self.digest_ask(now, (warm, at_answer), colour, shard);
+                self.digest_ask(now, (warm, at_answer), (colour, round), shard);
                 ShardReply::Done
             }
             ShardRequest::DigestPart {
                 colour,
+                round,
                 bucket,
                 count,
                 digest,
             } => {
-                self.digest_part(colour, bucket, count, digest);
+                self.digest_part((colour, round), bucket, count, digest);
                 ShardReply::Done
             }
             ShardRequest::DigestCompare {
                 now,
                 colour,
+                round,
                 shard,
                 shards,
                 stale,
             } => ShardReply::Buckets(self.digest_compare(
                 now,
-                colour,
+                (colour, round),
                 (usize::from(shard), usize::from(shards)),
                 stale,
             )),

@@ -578,7 +578,9 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
                     Msg::SyncDone { colour, count, .. } => {
                         Some(PlaneRequest::AckSync { now, colour, count })
                     }
-                    Msg::DigestAsk { colour, .. } => Some(PlaneRequest::Digest { now, colour }),
+                    Msg::DigestAsk { colour, round, .. } => {
+                        Some(PlaneRequest::Digest { now, colour, round })
+                    }
                     Msg::Drain {
                         colour, packets, ..
                     } => Some(PlaneRequest::Drain {

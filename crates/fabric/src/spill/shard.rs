@@ -214,6 +214,8 @@ pub enum PlaneRequest {
         now: Instant,
         /// The colour asked with.
         colour: Colour,
+        /// The round asked with.
+        round: u16,
     },
     /// The DPU's [`Msg::Resync`] of a bucket of this shard, if it reached the control part.
     /// [`PlaneReply::Done`].
@@ -431,10 +433,10 @@ impl PlaneShard {
                 for conn in owned {
                     self.hand_over(now, sync_colour, conn);
                 }
-                let at = self.out.flow_idle_at(now);
                 // On the flow vNIC, after the handovers, so the DPU has them all first: this
                 // shard's digest of what it handed back (the DPU compares at `Released`).
-                self.send_back_digests(at, colour);
+                self.send_back_digests(now, colour);
+                let at = self.out.flow_idle_at(now);
                 let done = Msg::Released {
                     colour,
                     count,
@@ -456,7 +458,7 @@ impl PlaneShard {
                 };
                 self.out.send_flow(now, msg);
             }
-            PlaneRequest::Digest { now, colour } => self.send_digests(now, colour),
+            PlaneRequest::Digest { now, colour, round } => self.send_digests(now, colour, round),
             PlaneRequest::Resync { bucket } => self.resync(bucket),
             PlaneRequest::SendBack {
                 now,
@@ -509,7 +511,7 @@ impl PlaneShard {
                 // In order on the flow vNIC: every state of this shard's bulk sync is in.
                 self.out.send_flow(now, msg);
             }
-            Msg::DigestAsk { colour, .. } => self.send_digests(now, colour),
+            Msg::DigestAsk { colour, round, .. } => self.send_digests(now, colour, round),
             Msg::Drain {
                 colour, packets, ..
             } => self.drain(now, colour, packets, res.idle_at_ps()),
@@ -584,22 +586,13 @@ impl PlaneShard {
     /// Answers a [`Msg::DigestAsk`]: the digest of every bucket the shard holds records in,
     /// on its flow vNIC, then the end marker. Every state message the DPU sent before the ask
     /// has been taken (it is FIFO behind them).
-    fn send_digests(&mut self, now: Instant, colour: Colour) {
-        let buckets = self.buckets;
-        let digests = crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets);
-        for (bucket, (count, digest)) in digests.into_iter().enumerate() {
-            if count > 0 {
-                let msg = Msg::Digest {
-                    colour,
-                    bucket: bucket as u16,
-                    count,
-                    digest,
-                };
-                self.out.send_flow(now, msg);
-            }
-        }
+    fn send_digests(&mut self, now: Instant, colour: Colour, round: u16) {
+        let digests =
+            crate::types::bucket_digests(self.conns.values().map(|c| &c.state), self.buckets);
+        self.send_bucket_digests(now, (colour, round), digests);
         let done = Msg::DigestDone {
             colour,
+            round,
             shard: self.index,
         };
         self.out.send_flow(now, done);
@@ -608,7 +601,7 @@ impl PlaneShard {
     /// The digest of what this shard handed back, per bucket ([`Msg::Digest`], none for an
     /// empty bucket), sent just before its `Released`: the copies it kept of them, which are
     /// what it sent or newer changes it mirrored behind them.
-    fn send_back_digests(&mut self, at: Instant, colour: Colour) {
+    fn send_back_digests(&mut self, now: Instant, colour: Colour) {
         self.handed.sort_unstable();
         self.handed.dedup();
         let conns = &self.conns;
@@ -618,15 +611,27 @@ impl PlaneShard {
                 .filter_map(|c| conns.get(c).map(|r| &r.state)),
             self.buckets,
         );
+        self.send_bucket_digests(now, (colour, 0), digests);
+    }
+
+    /// One [`Msg::Digest`] per non-empty bucket of `digests`, on the flow vNIC (round 0: the
+    /// digest of a sync-back, which no ask precedes).
+    fn send_bucket_digests(
+        &mut self,
+        now: Instant,
+        (colour, round): (Colour, u16),
+        digests: Vec<(u32, u64)>,
+    ) {
         for (bucket, (count, digest)) in digests.into_iter().enumerate() {
             if count > 0 {
                 let msg = Msg::Digest {
                     colour,
+                    round,
                     bucket: bucket as u16,
                     count,
                     digest,
                 };
-                self.out.send(at, Channel::FlowVnic, msg);
+                self.out.send_flow(now, msg);
             }
         }
     }
@@ -672,12 +677,13 @@ impl PlaneShard {
     }
 
     /// A [`Msg::Resync`]: the copies of `bucket` differed from the DPU's; forget them (the
-    /// DPU's mirrors of the bucket follow). A record the shard owns stays.
+    /// DPU's mirrors of the bucket follow). A record the shard owns stays, and so does one it
+    /// is handing to the DPU by a recall (its outcome decides who owns it).
     fn resync(&mut self, bucket: u16) {
         let buckets = self.buckets;
         let stale = self
             .conns
-            .keys_where(|k, c| c.role == Role::Copy && k.bucket(buckets) == bucket);
+            .keys_where(|k, c| c.role == Role::Copy && !c.recalling && k.bucket(buckets) == bucket);
         for conn in stale {
             self.conns.remove(conn);
         }

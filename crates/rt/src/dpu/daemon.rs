@@ -44,6 +44,7 @@ use spillway_fabric::types::{Msg, PlaneSlot};
 use spillway_vswitch::{Instant, PacketBuf, PortId};
 
 use crate::dpu::forward::{self, Forwarders, Links, Parcel};
+use crate::dpu::plane_ctl::KeptFrames;
 use crate::dpu::plane_proc::{PlaneProc, Retiring};
 use crate::dpu::ports::{DataPath, DetachReason, PortIo};
 use crate::dpu::shards::DpuResources;
@@ -196,6 +197,11 @@ pub(super) trait Egress {
     fn steer(&mut self, msg: &Msg, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool;
     /// To the thread of shard `to`, whose connection the frame is, as it came from `port`.
     fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]);
+    /// Keeps a frame the node steered to a plane that is gone, to be offered again once the
+    /// core takes re-offers (a flip to the warm plane under way); false if it cannot.
+    fn keep(&mut self, _port: PortId, _vnet: &Vnet, _frame: &[u8]) -> bool {
+        false
+    }
     /// The driver's counters.
     fn counters(&mut self) -> &mut RtCounters;
 }
@@ -254,7 +260,7 @@ pub(super) fn offer_frame<M: DpuModel>(
         Outcome::Steer { msg } => {
             if out.steer(&msg, port, vnet, pkt.data()) {
                 out.counters().steered += 1;
-            } else {
+            } else if !out.keep(port, vnet, pkt.data()) {
                 out.counters().drop_plane_gone += 1;
             }
         }
@@ -276,6 +282,9 @@ pub(super) struct PortsOut<'a> {
     pub(super) tx: Option<&'a mut TapTx>,
     /// The other forwarding threads, with `fabric.dpu.shards > 1`.
     pub(super) links: Option<&'a mut Links>,
+    /// Where frames steered to a failed plane during a flip wait (see [`Egress::keep`]):
+    /// given only while the core takes no re-offers.
+    pub(super) kept: Option<&'a mut KeptFrames>,
 }
 
 impl Egress for PortsOut<'_> {
@@ -301,6 +310,14 @@ impl Egress for PortsOut<'_> {
             }
         }
     }
+    fn keep(&mut self, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
+        if self.plane.is_some() {
+            return false;
+        }
+        self.kept
+            .as_deref_mut()
+            .is_some_and(|k| k.keep(&mut self.dp.counters, port, vnet, frame))
+    }
     fn counters(&mut self) -> &mut RtCounters {
         &mut self.dp.counters
     }
@@ -313,7 +330,11 @@ impl Egress for PortsOut<'_> {
 fn on_vm_frame(
     sw: &mut Switch,
     dp: &mut DataPath,
-    (planes, tx): (&mut [Option<PlaneProc>; 2], Option<&mut TapTx>),
+    (planes, tx, kept): (
+        &mut [Option<PlaneProc>; 2],
+        Option<&mut TapTx>,
+        &mut KeptFrames,
+    ),
     links: Option<&mut Links>,
     now: Instant,
     i: usize,
@@ -328,11 +349,13 @@ fn on_vm_frame(
         return Ok(());
     };
     let port = dp.ports[i].id;
+    let flipping = !sw.dpu().takes_reoffers();
     let mut out = PortsOut {
         dp,
         plane: by_role(planes, sw.dpu().active_slot()).0,
         tx,
         links,
+        kept: flipping.then_some(kept),
     };
     offer_frame(sw, &mut out, now, port, &vnet, pkt);
     send_outgoing(sw, planes, now)
@@ -370,8 +393,9 @@ pub struct DpuDaemon {
     pub(super) planes: [Option<PlaneProc>; 2],
     /// Stopped planes not yet reaped.
     pub(super) retiring: Vec<Retiring>,
-    /// Frames taken back from a failed plane's phy ring, waiting to be offered again.
-    pub(super) reclaimed: Vec<crate::dpu::plane_ctl::Reclaimed>,
+    /// Frames a failed plane never took (from its phy ring, or steered to it during the flip
+    /// away from it), waiting to be offered again.
+    pub(super) reclaimed: KeptFrames,
     /// The binary the next plane runs (`spillway ctl upgrade --binary` changes it).
     pub(super) plane_exe: PathBuf,
     pub(super) listener: UnixListener,
@@ -534,7 +558,11 @@ impl DpuDaemon {
                 let r = on_vm_frame(
                     &mut self.sw,
                     &mut self.dp,
-                    (&mut self.planes, self.taps.as_mut().map(|t| t.tx())),
+                    (
+                        &mut self.planes,
+                        self.taps.as_mut().map(|t| t.tx()),
+                        &mut self.reclaimed,
+                    ),
                     self.links.as_mut(),
                     now,
                     i,
@@ -549,17 +577,18 @@ impl DpuDaemon {
         // The TAPs in the ring: the frames its last `enter` collected, at most
         // `TAP_RING_READS` a TAP (one per armed read), so no TAP holds the loop.
         if let Some(taps) = self.taps.as_mut() {
-            let (sw, dp, planes, links) = (
+            let (sw, dp, planes, links, kept) = (
                 &mut self.sw,
                 &mut self.dp,
                 &mut self.planes,
                 &mut self.links,
+                &mut self.reclaimed,
             );
             let mut failed = None;
             let n = taps
                 .drain_frames(|file, pkt, tx| {
                     let i = dp.tap_slots[file];
-                    let out = (&mut *planes, Some(tx));
+                    let out = (&mut *planes, Some(tx), &mut *kept);
                     if let Err(e) = on_vm_frame(sw, dp, out, links.as_mut(), now, i, pkt) {
                         failed = Some(e);
                     }
@@ -620,6 +649,7 @@ impl DpuDaemon {
                 plane: None,
                 tx: taps.as_mut().map(|t| t.tx()),
                 links: None,
+                kept: None,
             };
             let o = sw.process_from_slot(now, slot, port, rec.msg, (gso_size(&vnet), rec.frame));
             forward::act_from_plane(&mut out, now, o, &vnet, rec.frame.len());
@@ -740,6 +770,7 @@ impl DpuDaemon {
                         plane: self.planes[a].as_mut(),
                         tx: self.taps.as_mut().map(|t| t.tx()),
                         links: None,
+                        kept: None,
                     };
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
                     links.recycle(from, pkt);

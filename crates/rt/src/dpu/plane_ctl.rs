@@ -8,7 +8,7 @@
 use crate::dpu::daemon::DpuDaemon;
 use crate::dpu::forward::Parcel;
 use crate::dpu::plane_proc::PlaneProc;
-use crate::dpu::ports::{PortIo, VmChange, vm_id, worth_logging};
+use crate::dpu::ports::{PortIo, RtCounters, VmChange, vm_id, worth_logging};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, VnicSet};
 use serde_json::json;
@@ -35,6 +35,50 @@ pub(super) struct Reclaimed {
     port: PortId,
     vnet: crate::dpu::daemon::Vnet,
     frame: Vec<u8>,
+}
+
+/// Frames a failed plane never took (from its ring, or steered to it during the flip away
+/// from it), waiting to be offered again: at most [`RECLAIM_FRAMES`] frames and
+/// [`RECLAIM_BYTES`] bytes.
+#[derive(Debug, Default)]
+pub(super) struct KeptFrames {
+    frames: Vec<Reclaimed>,
+    bytes: usize,
+}
+
+impl KeptFrames {
+    /// Keeps a frame (`rt.plane.reclaimed`), or drops and counts it past the bounds
+    /// (`rt.plane.reclaim_dropped`). False if it was dropped.
+    pub(super) fn keep(
+        &mut self,
+        counters: &mut RtCounters,
+        port: PortId,
+        vnet: &crate::dpu::daemon::Vnet,
+        frame: &[u8],
+    ) -> bool {
+        if self.frames.len() >= RECLAIM_FRAMES || self.bytes + frame.len() > RECLAIM_BYTES {
+            counters.plane_reclaim_dropped += 1;
+            return false;
+        }
+        counters.plane_reclaimed += 1;
+        self.bytes += frame.len();
+        self.frames.push(Reclaimed {
+            port,
+            vnet: *vnet,
+            frame: frame.to_vec(),
+        });
+        true
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Every frame kept, oldest first; none are left.
+    fn take(&mut self) -> Vec<Reclaimed> {
+        self.bytes = 0;
+        std::mem::take(&mut self.frames)
+    }
 }
 
 /// The daemon's side of the plane's process.
@@ -105,20 +149,9 @@ impl DpuDaemon {
     /// [`RECLAIM_BYTES`] bytes are kept; the rest are dropped and counted.
     fn reclaim(&mut self, v: &mut crate::shm::vnic::VnicSet) {
         let (kept, counters) = (&mut self.reclaimed, &mut self.dp.counters);
-        let mut bytes: usize = kept.iter().map(|r| r.frame.len()).sum();
-        let room = RECLAIM_FRAMES.saturating_sub(kept.len());
+        let room = RECLAIM_FRAMES.saturating_sub(kept.frames.len());
         let r = v.reclaim_frames(room, |rec| {
-            if bytes + rec.frame.len() > RECLAIM_BYTES {
-                counters.plane_reclaim_dropped += 1;
-                return;
-            }
-            bytes += rec.frame.len();
-            counters.plane_reclaimed += 1;
-            kept.push(Reclaimed {
-                port: PortId(rec.port),
-                vnet: *rec.vnet,
-                frame: rec.frame.to_vec(),
-            });
+            kept.keep(counters, PortId(rec.port), rec.vnet, rec.frame);
         });
         if let Err(e) = r {
             tracing::warn!(target: "spillway::run", error = %e, "could not take back what the failed plane left in its ring");
@@ -132,7 +165,7 @@ impl DpuDaemon {
         if !self.sw.dpu().takes_reoffers() {
             return;
         }
-        for r in std::mem::take(&mut self.reclaimed) {
+        for r in self.reclaimed.take() {
             if self.rx.load(&r.frame).is_err() {
                 continue;
             }
@@ -143,6 +176,7 @@ impl DpuDaemon {
                 plane: self.planes[a].as_mut(),
                 tx: self.taps.as_mut().map(|t| t.tx()),
                 links: self.links.as_mut(),
+                kept: None,
             };
             offer_frame(&mut self.sw, &mut out, now, r.port, &r.vnet, &mut self.rx);
         }

@@ -178,7 +178,7 @@ impl DpuDaemon {
                 clock,
                 planes: [None, None],
                 retiring: Vec::new(),
-                reclaimed: Vec::new(),
+                reclaimed: Default::default(),
                 plane_exe: opts.plane_exe.clone(),
                 listener,
                 vnic_path,

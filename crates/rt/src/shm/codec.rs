@@ -359,26 +359,38 @@ pub fn encode_msg(out: &mut Vec<u8>, msg: &Msg) {
             w.u8(18);
             w.u32(*workers);
         }
-        Msg::DigestAsk { colour, shard } => {
+        Msg::DigestAsk {
+            colour,
+            shard,
+            round,
+        } => {
             w.u8(19);
             w.u32(colour.0);
             w.u16(*shard);
+            w.u16(*round);
         }
         Msg::Digest {
             colour,
+            round,
             bucket,
             count,
             digest,
         } => {
             w.u8(20);
             w.u32(colour.0);
+            w.u16(*round);
             w.u16(*bucket);
             w.u32(*count);
             w.u64(*digest);
         }
-        Msg::DigestDone { colour, shard } => {
+        Msg::DigestDone {
+            colour,
+            round,
+            shard,
+        } => {
             w.u8(21);
             w.u32(colour.0);
+            w.u16(*round);
             w.u16(*shard);
         }
         Msg::Resync { colour, bucket } => {
@@ -494,15 +506,18 @@ pub fn decode_msg(r: &mut Reader<'_>) -> Result<Msg, CodecError> {
         19 => Msg::DigestAsk {
             colour: colour(r)?,
             shard: r.u16("shard")?,
+            round: r.u16("digest.round")?,
         },
         20 => Msg::Digest {
             colour: colour(r)?,
+            round: r.u16("digest.round")?,
             bucket: r.u16("digest.bucket")?,
             count: r.u32("digest.count")?,
             digest: r.u64("digest.digest")?,
         },
         21 => Msg::DigestDone {
             colour: colour(r)?,
+            round: r.u16("digest.round")?,
             shard: r.u16("shard")?,
         },
         22 => Msg::Resync {
@@ -942,15 +957,18 @@ mod tests {
             Msg::DigestAsk {
                 colour: c,
                 shard: 2,
+                round: 9,
             },
             Msg::Digest {
                 colour: c,
+                round: seed as u16,
                 bucket: seed as u16,
                 count: 7,
                 digest: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
             },
             Msg::DigestDone {
                 colour: c,
+                round: 7,
                 shard: 1,
             },
             Msg::Resync {

@@ -189,6 +189,10 @@ impl<'a> Sim<'a> {
             }
         }
         while let Some(e) = self.dpu.poll_event() {
+            // A traced run prints the lifecycle too: a connection's fate depends on it.
+            if self.options.trace_conn.is_some() {
+                eprintln!("{} event {}: {}", e.at, e.what.name(), e.reason);
+            }
             self.sampler.phase(e);
             self.full_check()?;
         }
