@@ -25,6 +25,8 @@ pub enum Role {
 pub(crate) trait Record: Copy {
     fn role(&self) -> Role;
     fn set_role(&mut self, role: Role);
+    /// The connection's state, as the sync protocol carries it.
+    fn state(&self) -> &ConnState;
 }
 
 type Map<V> = hashbrown::HashMap<ConnId, V, foldhash::fast::FixedState>;
@@ -38,6 +40,22 @@ pub(crate) struct Records<V> {
 }
 
 impl<V: Record> Records<V> {
+    /// Per-bucket digests of every record (see [`crate::types::bucket_digests`]).
+    pub(crate) fn digests(&self, buckets: u16) -> Vec<(u32, u64)> {
+        crate::types::bucket_digests(self.map.values().map(Record::state), buckets)
+    }
+
+    /// Per-bucket digests of the records of `conns` held here, each counted once (`conns` is
+    /// sorted and deduplicated in place): what a sync-back's two sides compare.
+    pub(crate) fn digests_of(&self, conns: &mut Vec<ConnId>, buckets: u16) -> Vec<(u32, u64)> {
+        conns.sort_unstable();
+        conns.dedup();
+        let states = conns
+            .iter()
+            .filter_map(|c| self.map.get(c).map(Record::state));
+        crate::types::bucket_digests(states, buckets)
+    }
+
     /// An empty map hashing with `seed` (fixed, so runs are reproducible).
     pub(crate) fn new(seed: u64) -> Records<V> {
         Records {

@@ -173,6 +173,17 @@ impl Fabric {
         self.pump();
     }
 
+    /// A change `state` the failed plane of an older colour sent before it was fenced,
+    /// arriving now.
+    fn late_update(&mut self, state: ConnState) {
+        let msg = Msg::Sync {
+            colour: stale_colour(),
+            kind: SyncKind::Update,
+            state,
+        };
+        self.dpu.handle_fenced_msg(self.now, msg);
+    }
+
     /// Whether `msg`, from the DPU to a plane, is one of `lose_to_plane` (then lost, once).
     fn lost_to_plane(&mut self, msg: &Msg) -> bool {
         if let Msg::Sync { kind, state, .. } = *msg
@@ -398,14 +409,7 @@ fn messages_from_the_fenced_plane_change_no_owner() {
         version: stale.version + 1,
         ..stale
     };
-    fab.dpu.handle_fenced_msg(
-        fab.now,
-        Msg::Sync {
-            colour: stale_colour(),
-            kind: SyncKind::Update,
-            state: newer,
-        },
-    );
+    fab.late_update(newer);
     fab.pump();
     assert_eq!(fab.dpu.conn(ConnId(2)).unwrap().role, Role::Copy);
     assert_eq!(
@@ -861,14 +865,7 @@ fn a_change_the_dpu_sends_while_the_digests_travel_leaves_its_bucket_out() {
         phase: ConnPhase::Closing,
         ..stale
     };
-    fab.dpu.handle_fenced_msg(
-        fab.now,
-        Msg::Sync {
-            colour: stale_colour(),
-            kind: SyncKind::Update,
-            state: newer,
-        },
-    );
+    fab.late_update(newer);
     assert_eq!(fab.dpu.conn(ConnId(5)).unwrap().state, newer);
     fab.resume();
     let c = fab.dpu.counters();

@@ -159,6 +159,9 @@ impl Record for DpuConn {
     fn set_role(&mut self, role: Role) {
         self.role = role;
     }
+    fn state(&self) -> &ConnState {
+        &self.state
+    }
 }
 
 spillway_vswitch::counters! {

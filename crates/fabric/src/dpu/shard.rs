@@ -341,7 +341,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         let mine = if at_answer {
             Vec::new()
         } else {
-            crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets)
+            self.conns.digests(buckets)
         };
         let dirty = if at_answer {
             vec![false; usize::from(buckets)]
@@ -430,27 +430,41 @@ impl<R: ResourcesHandle> DpuShard<R> {
         let Some(mut sb) = self.sync_back.take_if(|sb| sb.colour == colour) else {
             return Vec::new();
         };
-        sb.handed.sort_unstable();
-        sb.handed.dedup();
-        let buckets = self.f.dpu.redirect_buckets;
-        let conns = &self.conns;
-        let mine = crate::types::bucket_digests(
-            sb.handed
-                .iter()
-                .filter_map(|c| conns.get(c).map(|r| &r.state)),
-            buckets,
-        );
+        let mine = self
+            .conns
+            .digests_of(&mut sb.handed, self.f.dpu.redirect_buckets);
+        let differ = self.differing_buckets(&mine, &sb.theirs, (index, shards), &[]);
+        for &bucket in &differ {
+            self.out.send_flow(now, Msg::SendBack { colour, bucket });
+        }
+        differ
+    }
+
+    /// The buckets of shard `index` of `shards` whose digests differ between `mine` and
+    /// `theirs`, leaving out those marked in `skip` (a bucket the plane's digest cannot have
+    /// seen a change of): every comparison's one rule, counted (`dpu.digest.buckets`,
+    /// `.skipped`, `.mismatch`).
+    fn differing_buckets(
+        &mut self,
+        mine: &[(u32, u64)],
+        theirs: &[(u32, u64)],
+        (index, shards): (usize, usize),
+        skip: &[bool],
+    ) -> Vec<u16> {
         let mut differ = Vec::new();
-        for (b, (mine, theirs)) in mine.iter().zip(&sb.theirs).enumerate() {
+        for (b, (mine, theirs)) in mine.iter().zip(theirs).enumerate() {
+            // Only this shard's buckets: the others are other shards' to compare.
             if super::shard_of_bucket(b as u16, shards) != index {
+                continue;
+            }
+            if skip.get(b).copied().unwrap_or(false) {
+                self.counters.digest_skipped += 1;
                 continue;
             }
             self.counters.digest_buckets += 1;
             if mine != theirs {
                 self.counters.digest_mismatch += 1;
                 differ.push(b as u16);
-                let bucket = b as u16;
-                self.out.send_flow(now, Msg::SendBack { colour, bucket });
             }
         }
         differ
@@ -475,33 +489,18 @@ impl<R: ResourcesHandle> DpuShard<R> {
         else {
             return Vec::new();
         };
-        if stale && !d.at_answer {
+        if stale {
             self.counters.digest_stale += 1;
             return Vec::new();
         }
         let buckets = self.f.dpu.redirect_buckets;
         let mine = if d.at_answer {
-            crate::types::bucket_digests(self.conns.values().map(|c| &c.state), buckets)
+            self.conns.digests(buckets)
         } else {
             d.mine
         };
-        let mut differ = Vec::new();
-        for (b, (mine, theirs)) in mine.iter().zip(&d.theirs).enumerate() {
-            // Only this shard's buckets: the others are other shards' to compare.
-            if super::shard_of_bucket(b as u16, shards) != index {
-                continue;
-            }
-            if d.dirty.get(b).copied().unwrap_or(false) {
-                self.counters.digest_skipped += 1;
-                continue;
-            }
-            self.counters.digest_buckets += 1;
-            if mine != theirs {
-                differ.push(b as u16);
-            }
-        }
+        let differ = self.differing_buckets(&mine, &d.theirs, (index, shards), &d.dirty);
         for &bucket in &differ {
-            self.counters.digest_mismatch += 1;
             if d.at_answer {
                 self.resync_owned(now, colour, bucket);
                 continue;

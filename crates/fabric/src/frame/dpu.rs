@@ -495,21 +495,6 @@ impl<R: ResourcesHandle> DpuSwitch<DpuNode<R>> {
         }
     }
 
-    /// A conntrack change from the plane in `slot`: taken as [`DpuSwitch::handle_conntrack`]
-    /// takes it if [`DpuNode::takes_conntrack_from`] that slot; false (not taken) if not.
-    pub fn handle_conntrack_from(
-        &mut self,
-        now: Instant,
-        slot: PlaneSlot,
-        snap: &CtSnapshot,
-    ) -> bool {
-        if !self.dpu.takes_conntrack_from(slot) {
-            return false;
-        }
-        self.handle_conntrack(now, snap);
-        true
-    }
-
     /// A frame from the plane in `slot` ([`DpuSwitch::process_from_plane`] for the active
     /// plane's; a fenced plane's packets are served, as the model serves them).
     pub fn process_from_slot<'a>(

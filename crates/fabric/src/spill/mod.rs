@@ -35,11 +35,11 @@
 //!   (`SyncKind::Handover`; it keeps a copy), then its per-bucket digest of them
 //!   (`Msg::Digest`) and `Msg::Released` on the flow vNIC behind them; a `Msg::SendBack` of a
 //!   bucket whose digest the DPU found different hands that bucket's connections back again
-//!   and answers `Msg::SentBack`. A connection it opens or is handed from here on goes straight back. Placement moves
-//!   nothing. Each shard answers its `Msg::Drain` with `Msg::Drained` once it has received the
-//!   packets the drain counts (the DPU shard's steered to this plane: the request may overtake
-//!   them) and its workers, its flow vNIC and its phy vNIC toward the DPU are idle; the plane
-//!   stays Releasing until the DPU stops it.
+//!   and answers `Msg::SentBack`. A connection it opens or is handed from here on goes
+//!   straight back. Placement moves nothing. Each shard answers its `Msg::Drain` with
+//!   `Msg::Drained` once it has received the packets the drain counts (the DPU shard's steered
+//!   to this plane: the request may overtake them) and its workers, its flow vNIC and its phy
+//!   vNIC toward the DPU are idle; the plane stays Releasing until the DPU stops it.
 //!   Entered from Active only, by `Msg::Release` (the DPU sends it only from its own Active
 //!   phase; a plane released from Shadow is stopped without it).
 //!
@@ -160,6 +160,9 @@ impl Record for SpillConn {
     }
     fn set_role(&mut self, role: Role) {
         self.role = role;
+    }
+    fn state(&self) -> &ConnState {
+        &self.state
     }
 }
 

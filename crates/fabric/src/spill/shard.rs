@@ -587,8 +587,7 @@ impl PlaneShard {
     /// on its flow vNIC, then the end marker. Every state message the DPU sent before the ask
     /// has been taken (it is FIFO behind them).
     fn send_digests(&mut self, now: Instant, colour: Colour, round: u16) {
-        let digests =
-            crate::types::bucket_digests(self.conns.values().map(|c| &c.state), self.buckets);
+        let digests = self.conns.digests(self.buckets);
         self.send_bucket_digests(now, (colour, round), digests);
         let done = Msg::DigestDone {
             colour,
@@ -602,15 +601,7 @@ impl PlaneShard {
     /// empty bucket), sent just before its `Released`: the copies it kept of them, which are
     /// what it sent or newer changes it mirrored behind them.
     fn send_back_digests(&mut self, now: Instant, colour: Colour) {
-        self.handed.sort_unstable();
-        self.handed.dedup();
-        let conns = &self.conns;
-        let digests = crate::types::bucket_digests(
-            self.handed
-                .iter()
-                .filter_map(|c| conns.get(c).map(|r| &r.state)),
-            self.buckets,
-        );
+        let digests = self.conns.digests_of(&mut self.handed, self.buckets);
         self.send_bucket_digests(now, (colour, 0), digests);
     }
 
@@ -648,8 +639,7 @@ impl PlaneShard {
                 continue;
             }
             if let Some(c) = self.conns.get(&conn).copied() {
-                self.counters.handovers += 1;
-                self.send_sync(now, colour, SyncKind::Handover, c.state);
+                self.send_handover(now, colour, c.state);
                 count += 1;
             }
         }
@@ -707,8 +697,12 @@ impl PlaneShard {
         };
         self.conns.set_role(conn, Role::Copy);
         self.handed.push(conn);
+        self.send_handover(now, colour, c.state);
+    }
+
+    fn send_handover(&mut self, now: Instant, colour: Colour, state: ConnState) {
         self.counters.handovers += 1;
-        self.send_sync(now, colour, SyncKind::Handover, c.state);
+        self.send_sync(now, colour, SyncKind::Handover, state);
     }
 
     fn ingest_sync(&mut self, now: Instant, kind: SyncKind, state: ConnState, view: &PlaneView) {

@@ -716,23 +716,19 @@ impl DpuDaemon {
                 None => sw.handle_msg_from(now, slot, m, s),
             }
         }
+        // Only an owner's changes are taken (the core's rule), wherever they go.
+        if !sw.dpu().takes_conntrack_from(slot) {
+            dp.counters.plane_ct_fenced += ct_updates.len() as u64;
+            ct_updates.clear();
+        }
         for snap in ct_updates {
             let conn = sw.conn_of_snapshot(&snap);
-            let taken = match links
+            match links
                 .as_mut()
                 .and_then(|l| Some((l.shard_of_conn(Some(conn))?, l)))
             {
-                // Another thread's shard: only an active plane's change goes there (the
-                // forwarding threads serve slot 0, the only slot with several threads).
-                Some((to, l)) if sw.dpu().takes_conntrack_from(slot) => {
-                    l.send(to, Parcel::Ct(snap));
-                    true
-                }
-                Some(_) => false,
-                None => sw.handle_conntrack_from(now, slot, &snap),
-            };
-            if !taken {
-                dp.counters.plane_ct_fenced += 1;
+                Some((to, l)) => l.send(to, Parcel::Ct(snap)),
+                None => sw.handle_conntrack(now, &snap),
             }
         }
         if let Some(e) = failure {

@@ -133,15 +133,22 @@ impl DpuDaemon {
     /// core steers to a plane that runs (`reoffer`). Only once the process is gone can nothing
     /// it pops race with the taking back. False if the slot had no plane.
     fn kill_plane(&mut self, slot: PlaneSlot) -> bool {
-        let Some(p) = self.planes[slot.index()].take() else {
+        let Some(p) = self.take_plane(slot) else {
             return false;
         };
-        if slot.index() == 0 {
-            self.close_lanes();
-        }
         self.retiring.push(p.kill_async());
         self.reap_retired();
         true
+    }
+
+    /// The plane in `slot`, out of its slot, with the forwarding threads' lanes of its vNIC
+    /// set closed (they hold lanes of slot 0's only).
+    fn take_plane(&mut self, slot: PlaneSlot) -> Option<PlaneProc> {
+        let p = self.planes[slot.index()].take()?;
+        if slot.index() == 0 {
+            self.close_lanes();
+        }
+        Some(p)
     }
 
     /// Takes back the frames a dead plane never took from lane 0's phy ring (the other lanes
@@ -339,12 +346,10 @@ impl DpuDaemon {
         }))
     }
 
-    /// Stops the plane in `slot`: fenced at once (its vNIC set closed), then retired without
-    /// the loop waiting for it ([`PlaneProc::retire`]).
     /// The core stops the plane in `slot` (see `Command::StopPlane`): one that `failed` (it
     /// missed its heartbeats: stopped or starved; a dead one is gone already) is killed at
-    /// once and its ring taken back; one stopped in order is retired (fenced at once, asked
-    /// to exit, reaped at upkeep).
+    /// once and its ring taken back; one stopped in order is fenced at once (its vNIC set
+    /// closed), then retired without the loop waiting for it ([`PlaneProc::retire`]).
     pub(super) fn stop_plane(&mut self, slot: PlaneSlot, failed: bool) {
         if failed {
             if self.kill_plane(slot) {
@@ -352,10 +357,7 @@ impl DpuDaemon {
             }
             return;
         }
-        if let Some(p) = self.planes[slot.index()].take() {
-            if slot.index() == 0 {
-                self.close_lanes();
-            }
+        if let Some(p) = self.take_plane(slot) {
             let r = p.retire();
             tracing::info!(target: "spillway::run", %slot, pid = r.pid(), "spill plane stopped");
             self.retiring.push(r);

@@ -842,7 +842,6 @@ fn parse_ledger(
     scope: &LedgerScope,
 ) -> Result<(Vec<LedgerEntry>, usize), LedgerError> {
     let mut entries = Vec::new();
-    let mut lines_of = Vec::new();
     let mut torn = 0;
     let complete = text.ends_with('\n');
     let lines: Vec<&str> = text.split_terminator('\n').collect();
@@ -868,27 +867,26 @@ fn parse_ledger(
                 });
             }
         };
-        entries.push(entry);
-        lines_of.push(i + 1);
+        entries.push((i + 1, entry));
     }
-    // The binaries the run recorded first (an upgrade's): a process running one is ours too.
+    // The binaries the run recorded (an upgrade's): a process running one is ours too.
     let mut scope = scope.clone();
-    for e in &entries {
+    for (_, e) in &entries {
         if let LedgerEntry::Exe(exe) = e {
             scope = scope.allow_exe(exe);
         }
     }
-    for (entry, &line) in entries.iter().zip(&lines_of) {
+    for (line, entry) in &entries {
         if let Err(reason) = scope.check(entry) {
             return Err(LedgerError::Foreign {
                 path: path.to_owned(),
-                line,
+                line: *line,
                 entry: serde_json::to_string(entry).expect("ledger entries always serialize"),
                 reason,
             });
         }
     }
-    Ok((entries, torn))
+    Ok((entries.into_iter().map(|(_, e)| e).collect(), torn))
 }
 
 fn check_instance(instance: &str) -> Result<(), LedgerError> {
