@@ -173,6 +173,16 @@ impl Fabric {
         self.pump();
     }
 
+    /// The active plane in slot 0 is killed and the rules flip to the warm one in slot 1.
+    fn fail_over(&mut self) {
+        let t = self.now;
+        self.planes[0] = None;
+        self.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
+        self.pump();
+        self.advance(t + self.f.dpu.flip_latency);
+        assert_eq!(self.dpu.active_slot(), PlaneSlot(1));
+    }
+
     /// A change `state` the failed plane of an older colour sent before it was fenced,
     /// arriving now.
     fn late_update(&mut self, state: ConnState) {
@@ -811,12 +821,7 @@ fn a_stale_copy_left_by_a_flip_is_found_by_the_digests_after_it() {
     assert_ne!(current.phase, ConnPhase::Established, "the FIN stepped it");
     assert_eq!(fab.dpu.conn(ConnId(3)).map(|r| r.state), Some(current));
     assert_eq!(fab.lose_to_plane, [(ConnId(3), SyncKind::Handover)]);
-    let t = fab.now;
-    fab.planes[0] = None;
-    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
-    fab.pump();
-    fab.advance(t + fab.f.dpu.flip_latency);
-    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    fab.fail_over();
     assert!(fab.lose_to_plane.is_empty(), "the hand-over was lost");
     fab.advance(fab.now + Duration::from_millis(5));
     // The digests after the flip differ in 3's bucket: the bucket is resynced, both ways,
@@ -850,12 +855,7 @@ fn a_change_the_dpu_sends_while_the_digests_travel_leaves_its_bucket_out() {
     let mut fab = Fabric::active_with_warm(10);
     let stale = fab.plane(PlaneSlot(0)).conn(ConnId(5)).unwrap().state;
     fab.pause_at_ask = true;
-    let t = fab.now;
-    fab.planes[0] = None;
-    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
-    fab.pump();
-    fab.advance(t + fab.f.dpu.flip_latency);
-    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    fab.fail_over();
     assert!(!fab.paused.is_empty(), "the ask after the flip is held");
     // While the ask is on its way, the failed plane's last change of 5 arrives: the DPU takes
     // it and sends it on to the new owner, behind the ask. The new plane's digest cannot
@@ -895,12 +895,7 @@ fn an_answer_to_the_warm_planes_digests_still_on_its_way_at_the_flip_is_not_the_
     // Then connection 3 steps on (relayed to the warm plane too), the active plane fails, and
     // the new active plane (of the same colour as that answer) is asked after the flip.
     fab.offer(ConnId(3), Kind::Control, Side::Orig);
-    let t = fab.now;
-    fab.planes[0] = None;
-    fab.dpu.handle_plane_failed_in(t, PlaneSlot(0), "killed");
-    fab.pump();
-    fab.advance(t + fab.f.dpu.flip_latency);
-    assert_eq!(fab.dpu.active_slot(), PlaneSlot(1));
+    fab.fail_over();
     let asked = fab.held.len();
     assert!(asked >= 4, "both answers held: {:?}", fab.held);
     // The old answer (which has not seen 3's step) arrives first: it is not the new

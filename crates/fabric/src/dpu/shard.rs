@@ -410,7 +410,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     /// A hand-back of `conn` by the active plane, taken while a release's sync-back check runs
     /// (from the control part's `SyncBackBegin` to this shard's `Released`; the shard's view
-    /// of the phase may lag the control part's, so it is not asked).
+    /// of the phase may lag the control part's, so it is not asked). A check a fail-open cut
+    /// short stays until the next release replaces it: only a release makes a plane hand
+    /// connections back, and a plane's state after a fail-open is an orphan's, not noted.
     pub(crate) fn note_handed_back(&mut self, conn: ConnId) {
         if let Some(sb) = &mut self.sync_back {
             sb.handed.push(conn);
@@ -770,11 +772,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             ShardRequest::BulkSync { now, colour, shard } => {
                 ShardReply::Count(self.bulk_sync(now, colour, shard))
             }
-            ShardRequest::PromoteCopies => {
-                // No plane any more: a release's check under way, if any, has nothing to wait for.
-                self.sync_back = None;
-                ShardReply::Count(self.promote_copies() as u64)
-            }
+            ShardRequest::PromoteCopies => ShardReply::Count(self.promote_copies() as u64),
             ShardRequest::WarmSync { now, colour, shard } => {
                 ShardReply::Count(self.warm_sync(now, colour, shard))
             }
