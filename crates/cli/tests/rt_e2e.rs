@@ -230,13 +230,21 @@ port = 2
         self.server("b", BIN, &args);
     }
 
-    /// `spillway traffic gen` from `a` to the sink: 8 flows of 64-byte datagrams at `pps` for
-    /// `secs` seconds, its JSON report on stdout.
-    fn udp_flood(&self, pps: u32, secs: u32) -> Child {
-        let (pps, secs) = (pps.to_string(), secs.to_string());
+    /// `spillway traffic gen` from `a` to the sink: `flows` flows of 64-byte datagrams at `pps`
+    /// for `secs` seconds, its JSON report on stdout.
+    fn udp_flood(&self, flows: u32, pps: u32, secs: u32) -> Child {
+        let (flows, pps, secs) = (flows.to_string(), pps.to_string(), secs.to_string());
         self.exec("a", BIN)
-            .args(["traffic", "gen", "--dst", "10.66.0.2:9000", "--flows", "8"])
-            .args(["--rate", &pps, "--duration", &secs, "--json"])
+            .args(["traffic", "gen", "--dst", "10.66.0.2:9000"])
+            .args([
+                "--flows",
+                &flows,
+                "--rate",
+                &pps,
+                "--duration",
+                &secs,
+                "--json",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -815,7 +823,7 @@ fn flood_windows(bed: &mut Bed, read: fn(&serde_json::Value) -> (u64, u64)) -> (
     let idle0 = read(&bed.status());
     std::thread::sleep(Duration::from_secs(2));
     let idle1 = read(&bed.status());
-    let flood = bed.udp_flood(20_000, 5);
+    let flood = bed.udp_flood(8, 20_000, 5);
     std::thread::sleep(Duration::from_millis(1500));
     let busy0 = read(&bed.status());
     std::thread::sleep(Duration::from_secs(2));
@@ -923,7 +931,7 @@ fn plane_allocates_nothing_per_frame(shards: u32) {
 }
 
 /// The emulated DPU's fast-path limit holds in real time: with the plane held off and a 10
-/// kpps fast path, a paced 64-byte flood of 8 flows at three times the limit gets at most 10
+/// kpps fast path, a paced 64-byte flood of 32 flows at three times the limit gets at most 10
 /// kpps (plus what the fast path's input queue absorbs at the window's edges) through the
 /// hardware path, and the excess is dropped and counted as `dpu.hw.overload`. Read over two
 /// seconds once the flows are on the fast path. The limit is low so that even a starved debug
@@ -965,6 +973,10 @@ fn the_fast_path_admits_no_more_than_its_limit() {
 
 /// The limit is the DPU's, not a thread's: two forwarding threads share the 10 kpps fast path
 /// (not 10 kpps each), and the flows of the flood spread over both shards.
+///
+/// The kernel picks a flow's TAP queue (so its thread) by its own hash, the fabric its shard by
+/// another; with ephemeral source ports, all of 8 flows landing on their own shard's queue
+/// happened (1 in 256), so the flood has 32 flows: 1 in 2^32.
 #[test]
 fn two_forwarding_threads_share_the_fast_path_limit() {
     fast_path_admits_no_more_than_its_limit(2);
@@ -978,7 +990,7 @@ fn fast_path_admits_no_more_than_its_limit(shards: u32) {
     let mut bed = Bed::start_sharded("released", 2000, 10_000, shards);
     bed.udp_sink();
     std::thread::sleep(Duration::from_millis(300));
-    let flood = bed.udp_flood(30_000, 4);
+    let flood = bed.udp_flood(32, 30_000, 4);
     std::thread::sleep(Duration::from_millis(1500));
     let t0 = Instant::now();
     let s0 = bed.status();
@@ -1025,7 +1037,7 @@ fn fast_path_admits_no_more_than_its_limit(shards: u32) {
 }
 
 /// `ctl reload` reaches every forwarding thread's pipeline: after a reload that denies UDP to
-/// port 9001, a flood of 8 new flows to that port (spread over both shards by their hash) is
+/// port 9001, a flood of 32 new flows to that port (spread over both shards by their hash) is
 /// dropped by the vSwitch whichever thread's connection it is; with the policy on thread 0
 /// only, about half would be forwarded.
 #[test]
@@ -1054,7 +1066,7 @@ fn two_forwarding_threads_take_a_reloaded_policy() {
     let s0 = bed.status();
     let flood = bed
         .exec("a", BIN)
-        .args(["traffic", "gen", "--dst", "10.66.0.2:9001", "--flows", "8"])
+        .args(["traffic", "gen", "--dst", "10.66.0.2:9001", "--flows", "32"])
         .args(["--rate", "5000", "--duration", "2", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
