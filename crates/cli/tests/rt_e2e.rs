@@ -84,7 +84,18 @@ impl Bed {
     /// [`Bed::start_config`] with the DPU's connections split over `shards` forwarding
     /// threads (`fabric.dpu.shards`; 1 is today's one thread).
     fn start_sharded(hold: &str, hw_entries: u32, hw_pps: u32, shards: u32) -> Bed {
-        let mut bed = Bed::configure(hw_entries, "", "", hw_pps);
+        Bed::start_sharded_with(hold, hw_entries, hw_pps, shards, "")
+    }
+
+    /// [`Bed::start_sharded`] whose `[fabric.host]` carries `host_extra`.
+    fn start_sharded_with(
+        hold: &str,
+        hw_entries: u32,
+        hw_pps: u32,
+        shards: u32,
+        host_extra: &str,
+    ) -> Bed {
+        let mut bed = Bed::configure(hw_entries, "", host_extra, hw_pps);
         let text = std::fs::read_to_string(&bed.config).unwrap();
         let text = text.replacen(
             "[fabric.dpu]\n",
@@ -614,6 +625,89 @@ impl LongLived {
             .map(|i| i["sum"]["start"].as_f64().unwrap_or(-1.0))
             .collect();
         (pongs, stalled, gap_ms)
+    }
+}
+
+/// A paced UDP flood of many flows from `a` to a sink in `b` (`spillway traffic gen|sink`):
+/// with several forwarding threads its flows spread over every shard, so every thread's lanes
+/// carry some of it. The sink stops a second after the flood.
+struct UdpProbe {
+    sink: Child,
+    sender: Child,
+}
+
+impl UdpProbe {
+    fn start(bed: &Bed, flows: u32, pps: u32, secs: u32) -> UdpProbe {
+        let sink = bed
+            .exec("b", BIN)
+            .args(["traffic", "sink", "--bind", "10.66.0.2:9000", "--idle", "1"])
+            .arg("--json")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn traffic sink");
+        std::thread::sleep(Duration::from_millis(200));
+        let (flows, pps, secs) = (flows.to_string(), pps.to_string(), secs.to_string());
+        let sender = bed
+            .exec("a", BIN)
+            .args([
+                "traffic",
+                "gen",
+                "--dst",
+                "10.66.0.2:9000",
+                "--flows",
+                &flows,
+            ])
+            .args(["--rate", &pps, "--duration", &secs, "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn traffic gen");
+        UdpProbe { sink, sender }
+    }
+
+    /// A probe of 32 flows at 2 kpps for `secs` seconds, running once every one of the
+    /// `shards` shards holds some of its flows (with two, all on one: 1 in 2^31), so that what
+    /// happens to a plane is seen on every forwarding thread's lanes.
+    fn on_every_shard(bed: &Bed, shards: u32, secs: u32) -> UdpProbe {
+        let p = UdpProbe::start(bed, 32, 2000, secs);
+        std::thread::sleep(Duration::from_millis(800));
+        let per = bed.status()["conns_per_thread"].clone();
+        let per: Vec<u64> = serde_json::from_value(per).unwrap();
+        assert_eq!(per.len(), shards as usize, "{per:?}");
+        assert!(
+            per.iter().all(|&n| n > 0),
+            "connections on every shard: {per:?}"
+        );
+        p
+    }
+
+    /// Waits for the probe: every datagram sent arrived. What a killed or stalled plane never
+    /// took is taken back from every thread's lane of it once it is reaped, and what was
+    /// steered to it during the flip is kept and offered again once the warm plane's lanes
+    /// are live. `s` is a status from after the failover, for the figures.
+    fn check_nothing_lost(self, s: &serde_json::Value) {
+        let (sent, r) = self.finish();
+        eprintln!(
+            "UDP probe: sent {}, {r}; reclaimed {}, past the bound {}, steered to no plane {}",
+            sent["sent"],
+            counter(s, "rt.plane.reclaimed"),
+            counter(s, "rt.plane.reclaim_dropped"),
+            counter(s, "rt.drop.plane_gone")
+        );
+        assert_eq!(r["flows"], 32, "{r}");
+        assert_eq!(
+            r["received"], sent["sent"],
+            "sent {sent}; {r}; drops {}, vSwitch drops {}, counters {}",
+            s["drops"], s["vswitch_drops"], s["counters"]
+        );
+    }
+
+    /// The generator's and the sink's reports once both are done.
+    fn finish(self) -> (serde_json::Value, serde_json::Value) {
+        let sent = serde_json::from_str(&finish(self.sender, "traffic gen")).expect("gen JSON");
+        let got = serde_json::from_str(&finish(self.sink, "traffic sink")).expect("sink JSON");
+        (sent, got)
     }
 }
 
@@ -1590,14 +1684,16 @@ fn alive(pid: u64) -> bool {
 }
 
 /// A bed held active with a warm plane ready, redis and iperf3 serving, and [`LongLived`]
-/// connections running for 8 s, 2 s in; `None` if the test skips. The guard serialises the
-/// tests.
-fn warm_bed_under_load() -> Option<(std::sync::MutexGuard<'static, ()>, Bed, LongLived)> {
+/// connections running for 8 s, 2 s in, on `shards` forwarding threads; `None` if the test
+/// skips. The guard serialises the tests.
+fn warm_bed_under_load(
+    shards: u32,
+) -> Option<(std::sync::MutexGuard<'static, ()>, Bed, LongLived)> {
     if !spillway_testkit::prerequisites(&["ip", "redis-server", "python3", "iperf3", "ss"]) {
         return None;
     }
     let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut bed = Bed::start_with("active", 2, "", WARM);
+    let mut bed = Bed::start_sharded_with("active", 2, 30_000, shards, WARM);
     bed.redis();
     bed.iperf3_server();
     wait_warm_ready(&bed, 0, Duration::from_secs(15));
@@ -1611,9 +1707,21 @@ fn warm_bed_under_load() -> Option<(std::sync::MutexGuard<'static, ()>, Bed, Lon
 /// warm plane is synced in the freed slot.
 #[test]
 fn a_warm_plane_takes_over_from_a_killed_plane_and_no_connection_breaks() {
-    let Some((_g, bed, long)) = warm_bed_under_load() else {
+    warm_plane_takes_over_from_a_killed_plane(1);
+}
+
+/// The same with two forwarding threads: each serves its lane of both planes' vNIC sets, and
+/// the flip moves every thread's shard to the warm plane's lanes.
+#[test]
+fn two_forwarding_threads_fail_over_to_a_warm_plane_when_the_plane_is_killed() {
+    warm_plane_takes_over_from_a_killed_plane(2);
+}
+
+fn warm_plane_takes_over_from_a_killed_plane(shards: u32) {
+    let Some((_g, bed, long)) = warm_bed_under_load(shards) else {
         return;
     };
+    let probe = UdpProbe::on_every_shard(&bed, shards, 4);
     let active = bed.status();
     let pid = active["plane"]["pid"].as_u64().expect("an active plane");
     let slot = active["active_slot"].as_u64().unwrap();
@@ -1649,6 +1757,7 @@ fn a_warm_plane_takes_over_from_a_killed_plane_and_no_connection_breaks() {
         "{s:#}"
     );
     assert_eq!(s["counters"]["dpu.digest.mismatch"], 0, "{s:#}");
+    probe.check_nothing_lost(&s);
     bed.stop_and_check_clean();
 }
 
@@ -1657,9 +1766,21 @@ fn a_warm_plane_takes_over_from_a_killed_plane_and_no_connection_breaks() {
 /// process never comes back.
 #[test]
 fn a_stalled_plane_is_fenced_and_the_warm_plane_takes_over() {
-    let Some((_g, bed, long)) = warm_bed_under_load() else {
+    stalled_plane_is_fenced(1);
+}
+
+/// The same with two forwarding threads: what each thread steered to the stopped plane is
+/// taken back from its own lane once the process is reaped.
+#[test]
+fn two_forwarding_threads_fence_a_stalled_plane_and_fail_over() {
+    stalled_plane_is_fenced(2);
+}
+
+fn stalled_plane_is_fenced(shards: u32) {
+    let Some((_g, bed, long)) = warm_bed_under_load(shards) else {
         return;
     };
+    let probe = UdpProbe::on_every_shard(&bed, shards, 4);
     let pid = bed.status()["plane"]["pid"]
         .as_u64()
         .expect("an active plane");
@@ -1693,6 +1814,7 @@ fn a_stalled_plane_is_fenced_and_the_warm_plane_takes_over() {
         stalled.is_empty(),
         "iperf3 intervals without data at {stalled:?}"
     );
+    probe.check_nothing_lost(&s);
     bed.stop_and_check_clean();
 }
 
@@ -1701,6 +1823,16 @@ fn a_stalled_plane_is_fenced_and_the_warm_plane_takes_over() {
 /// and no connection breaks. A binary that others could write is refused.
 #[test]
 fn an_online_upgrade_under_load_loses_no_connection() {
+    online_upgrade_under_load(1);
+}
+
+/// The same with two forwarding threads.
+#[test]
+fn two_forwarding_threads_upgrade_online_under_load() {
+    online_upgrade_under_load(2);
+}
+
+fn online_upgrade_under_load(shards: u32) {
     if !spillway_testkit::prerequisites(&[
         "ip",
         "redis-server",
@@ -1714,7 +1846,7 @@ fn an_online_upgrade_under_load_loses_no_connection() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // No warm standby: the upgrade starts its own warm plane.
-    let mut bed = Bed::start("active", 2);
+    let mut bed = Bed::start_sharded("active", 2, 30_000, shards);
     bed.wait_phase("active", Duration::from_secs(10));
     bed.redis();
     bed.iperf3_server();
@@ -1748,6 +1880,7 @@ fn an_online_upgrade_under_load_loses_no_connection() {
             .spawn()
             .unwrap()
     };
+    let probe = UdpProbe::on_every_shard(&bed, shards, 4);
     std::thread::sleep(Duration::from_secs(2));
     let asked = bed.ctl(&["upgrade", "--binary", new_bin.to_str().unwrap()]);
     eprintln!("upgrade: {asked}");
@@ -1780,6 +1913,7 @@ fn an_online_upgrade_under_load_loses_no_connection() {
         stalled.is_empty(),
         "iperf3 intervals without data at {stalled:?}"
     );
+    probe.check_nothing_lost(&s);
     bed.stop_and_check_clean();
 }
 

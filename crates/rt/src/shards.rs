@@ -348,7 +348,7 @@ pub const PUBLISH_NS: u64 = 100_000_000;
 pub struct Spin(u32);
 
 impl Spin {
-    /// After a turn that found work (`busy`) or none: true once [`SPIN_TURNS`] idle turns in a
+    /// After a turn that found work (`busy`) or none: true once `SPIN_TURNS` idle turns in a
     /// row have passed, when the loop should sleep (the count starts again).
     pub fn sleep_due(&mut self, busy: bool) -> bool {
         if busy {

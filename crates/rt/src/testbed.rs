@@ -368,16 +368,6 @@ impl Testbed {
         raw.fabric
             .validate()
             .map_err(|e| err(&format!("fabric.{}", e.field), e.expected, e.actual))?;
-        if raw.fabric.host.warm_standby && raw.fabric.dpu.shards > 1 {
-            // A warm plane needs a lane of its own per forwarding thread, for its bulk sync
-            // and relays; the threads hold one plane's lanes so far. Refused rather than
-            // ignored, so that nobody counts on a standby that is not there.
-            return Err(err(
-                "fabric.host.warm_standby",
-                "false with fabric.dpu.shards > 1 (a warm standby plane runs with one forwarding thread so far)",
-                "true".to_string(),
-            ));
-        }
         // The processes get the policy as text; it was parsed from this file a moment ago, so
         // writing it back cannot fail for a reason the operator could fix.
         let policy_text = toml::to_string(&raw.policy)
@@ -835,16 +825,17 @@ netns = "swvs-b"
     }
 
     #[test]
-    fn warm_standby_runs_with_one_forwarding_thread_and_is_refused_with_more() {
+    fn warm_standby_runs_with_one_forwarding_thread_or_more() {
         let warm = GOOD.replace(
             "[fabric.dpu]\n",
             "[fabric.host]\nwarm_standby = true\n\n[fabric.dpu]\n",
         );
         let t = Testbed::from_toml_str(&warm, Path::new("t.toml")).unwrap();
         assert!(t.fabric.host.warm_standby);
-        let e = load_err(&warm.replace("[fabric.dpu]\n", "[fabric.dpu]\nshards = 2\n"));
-        assert_eq!(e.field, "fabric.host.warm_standby", "{e}");
-        assert!(e.expected.contains("one forwarding thread"), "{e}");
+        let sharded = warm.replace("[fabric.dpu]\n", "[fabric.dpu]\nshards = 2\n");
+        let t = Testbed::from_toml_str(&sharded, Path::new("t.toml")).unwrap();
+        assert!(t.fabric.host.warm_standby);
+        assert_eq!(t.fabric.dpu.shards, 2);
     }
 
     #[test]

@@ -657,6 +657,7 @@ impl DpuControl {
             phase: self.life.phase,
             colour: self.life.colour,
             quota: self.life.quota,
+            warm: self.life.warm != Warm::Off,
         }
     }
 

@@ -37,10 +37,18 @@ impl<R: ResourcesHandle> DpuNode<R> {
 impl<R: ResourcesHandle> DpuNode<R> {
     /// A message from the plane now running in `slot` (the driver knows which process sent
     /// it): the active plane's go to [`DpuNode::handle_msg`], the warm plane's to its own
-    /// lifecycle (heartbeats, the acknowledgement of its bulk sync; it sends nothing else
-    /// while warm), and anything from a slot with no plane of the DPU's is fenced.
+    /// lifecycle (heartbeats, the acknowledgement of its bulk sync, digests; it sends nothing
+    /// about a connection while warm), and anything from a slot with no plane of the DPU's is
+    /// fenced. A message about a connection is taken by its shard as [`DpuShard::handle_msg_as`]
+    /// says, the rule a driver with a thread per shard applies there too.
     pub fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg) {
-        match self.sender(slot) {
+        let sender = self.sender(slot);
+        if let Some(conn) = msg.conn() {
+            let view = self.control.view();
+            self.shard_for(conn).handle_msg_as(now, sender, msg, view);
+            return;
+        }
+        match sender {
             Sender::Active => self.handle_msg(now, msg),
             Sender::Warm => {
                 self.shards[self.last].delivered_last = 0;
@@ -54,23 +62,14 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
     }
 
-    /// Whether a conntrack change from the plane in `slot` may be taken: only the active
-    /// plane owns connections, so only its changes are an owner's (a warm plane sends none; a
-    /// fenced one's would overwrite the DPU's copy of a connection the current plane owns).
-    pub fn takes_conntrack_from(&self, slot: PlaneSlot) -> bool {
-        self.sender(slot) == Sender::Active
-    }
-
     /// What the plane in `slot` is to the DPU now, which decides how its messages are taken
     /// ([`DpuNode::handle_msg_from`]).
     pub fn sender(&self, slot: PlaneSlot) -> Sender {
-        if slot == self.control.active_slot() {
-            Sender::Active
-        } else if self.control.warm() != Warm::Off {
-            Sender::Warm
-        } else {
-            Sender::Fenced
-        }
+        Sender::of(
+            slot,
+            self.control.active_slot(),
+            self.control.warm() != Warm::Off,
+        )
     }
 
     /// A message from a plane the DPU has stopped (a failed plane's, still in flight, or a
@@ -99,6 +98,21 @@ pub enum Sender {
     /// No plane of the DPU's: a failed or stopped plane whose messages are still in flight, or
     /// a stalled one that resumed. Its packets are served; its state is taken as an orphan's.
     Fenced,
+}
+
+impl Sender {
+    /// What the plane in `slot` is when the redirect rules steer to `active` and a warm
+    /// standby plane is (`warm_on`) or is not kept: the one rule behind
+    /// [`DpuNode::sender`] and a shard's own ([`DpuShard::sender`]).
+    pub fn of(slot: PlaneSlot, active: PlaneSlot, warm_on: bool) -> Sender {
+        if slot == active {
+            Sender::Active
+        } else if warm_on {
+            Sender::Warm
+        } else {
+            Sender::Fenced
+        }
+    }
 }
 
 impl DpuControl {
@@ -449,6 +463,36 @@ impl<R: ResourcesHandle> DpuShard<R> {
             // Lifecycle replies are the control part's; DPU-to-plane messages never come back.
             _ => {}
         }
+    }
+
+    /// A message about one of this shard's connections from a plane that is `sender` to the
+    /// DPU: the active plane's is taken ([`DpuShard::handle_msg`]), a fenced one's as
+    /// [`DpuShard::handle_fenced_msg`] says; a warm plane owns nothing and sends nothing about
+    /// a connection, so one from it is dropped and counted (`dpu.fenced`).
+    pub fn handle_msg_as(&mut self, now: Instant, sender: Sender, msg: Msg, view: ShardView) {
+        match sender {
+            Sender::Active => self.handle_msg(now, msg, view),
+            Sender::Fenced => self.handle_fenced_msg(now, msg, view),
+            Sender::Warm => {
+                self.delivered_last = 0;
+                self.counters.fenced += 1;
+            }
+        }
+    }
+
+    /// The slot whose plane this shard's redirect rules steer to and whose plane its
+    /// [`DpuShard::poll_transmit`] is for; the other's is [`DpuShard::poll_warm_transmit`]'s.
+    /// It changes at a flip ([`ShardRequest::Flip`]), with the outboxes, so a driver with a
+    /// thread per shard pairs each outbox with its slot's lane from here, never from a view
+    /// that may be a turn late.
+    pub fn active_slot(&self) -> PlaneSlot {
+        self.active
+    }
+
+    /// What the plane in `slot` is to this shard now ([`Sender::of`], with the shard's own
+    /// active slot and the control part's view of the warm plane).
+    pub fn sender(&self, slot: PlaneSlot, view: ShardView) -> Sender {
+        Sender::of(slot, self.active, view.warm)
     }
 
     /// A message about one of this shard's connections from a plane that has been fenced

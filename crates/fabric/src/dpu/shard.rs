@@ -25,7 +25,7 @@ use crate::params::{FabricParams, ns};
 use crate::records::{Outbox, Records};
 use crate::server::PS_PER_NS;
 use crate::stats::{Drops, FabricDrop, LatencyHist};
-use crate::types::{Channel, Colour, ConnId, ConnState, Msg, Side, SyncKind, Transmit};
+use crate::types::{Channel, Colour, ConnId, ConnState, Msg, PlaneSlot, Side, SyncKind, Transmit};
 use crate::ursched::TENANTS_MAX;
 
 /// What a shard knows of the lifecycle: enough to serve a packet and to colour a message.
@@ -37,6 +37,9 @@ pub struct ShardView {
     pub colour: Colour,
     /// Redirected buckets.
     pub quota: u16,
+    /// A warm standby plane is kept (starting, syncing, ready or being flipped to): what a
+    /// message from the slot the shard does not steer to is ([`DpuShard::sender`]).
+    pub warm: bool,
 }
 
 impl ShardView {
@@ -129,6 +132,8 @@ pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) warm_out: Outbox,
     /// The warm plane's colour while state messages are relayed to it.
     pub(crate) warm: Option<Colour>,
+    /// The slot `out` is for (see [`DpuShard::active_slot`]).
+    pub(crate) active: PlaneSlot,
     /// Digest comparisons under way (see [`DigestCheck`]): `[0]` with the active slot's plane
     /// before its activation, `[1]` with the warm plane.
     pub(crate) digests: [Option<DigestCheck>; 2],
@@ -166,6 +171,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             out: Outbox::new(f),
             warm_out: Outbox::new(f),
             warm: None,
+            active: PlaneSlot(0),
             digests: [None, None],
             sync_back: None,
             closed_recently: ClosedRing::default(),
@@ -543,6 +549,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// were handed over.
     pub(crate) fn flip(&mut self, now: Instant, colour: Colour) -> u64 {
         core::mem::swap(&mut self.out, &mut self.warm_out);
+        self.active = self.active.other();
         // What was queued for the failed plane is lost with it.
         self.warm_out = Outbox::new(&self.f);
         self.warm = None;

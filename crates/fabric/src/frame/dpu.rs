@@ -34,6 +34,12 @@ pub trait DpuModel {
     /// The shard that serves `conn` when it is not this model (a driver with a thread per
     /// shard hands the frame to that shard's thread); `None` when this model serves it.
     fn served_elsewhere(&self, conn: ConnId) -> Option<usize>;
+    /// What the plane in `slot` is to the model now ([`Sender`]).
+    fn sender(&self, slot: PlaneSlot) -> Sender;
+    /// A message from the plane in `slot`, taken as its [`DpuModel::sender`] is now.
+    fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg);
+    /// The next message for the warm standby plane, in the slot other than the active one.
+    fn poll_warm_transmit(&mut self) -> Option<Transmit>;
 }
 
 impl<R: ResourcesHandle> DpuModel for DpuNode<R> {
@@ -61,6 +67,15 @@ impl<R: ResourcesHandle> DpuModel for DpuNode<R> {
     fn served_elsewhere(&self, conn: ConnId) -> Option<usize> {
         let k = self.shard_of(conn);
         (k >= self.shard_count()).then_some(k)
+    }
+    fn sender(&self, slot: PlaneSlot) -> Sender {
+        DpuNode::sender(self, slot)
+    }
+    fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg) {
+        DpuNode::handle_msg_from(self, now, slot, msg);
+    }
+    fn poll_warm_transmit(&mut self) -> Option<Transmit> {
+        DpuNode::poll_warm_transmit(self)
     }
 }
 
@@ -142,6 +157,23 @@ impl<R: ResourcesHandle> DpuModel for ShardModel<R> {
         let (index, shards, buckets) = self.place?;
         let k = crate::dpu::shard_of(conn, buckets, shards);
         (k != index).then_some(k)
+    }
+    fn sender(&self, slot: PlaneSlot) -> Sender {
+        self.shard.sender(slot, self.view)
+    }
+    /// A message about one of the shard's connections: the driver sends the rest (lifecycle
+    /// replies, digests, end markers) to the control part's thread, so one that names none
+    /// here is dropped and counted (`dpu.fenced`).
+    fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg) {
+        let sender = self.sender(slot);
+        if msg.conn().is_some() {
+            self.shard.handle_msg_as(now, sender, msg, self.view);
+        } else {
+            self.shard.handle_msg_as(now, Sender::Warm, msg, self.view);
+        }
+    }
+    fn poll_warm_transmit(&mut self) -> Option<Transmit> {
+        self.shard.poll_warm_transmit()
     }
 }
 
@@ -462,7 +494,9 @@ impl<R: ResourcesHandle> DpuSwitch<DpuNode<R>> {
     pub fn poll_event(&mut self) -> Option<FabricEvent> {
         self.dpu.poll_event()
     }
+}
 
+impl<M: DpuModel> DpuSwitch<M> {
     /// A flow-vNIC or control message from the plane in `slot`, with the conntrack snapshot
     /// it carried: the model takes it as its sender is now ([`DpuNode::sender`]). The active
     /// plane's snapshots are adopted as [`DpuSwitch::handle_msg`] adopts them. A fenced
@@ -516,7 +550,7 @@ impl<R: ResourcesHandle> DpuSwitch<DpuNode<R>> {
     /// [`DpuSwitch::poll_transmit`]; the warm plane is the other slot than
     /// [`DpuNode::active_slot`] at the time of the poll.
     pub fn poll_warm_transmit(&mut self, now: Instant) -> Option<Outgoing> {
-        let t = self.dpu.poll_warm_transmit()?;
+        let t = DpuModel::poll_warm_transmit(&mut self.dpu)?;
         let snapshot = t.msg.state_conn().and_then(|c| self.sw.snapshot(now, c));
         Some(Outgoing::Msg {
             channel: t.channel,
@@ -524,15 +558,21 @@ impl<R: ResourcesHandle> DpuSwitch<DpuNode<R>> {
             snapshot,
         })
     }
+
+    /// Whether a conntrack change from the plane in `slot` may be taken: only the active
+    /// plane owns connections, so only its changes are an owner's.
+    pub fn takes_conntrack_from(&self, slot: PlaneSlot) -> bool {
+        self.dpu.sender(slot) == Sender::Active
+    }
 }
 
 /// The DPU model taking a plane's message as from `slot`, for the joining rules.
-struct FromSlot<'a, R: ResourcesHandle> {
-    dpu: &'a mut DpuNode<R>,
+struct FromSlot<'a, M: DpuModel> {
+    dpu: &'a mut M,
     slot: PlaneSlot,
 }
 
-impl<R: ResourcesHandle> Model for FromSlot<'_, R> {
+impl<M: DpuModel> Model for FromSlot<'_, M> {
     fn role(&self, conn: ConnId) -> Option<Role> {
         self.dpu.conn(conn).map(|c| c.role)
     }

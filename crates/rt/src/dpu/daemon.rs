@@ -285,6 +285,12 @@ pub(super) struct PortsOut<'a> {
     /// Where frames steered to a failed plane during a flip wait (see [`Egress::keep`]):
     /// given only while the core takes no re-offers.
     pub(super) kept: Option<&'a mut KeptFrames>,
+    /// The frame is one taken back from a failed plane, offered again: handed to another
+    /// thread, it is not kept there a second time.
+    pub(super) reoffer: bool,
+    /// A re-offered frame could not be handed to its thread (no buffer or no room there):
+    /// the caller keeps it for a later turn.
+    pub(super) refused: bool,
 }
 
 impl Egress for PortsOut<'_> {
@@ -304,7 +310,7 @@ impl Egress for PortsOut<'_> {
     }
     fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]) {
         match self.links.as_deref_mut() {
-            Some(l) => l.hand_off(to, port, vnet, frame),
+            Some(l) => self.refused |= !l.hand_off(to, port, vnet, frame, self.reoffer),
             None => {
                 tracing::error!(target: "spillway::run", shard = to, "a frame of another shard on a node of one thread");
             }
@@ -356,6 +362,8 @@ fn on_vm_frame(
         tx,
         links,
         kept: flipping.then_some(kept),
+        reoffer: false,
+        refused: false,
     };
     offer_frame(sw, &mut out, now, port, &vnet, pkt);
     send_outgoing(sw, planes, now)
@@ -650,6 +658,8 @@ impl DpuDaemon {
                 tx: taps.as_mut().map(|t| t.tx()),
                 links: None,
                 kept: None,
+                reoffer: false,
+                refused: false,
             };
             let o = sw.process_from_slot(now, slot, port, rec.msg, (gso_size(&vnet), rec.frame));
             forward::act_from_plane(&mut out, now, o, &vnet, rec.frame.len());
@@ -712,12 +722,19 @@ impl DpuDaemon {
                 .as_mut()
                 .and_then(|l| Some((l.shard_of_conn(m.conn())?, l)))
             {
-                Some((to, l)) => l.send(to, Parcel::Msg(m, s)),
+                Some((to, l)) => l.send(
+                    to,
+                    Parcel::Msg {
+                        msg: m,
+                        snap: s,
+                        slot,
+                    },
+                ),
                 None => sw.handle_msg_from(now, slot, m, s),
             }
         }
         // Only an owner's changes are taken (the core's rule), wherever they go.
-        if !sw.dpu().takes_conntrack_from(slot) {
+        if !sw.takes_conntrack_from(slot) {
             dp.counters.plane_ct_fenced += ct_updates.len() as u64;
             ct_updates.clear();
         }
@@ -741,67 +758,94 @@ impl DpuDaemon {
     /// messages for the plane's control socket, the end markers their lanes carried, a lane
     /// that broke. True if there were any.
     fn poll_links(&mut self, now: Instant) -> bool {
-        let Some(links) = self.links.as_mut() else {
+        if self.links.is_none() {
             return false;
-        };
+        }
         let mut busy = false;
         for _ in 0..RING_BATCH {
-            let Some(p) = links.recv() else {
+            let Some(p) = self.links.as_mut().and_then(Links::recv) else {
                 break;
             };
             busy = true;
             let a = self.sw.dpu().active_slot().index();
-            let vnic = self.planes[a].as_mut().and_then(|p| p.vnic.as_mut());
             match p {
                 Parcel::Frame {
                     from,
                     port,
                     vnet,
                     mut pkt,
+                    reoffer,
                 } => {
                     pkt.set_gso_size(gso_size(&vnet));
-                    // Handed here as shard 0's: the node serves it.
+                    // Handed here as shard 0's: the node serves it, and keeps it as a frame
+                    // read here if it is steered to a plane that is gone during a flip.
+                    let flipping = !self.sw.dpu().takes_reoffers() && !reoffer;
                     let mut out = PortsOut {
                         dp: &mut self.dp,
                         plane: self.planes[a].as_mut(),
                         tx: self.taps.as_mut().map(|t| t.tx()),
                         links: None,
-                        kept: None,
+                        kept: flipping.then_some(&mut self.reclaimed),
+                        reoffer,
+                        refused: false,
                     };
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
-                    links.recycle(from, pkt);
+                    self.recycle(from, pkt);
                 }
-                Parcel::Out(o) => {
+                Parcel::Out { o, slot } => {
+                    let vnic = self.planes[slot.index()]
+                        .as_mut()
+                        .and_then(|p| p.vnic.as_mut());
                     if let Some(v) = vnic
                         && let Err(e) = v.send_outgoing(&o)
                     {
                         let e = e.to_string();
-                        self.plane_failed(now, &e);
+                        self.plane_failed_in(slot, now, &e);
                         return true;
                     }
                 }
-                // An end marker a forwarding thread's lane carried, for the control part.
-                Parcel::Msg(m, s) => self.sw.handle_msg(now, m, s),
+                // What a forwarding thread's lane carried for the control part (an end
+                // marker, a digest), taken as from the lane's slot.
+                Parcel::Msg { msg, snap, slot } => self.sw.handle_msg_from(now, slot, msg, snap),
                 Parcel::LaneFailed { plane, why } => {
-                    if plane == self.dp.counters.plane_starts {
-                        self.plane_failed(now, &why);
+                    if let Some(slot) = self.slot_of_plane(plane) {
+                        self.plane_failed_in(slot, now, &why);
                         return true;
                     }
+                }
+                Parcel::LaneBack { lane, plane } => self.lane_back(*lane, plane),
+                Parcel::Keep {
+                    from,
+                    port,
+                    vnet,
+                    pkt,
+                } => {
+                    self.reclaimed
+                        .keep(&mut self.dp.counters, port, &vnet, pkt.data());
+                    self.recycle(from, pkt);
                 }
                 p @ (Parcel::Ct(_)
                 | Parcel::Flows(..)
                 | Parcel::Policy(_)
                 | Parcel::Lane { .. }
-                | Parcel::LaneClosed) => {
+                | Parcel::LaneClosed { .. }) => {
                     tracing::error!(target: "spillway::run", parcel = ?p, "a parcel for a forwarding thread reached thread 0");
                 }
             }
         }
-        let a = self.active_slot().index();
-        if let Some(v) = self.planes[a].as_mut().and_then(|p| p.vnic.as_mut()) {
-            v.kick();
+        for p in self.planes.iter_mut().flatten() {
+            if let Some(v) = p.vnic.as_mut() {
+                v.kick();
+            }
         }
         busy
+    }
+
+    /// Gives a frame buffer back to the forwarding thread it came from.
+    fn recycle(&self, from: usize, pkt: PacketBuf) {
+        if let Some(l) = self.links.as_ref() {
+            l.recycle(from, pkt);
+        }
     }
 
     /// Drains the core's outputs after this turn's inputs.

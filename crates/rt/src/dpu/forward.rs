@@ -26,7 +26,15 @@
 //!   control-channel messages go to thread 0 for the control socket ([`Parcel::Out`]), and
 //!   what the plane sends on the control socket about shard k's connections thread 0 passes
 //!   to thread k. A lane that breaks is reported to thread 0 ([`Parcel::LaneFailed`]), which
-//!   fails the plane open.
+//!   fails the plane.
+//! - With a warm plane (warm standby, or an upgrade) thread k holds lane k of both plane slots'
+//!   sets: its shard's outbox goes on the slot the shard steers to
+//!   ([`DpuShard::active_slot`], switched by the flip together with the outboxes), its warm
+//!   outbox on the other, and each lane's records are taken as that slot's plane is to the
+//!   shard (active, warm or fenced). A killed plane's lanes go back to thread 0
+//!   ([`Parcel::LaneBack`]), which takes their phy rings back once the process is reaped;
+//!   a frame steered to a slot whose lane is gone goes to thread 0 to be kept with them
+//!   ([`Parcel::Keep`]), and all are offered again from thread 0 once the flip is done.
 //! - The control part's requests reach shard k at thread k's next batch boundary
 //!   ([`ShardEnd::serve`]); its view of the lifecycle (phase, colour, quota) is published after
 //!   every turn of thread 0 and picked up by every thread at its next turn.
@@ -55,7 +63,7 @@ use spillway_fabric::frame::{
 };
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::Drops;
-use spillway_fabric::types::{Channel, Msg};
+use spillway_fabric::types::{Channel, Msg, PlaneSlot};
 use spillway_vswitch::conntrack::CtSnapshot;
 use spillway_vswitch::frag::FragCounters;
 use spillway_vswitch::neigh::NeighCounters;
@@ -84,6 +92,10 @@ const INBOX: usize = 1024;
 /// Frame buffers each thread hands frames to the others in. Each is big enough for a GSO
 /// frame (64 KiB), so this bounds the memory the hand-off takes: about 17 MiB a thread.
 const POOL: usize = 256;
+/// Frame buffers thread 0 offers frames taken back from a failed plane again in, apart from
+/// its own [`POOL`]: a burst of re-offers waits for these rather than take the buffers the
+/// hand-off of frames read from the ports needs.
+const REOFFER_POOL: usize = 64;
 /// Parcels a thread takes from its inbox per turn.
 const INBOX_BATCH: usize = 256;
 /// Parcels a forwarding thread keeps for thread 0 while its queue is full.
@@ -96,28 +108,53 @@ use crate::dpu::daemon::Vnet;
 /// What one thread hands another.
 #[derive(Debug)]
 pub(super) enum Parcel {
-    /// A VM's frame read on thread `from`'s queue, of a connection of the receiver's shard.
+    /// A VM's frame read on thread `from`'s queue, of a connection of the receiver's shard;
+    /// `reoffer`: thread 0 offers it again after a plane failed (see [`Parcel::Keep`]), so it
+    /// is not kept a second time. `from` is the pool its buffer goes back to: the sending
+    /// thread's, or (a re-offer) thread 0's re-offer pool, number `threads`.
     Frame {
         from: usize,
         port: PortId,
         vnet: Vnet,
         pkt: PacketBuf,
+        reoffer: bool,
     },
-    /// A message from the plane: from thread 0's control socket about the receiver's
-    /// connection, or to thread 0 from a lane, for the control part (an end marker, which
-    /// the lane carried behind its shard's records).
-    Msg(Msg, Option<CtSnapshot>),
-    /// From thread 0: a conntrack change from the plane of the receiver's connection.
+    /// A message from the plane in `slot`: from thread 0's control socket about the
+    /// receiver's connection, or to thread 0 from a lane, for the control part (an end
+    /// marker or a digest, which the lane carried behind its shard's records).
+    Msg {
+        msg: Msg,
+        snap: Option<CtSnapshot>,
+        slot: PlaneSlot,
+    },
+    /// From thread 0: a conntrack change from the active plane of the receiver's connection.
     Ct(CtSnapshot),
-    /// To thread 0: a message for the plane's control socket.
-    Out(Outgoing),
+    /// To thread 0: a message for the control socket of the plane in `slot`.
+    Out { o: Outgoing, slot: PlaneSlot },
     /// From thread 0: the receiver's lane of the vNIC set of plane process number `plane`
-    /// (its start count), which it now serves.
-    Lane { lane: Box<VnicLane>, plane: u64 },
-    /// From thread 0: the plane is gone; drop its lane.
-    LaneClosed,
+    /// (its start count) in `slot`, which it now serves.
+    Lane {
+        lane: Box<VnicLane>,
+        plane: u64,
+        slot: PlaneSlot,
+    },
+    /// From thread 0: the plane in `slot` is gone; drop its lane, or (`reclaim`: it was
+    /// killed) give it back ([`Parcel::LaneBack`]) so that what the plane never took from its
+    /// phy ring is taken back once the process is reaped.
+    LaneClosed { slot: PlaneSlot, reclaim: bool },
+    /// To thread 0: the lane of killed plane `plane`, to take its phy ring back from.
+    LaneBack { lane: Box<VnicLane>, plane: u64 },
     /// To thread 0: the lane of plane `plane` broke (a corrupt ring or record).
     LaneFailed { plane: u64, why: String },
+    /// To thread 0: a frame of the sender's shard steered to a plane whose lane is gone (it
+    /// failed, and the flip away from it is under way): thread 0 keeps it with what it took
+    /// back from the plane's rings and offers it again once the core takes re-offers.
+    Keep {
+        from: usize,
+        port: PortId,
+        vnet: Vnet,
+        pkt: PacketBuf,
+    },
     /// From thread 0: `ctl flows` asks for this shard's rows and its record count.
     Flows(FlowQuery, SyncSender<FlowReply>),
     /// From thread 0: a new vSwitch policy (`ctl reload`) for this thread's pipeline.
@@ -153,6 +190,9 @@ pub(super) struct Links {
     bells: Vec<Arc<Bell>>,
     /// This thread's free frame buffers; the receivers give them back here.
     free: Receiver<PacketBuf>,
+    /// Thread 0's re-offer pool ([`REOFFER_POOL`]).
+    reoffer_free: Option<Receiver<PacketBuf>>,
+    /// Every pool's give-back: thread `i`'s at `i`, thread 0's re-offer pool last.
     give_back: Vec<SyncSender<PacketBuf>>,
     pub(super) counters: HandoffCounters,
     /// The view last published (thread 0) or read (the others), and its generation.
@@ -205,45 +245,80 @@ impl Links {
         }
     }
 
-    /// Copies `frame` into a free buffer and sends what `make` builds of it to thread `to`;
-    /// false (counted) if there was no buffer or no room.
+    /// Copies `frame` into a free buffer (of the re-offer pool for a `reoffer`) and sends
+    /// what `make` builds of the buffer's pool and it to thread `to`; false if there was no
+    /// buffer or no room (the caller counts it, or tries again).
     pub(super) fn send_frame(
         &mut self,
         to: usize,
         frame: &[u8],
-        make: impl FnOnce(PacketBuf) -> Parcel,
+        reoffer: bool,
+        make: impl FnOnce(usize, PacketBuf) -> Parcel,
     ) -> bool {
-        let Ok(mut pkt) = self.free.try_recv() else {
-            self.counters.full += 1;
+        let (pool, got) = if reoffer {
+            let free = self.reoffer_free.as_ref();
+            (self.to.len(), free.and_then(|f| f.try_recv().ok()))
+        } else {
+            (self.me, self.free.try_recv().ok())
+        };
+        let Some(mut pkt) = got else {
             return false;
         };
         if pkt.load(frame).is_err() {
-            self.recycle(self.me, pkt);
-            self.counters.full += 1;
+            self.recycle(pool, pkt);
             return false;
         }
-        match self.try_send(to, make(pkt)) {
+        match self.try_send(to, make(pool, pkt)) {
             Ok(()) => true,
             Err(p) => {
-                self.counters.full += 1;
                 self.recycle_parcel(p);
                 false
             }
         }
     }
 
-    /// Hands a VM's frame to the thread of its shard.
-    pub(super) fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]) {
-        let from = self.me;
+    /// Hands a VM's frame to the thread of its shard; false if there was no buffer or no
+    /// room. A frame read from a port is then dropped and counted (`rt.handoff.full`); one
+    /// thread 0 offers again after a plane failed (`reoffer`, see [`Parcel::Frame`]) is not:
+    /// its caller keeps it for a later turn.
+    pub(super) fn hand_off(
+        &mut self,
+        to: usize,
+        port: PortId,
+        vnet: &Vnet,
+        frame: &[u8],
+        reoffer: bool,
+    ) -> bool {
         let vnet = *vnet;
-        if self.send_frame(to, frame, |pkt| Parcel::Frame {
+        let sent = self.send_frame(to, frame, reoffer, |from, pkt| Parcel::Frame {
             from,
             port,
             vnet,
             pkt,
-        }) {
+            reoffer,
+        });
+        if sent {
             self.counters.handed_off += 1;
+        } else if !reoffer {
+            self.counters.full += 1;
         }
+        sent
+    }
+
+    /// A forwarding thread: sends thread 0 a frame to keep (see [`Parcel::Keep`]); false
+    /// (counted) if there was no buffer or no room.
+    fn keep_at_zero(&mut self, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
+        let vnet = *vnet;
+        let sent = self.send_frame(0, frame, false, |from, pkt| Parcel::Keep {
+            from,
+            port,
+            vnet,
+            pkt,
+        });
+        if !sent {
+            self.counters.full += 1;
+        }
+        sent
     }
 
     /// Thread 0: every other shard's flow rows for `q` and their record counts, summed.
@@ -272,7 +347,7 @@ impl Links {
         }
     }
 
-    /// Gives a buffer back to the thread it came from.
+    /// Gives a buffer back to the pool it came from.
     pub(super) fn recycle(&self, from: usize, pkt: PacketBuf) {
         // The pool's channel holds every buffer the thread has: a give-back never waits.
         let _ = self.give_back[from].try_send(pkt);
@@ -280,14 +355,17 @@ impl Links {
 
     pub(super) fn recycle_parcel(&self, p: Parcel) {
         match p {
-            Parcel::Frame { from, pkt, .. } => self.recycle(from, pkt),
-            Parcel::Msg(..)
+            Parcel::Frame { from, pkt, .. } | Parcel::Keep { from, pkt, .. } => {
+                self.recycle(from, pkt);
+            }
+            Parcel::Msg { .. }
             | Parcel::Ct(_)
-            | Parcel::Out(_)
+            | Parcel::Out { .. }
             | Parcel::Flows(..)
             | Parcel::Policy(_)
             | Parcel::Lane { .. }
-            | Parcel::LaneClosed
+            | Parcel::LaneClosed { .. }
+            | Parcel::LaneBack { .. }
             | Parcel::LaneFailed { .. } => {}
         }
     }
@@ -342,15 +420,17 @@ pub(super) fn links(shards: usize, buckets: u16, view: ShardView) -> io::Result<
         .collect::<io::Result<_>>()?;
     let cell = Arc::new(Published::new(view));
     let (to, inboxes): (Vec<_>, Vec<_>) = (0..shards).map(|_| sync_channel(INBOX)).unzip();
-    let (give_back, pools): (Vec<_>, Vec<_>) = (0..shards)
-        .map(|_| {
-            let (tx, rx) = sync_channel(POOL);
-            for _ in 0..POOL {
-                let _ = tx.try_send(PacketBuf::with_capacity(HEADROOM + FRAME_MAX));
-            }
-            (tx, rx)
-        })
-        .unzip();
+    let pool = |n: usize| {
+        let (tx, rx) = sync_channel(n);
+        for _ in 0..n {
+            let _ = tx.try_send(PacketBuf::with_capacity(HEADROOM + FRAME_MAX));
+        }
+        (tx, rx)
+    };
+    let (mut give_back, pools): (Vec<_>, Vec<_>) = (0..shards).map(|_| pool(POOL)).unzip();
+    let (reoffer_back, reoffer_free) = pool(REOFFER_POOL);
+    give_back.push(reoffer_back);
+    let mut reoffer_free = Some(reoffer_free);
     Ok(inboxes
         .into_iter()
         .zip(pools)
@@ -363,6 +443,7 @@ pub(super) fn links(shards: usize, buckets: u16, view: ShardView) -> io::Result<
             to: to.clone(),
             bells: bells.clone(),
             free,
+            reoffer_free: reoffer_free.take(),
             give_back: give_back.clone(),
             counters: HandoffCounters::default(),
             view: Arc::clone(&cell),
@@ -455,6 +536,18 @@ impl Forwarders {
         sum
     }
 
+    /// Connections each forwarding thread's shard held at its last report, in thread order.
+    pub(super) fn conns_per_thread(&self) -> Vec<u64> {
+        self.stats
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .conns_held
+            })
+            .collect()
+    }
+
     /// Stops and joins every forwarding thread.
     pub(super) fn stop(&mut self) {
         self.crew.stop();
@@ -527,8 +620,10 @@ struct Forwarder {
     last_publish: Instant,
     spin: Spin,
     poll_set: Vec<libc::pollfd>,
-    /// This shard's lane of the plane's vNIC set while a plane runs, and the plane's number.
-    lane: Option<(VnicLane, u64)>,
+    /// This shard's lane of each plane slot's vNIC set while a plane runs there, and the
+    /// plane's number, by [`PlaneSlot::index`]: the shard's outbox goes on its active slot's
+    /// ([`DpuShard::active_slot`]), its warm outbox on the other's.
+    lanes: [Option<(VnicLane, u64)>; 2],
     /// Flow records of this turn from the lane.
     records: Vec<FlowRecord>,
     /// Parcels for thread 0 its queue had no room for yet, in order.
@@ -564,7 +659,7 @@ impl Forwarder {
             last_publish: Instant::ZERO,
             spin: Spin::default(),
             poll_set: Vec::new(),
-            lane: None,
+            lanes: [None, None],
             records: Vec::with_capacity(INBOX_BATCH),
             to_zero: std::collections::VecDeque::with_capacity(TO_ZERO_MAX),
         })
@@ -599,9 +694,15 @@ impl Forwarder {
         self.publish(self.clock.now());
     }
 
+    /// The slot this shard's frames and outbox go to now.
+    fn active(&self) -> usize {
+        self.sw.dpu().shard().active_slot().index()
+    }
+
     /// Frames the ring read on this thread's queues: this shard's go through its node, the
     /// others' to their threads.
     fn poll_ring(&mut self, now: Instant) -> bool {
+        let a = self.active();
         let Forwarder {
             sw,
             ring,
@@ -610,7 +711,7 @@ impl Forwarder {
             vnet_hdr,
             counters,
             links,
-            lane,
+            lanes,
             ..
         } = self;
         let n = ring.drain_frames(|file, pkt, tx| {
@@ -625,7 +726,8 @@ impl Forwarder {
                 tx,
                 counters,
                 links,
-                lane: lane.as_mut().map(|(l, _)| l),
+                lane: lanes[a].as_mut().map(|(l, _)| l),
+                keeps: true,
             };
             offer_frame(sw, &mut out, now, port, &vnet, pkt);
         });
@@ -646,6 +748,7 @@ impl Forwarder {
                 break;
             };
             busy = true;
+            let a = self.active();
             let tx = self.ring.tx();
             let mut out = ShardOut {
                 files: &self.files,
@@ -653,7 +756,8 @@ impl Forwarder {
                 tx,
                 counters: &mut self.counters,
                 links: &mut self.links,
-                lane: self.lane.as_mut().map(|(l, _)| l),
+                lane: self.lanes[a].as_mut().map(|(l, _)| l),
+                keeps: true,
             };
             match p {
                 Parcel::Frame {
@@ -661,7 +765,9 @@ impl Forwarder {
                     port,
                     vnet,
                     mut pkt,
+                    reoffer,
                 } => {
+                    out.keeps = !reoffer;
                     pkt.set_gso_size(gso_size(&vnet));
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
                     self.links.recycle(from, pkt);
@@ -678,26 +784,47 @@ impl Forwarder {
                     self.sw.set_policy(*p);
                     self.allocs.end(mark);
                 }
-                Parcel::Msg(m, s) => self.sw.handle_msg(now, m, s),
+                Parcel::Msg { msg, snap, slot } => self.sw.handle_msg_from(now, slot, msg, snap),
                 Parcel::Ct(s) => self.sw.handle_conntrack(now, &s),
-                Parcel::Lane { lane, plane } => {
-                    tracing::debug!(target: "spillway::run", shard = self.links.me, plane, "serving the plane's lane");
-                    self.lane = Some((*lane, plane));
+                Parcel::Lane { lane, plane, slot } => {
+                    tracing::debug!(target: "spillway::run", shard = self.links.me, plane, %slot, "serving the plane's lane");
+                    self.lanes[slot.index()] = Some((*lane, plane));
                 }
-                Parcel::LaneClosed => self.lane = None,
-                p @ (Parcel::Out(_) | Parcel::LaneFailed { .. }) => {
+                Parcel::LaneClosed { slot, reclaim } => {
+                    if let Some((lane, plane)) = self.lanes[slot.index()].take()
+                        && reclaim
+                    {
+                        let lane = Box::new(lane);
+                        self.to_zero.push_back(Parcel::LaneBack { lane, plane });
+                    }
+                }
+                p @ (Parcel::Out { .. }
+                | Parcel::LaneFailed { .. }
+                | Parcel::LaneBack { .. }
+                | Parcel::Keep { .. }) => {
                     tracing::error!(target: "spillway::run", parcel = ?p, "a parcel for thread 0 reached a forwarding thread");
+                    self.links.recycle_parcel(p);
                 }
             }
         }
         busy
     }
 
-    /// What the plane sent on this shard's lane: frames of its connections through the node
-    /// and on, records to the node; an end marker (a message about the plane as a whole) to
-    /// thread 0's control part, after this shard has taken every record before it. True if
-    /// there was any.
+    /// What the planes sent on this shard's lanes: frames of its connections through the node
+    /// and on, records to the node, each taken as its slot's plane is to the shard now
+    /// (active, warm or fenced); a message about no connection (an end marker, a digest, a
+    /// heartbeat) to thread 0's control part, after this shard has taken every record before
+    /// it. True if there was any.
     fn poll_lane(&mut self, now: Instant) -> bool {
+        let mut n = 0;
+        for slot in [PlaneSlot(0), PlaneSlot(1)] {
+            n += self.poll_lane_of(slot, now);
+        }
+        n > 0
+    }
+
+    /// [`Forwarder::poll_lane`] of the plane in `slot`.
+    fn poll_lane_of(&mut self, slot: PlaneSlot, now: Instant) -> usize {
         let Forwarder {
             sw,
             ring,
@@ -705,13 +832,14 @@ impl Forwarder {
             vnet_hdr,
             counters,
             links,
-            lane,
+            lanes,
             records,
             to_zero,
             ..
         } = self;
+        let lane = &mut lanes[slot.index()];
         let Some((l, plane)) = lane.as_mut() else {
-            return false;
+            return 0;
         };
         let mut out = ShardOut {
             files,
@@ -720,6 +848,7 @@ impl Forwarder {
             counters,
             links,
             lane: None,
+            keeps: false,
         };
         let frames = l.recv_frames(RING_BATCH, |rec| {
             out.counters.from_plane += 1;
@@ -728,53 +857,51 @@ impl Forwarder {
                 return;
             }
             let port = PortId(rec.port);
-            from_plane(sw, &mut out, now, port, rec.msg, rec.vnet, rec.frame);
+            let gso = gso_size(rec.vnet);
+            let o = sw.process_from_slot(now, slot, port, rec.msg, (gso, rec.frame));
+            act_from_plane(&mut out, now, o, rec.vnet, rec.frame.len());
         });
         let flow = l.recv_flow(RING_BATCH, |rec| records.push(rec));
         let n = match (frames, flow) {
             (Ok(a), Ok(b)) => a + b,
             (Err(e), _) | (_, Err(e)) => {
                 let why = e.to_string();
-                tracing::warn!(target: "spillway::run", shard = links.me, error = %why, "the plane's lane broke");
+                tracing::warn!(target: "spillway::run", shard = links.me, %slot, error = %why, "the plane's lane broke");
                 to_zero.push_back(Parcel::LaneFailed { plane: *plane, why });
                 *lane = None;
                 1
             }
         };
+        // Only an owner's conntrack changes are taken (the core's rule).
+        let takes_ct = sw.takes_conntrack_from(slot);
         for rec in records.drain(..) {
             let conn = match &rec {
                 FlowRecord::Msg(m, _) => m.conn(),
                 FlowRecord::Ct(s) => Some(sw.conn_of_snapshot(s)),
             };
             match (rec, conn) {
-                (FlowRecord::Msg(m, s), None) => to_zero.push_back(Parcel::Msg(m, s)),
+                (FlowRecord::Msg(msg, snap), None) => {
+                    to_zero.push_back(Parcel::Msg { msg, snap, slot });
+                }
                 (_, c) if links.shard_of_conn(c).is_some() => links.counters.misrouted += 1,
-                (FlowRecord::Msg(m, s), _) => sw.handle_msg(now, m, s),
-                (FlowRecord::Ct(s), _) => sw.handle_conntrack(now, &s),
+                (FlowRecord::Msg(m, s), _) => sw.handle_msg_from(now, slot, m, s),
+                (FlowRecord::Ct(s), _) if takes_ct => sw.handle_conntrack(now, &s),
+                (FlowRecord::Ct(_), _) => counters.plane_ct_fenced += 1,
             }
         }
-        n > 0
+        n
     }
 
-    /// This shard's messages for the plane: on its lane, except the control channel's, which
-    /// go to thread 0 for the plane's control socket; then what waits for thread 0, while its
-    /// queue has room.
+    /// This shard's messages for the planes: its outbox on its active slot's lane, its warm
+    /// outbox on the other's, except the control channel's, which go to thread 0 for that
+    /// plane's control socket; then what waits for thread 0, while its queue has room.
     fn relay_outgoing(&mut self, now: Instant) {
+        let active = self.sw.dpu().shard().active_slot();
         while let Some(o) = self.sw.poll_transmit(now) {
-            match (&o, self.lane.as_mut()) {
-                (
-                    Outgoing::Msg {
-                        channel: Channel::Control,
-                        ..
-                    },
-                    _,
-                ) => self.to_zero.push_back(Parcel::Out(o)),
-                (_, Some((l, _))) => {
-                    l.send_outgoing_flow(&o);
-                }
-                // No plane: the model's fail-open has the message covered, as on thread 0.
-                (_, None) => {}
-            }
+            self.relay_to(active, o);
+        }
+        while let Some(o) = self.sw.poll_warm_transmit(now) {
+            self.relay_to(active.other(), o);
         }
         while let Some(p) = self.to_zero.pop_front() {
             if let Err(p) = self.links.try_send(0, p) {
@@ -785,11 +912,32 @@ impl Forwarder {
         // Thread 0 stuck for long: what waits past the bound is dropped, counted (a control
         // message lost here is retransmitted by the core's reliable channel).
         while self.to_zero.len() > TO_ZERO_MAX {
-            self.to_zero.pop_back();
+            if let Some(p) = self.to_zero.pop_back() {
+                self.links.recycle_parcel(p);
+            }
             self.links.counters.full += 1;
         }
-        if let Some((l, _)) = self.lane.as_mut() {
+        for (l, _) in self.lanes.iter_mut().flatten() {
             l.kick();
+        }
+    }
+
+    /// A message of this shard's for the plane in `slot`.
+    fn relay_to(&mut self, slot: PlaneSlot, o: Outgoing) {
+        match (&o, self.lanes[slot.index()].as_mut()) {
+            (
+                Outgoing::Msg {
+                    channel: Channel::Control,
+                    ..
+                },
+                _,
+            ) => self.to_zero.push_back(Parcel::Out { o, slot }),
+            (_, Some((l, _))) => {
+                l.send_outgoing_flow(&o);
+            }
+            // No plane: the model's fail-open (or the warm plane's restart) has the message
+            // covered, as on thread 0.
+            (_, None) => {}
         }
     }
 
@@ -818,10 +966,15 @@ impl Forwarder {
         if self.ring.has_frames() || !self.links.prepare_sleep() {
             return;
         }
-        if let Some((l, _)) = self.lane.as_mut()
-            && !l.prepare_sleep()
-        {
-            l.woke();
+        // Each lane's doorbell armed; a lane with records already waiting calls the sleep off.
+        let mut quiet = true;
+        for (l, _) in self.lanes.iter_mut().flatten() {
+            quiet &= l.prepare_sleep();
+        }
+        if !quiet {
+            for (l, _) in self.lanes.iter_mut().flatten() {
+                l.woke();
+            }
             self.links.woke();
             return;
         }
@@ -840,12 +993,13 @@ impl Forwarder {
             .extend(self.queues.iter().map(|q| readable(q.as_raw_fd())));
         self.poll_set
             .push(readable(self.links.bell_fd().as_raw_fd()));
-        if let Some((l, _)) = &self.lane {
+        for (l, _) in self.lanes.iter().flatten() {
             self.poll_set.push(readable(l.bell_fd().as_raw_fd()));
         }
         // SAFETY: `poll_set` holds `len` initialised `pollfd`s of fds this thread owns (its
-        // queues, its bell, its lane's doorbell), none closed during the call; `poll` writes only `revents`. Every
-        // source is polled again after waking, so the result is not needed.
+        // queues, its bell, its lanes' doorbells), none closed during the call; `poll` writes
+        // only `revents`. Every source is polled again after waking, so the result is not
+        // needed.
         let _ = unsafe {
             libc::poll(
                 self.poll_set.as_mut_ptr(),
@@ -853,26 +1007,11 @@ impl Forwarder {
                 timeout_ms,
             )
         };
-        if let Some((l, _)) = self.lane.as_mut() {
+        for (l, _) in self.lanes.iter_mut().flatten() {
             l.woke();
         }
         self.links.woke();
     }
-}
-
-/// A frame from the plane through a shard's node, and on.
-pub(super) fn from_plane<M: DpuModel>(
-    sw: &mut DpuSwitch<M>,
-    out: &mut impl Egress,
-    now: Instant,
-    port: PortId,
-    msg: Msg,
-    vnet: &Vnet,
-    frame: &[u8],
-) {
-    let gso = gso_size(vnet);
-    let o = sw.process_from_plane(now, port, msg, gso, frame);
-    act_from_plane(out, now, o, vnet, frame.len());
 }
 
 /// Sends on what a DPU node made of a frame from the plane (`len` bytes as it came).
@@ -910,7 +1049,11 @@ struct ShardOut<'a> {
     tx: &'a mut TapTx,
     counters: &'a mut RtCounters,
     links: &'a mut Links,
+    /// The lane of the slot the shard steers to, if a plane runs there.
     lane: Option<&'a mut VnicLane>,
+    /// A frame steered to a slot with no lane goes to thread 0 to be kept (see
+    /// [`Parcel::Keep`]); not one thread 0 offers again.
+    keeps: bool,
 }
 
 impl ShardOut<'_> {
@@ -953,7 +1096,11 @@ impl Egress for ShardOut<'_> {
     }
 
     fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]) {
-        self.links.hand_off(to, port, vnet, frame);
+        self.links.hand_off(to, port, vnet, frame, false);
+    }
+
+    fn keep(&mut self, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
+        self.lane.is_none() && self.keeps && self.links.keep_at_zero(port, vnet, frame)
     }
 
     fn counters(&mut self) -> &mut RtCounters {
@@ -1051,7 +1198,7 @@ mod tests {
         let (mut a, mut b) = two();
         let frame: Vec<u8> = (0..200u8).collect();
         let vnet = [7u8; VnetHdr::LEN];
-        a.hand_off(1, PortId(3), &vnet, &frame);
+        a.hand_off(1, PortId(3), &vnet, &frame, false);
         assert_eq!(a.counters.handed_off, 1);
         match b.recv() {
             Some(Parcel::Frame {
@@ -1059,6 +1206,7 @@ mod tests {
                 port,
                 vnet: v,
                 pkt,
+                reoffer: false,
             }) => {
                 assert_eq!((from, port, v), (0, PortId(3), vnet));
                 assert_eq!(pkt.data(), &frame[..]);
@@ -1069,7 +1217,7 @@ mod tests {
         assert!(b.recv().is_none());
         // Every buffer is back: a full pool's worth can be handed off again.
         for _ in 0..POOL {
-            a.hand_off(1, PortId(3), &vnet, &frame);
+            a.hand_off(1, PortId(3), &vnet, &frame, false);
         }
         assert_eq!(
             (a.counters.handed_off, a.counters.full),
@@ -1082,7 +1230,7 @@ mod tests {
         let (mut a, mut b) = two();
         let frame = [0u8; 64];
         for _ in 0..POOL + 3 {
-            a.hand_off(1, PortId(1), &PLAIN_VNET, &frame);
+            a.hand_off(1, PortId(1), &PLAIN_VNET, &frame, false);
         }
         assert_eq!((a.counters.handed_off, a.counters.full), (POOL as u64, 3));
         // The receiver takes them and gives the buffers back; the sender can send again.
@@ -1092,14 +1240,14 @@ mod tests {
             b.recycle_parcel(p);
         }
         assert_eq!(n, POOL);
-        a.hand_off(1, PortId(1), &PLAIN_VNET, &frame);
+        a.hand_off(1, PortId(1), &PLAIN_VNET, &frame, false);
         assert_eq!(a.counters.handed_off, POOL as u64 + 1);
     }
 
     #[test]
     fn a_frame_too_big_for_a_buffer_is_dropped_and_counted() {
         let (mut a, _b) = two();
-        a.hand_off(1, PortId(1), &PLAIN_VNET, &vec![0u8; FRAME_MAX + 1]);
+        a.hand_off(1, PortId(1), &PLAIN_VNET, &vec![0u8; FRAME_MAX + 1], false);
         assert_eq!((a.counters.handed_off, a.counters.full), (0, 1));
     }
 
@@ -1140,7 +1288,16 @@ mod tests {
             workers: 1,
             util: 0.0,
         };
-        a.try_send(1, Parcel::Msg(hb, None)).expect("room");
+        let slot = PlaneSlot(0);
+        a.try_send(
+            1,
+            Parcel::Msg {
+                msg: hb,
+                snap: None,
+                slot,
+            },
+        )
+        .expect("room");
         assert_eq!(
             b.bells[1].drain().expect("eventfd"),
             1,
@@ -1148,7 +1305,7 @@ mod tests {
         );
         assert!(!b.prepare_sleep(), "a parcel is waiting");
         assert!(
-            matches!(b.recv(), Some(Parcel::Msg(..))),
+            matches!(b.recv(), Some(Parcel::Msg { .. })),
             "the peeked parcel comes first"
         );
     }

@@ -79,6 +79,14 @@ impl KeptFrames {
         self.bytes = 0;
         std::mem::take(&mut self.frames)
     }
+
+    /// Puts frames taken but not offered yet back in front of any kept since, as they were
+    /// (counted once, when first kept).
+    fn put_back(&mut self, mut frames: Vec<Reclaimed>) {
+        frames.append(&mut self.frames);
+        self.bytes = frames.iter().map(|r| r.frame.len()).sum();
+        self.frames = frames;
+    }
 }
 
 /// The daemon's side of the plane's process.
@@ -98,20 +106,31 @@ impl DpuDaemon {
         self.planes[self.active_slot().index()].as_ref()
     }
 
-    /// Tells every forwarding thread to drop its lane of the plane that is going.
-    fn close_lanes(&mut self) {
+    /// Tells every forwarding thread to drop its lane of the plane in `slot`, which is
+    /// going, or (`reclaim`: it was killed) to give it back to take its phy ring back from.
+    fn close_lanes(&mut self, slot: PlaneSlot, reclaim: bool) {
         if let Some(l) = self.links.as_mut() {
             let me = l.me();
             for k in (0..l.threads()).filter(|&k| k != me) {
-                l.send(k, Parcel::LaneClosed);
+                l.send(k, Parcel::LaneClosed { slot, reclaim });
             }
         }
     }
 
-    /// The active plane failed: see [`DpuDaemon::plane_failed_in`].
-    pub(super) fn plane_failed(&mut self, now: Instant, why: &str) {
-        let slot = self.active_slot();
-        self.plane_failed_in(slot, now, why);
+    /// The slot of plane process number `plane`, if it is still in one.
+    pub(super) fn slot_of_plane(&self, plane: u64) -> Option<PlaneSlot> {
+        (0..2)
+            .find(|&i| self.planes[i].as_ref().is_some_and(|p| p.number == plane))
+            .map(|i| PlaneSlot(i as u8))
+    }
+
+    /// A forwarding thread's lane of killed plane `plane`, given back: kept with the process
+    /// until it is reaped, or taken back from now if it is gone already.
+    pub(super) fn lane_back(&mut self, mut lane: crate::shm::vnic::VnicLane, plane: u64) {
+        match self.retiring.iter_mut().find(|r| r.number() == plane) {
+            Some(r) => r.keep_lane(lane),
+            None => self.reclaim(&mut lane),
+        }
     }
 
     /// The plane in `slot` died or broke the protocol: it is killed, and the core decides
@@ -133,7 +152,7 @@ impl DpuDaemon {
     /// core steers to a plane that runs (`reoffer`). Only once the process is gone can nothing
     /// it pops race with the taking back. False if the slot had no plane.
     fn kill_plane(&mut self, slot: PlaneSlot) -> bool {
-        let Some(p) = self.take_plane(slot) else {
+        let Some(p) = self.take_plane(slot, true) else {
             return false;
         };
         self.retiring.push(p.kill_async());
@@ -142,19 +161,17 @@ impl DpuDaemon {
     }
 
     /// The plane in `slot`, out of its slot, with the forwarding threads' lanes of its vNIC
-    /// set closed (they hold lanes of slot 0's only).
-    fn take_plane(&mut self, slot: PlaneSlot) -> Option<PlaneProc> {
+    /// set closed (`reclaim`: given back, see [`DpuDaemon::close_lanes`]).
+    fn take_plane(&mut self, slot: PlaneSlot, reclaim: bool) -> Option<PlaneProc> {
         let p = self.planes[slot.index()].take()?;
-        if slot.index() == 0 {
-            self.close_lanes();
-        }
+        self.close_lanes(slot, reclaim);
         Some(p)
     }
 
-    /// Takes back the frames a dead plane never took from lane 0's phy ring (the other lanes
-    /// go with their forwarding threads): at most [`RECLAIM_FRAMES`] frames and
-    /// [`RECLAIM_BYTES`] bytes are kept; the rest are dropped and counted.
-    fn reclaim(&mut self, v: &mut crate::shm::vnic::VnicSet) {
+    /// Takes back the frames a dead plane never took from a lane's phy ring (lane 0's, in its
+    /// vNIC set; a forwarding thread's, given back): at most [`RECLAIM_FRAMES`] frames and
+    /// [`RECLAIM_BYTES`] bytes are kept in all; the rest are dropped and counted.
+    fn reclaim(&mut self, v: &mut crate::shm::vnic::VnicLane) {
         let (kept, counters) = (&mut self.reclaimed, &mut self.dp.counters);
         let room = RECLAIM_FRAMES.saturating_sub(kept.frames.len());
         let r = v.reclaim_frames(room, |rec| {
@@ -172,7 +189,8 @@ impl DpuDaemon {
         if !self.sw.dpu().takes_reoffers() {
             return;
         }
-        for r in self.reclaimed.take() {
+        let mut frames = self.reclaimed.take().into_iter();
+        while let Some(r) = frames.next() {
             if self.rx.load(&r.frame).is_err() {
                 continue;
             }
@@ -184,8 +202,17 @@ impl DpuDaemon {
                 tx: self.taps.as_mut().map(|t| t.tx()),
                 links: self.links.as_mut(),
                 kept: None,
+                reoffer: true,
+                refused: false,
             };
             offer_frame(&mut self.sw, &mut out, now, r.port, &r.vnet, &mut self.rx);
+            if out.refused {
+                // Its thread's buffers (or queue) are full with what went before: it and the
+                // rest wait for a later turn, in order, while that thread catches up.
+                self.reclaimed
+                    .put_back(std::iter::once(r).chain(frames).collect());
+                break;
+            }
         }
         self.after_input(now);
     }
@@ -259,8 +286,10 @@ impl DpuDaemon {
                     tracing::error!(target: "spillway::run", pid, error = %e, "could not start a thread to hand the plane its secret");
                 }
                 self.dp.counters.plane_starts += 1;
+                let number = self.dp.counters.plane_starts;
                 tracing::info!(target: "spillway::run", pid, workers, %slot, exe = %self.plane_exe.display(), at_ms = now.0 as f64 / 1e6, "spill plane started");
                 self.planes[slot.index()] = Some(PlaneProc {
+                    number,
                     child,
                     exe: self.plane_exe.clone(),
                     secret,
@@ -285,21 +314,14 @@ impl DpuDaemon {
     /// ([`DpuNode::handle_upgrade`](spillway_fabric::dpu::DpuNode::handle_upgrade)), with the
     /// new plane running `binary` (checked: [`trusted_executable`]) if one is given. A warm
     /// plane already running another binary is replaced first (the core's
-    /// `handle_upgrade_fresh`), so the upgrade's new plane runs the binary asked for. Refused with one forwarding thread per shard (the warm slot
-    /// has no lanes there) and whenever the core refuses (no active plane, an upgrade or a
-    /// flip under way), saying why.
+    /// `handle_upgrade_fresh`), so the upgrade's new plane runs the binary asked for. Refused
+    /// whenever the core refuses (no active plane, an upgrade or a flip under way), saying
+    /// why.
     pub(super) fn upgrade(
         &mut self,
         now: Instant,
         binary: Option<&str>,
     ) -> Result<serde_json::Value, String> {
-        if self.lanes() > 1 {
-            return Err(
-                "an online upgrade needs fabric.dpu.shards = 1 (a warm plane has no lanes to \
-                 the forwarding threads yet)"
-                    .into(),
-            );
-        }
         let exe = match binary {
             Some(b) => {
                 crate::host::ledger::trusted_executable(Path::new(b)).map_err(|e| e.to_string())?
@@ -357,7 +379,7 @@ impl DpuDaemon {
             }
             return;
         }
-        if let Some(p) = self.take_plane(slot) {
+        if let Some(p) = self.take_plane(slot, false) {
             let r = p.retire();
             tracing::info!(target: "spillway::run", %slot, pid = r.pid(), "spill plane stopped");
             self.retiring.push(r);
@@ -366,7 +388,9 @@ impl DpuDaemon {
 
     /// Stops every plane and waits for each (at teardown).
     pub(super) fn stop_planes(&mut self) {
-        self.close_lanes();
+        for slot in [PlaneSlot(0), PlaneSlot(1)] {
+            self.close_lanes(slot, false);
+        }
         for p in self.planes.iter_mut().filter_map(Option::take) {
             p.stop();
         }
@@ -382,12 +406,12 @@ impl DpuDaemon {
         self.retiring.retain_mut(|r| {
             let gone = r.reap();
             if gone {
-                rings.extend(r.take_ring());
+                rings.extend(r.take_rings());
             }
             !gone
         });
-        for mut v in rings {
-            self.reclaim(&mut v);
+        for mut lane in rings {
+            self.reclaim(&mut lane);
         }
     }
 
@@ -445,16 +469,11 @@ impl DpuDaemon {
                     // Lane k to forwarding thread k, which serves shard k's connections.
                     let lanes = v.take_lanes();
                     if let Some(l) = self.links.as_mut() {
-                        let plane = self.dp.counters.plane_starts;
                         for lane in lanes {
                             let k = lane.index();
-                            l.send(
-                                k,
-                                Parcel::Lane {
-                                    lane: Box::new(lane),
-                                    plane,
-                                },
-                            );
+                            let lane = Box::new(lane);
+                            let plane = p.number;
+                            l.send(k, Parcel::Lane { lane, plane, slot });
                         }
                     }
                     // The plane's delivery path, then every attached VM's memory.

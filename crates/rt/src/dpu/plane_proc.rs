@@ -4,11 +4,13 @@
 
 use std::process::Child;
 
-use crate::shm::vnic::VnicSet;
+use crate::shm::vnic::{VnicLane, VnicSet};
 
 /// The plane's process as the DPU process sees it.
 #[derive(Debug)]
 pub(super) struct PlaneProc {
+    /// Its number: the DPU process's plane start count when it was started.
+    pub(super) number: u64,
     pub(super) child: Child,
     /// The binary it runs.
     pub(super) exe: std::path::PathBuf,
@@ -53,7 +55,12 @@ impl PlaneProc {
     /// it: a plane retired under load (an upgrade) or fenced while stopped (a stall) costs the
     /// loop one `kill` and one `waitpid` per upkeep.
     pub(super) fn retire(self) -> Retiring {
-        let PlaneProc { child, vnic, .. } = self;
+        let PlaneProc {
+            child,
+            vnic,
+            number,
+            ..
+        } = self;
         drop(vnic);
         // SAFETY: a signal to our own child's pid, not reaped yet (so not recycled).
         unsafe {
@@ -61,8 +68,10 @@ impl PlaneProc {
         }
         Retiring {
             child,
+            number,
             deadline: std::time::Instant::now() + RETIRE_GRACE,
             ring: None,
+            lanes: Vec::new(),
         }
     }
 
@@ -70,13 +79,16 @@ impl PlaneProc {
     /// wait for) without waiting for it to be gone: a stopped process with its rings mapped
     /// takes milliseconds to exit, which the loop does not wait for. Its vNIC set is kept,
     /// unread, so that what it never took from its phy ring can be taken back once it is
-    /// gone ([`Retiring::take_ring`]).
+    /// gone ([`Retiring::take_rings`]); so are the forwarding threads' lanes, as they give
+    /// them back ([`Retiring::keep_lane`]).
     pub(super) fn kill_async(mut self) -> Retiring {
         let _ = self.child.kill();
         Retiring {
             ring: self.vnic.take(),
+            number: self.number,
             child: self.child,
             deadline: std::time::Instant::now() + RETIRE_GRACE,
+            lanes: Vec::new(),
         }
     }
 }
@@ -89,9 +101,13 @@ pub(super) const RETIRE_GRACE: std::time::Duration = std::time::Duration::from_m
 #[derive(Debug)]
 pub(super) struct Retiring {
     child: Child,
+    /// Its [`PlaneProc::number`].
+    number: u64,
     deadline: std::time::Instant,
     /// A killed plane's vNIC set, to take its ring back from once it is reaped.
     ring: Option<VnicSet>,
+    /// The forwarding threads' lanes of a killed plane's vNIC set, given back.
+    lanes: Vec<VnicLane>,
 }
 
 impl Retiring {
@@ -108,9 +124,24 @@ impl Retiring {
         }
     }
 
-    /// The vNIC set of a killed plane, once [`Retiring::reap`] has found it gone.
-    pub(super) fn take_ring(&mut self) -> Option<VnicSet> {
-        self.ring.take()
+    /// Every lane of a killed plane's vNIC set (lane 0's, in the set, and those given back),
+    /// once [`Retiring::reap`] has found it gone. The set's control socket closes here.
+    pub(super) fn take_rings(&mut self) -> Vec<VnicLane> {
+        let mut lanes = std::mem::take(&mut self.lanes);
+        if let Some(v) = self.ring.take() {
+            lanes.push(v.into_lane0());
+        }
+        lanes
+    }
+
+    /// Keeps a forwarding thread's lane of this killed plane until it is reaped.
+    pub(super) fn keep_lane(&mut self, lane: VnicLane) {
+        self.lanes.push(lane);
+    }
+
+    /// Its [`PlaneProc::number`].
+    pub(super) fn number(&self) -> u64 {
+        self.number
     }
 
     /// Its pid.

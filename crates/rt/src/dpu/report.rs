@@ -175,6 +175,11 @@ impl DpuDaemon {
             "upkeep_allocs": stats.upkeep_allocs,
             "forwarding_threads": self.tb.fabric.dpu.shards.max(1),
             "conns": stats.conns_held,
+            // Thread 0's shard's, then each forwarding thread's (its last report): how the
+            // connections spread over the shards.
+            "conns_per_thread": std::iter::once(dpu.conns_len() as u64)
+                .chain(self.fwd.iter().flat_map(|f| f.conns_per_thread()))
+                .collect::<Vec<_>>(),
             "counters": counters,
             "drops": stats.drops.iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),
             "vswitch_drops": stats.vswitch_drops.iter().filter(|(_, v)| *v > 0).collect::<BTreeMap<_, _>>(),

@@ -634,7 +634,7 @@ fn check_ancestors(canonical: &Path, expected: &'static str) -> Result<(), Ledge
 /// Checks a binary an operator asks a root process to run (`spillway ctl upgrade --binary`):
 /// an absolute path to a regular file with an execute bit, owned by root or us and not
 /// writable by group or others, in directories nobody else can swap it in (see
-/// [`check_ancestors`]). Returns its canonical path, which is what runs: a symbolic link
+/// `check_ancestors`). Returns its canonical path, which is what runs: a symbolic link
 /// followed now cannot be pointed elsewhere later.
 pub fn trusted_executable(path: &Path) -> Result<PathBuf, LedgerError> {
     if !path.is_absolute() {

@@ -523,6 +523,11 @@ impl VnicSet {
         &mut self.lane
     }
 
+    /// Lane 0 alone; the control socket closes.
+    pub fn into_lane0(self) -> VnicLane {
+        self.lane
+    }
+
     /// Lane `k` while the set still holds it.
     pub fn lane_mut(&mut self, k: usize) -> Option<&mut VnicLane> {
         match k {
