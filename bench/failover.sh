@@ -19,7 +19,11 @@
 # interleaved (the mode order rotates each run); the table gives medians [min-max].
 #
 #   sudo bash bench/failover.sh [--runs N] [--modes none,cold,warm,stall,upgrade] [--json FILE]
+#                               [--shards N]   (forwarding threads, `fabric.dpu.shards`; 1)
 #                               [--keep-logs DIR]   (each run's status after it and daemon log)
+#
+# With --shards N > 1 the probe is 8 such flows (one flow hashes to one thread's shard only);
+# the gap and the longest loss run are the worst flow's, the losses all flows'.
 #
 # Uses target/release/spillway (or $SPILLWAY) and bench/testbed-apps-vs.toml; needs root and
 # python3. Exit status: 0 done; 1 a run failed (the reason is printed); 2 bad usage.
@@ -27,7 +31,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${SPILLWAY:-$ROOT/target/release/spillway}
 BASE=$ROOT/bench/testbed-apps-vs.toml
-RUNS=5
+RUNS=5 SHARDS=1
 JSON= KEEP=
 MODES=(none cold warm stall upgrade)
 while [[ $# -gt 0 ]]; do
@@ -36,10 +40,12 @@ while [[ $# -gt 0 ]]; do
         --modes) IFS=, read -r -a MODES <<<"${2:?}"; shift 2 ;;
         --json) JSON=${2:?}; shift 2 ;;
         --keep-logs) KEEP=${2:?}; mkdir -p "$KEEP"; shift 2 ;;
-        *) echo "usage: $0 [--runs N] [--modes none,cold,warm,stall,upgrade] [--json FILE] [--keep-logs DIR]" >&2; exit 2 ;;
+        --shards) SHARDS=${2:?}; shift 2 ;;
+        *) echo "usage: $0 [--runs N] [--modes none,cold,warm,stall,upgrade] [--json FILE] [--shards N] [--keep-logs DIR]" >&2; exit 2 ;;
     esac
 done
 [[ $RUNS =~ ^[1-9][0-9]?$ ]] || { echo "--runs: 1..99" >&2; exit 2; }
+[[ $SHARDS =~ ^[1-8]$ ]] || { echo "--shards: 1..8" >&2; exit 2; }
 for m in "${MODES[@]}"; do
     [[ $m =~ ^(none|cold|warm|stall|upgrade)$ ]] || { echo "unknown mode $m" >&2; exit 2; }
 done
@@ -61,53 +67,77 @@ source "$ROOT/bench/common.sh"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 status_field() { ctl status | python3 -c "import json,sys; s=json.load(sys.stdin); print($1)"; }
 
-# The probe's receiver: prints one JSON object when the sender's datagrams stop for 2 s.
+# The probe's receiver: prints one JSON object when the sender's datagrams stop for 2 s. Each
+# datagram carries its flow's number and its sequence number in that flow; the figures are the
+# worst flow's gap and loss run, and the losses of all flows; `rcvbuf_errors` counts what the
+# receiver's own socket dropped (its namespace's UDP RcvbufErrors), which is no switch's loss.
 SINK_PY='
 import json, socket, struct, time
+def rcvbuf_errors():
+    rows = [l.split() for l in open("/proc/net/snmp") if l.startswith("Udp:")]
+    return int(rows[1][rows[0].index("RcvbufErrors")])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# 16 MiB past rmem_max (SO_RCVBUFFORCE, root): what a failover takes back from a plane comes
+# as a burst, which the default buffer would drop here rather than in the switch.
+s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 16 << 20)
 s.bind(("10.77.0.2", 9100))
 s.settimeout(2.0)
-last = None; gap = 0.0; gap_at = 0.0; seen = set(); first = None
+flows = {}; first = None; errors0 = rcvbuf_errors()
 while True:
     try:
         d, _ = s.recvfrom(64)
     except socket.timeout:
-        if last is not None:
+        if first is not None:
             break
         continue
     t = time.monotonic()
     if first is None:
         first = t
-    if last is not None and t - last > gap:
-        gap, gap_at = t - last, last - first
-    last = t
-    seen.add(struct.unpack("!I", d[:4])[0])
-top = max(seen) + 1
-run = best = 0
-for i in range(top):
-    run = 0 if i in seen else run + 1
-    best = max(best, run)
-print(json.dumps({"received": len(seen), "sent_seen": top, "lost": top - len(seen),
-                  "longest_loss_run": best, "gap_ms": round(gap * 1000, 2),
-                  "gap_at_s": round(gap_at, 3)}))
+    f, seq = struct.unpack("!HI", d[:6])
+    st = flows.setdefault(f, {"last": None, "gap": 0.0, "gap_at": 0.0, "seen": set()})
+    if st["last"] is not None and t - st["last"] > st["gap"]:
+        st["gap"], st["gap_at"] = t - st["last"], st["last"] - first
+    st["last"] = t
+    st["seen"].add(seq)
+lost = best = received = top_all = 0; gap = gap_at = 0.0
+for st in flows.values():
+    top = max(st["seen"]) + 1
+    run = 0
+    for i in range(top):
+        run = 0 if i in st["seen"] else run + 1
+        best = max(best, run)
+    lost += top - len(st["seen"]); received += len(st["seen"]); top_all += top
+    if st["gap"] > gap:
+        gap, gap_at = st["gap"], st["gap_at"]
+print(json.dumps({"flows": len(flows), "received": received, "sent_seen": top_all,
+                  "lost": lost, "longest_loss_run": best, "gap_ms": round(gap * 1000, 2),
+                  "gap_at_s": round(gap_at, 3), "rcvbuf_errors": rcvbuf_errors() - errors0}))
 '
-# The probe's sender: 1,000 datagrams a second for $1 seconds, each with its sequence number.
+# The probe's sender: $2 flows (sockets), each 1,000 datagrams a second for $1 seconds, each
+# datagram with its flow and its sequence number.
 SEND_PY='
 import socket, struct, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flows = int(sys.argv[2])
+socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(flows)]
 n = int(float(sys.argv[1]) * 1000)
 t0 = time.monotonic()
 for i in range(n):
     while time.monotonic() < t0 + i / 1000:
         pass
-    s.sendto(struct.pack("!I", i) + b"x" * 14, ("10.77.0.2", 9100))
+    for f, s in enumerate(socks):
+        s.sendto(struct.pack("!HI", f, i) + b"x" * 12, ("10.77.0.2", 9100))
 '
+# Probe flows: one, or with several forwarding threads 8, so that every thread's shard has
+# some (all 8 on one of two shards: 1 in 128).
+FLOWS=1
+[[ $SHARDS -gt 1 ]] && FLOWS=8
 
 # One run of mode $1: prints the receiver's JSON with the mode added.
 one_run() {
     local mode=$1 warm=false
     [[ $mode == warm || $mode == stall ]] && warm=true
-    sed "s/^\[fabric.host\]$/[fabric.host]\nwarm_standby = $warm/" "$BASE" >"$CONFIG"
+    sed -e "s/^\[fabric.host\]$/[fabric.host]\nwarm_standby = $warm/" \
+        -e "s/^\[fabric.dpu\]$/[fabric.dpu]\nshards = $SHARDS/" "$BASE" >"$CONFIG"
     rm -f "$TMP/ready"
     start_daemon --hold active >"$TMP/report.json"
     wait_phase active
@@ -118,7 +148,7 @@ one_run() {
     ip netns exec swvs-b python3 -c "$SINK_PY" >"$TMP/probe.json" &
     SINK=$!
     sleep 0.3
-    ip netns exec swvs-a python3 -c "$SEND_PY" 5 &
+    ip netns exec swvs-a python3 -c "$SEND_PY" 5 "$FLOWS" &
     SEND=$!
     # What the standby costs while it waits: its resident memory, and the CPU it used over
     # the 1.5 s before the event (with the probe's 1,000 pps on the active plane).

@@ -767,6 +767,10 @@ impl Forwarder {
                     mut pkt,
                     reoffer,
                 } => {
+                    // Thread 0 published the view it re-offers under before it sent this.
+                    if reoffer && let Some(v) = out.links.new_view() {
+                        self.sw.dpu_mut().set_view(v);
+                    }
                     out.keeps = !reoffer;
                     pkt.set_gso_size(gso_size(&vnet));
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);

@@ -189,6 +189,12 @@ impl DpuDaemon {
         if !self.sw.dpu().takes_reoffers() {
             return;
         }
+        // The forwarding threads see the lifecycle that made the re-offers possible (a
+        // fail-open's, which no longer steers) before the frames reach them: a thread takes a
+        // newer view before a re-offered frame (`Forwarder::poll_inbox`).
+        if let Some(l) = self.links.as_mut() {
+            l.publish_view(self.sw.dpu().view());
+        }
         let mut frames = self.reclaimed.take().into_iter();
         while let Some(r) = frames.next() {
             if self.rx.load(&r.frame).is_err() {
