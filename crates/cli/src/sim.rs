@@ -61,6 +61,35 @@ pub enum SimCommand {
     /// Run many seeds, each a random scenario with faults, every checker after every event; a
     /// failure prints the line that replays it (model results).
     Swarm(SwarmArgs),
+    /// A co-located tenant's request latency and throughput beside a busy spill plane, under
+    /// each isolation step (pinning, CAT, MBA), against no plane (model results).
+    Isolation(IsolationArgs),
+}
+
+/// `spillway sim isolation` arguments.
+#[derive(clap::Args, Debug)]
+pub struct IsolationArgs {
+    /// Spilled packets per second the plane carries (the paper: 2.0 Mpps).
+    #[arg(long, default_value_t = 2.0e6)]
+    pub pps: f64,
+    /// Tenant load per core, 0 to 1 (utilisation without the plane).
+    #[arg(long, default_value_t = 0.5)]
+    pub tenant_load: f64,
+    /// Requests simulated per step.
+    #[arg(long, default_value_t = 200_000)]
+    pub requests: usize,
+    /// The node's last-level cache, MiB.
+    #[arg(long, default_value_t = 48.0)]
+    pub llc_mib: f64,
+    /// Cache ways CAT gives the plane (of 12).
+    #[arg(long, default_value_t = 2)]
+    pub cat_ways: u32,
+    /// The seed of the draws (the same for every step).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Swarm generators `--kind` accepts.
@@ -360,8 +389,10 @@ fn print_vatc(r: &spillway_sim::VatcReport, out: &mut impl Write) -> Result<()> 
 
 /// `spillway sim`.
 pub fn sim(args: &SimArgs) -> Result<()> {
-    if let Some(SimCommand::Swarm(a)) = &args.command {
-        return swarm(a);
+    match &args.command {
+        Some(SimCommand::Swarm(a)) => return swarm(a),
+        Some(SimCommand::Isolation(a)) => return isolation(a),
+        None => {}
     }
     if args.list {
         for (name, file, _) in scenario::BUILTIN {
@@ -558,6 +589,122 @@ pub fn bench_sim(args: &BenchSimArgs) -> Result<()> {
 /// threads (each seed is deterministic, so the order they run in changes nothing but the
 /// progress bar); failures sorted by generator and seed, each with its replay line. Exits
 /// non-zero if any seed failed.
+/// `spillway sim isolation`: the ladder at the asked load, then how the fully isolated
+/// plane's cost moves with the plane's rate and the tenant's load.
+fn isolation(a: &IsolationArgs) -> Result<()> {
+    use spillway_sim::isolation::{IsolationParams, ladder};
+    if !(a.pps >= 0.0 && a.pps.is_finite()) {
+        anyhow::bail!(
+            "--pps: a rate of 0 or more packets per second, got {}",
+            a.pps
+        );
+    }
+    if !(a.tenant_load > 0.0 && a.tenant_load < 1.0) {
+        anyhow::bail!("--tenant-load: above 0 and below 1, got {}", a.tenant_load);
+    }
+    if a.requests < 100 {
+        anyhow::bail!("--requests: at least 100, got {}", a.requests);
+    }
+    let d = IsolationParams::default();
+    if !(a.llc_mib >= 1.0 && a.llc_mib <= 4096.0) {
+        anyhow::bail!("--llc-mib: 1 to 4096, got {}", a.llc_mib);
+    }
+    if !(1..d.llc_ways).contains(&a.cat_ways) {
+        anyhow::bail!("--cat-ways: 1 to {}, got {}", d.llc_ways - 1, a.cat_ways);
+    }
+    let p = IsolationParams {
+        plane_pps: a.pps,
+        tenant_load: a.tenant_load,
+        requests: a.requests,
+        llc_bytes: a.llc_mib * 1024.0 * 1024.0,
+        plane_cat_ways: a.cat_ways,
+        ..d
+    };
+    let rows = ladder(&p, a.seed);
+    // The p99 ratios of the pinned and the fully isolated steps as one parameter varies.
+    let sweep = |xs: &[f64], vary: &dyn Fn(f64) -> IsolationParams| -> Vec<(f64, f64, f64)> {
+        xs.iter()
+            .map(|&x| {
+                let r = ladder(&vary(x), a.seed);
+                (x, r[2].p99_ratio, r[4].p99_ratio)
+            })
+            .collect()
+    };
+    let by_pps = sweep(&[0.5e6, 1e6, 2e6, 4e6, 8e6], &|pps| IsolationParams {
+        plane_pps: pps,
+        ..p.clone()
+    });
+    let by_load = sweep(&[0.3, 0.5, 0.7, 0.85], &|load| IsolationParams {
+        tenant_load: load,
+        ..p.clone()
+    });
+    if a.json {
+        let doc = serde_json::json!({
+            "model": "isolation",
+            "seed": a.seed,
+            "params": p,
+            "ladder": rows,
+            "p99_ratio_by_pps": by_pps.iter().map(|(x, pin, all)| serde_json::json!({"pps": x, "pinned": pin, "pinned_cat_mba": all})).collect::<Vec<_>>(),
+            "p99_ratio_by_tenant_load": by_load.iter().map(|(x, pin, all)| serde_json::json!({"tenant_load": x, "pinned": pin, "pinned_cat_mba": all})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "MODEL RESULT (simulator) - isolation - seed {}: a tenant core at load {} beside a plane \
+         asked to carry {:.2} Mpps on its node, {} MiB of cache, CAT {} ways of {} ({} requests \
+         per step)",
+        a.seed,
+        a.tenant_load,
+        a.pps / 1e6,
+        a.llc_mib,
+        a.cat_ways,
+        p.llc_ways,
+        a.requests
+    );
+    println!(
+        "{:<22} {:>10} {:>11} {:>10} {:>8} {:>9} {:>11} {:>10} {:>10} {:>9} {:>9}",
+        "step",
+        "plane Mpps",
+        "plane cores",
+        "stolen",
+        "LLC MiB",
+        "mem util",
+        "mem lat ns",
+        "service us",
+        "throughput",
+        "p50",
+        "p99"
+    );
+    for r in &rows {
+        let e = &r.effect;
+        println!(
+            "{:<22} {:>10.2} {:>11.2} {:>9.1}% {:>8.1} {:>8.1}% {:>11.1} {:>10.2} {:>10.4} {:>9.3} {:>9.3}",
+            r.step,
+            e.plane_pps / 1e6,
+            e.plane_cores,
+            e.stolen * 100.0,
+            e.tenant_llc_mib,
+            e.mem_utilisation * 100.0,
+            e.mem_latency_ns,
+            e.service_us,
+            e.throughput_ratio,
+            r.p50_ratio,
+            r.p99_ratio
+        );
+    }
+    println!("(throughput, p50 and p99: ratios to the baseline)");
+    println!("p99 ratio by plane rate:  pinned / pinned + CAT + MBA");
+    for (pps, pin, all) in &by_pps {
+        println!("  {:>5.1} Mpps  {pin:.3} / {all:.3}", pps / 1e6);
+    }
+    println!("p99 ratio by tenant load: pinned / pinned + CAT + MBA");
+    for (load, pin, all) in &by_load {
+        println!("  {load:>5.2}      {pin:.3} / {all:.3}");
+    }
+    Ok(())
+}
+
 fn swarm(a: &SwarmArgs) -> Result<()> {
     use spillway_sim::swarm::{SeedOutcome, SwarmKind, run_seed};
     use std::sync::Mutex;

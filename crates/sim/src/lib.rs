@@ -15,6 +15,7 @@
 //!   a placement comparison.
 //! - [`shape`]: how a flow group's rate varies over time (steady, periodic, bursty, random walk).
 //! - [`swarm`]: random scenarios for seed swarms.
+//! - [`isolation`]: a co-located tenant beside a busy plane, under each isolation step.
 //!
 //! ## Determinism
 //!
@@ -45,6 +46,7 @@
 
 pub mod engine;
 pub mod html;
+pub mod isolation;
 pub mod pathcheck;
 pub mod report;
 pub mod scenario;
