@@ -19,7 +19,7 @@
 //! - [`plane`]: the spill-plane process.
 //! - [`shards`]: a model's control part on one thread and its shards on others (the DPU's
 //!   forwarding threads, the plane's threads): the shared budget and the request transport.
-//! - [`vm`]: the VM side of a shared-memory port (`spillway vm-endpoint`).
+//! - [`vm`]: the VM side of a shared-memory port (`spillway vm-endpoint`), and a QEMU guest.
 //! - [`testbed`]: the testbed description all of them read.
 //!
 //! ## Main types

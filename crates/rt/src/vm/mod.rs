@@ -1,4 +1,6 @@
-//! The VM side of a shared-memory port (`spillway vm-endpoint`): owns the VM's memory and
-//! drives its virtio queues as a guest driver would.
+//! The VM side: a shared-memory port's endpoint (`spillway vm-endpoint`), which owns the VM's
+//! memory and drives its virtio queues as a guest driver would ([`endpoint`]), and a real guest
+//! under QEMU ([`qemu`]).
 
 pub mod endpoint;
+pub mod qemu;

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Builds the small guest `spillway` boots under QEMU (issue 18), from Debian packages only:
+# the kernel of `linux-image-amd64` and its virtio modules, and an initramfs of
+# `busybox-static` with an init that brings up the virtio-net interface from the kernel command
+# line and serves HTTP (busybox httpd) on port 80. Nothing is downloaded from outside the
+# package registry: the packages come through apt (`apt-get download`, no install, no
+# maintainer scripts run), and are unpacked with `dpkg-deb -x`.
+#
+#   bash guest/build.sh [OUT_DIR]       (default: target/guest)
+#
+# Writes OUT_DIR/vmlinuz, OUT_DIR/initramfs.cpio.gz and OUT_DIR/VERSION (the packages' versions);
+# does nothing if VERSION already names the packages apt offers now. The guest's init reads
+# from the kernel command line:
+#
+#   spillway.ip=ADDR/PREFIX   the address of eth0 (none: eth0 stays down)
+#   spillway.gw=ADDR          a default route
+#
+# and prints `spillway-guest ready` on the console once eth0 is up and httpd runs, then
+# `spillway-guest eth0 MAC` with the interface's address. A guest powers off when its init's
+# shell reads `poweroff` on the console (the tests stop QEMU instead).
+#
+# Needs: apt-get with the Debian lists (run `apt-get update` first on a fresh machine),
+# dpkg-deb, cpio, gzip. Exit status: 0 done; 1 a step failed (it says which).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${1:-$ROOT/target/guest}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+for tool in apt-get apt-cache dpkg-deb cpio gzip; do
+    command -v "$tool" >/dev/null || { echo "guest/build.sh: $tool is missing" >&2; exit 1; }
+done
+
+# The kernel package linux-image-amd64 points to today, and busybox-static.
+kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+[[ -n $kpkg ]] || { echo "guest/build.sh: apt knows no linux-image-amd64 (apt-get update?)" >&2; exit 1; }
+kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
+bver=$(apt-cache policy busybox-static | awk '/Candidate:/ {print $2}')
+want="$kpkg $kver busybox-static $bver"
+if [[ -f $OUT/VERSION && $(cat "$OUT/VERSION") == "$want" && -f $OUT/vmlinuz && -f $OUT/initramfs.cpio.gz ]]; then
+    echo "guest/build.sh: $OUT is up to date ($want)"
+    exit 0
+fi
+
+WORK=$(mktemp -d /tmp/spillway-guest.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+# apt's sandbox user must be able to write where it downloads.
+chmod 0755 "$WORK"
+(cd "$WORK" && apt-get download -qq -o APT::Sandbox::User=root "$kpkg" busybox-static) ||
+    { echo "guest/build.sh: apt-get download $kpkg busybox-static failed" >&2; exit 1; }
+mkdir "$WORK/k" "$WORK/b"
+dpkg-deb -x "$WORK"/linux-image-*.deb "$WORK/k"
+dpkg-deb -x "$WORK"/busybox-static_*.deb "$WORK/b"
+
+krel=$(ls "$WORK/k/lib/modules")
+mods=$WORK/k/lib/modules/$krel/kernel
+R=$WORK/root
+mkdir -p "$R"/{bin,sbin,proc,sys,dev,tmp,run,www,lib/modules}
+cp "$WORK/b/bin/busybox" "$R/bin/busybox"
+for app in sh mount insmod ip ifconfig route httpd sleep cat echo poweroff mkdir ls ping \
+           grep sed awk seq dd nc wget uname; do
+    ln -s busybox "$R/bin/$app"
+done
+# virtio-net over virtio-pci, in dependency order (modinfo's `depends`).
+order="drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko
+       drivers/virtio/virtio_pci_modern_dev.ko drivers/virtio/virtio_pci_legacy_dev.ko
+       drivers/virtio/virtio_pci.ko net/core/failover.ko drivers/net/net_failover.ko
+       drivers/net/virtio_net.ko"
+for m in $order; do
+    src=$mods/$m
+    [[ -f $src ]] || src=$(ls "$src".* 2>/dev/null | head -1)
+    [[ -f $src ]] || { echo "guest/build.sh: $m is not in $kpkg" >&2; exit 1; }
+    case $src in
+        *.ko) cp "$src" "$R/lib/modules/" ;;
+        *.ko.xz) xz -dc "$src" >"$R/lib/modules/$(basename "$m")" ;;
+        *.ko.zst) zstd -qdc "$src" >"$R/lib/modules/$(basename "$m")" ;;
+        *) echo "guest/build.sh: cannot unpack $src" >&2; exit 1 ;;
+    esac
+    echo "$(basename "$m")" >>"$R/lib/modules/order"
+done
+echo "hello from a spillway guest" >"$R/www/index.html"
+
+cat >"$R/init" <<'INIT'
+#!/bin/sh
+# The guest's init (guest/build.sh): modules, eth0 from the command line, httpd, then a shell
+# on the console.
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $(cat /lib/modules/order); do insmod /lib/modules/$m; done
+ip link set lo up
+arg() { for w in $(cat /proc/cmdline); do case $w in "$1"=*) echo "${w#*=}";; esac; done; }
+addr=$(arg spillway.ip)
+gw=$(arg spillway.gw)
+if [ -n "$addr" ]; then
+    for _ in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
+    ip addr add "$addr" dev eth0
+    ip link set eth0 up
+    [ -n "$gw" ] && ip route add default via "$gw"
+    httpd -p 80 -h /www
+    echo "spillway-guest eth0 $(cat /sys/class/net/eth0/address)"
+fi
+echo "spillway-guest ready"
+exec sh
+INIT
+chmod 0755 "$R/init"
+
+cp "$WORK/k/boot/vmlinuz-$krel" "$OUT/vmlinuz"
+(cd "$R" && find . | sort | cpio -o -H newc --quiet | gzip -9) >"$OUT/initramfs.cpio.gz"
+echo "$want" >"$OUT/VERSION"
+echo "guest/build.sh: wrote $OUT/vmlinuz and $OUT/initramfs.cpio.gz ($want)"
