@@ -75,7 +75,9 @@ pub enum QemuError {
     Spawn { qemu: PathBuf, source: io::Error },
     #[error("accel = \"kvm\" but /dev/kvm does not open: {0}")]
     NoKvm(io::Error),
-    #[error("QEMU exited ({status}) before the guest printed {want:?}; its console: {tail}")]
+    #[error(
+        "QEMU exited ({status}) before the guest printed {want:?}; its console and messages: {tail}"
+    )]
     Exited {
         status: std::process::ExitStatus,
         want: String,
@@ -140,6 +142,14 @@ impl QemuGuest {
             "memory-backend-memfd,id=mem,size={}M,share=on",
             spec.memory_mib
         );
+        // QEMU's own messages next to the console (`<console>.qemu`): a failure quotes them.
+        let qemu_log =
+            std::fs::File::create(qemu_log_path(&spec.console_log)).map_err(|source| {
+                QemuError::Log {
+                    path: qemu_log_path(&spec.console_log),
+                    source,
+                }
+            })?;
         let mut cmd = Command::new(&spec.qemu);
         cmd.args(["-accel", accel.name()]);
         if accel == Accel::Kvm {
@@ -162,7 +172,7 @@ impl QemuGuest {
             .args(&spec.netdev)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::from(qemu_log));
         let child = cmd.spawn().map_err(|source| QemuError::Spawn {
             qemu: spec.qemu.clone(),
             source,
@@ -211,7 +221,7 @@ impl QemuGuest {
                 return Err(QemuError::Exited {
                     status,
                     want: want.into(),
-                    tail: tail(&text),
+                    tail: self.tails(&text),
                 });
             }
             if start.elapsed() >= within {
@@ -219,11 +229,19 @@ impl QemuGuest {
                     want: want.into(),
                     waited: within,
                     accel: self.accel.name(),
-                    tail: tail(&text),
+                    tail: self.tails(&text),
                 });
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The end of the console `text` and of QEMU's own messages, for an error.
+    fn tails(&self, text: &str) -> String {
+        let qemu = std::fs::read(qemu_log_path(&self.spec.console_log))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        format!("{} || QEMU: {}", tail(text), tail(&qemu))
     }
 
     /// Whether the console gets any output within `within` (false also if QEMU exits).
@@ -258,6 +276,13 @@ impl Drop for QemuGuest {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Where QEMU's own messages go for a guest whose console is `console`.
+fn qemu_log_path(console: &Path) -> PathBuf {
+    let mut p = console.as_os_str().to_owned();
+    p.push(".qemu");
+    PathBuf::from(p)
 }
 
 /// Whether `/dev/kvm` opens for reading and writing.
