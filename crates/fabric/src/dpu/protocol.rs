@@ -468,12 +468,14 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// A message about one of this shard's connections from a plane that is `sender` to the
     /// DPU: the active plane's is taken ([`DpuShard::handle_msg`]), a fenced one's as
     /// [`DpuShard::handle_fenced_msg`] says; a warm plane owns nothing and sends nothing about
-    /// a connection, so one from it is dropped and counted (`dpu.fenced`).
+    /// a connection, so one from it is dropped and counted (`dpu.fenced`). So is a message
+    /// that names no connection: it is the control part's (a lifecycle reply, a digest), and a
+    /// driver that gave it to a shard misrouted it.
     pub fn handle_msg_as(&mut self, now: Instant, sender: Sender, msg: Msg, view: ShardView) {
-        match sender {
-            Sender::Active => self.handle_msg(now, msg, view),
-            Sender::Fenced => self.handle_fenced_msg(now, msg, view),
-            Sender::Warm => {
+        match (sender, msg.conn()) {
+            (Sender::Active, Some(_)) => self.handle_msg(now, msg, view),
+            (Sender::Fenced, Some(_)) => self.handle_fenced_msg(now, msg, view),
+            (Sender::Warm, _) | (_, None) => {
                 self.delivered_last = 0;
                 self.counters.fenced += 1;
             }

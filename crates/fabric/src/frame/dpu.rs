@@ -166,11 +166,7 @@ impl<R: ResourcesHandle> DpuModel for ShardModel<R> {
     /// here is dropped and counted (`dpu.fenced`).
     fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg) {
         let sender = self.sender(slot);
-        if msg.conn().is_some() {
-            self.shard.handle_msg_as(now, sender, msg, self.view);
-        } else {
-            self.shard.handle_msg_as(now, Sender::Warm, msg, self.view);
-        }
+        self.shard.handle_msg_as(now, sender, msg, self.view);
     }
     fn poll_warm_transmit(&mut self) -> Option<Transmit> {
         self.shard.poll_warm_transmit()

@@ -197,8 +197,11 @@ pub(super) trait Egress {
     fn steer(&mut self, msg: &Msg, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool;
     /// To the thread of shard `to`, whose connection the frame is, as it came from `port`.
     fn hand_off(&mut self, to: usize, port: PortId, vnet: &Vnet, frame: &[u8]);
-    /// Keeps a frame the node steered to a plane that is gone, to be offered again once the
-    /// core takes re-offers (a flip to the warm plane under way); false if it cannot.
+    /// Keeps a frame the node steered to a plane that is gone (killed, and the flip away from
+    /// it under way; or, on a forwarding thread, a fail-open its view has not shown yet), to
+    /// be offered again once the core takes re-offers; not a frame that is itself a re-offer.
+    /// False if it cannot. The same rule on every thread: thread 0 keeps it itself, the others
+    /// send it to thread 0.
     fn keep(&mut self, _port: PortId, _vnet: &Vnet, _frame: &[u8]) -> bool {
         false
     }
@@ -282,11 +285,11 @@ pub(super) struct PortsOut<'a> {
     pub(super) tx: Option<&'a mut TapTx>,
     /// The other forwarding threads, with `fabric.dpu.shards > 1`.
     pub(super) links: Option<&'a mut Links>,
-    /// Where frames steered to a failed plane during a flip wait (see [`Egress::keep`]):
-    /// given only while the core takes no re-offers.
+    /// Where frames steered to a plane that is gone wait (see [`Egress::keep`]); none for
+    /// frames from the plane, which are never steered.
     pub(super) kept: Option<&'a mut KeptFrames>,
-    /// The frame is one taken back from a failed plane, offered again: handed to another
-    /// thread, it is not kept there a second time.
+    /// The frame is one taken back from a failed plane, offered again: it is not kept a
+    /// second time, here or on the thread it is handed to.
     pub(super) reoffer: bool,
     /// A re-offered frame could not be handed to its thread (no buffer or no room there):
     /// the caller keeps it for a later turn.
@@ -317,7 +320,7 @@ impl Egress for PortsOut<'_> {
         }
     }
     fn keep(&mut self, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
-        if self.plane.is_some() {
+        if self.plane.is_some() || self.reoffer {
             return false;
         }
         self.kept
@@ -355,13 +358,12 @@ fn on_vm_frame(
         return Ok(());
     };
     let port = dp.ports[i].id;
-    let flipping = !sw.dpu().takes_reoffers();
     let mut out = PortsOut {
         dp,
         plane: by_role(planes, sw.dpu().active_slot()).0,
         tx,
         links,
-        kept: flipping.then_some(kept),
+        kept: Some(kept),
         reoffer: false,
         refused: false,
     };
@@ -778,14 +780,13 @@ impl DpuDaemon {
                 } => {
                     pkt.set_gso_size(gso_size(&vnet));
                     // Handed here as shard 0's: the node serves it, and keeps it as a frame
-                    // read here if it is steered to a plane that is gone during a flip.
-                    let flipping = !self.sw.dpu().takes_reoffers() && !reoffer;
+                    // read here if it is steered to a plane that is gone.
                     let mut out = PortsOut {
                         dp: &mut self.dp,
                         plane: self.planes[a].as_mut(),
                         tx: self.taps.as_mut().map(|t| t.tx()),
                         links: None,
-                        kept: flipping.then_some(&mut self.reclaimed),
+                        kept: Some(&mut self.reclaimed),
                         reoffer,
                         refused: false,
                     };

@@ -727,7 +727,7 @@ impl Forwarder {
                 counters,
                 links,
                 lane: lanes[a].as_mut().map(|(l, _)| l),
-                keeps: true,
+                reoffer: false,
             };
             offer_frame(sw, &mut out, now, port, &vnet, pkt);
         });
@@ -757,7 +757,7 @@ impl Forwarder {
                 counters: &mut self.counters,
                 links: &mut self.links,
                 lane: self.lanes[a].as_mut().map(|(l, _)| l),
-                keeps: true,
+                reoffer: false,
             };
             match p {
                 Parcel::Frame {
@@ -771,7 +771,7 @@ impl Forwarder {
                     if reoffer && let Some(v) = out.links.new_view() {
                         self.sw.dpu_mut().set_view(v);
                     }
-                    out.keeps = !reoffer;
+                    out.reoffer = reoffer;
                     pkt.set_gso_size(gso_size(&vnet));
                     offer_frame(&mut self.sw, &mut out, now, port, &vnet, &mut pkt);
                     self.links.recycle(from, pkt);
@@ -852,7 +852,7 @@ impl Forwarder {
             counters,
             links,
             lane: None,
-            keeps: false,
+            reoffer: false,
         };
         let frames = l.recv_frames(RING_BATCH, |rec| {
             out.counters.from_plane += 1;
@@ -1055,9 +1055,9 @@ struct ShardOut<'a> {
     links: &'a mut Links,
     /// The lane of the slot the shard steers to, if a plane runs there.
     lane: Option<&'a mut VnicLane>,
-    /// A frame steered to a slot with no lane goes to thread 0 to be kept (see
-    /// [`Parcel::Keep`]); not one thread 0 offers again.
-    keeps: bool,
+    /// The frame is one thread 0 offers again: not kept a second time (see
+    /// [`Egress::keep`]).
+    reoffer: bool,
 }
 
 impl ShardOut<'_> {
@@ -1104,7 +1104,7 @@ impl Egress for ShardOut<'_> {
     }
 
     fn keep(&mut self, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
-        self.lane.is_none() && self.keeps && self.links.keep_at_zero(port, vnet, frame)
+        self.lane.is_none() && !self.reoffer && self.links.keep_at_zero(port, vnet, frame)
     }
 
     fn counters(&mut self) -> &mut RtCounters {

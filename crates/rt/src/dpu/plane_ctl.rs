@@ -37,8 +37,8 @@ pub(super) struct Reclaimed {
     frame: Vec<u8>,
 }
 
-/// Frames a failed plane never took (from its ring, or steered to it during the flip away
-/// from it), waiting to be offered again: at most [`RECLAIM_FRAMES`] frames and
+/// Frames a failed plane never took (from its rings, or steered to its slot once it was gone:
+/// see `Egress::keep`), waiting to be offered again: at most [`RECLAIM_FRAMES`] frames and
 /// [`RECLAIM_BYTES`] bytes.
 #[derive(Debug, Default)]
 pub(super) struct KeptFrames {
