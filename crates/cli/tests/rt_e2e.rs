@@ -16,6 +16,7 @@
 #[allow(dead_code)]
 mod common;
 
+use spillway_testkit::process_alive;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -647,22 +648,7 @@ impl UdpProbe {
             .spawn()
             .expect("spawn traffic sink");
         std::thread::sleep(Duration::from_millis(200));
-        let (flows, pps, secs) = (flows.to_string(), pps.to_string(), secs.to_string());
-        let sender = bed
-            .exec("a", BIN)
-            .args([
-                "traffic",
-                "gen",
-                "--dst",
-                "10.66.0.2:9000",
-                "--flows",
-                &flows,
-            ])
-            .args(["--rate", &pps, "--duration", &secs, "--json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn traffic gen");
+        let sender = bed.udp_flood(flows, pps, secs);
         UdpProbe { sink, sender }
     }
 
@@ -1372,17 +1358,7 @@ fn a_crashed_run_is_cleaned_up_by_the_next_start() {
     // The plane sees its control socket close and exits by itself.
     let deadline = Instant::now() + Duration::from_secs(5);
     // (Orphaned, it may linger as a zombie until init reaps it: that counts as exited.)
-    let running = |pid: u64| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit(')')
-                    .next()
-                    .map(|r| r.trim_start().starts_with('Z'))
-            })
-            .is_some_and(|zombie| !zombie)
-    };
-    while running(plane_pid) {
+    while process_alive(plane_pid) {
         assert!(
             Instant::now() < deadline,
             "the orphaned plane {plane_pid} did not exit"
@@ -1674,15 +1650,6 @@ fn events(s: &serde_json::Value) -> Vec<(String, String)> {
     v
 }
 
-/// Whether process `pid` still exists (a zombie counts as gone).
-fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
-        st.rsplit(')')
-            .next()
-            .is_some_and(|r| !r.trim_start().starts_with('Z'))
-    })
-}
-
 /// A bed held active with a warm plane ready, redis and iperf3 serving, and [`LongLived`]
 /// connections running for 8 s, 2 s in, on `shards` forwarding threads; `None` if the test
 /// skips. The guard serialises the tests.
@@ -1796,7 +1763,10 @@ fn stalled_plane_is_fenced(shards: u32) {
     let ev = events(&s);
     eprintln!("{pongs} PONGs, longest gap {gap_ms} ms; events {ev:?}");
     assert_ne!(after["plane"]["pid"], pid, "{after:#}");
-    assert!(!alive(pid), "the stalled plane {pid} was not killed");
+    assert!(
+        !process_alive(pid),
+        "the stalled plane {pid} was not killed"
+    );
     let over = ev
         .iter()
         .find(|(e, _)| e == "fail_over")
@@ -1901,7 +1871,10 @@ fn online_upgrade_under_load(shards: u32) {
     let s = bed.status();
     let ev = events(&s);
     eprintln!("{pongs} PONGs, longest gap {gap_ms} ms; wrk: {wrk_out}; events {ev:?}");
-    assert!(!alive(old_pid), "the old plane {old_pid} still runs");
+    assert!(
+        !process_alive(old_pid),
+        "the old plane {old_pid} still runs"
+    );
     assert!(
         !ev.iter().any(|(e, _)| e == "fail_open" || e == "fail_over"),
         "{ev:?}"

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use spillway_rt::vm::qemu::{Accel, GuestSpec, QemuError, QemuGuest};
+use spillway_testkit::process_alive;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -46,14 +47,6 @@ fn spec(dir: &Path, log: &Path) -> GuestSpec {
     }
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
-        st.rsplit(')')
-            .next()
-            .is_some_and(|r| !r.trim_start().starts_with('Z'))
-    })
-}
-
 #[test]
 fn the_guest_boots_to_its_ready_line_and_is_gone_when_dropped() {
     let Some(dir) = guest() else {
@@ -74,9 +67,9 @@ fn the_guest_boots_to_its_ready_line_and_is_gone_when_dropped() {
     assert!(console.contains("Linux version"), "{console}");
     assert_ne!(g.accel(), Accel::Auto);
     let pid = g.pid().unwrap();
-    assert!(alive(pid));
+    assert!(process_alive(pid.into()));
     drop(g);
-    assert!(!alive(pid), "QEMU {pid} outlived its guest");
+    assert!(!process_alive(pid.into()), "QEMU {pid} outlived its guest");
 }
 
 #[test]

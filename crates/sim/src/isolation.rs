@@ -235,30 +235,27 @@ fn steady(p: &IsolationParams, iso: Isolation) -> Steady {
     let way = p.llc_bytes / f64::from(p.llc_ways);
     // A fixed point: the tenants' cache share sets their misses, which set their insertion
     // rate, which sets their share. A few rounds settle it (the map is a contraction here).
+    // It starts from the idle node: the whole cache, idle latency.
     let mut misses = p.req_misses;
     let mut tenant_llc = p.llc_bytes;
-    let mut service_ns: f64 = 0.0;
-    let mut rho: f64 = 0.0;
     let mut latency_ns = p.mem_latency_ns;
+    let mut service_ns = p.req_cpu_ns + misses * latency_ns;
+    let mut rho: f64 = 0.0;
     for _ in 0..8 {
+        // The tenants' requests per second at their (fixed) load, and the lines they insert.
+        let req_rate = f64::from(p.tenant_cores) * p.tenant_load * 1e9 / service_ns;
         let plane_llc = if pps == 0.0 {
             0.0
         } else if iso.cat {
             way * f64::from(p.plane_cat_ways)
         } else {
             // LRU occupancy in proportion to insertion rates, bounded by the footprint.
-            let req_rate = f64::from(p.tenant_cores) * p.tenant_load / (service_ns.max(1.0) / 1e9);
-            let tenant_rate = req_rate * misses;
             let plane_rate = pps * p.plane_lines_per_pkt;
+            let tenant_rate = req_rate * misses;
             (p.llc_bytes * plane_rate / (plane_rate + tenant_rate)).min(p.plane_footprint)
         };
         tenant_llc = p.llc_bytes - plane_llc;
         misses = p.req_misses * (p.llc_bytes / tenant_llc).sqrt();
-        let req_rate = if service_ns > 0.0 {
-            f64::from(p.tenant_cores) * p.tenant_load * 1e9 / service_ns
-        } else {
-            0.0
-        };
         let bw = tenant_bw + req_rate * misses * 64.0 + pps * p.plane_bytes_per_pkt;
         rho = (bw / p.mem_bandwidth).min(0.95);
         latency_ns = p.mem_latency_ns * (1.0 + p.latency_knee * rho / (1.0 - rho));

@@ -77,6 +77,16 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 }
 
+/// Whether process `pid` exists and has not exited: a zombie (exited, not yet reaped) counts
+/// as gone.
+pub fn process_alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    })
+}
+
 /// Whether this process is root and every one of `programs` (names on `PATH`, or absolute
 /// paths) can be run: true means the test can run. Otherwise it says why on stderr and returns
 /// false (the test skips), except under `CI=true`, where `.ci/run` has installed everything and
