@@ -657,7 +657,6 @@ impl DpuControl {
             phase: self.life.phase,
             colour: self.life.colour,
             quota: self.life.quota,
-            warm: self.life.warm != Warm::Off,
         }
     }
 

@@ -42,12 +42,13 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// fenced. A message about a connection is taken by its shard as [`DpuShard::handle_msg_as`]
     /// says, the rule a driver with a thread per shard applies there too.
     pub fn handle_msg_from(&mut self, now: Instant, slot: PlaneSlot, msg: Msg) {
-        let sender = self.sender(slot);
         if let Some(conn) = msg.conn() {
             let view = self.control.view();
-            self.shard_for(conn).handle_msg_as(now, sender, msg, view);
+            let shard = self.shard_for(conn);
+            shard.handle_msg_as(now, shard.sender(slot), msg, view);
             return;
         }
+        let sender = self.sender(slot);
         match sender {
             Sender::Active => self.handle_msg(now, msg),
             Sender::Warm => {
@@ -492,9 +493,13 @@ impl<R: ResourcesHandle> DpuShard<R> {
     }
 
     /// What the plane in `slot` is to this shard now ([`Sender::of`], with the shard's own
-    /// active slot and the control part's view of the warm plane).
-    pub fn sender(&self, slot: PlaneSlot, view: ShardView) -> Sender {
-        Sender::of(slot, self.active, view.warm)
+    /// active slot and whether it relays to a warm plane): both change with the control
+    /// part's requests (`WarmSync`, `WarmOff`, `Flip`), in step with its lifecycle, never a
+    /// turn late as a published view can be. Read from a view, the old plane of an upgrade
+    /// was still "warm" on a forwarding thread for a turn after the flip, and its last
+    /// packets were dropped instead of served as a fenced plane's.
+    pub fn sender(&self, slot: PlaneSlot) -> Sender {
+        Sender::of(slot, self.active, self.warm.is_some())
     }
 
     /// A message about one of this shard's connections from a plane that has been fenced

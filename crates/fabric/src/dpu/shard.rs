@@ -37,9 +37,6 @@ pub struct ShardView {
     pub colour: Colour,
     /// Redirected buckets.
     pub quota: u16,
-    /// A warm standby plane is kept (starting, syncing, ready or being flipped to): what a
-    /// message from the slot the shard does not steer to is ([`DpuShard::sender`]).
-    pub warm: bool,
 }
 
 impl ShardView {

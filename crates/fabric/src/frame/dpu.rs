@@ -159,7 +159,7 @@ impl<R: ResourcesHandle> DpuModel for ShardModel<R> {
         (k != index).then_some(k)
     }
     fn sender(&self, slot: PlaneSlot) -> Sender {
-        self.shard.sender(slot, self.view)
+        self.shard.sender(slot)
     }
     /// A message about one of the shard's connections: the driver sends the rest (lifecycle
     /// replies, digests, end markers) to the control part's thread, so one that names none
