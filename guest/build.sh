@@ -14,6 +14,7 @@
 #
 #   spillway.ip=ADDR/PREFIX   the address of eth0 (none: eth0 stays down)
 #   spillway.gw=ADDR          a default route
+#   spillway.ping=ADDR        ping ADDR in the background from the start (tests)
 #
 # and prints `spillway-guest ready` on the console once eth0 is up and httpd runs, then
 # `spillway-guest eth0 MAC` with the interface's address. A guest powers off when its init's
@@ -36,7 +37,8 @@ kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-im
 [[ -n $kpkg ]] || { echo "guest/build.sh: apt knows no linux-image-amd64 (apt-get update?)" >&2; exit 1; }
 kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
 bver=$(apt-cache policy busybox-static | awk '/Candidate:/ {print $2}')
-want="$kpkg $kver busybox-static $bver"
+# The script's own hash too: a changed init rebuilds the guest.
+want="$kpkg $kver busybox-static $bver $(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
 if [[ -f $OUT/VERSION && $(cat "$OUT/VERSION") == "$want" && -f $OUT/vmlinuz && -f $OUT/initramfs.cpio.gz ]]; then
     echo "guest/build.sh: $OUT is up to date ($want)"
     exit 0
@@ -92,12 +94,14 @@ ip link set lo up
 arg() { for w in $(cat /proc/cmdline); do case $w in "$1"=*) echo "${w#*=}";; esac; done; }
 addr=$(arg spillway.ip)
 gw=$(arg spillway.gw)
+ping=$(arg spillway.ping)
 if [ -n "$addr" ]; then
     for _ in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
     ip addr add "$addr" dev eth0
     ip link set eth0 up
     [ -n "$gw" ] && ip route add default via "$gw"
     httpd -p 80 -h /www
+    [ -n "$ping" ] && ping -q "$ping" >/dev/null 2>&1 &
     echo "spillway-guest eth0 $(cat /sys/class/net/eth0/address)"
 fi
 echo "spillway-guest ready"

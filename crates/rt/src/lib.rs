@@ -19,7 +19,8 @@
 //! - [`plane`]: the spill-plane process.
 //! - [`shards`]: a model's control part on one thread and its shards on others (the DPU's
 //!   forwarding threads, the plane's threads): the shared budget and the request transport.
-//! - [`vm`]: the VM side of a shared-memory port (`spillway vm-endpoint`), and a QEMU guest.
+//! - [`vm`]: the VM side of a shared-memory port (`spillway vm-endpoint`), a QEMU guest, and the
+//!   vhost-user backend of a QEMU guest's virtio-net device ([`vm::vhost_user`]).
 //! - [`testbed`]: the testbed description all of them read.
 //!
 //! ## Main types

@@ -12,6 +12,7 @@ mod forward;
 mod plane_ctl;
 mod plane_proc;
 mod ports;
+pub(crate) use ports::worth_logging;
 mod report;
 mod setup;
 pub mod shards;

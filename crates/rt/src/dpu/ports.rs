@@ -163,7 +163,7 @@ impl DetachReason {
 /// Whether the `n`th refusal of a kind is logged: the 1st, 2nd, 4th, 8th, ... A peer that
 /// connects in a loop costs a counter increment, not a log line per attempt; the counter
 /// (`rt.vnic.rejected`, `rt.vm.rejected`) has the exact number.
-pub(super) fn worth_logging(n: u64) -> bool {
+pub(crate) fn worth_logging(n: u64) -> bool {
     n.is_power_of_two()
 }
 

@@ -4,3 +4,4 @@
 
 pub mod endpoint;
 pub mod qemu;
+pub mod vhost_user;

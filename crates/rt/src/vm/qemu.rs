@@ -11,9 +11,9 @@
 //! [`QemuGuest::accel`] says which ran. The warning names the reason, so a slow boot is never a
 //! mystery.
 //!
-//! The network device (a vhost-user `virtio-net` whose backend is the DPU process) is the next
-//! step of issue 18; this module boots the guest without one unless [`GuestSpec::netdev`]
-//! names QEMU `-netdev`/`-device` arguments.
+//! **The network device.** [`vhost_user_nic`] gives the arguments of a `virtio-net` device whose
+//! backend is a vhost-user socket ([`crate::vm::vhost_user`]), with the device options QEMU 7.2
+//! needs to run one (docs/adr/0013-vhost-user.md); [`GuestSpec::netdev`] takes them.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -279,6 +279,34 @@ impl Drop for QemuGuest {
 }
 
 /// Where QEMU's own messages go for a guest whose console is `console`.
+/// QEMU arguments for a `virtio-net-pci` device with MAC `mac` on a vhost-user socket QEMU
+/// listens on at `sock` (`server=on,wait=off`: the backend connects, and connects again when
+/// QEMU restarts, as OVS's `dpdkvhostuserclient` ports do).
+///
+/// The device options are what Debian's QEMU 7.2 needs to run a vhost-user NIC at all:
+/// - no control queue and nothing that needs one (`ctrl_vq=off`, `ctrl_rx`, `ctrl_vlan`, ...,
+///   `mq=off`): with it, QEMU masks the control queue's notifier through a peer a vhost-user
+///   netdev does not have, and crashes (SIGSEGV in `vhost_net_start`) when the driver starts;
+///   with the queue off but the features that depend on it on, Linux's driver refuses them
+///   (status `FAILED` before `FEATURES_OK`);
+/// - no MSI-X (`vectors=0`): without KVM's irqfds, QEMU 7.2 unmasks a vhost-user vector
+///   through an irqfd table it never allocated, and crashes the same way. Interrupts go by
+///   INTx through QEMU's main loop instead.
+pub fn vhost_user_nic(sock: &Path, mac: &str) -> Vec<String> {
+    vec![
+        "-chardev".into(),
+        format!("socket,id=vu0,path={},server=on,wait=off", sock.display()),
+        "-netdev".into(),
+        "vhost-user,id=n0,chardev=vu0".into(),
+        "-device".into(),
+        format!(
+            "virtio-net-pci,netdev=n0,mac={mac},ctrl_vq=off,ctrl_rx=off,ctrl_vlan=off,\
+             ctrl_rx_extra=off,ctrl_mac_addr=off,ctrl_guest_offloads=off,guest_announce=off,\
+             mq=off,vectors=0"
+        ),
+    ]
+}
+
 fn qemu_log_path(console: &Path) -> PathBuf {
     let mut p = console.as_os_str().to_owned();
     p.push(".qemu");

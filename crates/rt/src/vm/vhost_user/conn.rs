@@ -1,0 +1,213 @@
+//! The port's service thread: it holds the vhost-user socket, either listening for the VMM
+//! (QEMU `-chardev socket,path=P,reconnect=1`: QEMU connects, and again after the DPU process
+//! restarts) or connecting to it (QEMU `-chardev socket,path=P,server=on,wait=off`, as OVS's
+//! `dpdkvhostuserclient` ports do: the DPU process connects, and again after QEMU restarts),
+//! and runs one [`Session`] per connection. The data path never waits for it: requests change
+//! the shared [`Device`], which the loop reads.
+//!
+//! A peer whose uid is not the VM's (`[[vm]] uid`, root allowed) is refused before it says
+//! anything. A request the session refuses closes the connection (with a negative
+//! acknowledgement first when one was asked for); the device is reset at every disconnect, so a
+//! frontend that connects again starts from nothing. After [`Backend::disconnect`] (the data
+//! path found the guest breaking a queue), no new connection is served for
+//! [`super::QUARANTINE`].
+
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::device::{Answer, Device, Session};
+use super::msg;
+
+/// How the socket is used.
+#[derive(Debug)]
+pub enum SocketMode {
+    /// The DPU process listens (bound by the caller with its mode and owner); the VMM connects.
+    Listen(UnixListener),
+    /// The VMM listens at this path; the DPU process connects, and retries every
+    /// [`RETRY`] while it is not there.
+    Connect(PathBuf),
+}
+
+/// How often a connecting backend retries, and a listening one looks for a connection.
+pub const RETRY: Duration = Duration::from_millis(50);
+
+/// A vhost-user port's service thread.
+#[derive(Debug)]
+pub struct Backend {
+    pub dev: Arc<Device>,
+    stop: Arc<AtomicBool>,
+    quarantine: Arc<AtomicBool>,
+    conn: Arc<Mutex<Option<UnixStream>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Backend {
+    /// Starts the thread for VM `vm`; peers must have uid `uid` (or be root).
+    pub fn start(vm: &str, mode: SocketMode, uid: u32) -> Result<Backend, String> {
+        let dev = Device::new()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let quarantine = Arc::new(AtomicBool::new(false));
+        let conn = Arc::new(Mutex::new(None));
+        let ctx = Ctx {
+            vm: vm.to_string(),
+            dev: dev.clone(),
+            stop: stop.clone(),
+            quarantine: quarantine.clone(),
+            conn: conn.clone(),
+            uid,
+        };
+        if let SocketMode::Listen(l) = &mode {
+            l.set_nonblocking(true)
+                .map_err(|e| format!("vhost-user socket of vm {vm}: {e}"))?;
+        }
+        let thread = std::thread::Builder::new()
+            .name(format!("vhost-{vm}"))
+            .spawn(move || ctx.run(mode))
+            .map_err(|e| format!("starting the vhost-user thread of vm {vm}: {e}"))?;
+        Ok(Backend {
+            dev,
+            stop,
+            quarantine,
+            conn,
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether a frontend is connected now.
+    pub fn connected(&self) -> bool {
+        self.conn.lock().is_ok_and(|c| c.is_some())
+    }
+
+    /// Drops the frontend's connection (the device is reset) and serves no new one for
+    /// [`super::QUARANTINE`].
+    pub fn disconnect(&self) {
+        self.quarantine.store(true, Ordering::Relaxed);
+        if let Ok(c) = self.conn.lock()
+            && let Some(s) = c.as_ref()
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Ok(c) = self.conn.lock()
+            && let Some(s) = c.as_ref()
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Ctx {
+    vm: String,
+    dev: Arc<Device>,
+    stop: Arc<AtomicBool>,
+    quarantine: Arc<AtomicBool>,
+    conn: Arc<Mutex<Option<UnixStream>>>,
+    uid: u32,
+}
+
+impl Ctx {
+    fn run(self, mode: SocketMode) {
+        let mut refused = 0u64;
+        while !self.stop.load(Ordering::Relaxed) {
+            if self.quarantine.swap(false, Ordering::Relaxed) {
+                self.sleep(super::QUARANTINE);
+                continue;
+            }
+            let stream = match &mode {
+                SocketMode::Listen(l) => match l.accept() {
+                    Ok((s, _)) => s,
+                    Err(_) => {
+                        std::thread::sleep(RETRY);
+                        continue;
+                    }
+                },
+                SocketMode::Connect(path) => match UnixStream::connect(path) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        std::thread::sleep(RETRY);
+                        continue;
+                    }
+                },
+            };
+            match crate::host::unixsock::peer_cred(&stream) {
+                Ok(c) if c.uid == self.uid || c.uid == 0 => {}
+                peer => {
+                    refused += 1;
+                    if crate::dpu::worth_logging(refused) {
+                        let (pid, uid) = peer.map_or((0, u32::MAX), |c| (c.pid, c.uid));
+                        tracing::warn!(target: "spillway::run", vm = %self.vm, pid, uid, allowed_uid = self.uid, refused, "refused a vhost-user peer of another uid");
+                    }
+                    self.sleep(RETRY);
+                    continue;
+                }
+            }
+            if stream.set_nonblocking(false).is_err() {
+                continue;
+            }
+            if let (Ok(mut c), Ok(clone)) = (self.conn.lock(), stream.try_clone()) {
+                *c = Some(clone);
+            }
+            tracing::info!(target: "spillway::run", vm = %self.vm, "vhost-user frontend connected");
+            let why = self.serve(&stream);
+            if let Ok(mut c) = self.conn.lock() {
+                *c = None;
+            }
+            self.dev.reset();
+            tracing::info!(target: "spillway::run", vm = %self.vm, reason = %why, "vhost-user frontend disconnected");
+        }
+    }
+
+    /// Sleeps `d`, waking early to stop.
+    fn sleep(&self, d: Duration) {
+        let mut left = d;
+        while !left.is_zero() && !self.stop.load(Ordering::Relaxed) {
+            let step = left.min(RETRY);
+            std::thread::sleep(step);
+            left -= step;
+        }
+    }
+
+    /// Serves one connection until it ends; returns why it ended.
+    fn serve(&self, s: &UnixStream) -> String {
+        let mut session = Session::new(self.dev.clone());
+        loop {
+            let mut m = match msg::read(s) {
+                Ok(Some(m)) => m,
+                Ok(None) => return "closed".into(),
+                Err(e) => return format!("unreadable message: {e}"),
+            };
+            let ack = session.wants_ack(&m);
+            match session.handle(&mut m) {
+                Ok(answer) => {
+                    let sent = match answer {
+                        Answer::Reply(body) => msg::reply(s, m.req, &body),
+                        Answer::None if ack => msg::reply(s, m.req, &0u64.to_le_bytes()),
+                        Answer::None => Ok(()),
+                    };
+                    if let Err(e) = sent {
+                        return format!("writing a reply: {e}");
+                    }
+                }
+                Err(e) => {
+                    if ack {
+                        let _ = msg::reply(s, m.req, &1u64.to_le_bytes());
+                    }
+                    tracing::warn!(target: "spillway::run", vm = %self.vm, request = m.req, error = %e, "vhost-user request refused; closing the connection");
+                    return format!("request {} refused: {e}", m.req);
+                }
+            }
+        }
+    }
+}

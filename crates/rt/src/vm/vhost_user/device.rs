@@ -1,0 +1,753 @@
+//! The virtio-net device a vhost-user frontend (QEMU) drives: the protocol's state machine
+//! ([`Session`], run by the port's service thread, one message at a time) and the data path's
+//! view of the same device ([`Device`]: the guest's memory and its two virtqueues, which the
+//! DPU process's loop reads and fills).
+//!
+//! ## What is shared, and how
+//!
+//! - **The guest's memory** is a [`GuestMemoryAtomic`]: the session replaces the whole table on
+//!   `SET_MEM_TABLE`, and the data path loads the current one for each frame. A table the data
+//!   path still holds stays mapped until it lets go (it is reference-counted), so a table change
+//!   never unmaps memory under a copy.
+//! - **Each virtqueue** is a [`Vring`] under its own mutex: the data path takes it once per
+//!   frame (uncontended but for the moments the frontend reconfigures), the session when a
+//!   message changes it.
+//! - **The kick fds** change under the data path's `poll`: the session bumps [`Device::generation`]
+//!   and rings [`Device::changed`], and the data path takes new copies of the fds when it sees a
+//!   new generation. An fd it polls stays open while it holds its copy.
+//!
+//! ## Trust
+//!
+//! The frontend is the VMM (its uid is checked when it connects); the guest behind it is not
+//! trusted at all. Every guest address goes through the memory table: a descriptor outside the
+//! guest's memory, a chain with a loop or a bad index, a chain of the wrong direction or a frame
+//! too large is a [`BadChain`]: the chain is returned to the guest as used with length 0 and
+//! counted, and the loop moves on. An available index that runs more than a queue ahead of the
+//! device's ([`ChainError::Broken`]) makes the queue unusable, and the port is reset. A memory
+//! region must be a sealed memfd (`F_SEAL_SHRINK`) at least as large as what is mapped of it, so
+//! the VMM cannot truncate the file under the mapping (which would fault the DPU process).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_INDIRECT_DESC, VRING_AVAIL_F_NO_INTERRUPT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use vm_memory::{
+    Address, Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic,
+    GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
+};
+
+use super::msg::{self, Msg, MsgError, le_u32, le_u64};
+use crate::shm::ring::Doorbell;
+
+/// The guest's receive queue (the device writes frames into its buffers).
+pub const RX: usize = 0;
+/// The guest's transmit queue.
+pub const TX: usize = 1;
+/// The largest queue the frontend may set (QEMU's `rx_queue_size`/`tx_queue_size` go to 1024).
+pub const QUEUE_MAX: u16 = 1024;
+/// The virtio-net header with `VIRTIO_F_VERSION_1`: 12 bytes, `num_buffers` included.
+pub const NET_HDR_LEN: usize = 12;
+/// Memory regions a table may have (QEMU sends at most 8 with one message).
+pub const REGIONS_MAX: usize = msg::FDS_MAX;
+/// The most guest memory the DPU process maps for one VM.
+pub const MEMORY_MAX: u64 = 64 << 30;
+
+/// The virtio features offered: virtio 1.x, indirect descriptors, and vhost-user's protocol
+/// features. No offloads (the guest checksums and segments itself), no mergeable buffers.
+pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+
+/// The protocol features offered: acknowledgements on request (`REPLY_ACK`).
+pub const PROTOCOL_FEATURES: u64 = VhostUserProtocolFeatures::REPLY_ACK.bits();
+
+/// One virtqueue and what the frontend told us about it.
+#[derive(Debug)]
+pub struct Vring {
+    pub queue: Queue,
+    pub kick: Option<Arc<Doorbell>>,
+    pub call: Option<Arc<Doorbell>>,
+    /// `SET_VRING_ENABLE` (or all rings at once when `PROTOCOL_FEATURES` is not acked).
+    pub enabled: bool,
+    /// Used entries added since the last interrupt.
+    pub irq_due: bool,
+}
+
+impl Vring {
+    fn new() -> Vring {
+        Vring {
+            queue: Queue::new(QUEUE_MAX).expect("QUEUE_MAX is a power of two"),
+            kick: None,
+            call: None,
+            enabled: false,
+            irq_due: false,
+        }
+    }
+
+    /// Whether the data path may use the queue: started (a kick fd and ready), enabled.
+    pub fn live(&self) -> bool {
+        self.enabled && self.queue.ready()
+    }
+}
+
+/// Counters of the protocol side (the data path counts in its port).
+#[derive(Debug, Default)]
+pub struct SessionCounters {
+    /// Frontend connections served.
+    pub connections: AtomicU64,
+    /// Requests handled.
+    pub requests: AtomicU64,
+    /// Requests refused (a bad value, or one this backend does not serve); the connection is
+    /// closed after it.
+    pub refused: AtomicU64,
+    /// Memory tables taken.
+    pub mem_tables: AtomicU64,
+}
+
+/// The device both sides share.
+#[derive(Debug)]
+pub struct Device {
+    pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    vrings: [Mutex<Vring>; 2],
+    /// Bumped whenever a kick or call fd, a ring's state or the memory table changed.
+    pub generation: AtomicU64,
+    /// Rung with every new generation, to wake a data path asleep in `poll`.
+    pub changed: Doorbell,
+    /// The virtio features the driver acked.
+    pub acked: AtomicU64,
+    pub counters: SessionCounters,
+}
+
+impl Device {
+    pub fn new() -> Result<Arc<Device>, String> {
+        Ok(Arc::new(Device {
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            vrings: [Mutex::new(Vring::new()), Mutex::new(Vring::new())],
+            generation: AtomicU64::new(0),
+            changed: Doorbell::new().map_err(|e| e.to_string())?,
+            acked: AtomicU64::new(0),
+            counters: SessionCounters::default(),
+        }))
+    }
+
+    /// Vring `i` ([`RX`] or [`TX`]), locked. A panic while it was held (there is none on these
+    /// paths) would leave it as it was: the state is plain data, so the poison is ignored.
+    pub fn vring(&self, i: usize) -> MutexGuard<'_, Vring> {
+        self.vrings[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
+        let _ = self.changed.kick();
+    }
+
+    /// Stops both rings and drops the memory table: the frontend is gone (or broke a queue).
+    /// A frontend that connects again sets everything up from the start.
+    pub fn reset(&self) {
+        for i in [RX, TX] {
+            *self.vring(i) = Vring::new();
+        }
+        self.mem
+            .lock()
+            .expect("memory lock")
+            .replace(GuestMemoryMmap::new());
+        self.acked.store(0, Ordering::Relaxed);
+        self.bump();
+    }
+}
+
+/// A descriptor chain refused, and why (each counted by the port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadChain {
+    /// A head index beyond the queue: the chain cannot even be returned.
+    Head,
+    /// A descriptor (or the indirect table) outside the guest's memory, or a chain that ends
+    /// with `NEXT` still set: a loop, a bad `next`, a nested indirect table.
+    Address,
+    /// A writable descriptor in a transmit chain, or a readable one in a receive chain.
+    Direction,
+    /// A transmit chain larger than the largest frame, or a receive chain too small for the
+    /// frame (or for the header alone).
+    Size,
+}
+
+impl BadChain {
+    pub fn name(self) -> &'static str {
+        match self {
+            BadChain::Head => "head",
+            BadChain::Address => "address",
+            BadChain::Direction => "direction",
+            BadChain::Size => "size",
+        }
+    }
+}
+
+/// What a queue operation could not do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// The chain was refused (and returned to the guest when its head allowed it).
+    #[error("bad descriptor chain ({})", .0.name())]
+    Bad(BadChain),
+    /// The queue is unusable: an available index more than a queue ahead, or a used ring the
+    /// device cannot write.
+    #[error("the guest broke the virtqueue")]
+    Broken,
+}
+
+/// The next chain the guest made available on `q`, if any. A queue not ready has none; one whose
+/// available index runs more than a queue ahead is broken.
+fn pop<'m>(
+    q: &mut Queue,
+    mem: &'m GuestMemoryMmap,
+) -> Result<Option<DescriptorChain<&'m GuestMemoryMmap>>, ChainError> {
+    match q.iter(mem) {
+        Ok(mut it) => Ok(it.next()),
+        Err(virtio_queue::Error::InvalidAvailRingIndex) => Err(ChainError::Broken),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Why a chain with no descriptor was refused: its head is beyond the queue (it cannot even be
+/// returned), or its first descriptor could not be read.
+fn empty_chain(head: u16, size: u16) -> BadChain {
+    if head >= size {
+        BadChain::Head
+    } else {
+        BadChain::Address
+    }
+}
+
+/// The data path: takes the next frame the guest sent, its virtio-net header first, into
+/// `area`; returns its length. `Ok(None)`: nothing to take (or the ring is not running).
+pub fn recv(dev: &Device, area: &mut [u8]) -> Result<Option<usize>, ChainError> {
+    let mut v = dev.vring(TX);
+    if !v.live() {
+        return Ok(None);
+    }
+    let mem = dev.mem.memory();
+    let Some(chain) = pop(&mut v.queue, &mem)? else {
+        return Ok(None);
+    };
+    let head = chain.head_index();
+    let mut n = 0usize;
+    let mut verdict = Ok(());
+    let mut more = true;
+    let mut seen = 0;
+    for d in chain {
+        seen += 1;
+        more = d.has_next();
+        let len = d.len() as usize;
+        if d.is_write_only() {
+            verdict = Err(BadChain::Direction);
+            break;
+        }
+        if len > area.len() - n {
+            verdict = Err(BadChain::Size);
+            break;
+        }
+        if mem.read_slice(&mut area[n..n + len], d.addr()).is_err() {
+            verdict = Err(BadChain::Address);
+            break;
+        }
+        n += len;
+    }
+    if seen == 0 {
+        verdict = Err(empty_chain(head, v.queue.size()));
+    } else if verdict.is_ok() && more {
+        verdict = Err(BadChain::Address);
+    }
+    if verdict.is_ok() && n < NET_HDR_LEN {
+        verdict = Err(BadChain::Size);
+    }
+    if verdict != Err(BadChain::Head) {
+        v.queue
+            .add_used(&*mem, head, 0)
+            .map_err(|_| ChainError::Broken)?;
+        v.irq_due = true;
+    }
+    verdict.map(|()| Some(n)).map_err(ChainError::Bad)
+}
+
+/// The data path: writes `hdr` (the 12-byte virtio-net header) and `frame` into the next receive
+/// buffer the guest posted. `Ok(false)`: no buffer posted (or the ring is not running).
+pub fn send(dev: &Device, hdr: &[u8], frame: &[u8]) -> Result<bool, ChainError> {
+    let mut v = dev.vring(RX);
+    if !v.live() {
+        return Ok(false);
+    }
+    let mem = dev.mem.memory();
+    let Some(chain) = pop(&mut v.queue, &mem)? else {
+        return Ok(false);
+    };
+    let head = chain.head_index();
+    let (mut src, mut rest) = (hdr, frame);
+    let mut written = 0usize;
+    let mut verdict = Ok(());
+    let mut seen = 0;
+    let mut more = true;
+    for d in chain {
+        seen += 1;
+        more = d.has_next();
+        if !d.is_write_only() {
+            verdict = Err(BadChain::Direction);
+            break;
+        }
+        let mut addr = d.addr();
+        let mut room = d.len() as usize;
+        while room > 0 && !(src.is_empty() && rest.is_empty()) {
+            if src.is_empty() {
+                (src, rest) = (rest, &[]);
+            }
+            let k = room.min(src.len());
+            if mem.write_slice(&src[..k], addr).is_err() {
+                verdict = Err(BadChain::Address);
+                break;
+            }
+            src = &src[k..];
+            room -= k;
+            written += k;
+            addr = addr.unchecked_add(k as u64);
+        }
+        if verdict.is_err() || (src.is_empty() && rest.is_empty()) {
+            // Done (the rest of the chain is the guest's to reuse), or refused.
+            more = false;
+            break;
+        }
+    }
+    if seen == 0 {
+        verdict = Err(empty_chain(head, v.queue.size()));
+    } else if verdict.is_ok() && !(src.is_empty() && rest.is_empty()) {
+        verdict = Err(if more {
+            BadChain::Address
+        } else {
+            BadChain::Size
+        });
+    }
+    if verdict == Err(BadChain::Head) {
+        return Err(ChainError::Bad(BadChain::Head));
+    }
+    let len = if verdict.is_ok() { written as u32 } else { 0 };
+    v.queue
+        .add_used(&*mem, head, len)
+        .map_err(|_| ChainError::Broken)?;
+    v.irq_due = true;
+    verdict.map(|()| true).map_err(ChainError::Bad)
+}
+
+/// The data path: interrupts the guest for ring `i` if it got used entries since the last
+/// interrupt and has not asked for none (`VRING_AVAIL_F_NO_INTERRUPT`).
+pub fn flush_irq(dev: &Device, i: usize) {
+    let mut v = dev.vring(i);
+    if !v.irq_due || !v.live() {
+        return;
+    }
+    v.irq_due = false;
+    let mem = dev.mem.memory();
+    let avail = GuestAddress(v.queue.avail_ring());
+    let quiet = mem
+        .load::<u16>(avail, Ordering::Acquire)
+        .is_ok_and(|f| u16::from_le(f) & VRING_AVAIL_F_NO_INTERRUPT as u16 != 0);
+    if !quiet && let Some(call) = &v.call {
+        let _ = call.kick();
+    }
+}
+
+/// The data path, before it sleeps: asks the guest for a kick on its transmit queue and says
+/// whether it may sleep (nothing arrived meanwhile). A queue not running may always sleep.
+pub fn prepare_sleep(dev: &Device) -> bool {
+    let mut v = dev.vring(TX);
+    if !v.live() {
+        return true;
+    }
+    let mem = dev.mem.memory();
+    // `enable_notification` re-reads the available index after a full fence: `true` if the
+    // guest posted a chain the device has not taken.
+    !matches!(v.queue.enable_notification(&*mem), Ok(true))
+}
+
+/// The data path, awake again: no kicks while it polls, and the kick counter reset.
+pub fn woke(dev: &Device) {
+    let mut v = dev.vring(TX);
+    if !v.live() {
+        return;
+    }
+    let mem = dev.mem.memory();
+    let _ = v.queue.disable_notification(&*mem);
+    if let Some(k) = &v.kick {
+        let _ = k.drain();
+    }
+}
+
+/// The transmit queue's kick fd, for the data path to poll (a copy it keeps; see the module doc).
+pub fn tx_kick(dev: &Device) -> Option<Arc<Doorbell>> {
+    dev.vring(TX).kick.clone()
+}
+
+/// A memory region as the frontend described it, kept to turn the ring addresses it gives (its
+/// own virtual addresses) into guest addresses.
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    gpa: u64,
+    size: u64,
+    uaddr: u64,
+}
+
+/// The protocol side of one frontend connection: applies each request to the [`Device`].
+#[derive(Debug)]
+pub struct Session {
+    dev: Arc<Device>,
+    regions: Vec<Region>,
+    protocol: u64,
+    acked: Option<u64>,
+}
+
+/// What a request asks the thread to do next.
+#[derive(Debug)]
+pub enum Answer {
+    /// Nothing to send.
+    None,
+    /// This reply body.
+    Reply(Vec<u8>),
+}
+
+/// A request refused: why, for the log.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Msg(#[from] MsgError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn refused(what: impl Into<String>) -> RequestError {
+    RequestError::Refused(what.into())
+}
+
+impl Session {
+    pub fn new(dev: Arc<Device>) -> Session {
+        dev.counters.connections.fetch_add(1, Ordering::Relaxed);
+        Session {
+            dev,
+            regions: Vec::new(),
+            protocol: 0,
+            acked: None,
+        }
+    }
+
+    /// Applies `m`. On `Ok`, the caller sends the answer, and an acknowledgement of 0 when the
+    /// request wanted one (`REPLY_ACK`) and has no reply of its own; on `Err` an acknowledgement
+    /// of 1 if wanted, and then it closes the connection.
+    pub fn handle(&mut self, m: &mut Msg) -> Result<Answer, RequestError> {
+        self.dev.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let r = self.apply(m);
+        if r.is_err() {
+            self.dev.counters.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Whether an acknowledgement goes back for `m` (with `REPLY_ACK`, when asked, for the
+    /// requests that have no reply of their own).
+    pub fn wants_ack(&self, m: &Msg) -> bool {
+        let own_reply = [
+            FrontendReq::GET_FEATURES,
+            FrontendReq::GET_PROTOCOL_FEATURES,
+            FrontendReq::GET_VRING_BASE,
+            FrontendReq::GET_QUEUE_NUM,
+        ]
+        .iter()
+        .any(|r| u32::from(*r) == m.req);
+        m.need_reply()
+            && !own_reply
+            && self.protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0
+    }
+
+    fn ring(&self, index: u32) -> Result<usize, RequestError> {
+        match index as usize {
+            i @ (RX | TX) => Ok(i),
+            _ => Err(refused(format!(
+                "vring {index}: this device has queues 0 and 1"
+            ))),
+        }
+    }
+
+    /// A frontend virtual address (how `SET_VRING_ADDR` names the rings) as a guest address.
+    fn gpa(&self, va: u64, len: u64) -> Result<GuestAddress, RequestError> {
+        self.regions
+            .iter()
+            .find(|r| va >= r.uaddr && va - r.uaddr < r.size && len <= r.size - (va - r.uaddr))
+            .map(|r| GuestAddress(r.gpa + (va - r.uaddr)))
+            .ok_or_else(|| refused(format!("ring address {va:#x} is in no memory region")))
+    }
+
+    fn apply(&mut self, m: &mut Msg) -> Result<Answer, RequestError> {
+        let Ok(req) = FrontendReq::try_from(m.req) else {
+            return Err(refused(format!("unknown request {}", m.req)));
+        };
+        let u64_reply = |v: u64| Answer::Reply(v.to_le_bytes().to_vec());
+        match req {
+            FrontendReq::GET_FEATURES => Ok(u64_reply(FEATURES)),
+            FrontendReq::SET_FEATURES => {
+                let f = m.u64()?;
+                if f & !FEATURES != 0 {
+                    return Err(refused(format!(
+                        "features {f:#x} include some not offered ({FEATURES:#x})"
+                    )));
+                }
+                if f & (1 << VIRTIO_F_VERSION_1) == 0 {
+                    return Err(refused(
+                        "a driver without VIRTIO_F_VERSION_1 (legacy virtio)",
+                    ));
+                }
+                self.acked = Some(f);
+                self.dev.acked.store(f, Ordering::Relaxed);
+                // Without the protocol features every ring is enabled as it starts.
+                if f & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
+                    for i in [RX, TX] {
+                        self.dev.vring(i).enabled = true;
+                    }
+                }
+                self.dev.bump();
+                Ok(Answer::None)
+            }
+            FrontendReq::GET_PROTOCOL_FEATURES => Ok(u64_reply(PROTOCOL_FEATURES)),
+            FrontendReq::SET_PROTOCOL_FEATURES => {
+                let f = m.u64()?;
+                if f & !PROTOCOL_FEATURES != 0 {
+                    return Err(refused(format!(
+                        "protocol features {f:#x} include some not offered ({PROTOCOL_FEATURES:#x})"
+                    )));
+                }
+                self.protocol = f;
+                Ok(Answer::None)
+            }
+            FrontendReq::SET_OWNER => Ok(Answer::None),
+            FrontendReq::RESET_OWNER => {
+                self.dev.reset();
+                self.regions.clear();
+                Ok(Answer::None)
+            }
+            FrontendReq::SET_MEM_TABLE => self.set_mem_table(m).map(|()| Answer::None),
+            FrontendReq::SET_VRING_NUM => {
+                let (i, num) = m.vring_state()?;
+                let i = self.ring(i)?;
+                let size = u16::try_from(num)
+                    .ok()
+                    .filter(|n| n.is_power_of_two() && *n <= QUEUE_MAX);
+                let size = size.ok_or_else(|| {
+                    refused(format!(
+                        "vring {i} size {num}: a power of two up to {QUEUE_MAX}"
+                    ))
+                })?;
+                let mut v = self.dev.vring(i);
+                v.queue.set_size(size);
+                Ok(Answer::None)
+            }
+            FrontendReq::SET_VRING_ADDR => {
+                let b = m.body_of(40)?;
+                let (i, flags) = (le_u32(b, 0), le_u32(b, 4));
+                let (desc, used, avail) = (le_u64(b, 8), le_u64(b, 16), le_u64(b, 24));
+                let i = self.ring(i)?;
+                if flags != 0 {
+                    return Err(refused(format!(
+                        "vring {i} address flags {flags:#x} (logging is not offered)"
+                    )));
+                }
+                let size = u64::from(self.dev.vring(i).queue.size());
+                let desc = self.gpa(desc, 16 * size)?;
+                let avail = self.gpa(avail, 6 + 2 * size)?;
+                let used = self.gpa(used, 6 + 8 * size)?;
+                let mut v = self.dev.vring(i);
+                let q = &mut v.queue;
+                q.try_set_desc_table_address(desc)
+                    .and_then(|()| q.try_set_avail_ring_address(avail))
+                    .and_then(|()| q.try_set_used_ring_address(used))
+                    .map_err(|e| refused(format!("vring {i} addresses: {e}")))?;
+                Ok(Answer::None)
+            }
+            FrontendReq::SET_VRING_BASE => {
+                let (i, base) = m.vring_state()?;
+                let i = self.ring(i)?;
+                let base = u16::try_from(base)
+                    .map_err(|_| refused(format!("vring {i} base {base} is over 65535")))?;
+                let mut v = self.dev.vring(i);
+                v.queue.set_next_avail(base);
+                v.queue.set_next_used(base);
+                Ok(Answer::None)
+            }
+            FrontendReq::GET_VRING_BASE => {
+                let (i, _) = m.vring_state()?;
+                let i = self.ring(i)?;
+                // The frontend stops the ring with this request: the data path leaves it.
+                let base = {
+                    let mut v = self.dev.vring(i);
+                    v.queue.set_ready(false);
+                    v.kick = None;
+                    v.queue.next_avail()
+                };
+                self.dev.bump();
+                let mut body = (i as u32).to_le_bytes().to_vec();
+                body.extend_from_slice(&u32::from(base).to_le_bytes());
+                Ok(Answer::Reply(body))
+            }
+            FrontendReq::SET_VRING_KICK
+            | FrontendReq::SET_VRING_CALL
+            | FrontendReq::SET_VRING_ERR => {
+                let v = m.u64()?;
+                let i = self.ring((v & 0xff) as u32)?;
+                let no_fd = v & (1 << 8) != 0;
+                let mut fds = m.take_fds(1)?;
+                let fd = match (no_fd, fds.pop()) {
+                    (false, Some(fd)) => Some(fd),
+                    (true, None) => None,
+                    (false, None) => return Err(refused(format!("vring {i}: no fd attached"))),
+                    (true, Some(_)) => {
+                        return Err(refused(format!("vring {i}: an fd with the no-fd flag")));
+                    }
+                };
+                self.set_vring_fd(req, i, fd)?;
+                Ok(Answer::None)
+            }
+            FrontendReq::SET_VRING_ENABLE => {
+                // QEMU 7.2 sends this before SET_FEATURES (when the guest's driver sets its
+                // queue pairs), so it is taken whenever the protocol features were offered.
+                let (i, on) = m.vring_state()?;
+                let i = self.ring(i)?;
+                let on = match on {
+                    0 => false,
+                    1 => true,
+                    n => return Err(refused(format!("vring {i} enable = {n}"))),
+                };
+                self.dev.vring(i).enabled = on;
+                self.dev.bump();
+                Ok(Answer::None)
+            }
+            other => Err(refused(format!(
+                "request {other:?} is not served by this backend"
+            ))),
+        }
+    }
+
+    fn set_vring_fd(
+        &mut self,
+        req: FrontendReq,
+        i: usize,
+        fd: Option<OwnedFd>,
+    ) -> Result<(), RequestError> {
+        let bell = fd
+            .map(|fd| Doorbell::from_fd(fd).map(Arc::new))
+            .transpose()
+            .map_err(|e| refused(format!("vring {i} eventfd: {e}")))?;
+        let mut v = self.dev.vring(i);
+        match req {
+            FrontendReq::SET_VRING_KICK => {
+                // The ring starts with its kick fd (the protocol's rule); it must lie in the
+                // guest's memory to run.
+                let mem = self.dev.mem.memory();
+                v.kick = bell;
+                v.queue.set_ready(true);
+                if !v.queue.is_valid(&*mem) {
+                    v.queue.set_ready(false);
+                    return Err(refused(format!(
+                        "vring {i} does not lie in the guest's memory"
+                    )));
+                }
+                // The data path polls; it asks for kicks only before it sleeps.
+                let _ = v.queue.disable_notification(&*mem);
+            }
+            FrontendReq::SET_VRING_CALL => v.call = bell,
+            _ => {}
+        }
+        drop(v);
+        self.dev.bump();
+        Ok(())
+    }
+
+    fn set_mem_table(&mut self, m: &mut Msg) -> Result<(), RequestError> {
+        let b = &m.body;
+        if b.len() < 8 {
+            return Err(MsgError::BodySize {
+                req: m.req,
+                got: b.len(),
+                want: 8,
+            }
+            .into());
+        }
+        let n = le_u32(b, 0) as usize;
+        if n == 0 || n > REGIONS_MAX {
+            return Err(refused(format!(
+                "{n} memory regions, 1 to {REGIONS_MAX} taken"
+            )));
+        }
+        m.body_of(8 + 32 * n)?;
+        let fds = m.take_fds(n)?;
+        if fds.len() != n {
+            return Err(refused(format!("{n} memory regions but {} fds", fds.len())));
+        }
+        let mut regions = Vec::with_capacity(n);
+        let mut mapped = Vec::with_capacity(n);
+        let mut total = 0u64;
+        for (k, fd) in fds.into_iter().enumerate() {
+            let o = 8 + 32 * k;
+            let r = Region {
+                gpa: le_u64(&m.body, o),
+                size: le_u64(&m.body, o + 8),
+                uaddr: le_u64(&m.body, o + 16),
+            };
+            let offset = le_u64(&m.body, o + 24);
+            total = total.saturating_add(r.size);
+            if r.size == 0
+                || total > MEMORY_MAX
+                || r.gpa.checked_add(r.size).is_none()
+                || r.uaddr.checked_add(r.size).is_none()
+            {
+                return Err(refused(format!(
+                    "memory region {k}: {r:?} (at most {MEMORY_MAX} bytes in all)"
+                )));
+            }
+            check_sealed(fd.as_fd(), offset, r.size)
+                .map_err(|e| refused(format!("memory region {k}: {e}")))?;
+            let file = FileOffset::new(std::fs::File::from(fd), offset);
+            let region = MmapRegion::from_file(file, r.size as usize)
+                .map_err(|e| refused(format!("memory region {k}: mmap: {e}")))?;
+            let region = GuestRegionMmap::new(region, GuestAddress(r.gpa)).ok_or_else(|| {
+                refused(format!("memory region {k}: beyond the guest address space"))
+            })?;
+            regions.push(r);
+            mapped.push(region);
+        }
+        mapped.sort_by_key(|r| r.start_addr());
+        let table = GuestMemoryMmap::from_regions(mapped)
+            .map_err(|e| refused(format!("memory table: {e}")))?;
+        self.dev.mem.lock().expect("memory lock").replace(table);
+        self.regions = regions;
+        self.dev.counters.mem_tables.fetch_add(1, Ordering::Relaxed);
+        self.dev.bump();
+        Ok(())
+    }
+}
+
+/// A memory region's fd must be sealed against shrinking and hold `offset + size` bytes: a
+/// VMM that truncated it under the mapping would fault the DPU process.
+fn check_sealed(fd: BorrowedFd<'_>, offset: u64, size: u64) -> Result<(), String> {
+    let seals = rustix::fs::fcntl_get_seals(fd)
+        .map_err(|e| format!("F_GET_SEALS: {e} (a memfd is needed: memory-backend-memfd)"))?;
+    if !seals.contains(rustix::fs::SealFlags::SHRINK) {
+        return Err(
+            "the memfd is not sealed against shrinking (F_SEAL_SHRINK; QEMU: seal=on)".into(),
+        );
+    }
+    let st = rustix::fs::fstat(fd).map_err(|e| format!("fstat: {e}"))?;
+    let need = offset.checked_add(size).ok_or("offset + size overflows")?;
+    if (st.st_size as u64) < need {
+        return Err(format!(
+            "the file holds {} bytes, {need} are mapped",
+            st.st_size
+        ));
+    }
+    Ok(())
+}

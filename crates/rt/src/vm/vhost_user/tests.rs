@@ -1,0 +1,533 @@
+//! The backend against a frontend written here by hand, which sends what QEMU sends (in QEMU
+//! 7.2's order) and what QEMU never would; the guest's side of the rings is written straight
+//! into its memory.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use vhost::vhost_user::message::FrontendReq;
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+
+use super::conn::{Backend, SocketMode};
+use super::device::{self, BadChain, ChainError, FEATURES, NET_HDR_LEN, PROTOCOL_FEATURES, RX, TX};
+use super::msg::{self, FLAG_NEED_REPLY, le_u32, le_u64};
+
+const GUEST_BYTES: u64 = 1 << 20;
+/// Where the frontend says the guest's memory is in its own address space (QEMU's virtual
+/// address of the region), as `SET_MEM_TABLE` and `SET_VRING_ADDR` carry it.
+const UADDR: u64 = 0x7f00_0000_0000;
+const QSIZE: u16 = 256;
+const NEXT: u16 = 1;
+const WRITE: u16 = 2;
+const INDIRECT: u16 = 4;
+
+struct Guest {
+    mem: GuestMemoryMmap,
+    fd: OwnedFd,
+}
+
+fn guest(seal: bool) -> Guest {
+    let fd = rustix::fs::memfd_create(
+        "vhost-test",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .unwrap();
+    rustix::fs::ftruncate(&fd, GUEST_BYTES).unwrap();
+    if seal {
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+    }
+    let file = std::fs::File::from(fd.try_clone().unwrap());
+    let region = MmapRegion::from_file(FileOffset::new(file, 0), GUEST_BYTES as usize).unwrap();
+    let region = GuestRegionMmap::new(region, GuestAddress(0)).unwrap();
+    Guest {
+        mem: GuestMemoryMmap::from_regions(vec![region]).unwrap(),
+        fd,
+    }
+}
+
+/// The guest's side of one split ring.
+struct Ring {
+    desc: u64,
+    avail: u64,
+    used: u64,
+    avail_idx: u16,
+    used_seen: u16,
+}
+
+impl Ring {
+    fn at(base: u64) -> Ring {
+        Ring {
+            desc: base,
+            avail: base + 0x1000,
+            used: base + 0x2000,
+            avail_idx: 0,
+            used_seen: 0,
+        }
+    }
+
+    fn desc(&self, g: &Guest, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        g.mem
+            .write_slice(&d, GuestAddress(self.desc + 16 * u64::from(i)))
+            .unwrap();
+    }
+
+    /// Makes chain `head` available (the driver's side of the protocol).
+    fn post(&mut self, g: &Guest, head: u16) {
+        let slot = self.avail + 4 + 2 * u64::from(self.avail_idx % QSIZE);
+        g.mem.write_obj(head.to_le(), GuestAddress(slot)).unwrap();
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        fence(Ordering::SeqCst);
+        g.mem
+            .write_obj(self.avail_idx.to_le(), GuestAddress(self.avail + 2))
+            .unwrap();
+    }
+
+    /// The next used entry, `(id, len)`.
+    fn used(&mut self, g: &Guest) -> Option<(u32, u32)> {
+        let idx: u16 = g.mem.read_obj(GuestAddress(self.used + 2)).unwrap();
+        if idx == self.used_seen {
+            return None;
+        }
+        let e = self.used + 4 + 8 * u64::from(self.used_seen % QSIZE);
+        self.used_seen = self.used_seen.wrapping_add(1);
+        let id: u32 = g.mem.read_obj(GuestAddress(e)).unwrap();
+        let len: u32 = g.mem.read_obj(GuestAddress(e + 4)).unwrap();
+        Some((id, len))
+    }
+}
+
+/// A frontend that speaks the protocol by hand.
+struct Fe {
+    s: UnixStream,
+}
+
+impl Fe {
+    fn send(&self, req: FrontendReq, flags: u32, body: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
+        msg::write_request(&self.s, req.into(), flags, body, fds).unwrap();
+    }
+
+    fn reply(&self) -> (u32, Vec<u8>) {
+        use std::io::Read;
+        let mut h = [0u8; 12];
+        (&self.s).read_exact(&mut h).unwrap();
+        let mut body = vec![0u8; le_u32(&h, 8) as usize];
+        (&self.s).read_exact(&mut body).unwrap();
+        (le_u32(&h, 0), body)
+    }
+
+    fn get_u64(&self, req: FrontendReq) -> u64 {
+        self.send(req, 0, &[], &[]);
+        let (code, body) = self.reply();
+        assert_eq!(code, u32::from(req));
+        le_u64(&body, 0)
+    }
+
+    /// Sends `req` asking for an acknowledgement; returns it (0 is success).
+    fn set(&self, req: FrontendReq, body: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) -> u64 {
+        self.send(req, FLAG_NEED_REPLY, body, fds);
+        let (code, body) = self.reply();
+        assert_eq!(code, u32::from(req));
+        le_u64(&body, 0)
+    }
+
+    fn state(&self, req: FrontendReq, index: u32, num: u32) -> u64 {
+        let mut b = index.to_le_bytes().to_vec();
+        b.extend_from_slice(&num.to_le_bytes());
+        self.set(req, &b, &[])
+    }
+
+    fn mem_table(&self, g: &Guest, size: u64) -> u64 {
+        let mut b = 1u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&0u32.to_le_bytes());
+        for v in [0, size, UADDR, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        self.set(FrontendReq::SET_MEM_TABLE, &b, &[g.fd.as_fd()])
+    }
+
+    fn vring_addr(&self, i: u32, r: &Ring) -> u64 {
+        let mut b = i.to_le_bytes().to_vec();
+        b.extend_from_slice(&0u32.to_le_bytes());
+        for v in [r.desc, r.used, r.avail, 0] {
+            b.extend_from_slice(&(UADDR + v).to_le_bytes());
+        }
+        self.set(FrontendReq::SET_VRING_ADDR, &b, &[])
+    }
+
+    fn vring_fd(&self, req: FrontendReq, i: u64, fd: &OwnedFd) -> u64 {
+        self.set(req, &i.to_le_bytes(), &[fd.as_fd()])
+    }
+}
+
+struct Bed {
+    backend: Backend,
+    fe: Fe,
+    guest: Guest,
+    rx: Ring,
+    tx: Ring,
+    call: [OwnedFd; 2],
+    kick: [OwnedFd; 2],
+    _dir: tempfile::TempDir,
+}
+
+fn eventfd() -> OwnedFd {
+    rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )
+    .unwrap()
+}
+
+fn connect() -> (Backend, Fe, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vm.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    let backend = Backend::start("t", SocketMode::Listen(l), 0).unwrap();
+    let s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (backend, Fe { s }, dir)
+}
+
+/// Sets the device up as QEMU 7.2 does, `SET_VRING_ENABLE` before `SET_FEATURES` included.
+fn bed() -> Bed {
+    let (backend, fe, dir) = connect();
+    let guest = guest(true);
+    assert_eq!(fe.get_u64(FrontendReq::GET_FEATURES), FEATURES);
+    assert_eq!(
+        fe.get_u64(FrontendReq::GET_PROTOCOL_FEATURES),
+        PROTOCOL_FEATURES
+    );
+    // Acknowledgements start once REPLY_ACK is set: QEMU asks for none here.
+    fe.send(
+        FrontendReq::SET_PROTOCOL_FEATURES,
+        0,
+        &PROTOCOL_FEATURES.to_le_bytes(),
+        &[],
+    );
+    assert_eq!(fe.set(FrontendReq::SET_OWNER, &[], &[]), 0);
+    // What QEMU 7.2's virtio-net does when the guest's driver sets its queue pairs, before the
+    // device starts: the `vhost` crate's own handler refuses this.
+    assert_eq!(fe.state(FrontendReq::SET_VRING_ENABLE, 0, 1), 0);
+    assert_eq!(fe.state(FrontendReq::SET_VRING_ENABLE, 1, 1), 0);
+    assert_eq!(
+        fe.set(FrontendReq::SET_FEATURES, &FEATURES.to_le_bytes(), &[]),
+        0
+    );
+    assert_eq!(fe.mem_table(&guest, GUEST_BYTES), 0);
+    let (rx, tx) = (Ring::at(0x0), Ring::at(0x4000));
+    let (call, kick) = ([eventfd(), eventfd()], [eventfd(), eventfd()]);
+    for (i, r) in [(0u32, &rx), (1, &tx)] {
+        assert_eq!(fe.state(FrontendReq::SET_VRING_NUM, i, u32::from(QSIZE)), 0);
+        assert_eq!(fe.vring_addr(i, r), 0);
+        assert_eq!(fe.state(FrontendReq::SET_VRING_BASE, i, 0), 0);
+        assert_eq!(
+            fe.vring_fd(FrontendReq::SET_VRING_CALL, u64::from(i), &call[i as usize]),
+            0
+        );
+        assert_eq!(
+            fe.vring_fd(FrontendReq::SET_VRING_KICK, u64::from(i), &kick[i as usize]),
+            0
+        );
+    }
+    assert!(backend.dev.vring(RX).live() && backend.dev.vring(TX).live());
+    Bed {
+        backend,
+        fe,
+        guest,
+        rx,
+        tx,
+        call,
+        kick,
+        _dir: dir,
+    }
+}
+
+const BUF: u64 = 0x10000;
+
+fn frame(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| seed.wrapping_add(i as u8)).collect()
+}
+
+fn readable(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 8];
+    rustix::io::read(fd, &mut b).is_ok()
+}
+
+#[test]
+fn frames_cross_both_ways_after_qemu_72s_setup() {
+    let mut b = bed();
+    let g = &b.guest;
+    // The guest sends: the header in one descriptor, the frame in the next.
+    let f = frame(60, 7);
+    g.mem
+        .write_slice(&[0u8; NET_HDR_LEN], GuestAddress(BUF))
+        .unwrap();
+    g.mem.write_slice(&f, GuestAddress(BUF + 0x100)).unwrap();
+    b.tx.desc(g, 0, BUF, NET_HDR_LEN as u32, NEXT, 1);
+    b.tx.desc(g, 1, BUF + 0x100, 60, 0, 0);
+    b.tx.post(g, 0);
+    let mut area = vec![0u8; 2048];
+    assert_eq!(
+        device::recv(&b.backend.dev, &mut area),
+        Ok(Some(NET_HDR_LEN + 60))
+    );
+    assert_eq!(&area[NET_HDR_LEN..NET_HDR_LEN + 60], &f[..]);
+    assert_eq!(device::recv(&b.backend.dev, &mut area), Ok(None));
+    assert_eq!(b.tx.used(g), Some((0, 0)));
+    device::flush_irq(&b.backend.dev, TX);
+    assert!(
+        readable(&b.call[TX]),
+        "the guest is interrupted for its used transmit buffer"
+    );
+
+    // The guest posts a receive buffer; a frame goes in, header first.
+    b.rx.desc(g, 5, BUF + 0x1000, 1526, WRITE, 0);
+    b.rx.post(g, 5);
+    let hdr = [0u8; NET_HDR_LEN];
+    let f = frame(100, 9);
+    assert_eq!(device::send(&b.backend.dev, &hdr, &f), Ok(true));
+    assert_eq!(b.rx.used(g), Some((5, (NET_HDR_LEN + 100) as u32)));
+    let mut got = vec![0u8; 100];
+    g.mem
+        .read_slice(&mut got, GuestAddress(BUF + 0x1000 + NET_HDR_LEN as u64))
+        .unwrap();
+    assert_eq!(got, f);
+    assert_eq!(
+        device::send(&b.backend.dev, &hdr, &f),
+        Ok(false),
+        "no buffer posted"
+    );
+    device::flush_irq(&b.backend.dev, RX);
+    assert!(readable(&b.call[RX]));
+
+    // A receive chain of two small buffers takes a frame across both.
+    b.rx.desc(g, 6, BUF + 0x2000, 40, WRITE | NEXT, 7);
+    b.rx.desc(g, 7, BUF + 0x3000, 200, WRITE, 0);
+    b.rx.post(g, 6);
+    assert_eq!(device::send(&b.backend.dev, &hdr, &f), Ok(true));
+    assert_eq!(b.rx.used(g), Some((6, 112)));
+    let mut got = vec![0u8; 72];
+    g.mem
+        .read_slice(&mut got, GuestAddress(BUF + 0x3000))
+        .unwrap();
+    assert_eq!(got, f[28..]);
+
+    // Sleeping: with nothing posted the data path may sleep; a chain posted meanwhile keeps it
+    // awake.
+    assert!(device::prepare_sleep(&b.backend.dev));
+    b.tx.desc(g, 2, BUF, 80, 0, 0);
+    b.tx.post(g, 2);
+    assert!(!device::prepare_sleep(&b.backend.dev));
+    device::woke(&b.backend.dev);
+    let _ = &b.kick;
+}
+
+#[test]
+fn bad_chains_are_refused_counted_and_returned() {
+    let mut b = bed();
+    let g = &b.guest;
+    let dev = &b.backend.dev;
+    let mut area = vec![0u8; 2048];
+    // Outside the guest's 1 MiB, where another guest's memory might be.
+    b.tx.desc(g, 0, GUEST_BYTES + 0x1000, 64, 0, 0);
+    b.tx.post(g, 0);
+    assert_eq!(
+        device::recv(dev, &mut area),
+        Err(ChainError::Bad(BadChain::Address))
+    );
+    assert_eq!(
+        b.tx.used(g),
+        Some((0, 0)),
+        "returned to the guest, length 0"
+    );
+    // A loop: 1 -> 2 -> 1.
+    b.tx.desc(g, 1, BUF, 64, NEXT, 2);
+    b.tx.desc(g, 2, BUF, 64, NEXT, 1);
+    b.tx.post(g, 1);
+    let t = Instant::now();
+    // (32 descriptors of 64 bytes fill the 2 KiB area first.)
+    assert_eq!(
+        device::recv(dev, &mut area),
+        Err(ChainError::Bad(BadChain::Size))
+    );
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert_eq!(b.tx.used(g), Some((1, 0)));
+    // A loop of small descriptors that fit the area: ends by the queue size, still refused.
+    b.tx.desc(g, 3, BUF, 4, NEXT, 4);
+    b.tx.desc(g, 4, BUF, 4, NEXT, 3);
+    b.tx.post(g, 3);
+    assert_eq!(
+        device::recv(dev, &mut area),
+        Err(ChainError::Bad(BadChain::Address))
+    );
+    // A writable descriptor in a transmit chain.
+    b.tx.desc(g, 5, BUF, 64, WRITE, 0);
+    b.tx.post(g, 5);
+    assert_eq!(
+        device::recv(dev, &mut area),
+        Err(ChainError::Bad(BadChain::Direction))
+    );
+    // A head beyond the queue: nothing to return.
+    b.tx.post(g, QSIZE + 3);
+    assert_eq!(
+        device::recv(dev, &mut area),
+        Err(ChainError::Bad(BadChain::Head))
+    );
+    // An indirect table inside an indirect table.
+    b.tx.desc(g, 6, BUF + 0x8000, 32, INDIRECT, 0);
+    let nested = [(BUF + 0x9000, 16u32, INDIRECT), (BUF, 64, 0)];
+    for (k, (addr, len, flags)) in nested.iter().enumerate() {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        g.mem
+            .write_slice(&d, GuestAddress(BUF + 0x8000 + 16 * k as u64))
+            .unwrap();
+    }
+    b.tx.post(g, 6);
+    assert!(matches!(
+        device::recv(dev, &mut area),
+        Err(ChainError::Bad(_))
+    ));
+    // A good frame after all that still goes.
+    b.tx.desc(g, 7, BUF, 80, 0, 0);
+    b.tx.post(g, 7);
+    assert_eq!(device::recv(dev, &mut area), Ok(Some(80)));
+
+    // A receive chain too small for the frame, and one that is readable.
+    b.rx.desc(g, 0, BUF + 0x1000, 20, WRITE, 0);
+    b.rx.post(g, 0);
+    assert_eq!(
+        device::send(dev, &[0; NET_HDR_LEN], &frame(100, 1)),
+        Err(ChainError::Bad(BadChain::Size))
+    );
+    assert_eq!(b.rx.used(g), Some((0, 0)));
+    b.rx.desc(g, 1, BUF + 0x1000, 2000, 0, 0);
+    b.rx.post(g, 1);
+    assert_eq!(
+        device::send(dev, &[0; NET_HDR_LEN], &frame(100, 1)),
+        Err(ChainError::Bad(BadChain::Direction))
+    );
+
+    // An available index more than a queue ahead: the queue is broken.
+    b.tx.avail_idx = b.tx.avail_idx.wrapping_add(QSIZE + 1);
+    b.tx.post(g, 0);
+    assert_eq!(device::recv(dev, &mut area), Err(ChainError::Broken));
+}
+
+#[test]
+fn get_vring_base_stops_the_ring_and_a_reconnect_starts_over() {
+    let mut b = bed();
+    let g = &b.guest;
+    for i in 0..3 {
+        b.tx.desc(g, i, BUF, 64, 0, 0);
+        b.tx.post(g, i);
+    }
+    let mut area = vec![0u8; 2048];
+    for _ in 0..3 {
+        assert_eq!(device::recv(&b.backend.dev, &mut area), Ok(Some(64)));
+    }
+    let mut q = 1u32.to_le_bytes().to_vec();
+    q.extend_from_slice(&0u32.to_le_bytes());
+    b.fe.send(FrontendReq::GET_VRING_BASE, 0, &q, &[]);
+    let (_, body) = b.fe.reply();
+    assert_eq!((le_u32(&body, 0), le_u32(&body, 4)), (1, 3));
+    b.tx.desc(g, 3, BUF, 64, 0, 0);
+    b.tx.post(g, 3);
+    assert_eq!(device::recv(&b.backend.dev, &mut area), Ok(None), "stopped");
+    // The frontend goes; the device is reset; a new one is served from scratch.
+    drop(b.fe);
+    let t = Instant::now();
+    while b.backend.connected() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!b.backend.dev.vring(TX).live());
+    let generation = b.backend.dev.generation.load(Ordering::Relaxed);
+    assert!(generation > 0);
+}
+
+/// Connects and takes the protocol's opening as QEMU does.
+fn opened() -> (Backend, Fe, tempfile::TempDir) {
+    let (backend, fe, dir) = connect();
+    // Acknowledgements start once REPLY_ACK is set: QEMU asks for none here.
+    fe.send(
+        FrontendReq::SET_PROTOCOL_FEATURES,
+        0,
+        &PROTOCOL_FEATURES.to_le_bytes(),
+        &[],
+    );
+    assert_eq!(
+        fe.set(FrontendReq::SET_FEATURES, &FEATURES.to_le_bytes(), &[]),
+        0
+    );
+    (backend, fe, dir)
+}
+
+fn closed(fe: &Fe) -> bool {
+    use std::io::Read;
+    let mut b = [0u8; 1];
+    matches!((&fe.s).read(&mut b), Ok(0) | Err(_))
+}
+
+#[test]
+fn bad_requests_are_refused_and_close_the_connection() {
+    // A memfd that is not sealed: the VMM could shrink it under the mapping.
+    let (backend, fe, _d) = opened();
+    assert_eq!(fe.mem_table(&guest(false), GUEST_BYTES), 1);
+    assert!(closed(&fe));
+    assert_eq!(backend.dev.counters.refused.load(Ordering::Relaxed), 1);
+
+    // A region larger than its file.
+    let (_backend, fe, _d) = opened();
+    assert_eq!(fe.mem_table(&guest(true), 2 * GUEST_BYTES), 1);
+
+    // A tiny memory table: the rings are not in it.
+    let (_backend, fe, _d) = opened();
+    assert_eq!(fe.mem_table(&guest(true), 0x1000), 0);
+    assert_eq!(fe.state(FrontendReq::SET_VRING_NUM, 1, 256), 0);
+    assert_eq!(fe.vring_addr(1, &Ring::at(0x4000)), 1);
+
+    // Features not offered; a ring that does not exist; a size that is not a power of two.
+    let (_backend, fe, _d) = connect();
+    fe.send(
+        FrontendReq::SET_PROTOCOL_FEATURES,
+        0,
+        &PROTOCOL_FEATURES.to_le_bytes(),
+        &[],
+    );
+    assert_eq!(
+        fe.set(
+            FrontendReq::SET_FEATURES,
+            &(FEATURES | 1 << 5).to_le_bytes(),
+            &[]
+        ),
+        1
+    );
+    let (_backend, fe, _d) = opened();
+    assert_eq!(fe.state(FrontendReq::SET_VRING_NUM, 2, 256), 1);
+    let (_backend, fe, _d) = opened();
+    assert_eq!(fe.state(FrontendReq::SET_VRING_NUM, 0, 300), 1);
+
+    // A body larger than the protocol allows, and garbage: the connection closes.
+    let (backend, fe, _d) = connect();
+    let mut h = 5u32.to_le_bytes().to_vec();
+    h.extend_from_slice(&1u32.to_le_bytes());
+    h.extend_from_slice(&(1u32 << 20).to_le_bytes());
+    use std::io::Write;
+    (&fe.s).write_all(&h).unwrap();
+    assert!(closed(&fe));
+    assert_eq!(
+        backend.dev.counters.refused.load(Ordering::Relaxed),
+        0,
+        "not a request at all"
+    );
+}
