@@ -14,7 +14,11 @@
 #
 #   spillway.ip=ADDR/PREFIX   the address of eth0 (none: eth0 stays down)
 #   spillway.gw=ADDR          a default route
-#   spillway.ping=ADDR        ping ADDR in the background from the start (tests)
+#   spillway.ping=ADDR        ping ADDR in the background from the start, printing
+#                             `spillway-guest pong ...` for every reply (tests)
+#   spillway.fetch=ADDR       GET / from ADDR:80 every second for 5 minutes (busybox nc: the
+#                             static busybox's wget segfaults in glibc's resolver), printing
+#                             `spillway-guest fetched BODY` for every success (tests)
 #
 # and prints `spillway-guest ready` on the console once eth0 is up and httpd runs, then
 # `spillway-guest eth0 MAC` with the interface's address. A guest powers off when its init's
@@ -60,7 +64,7 @@ R=$WORK/root
 mkdir -p "$R"/{bin,sbin,proc,sys,dev,tmp,run,www,lib/modules}
 cp "$WORK/b/bin/busybox" "$R/bin/busybox"
 for app in sh mount insmod ip ifconfig route httpd sleep cat echo poweroff mkdir ls ping \
-           grep sed awk seq dd nc wget uname; do
+           grep sed awk seq dd nc wget uname tail printf; do
     ln -s busybox "$R/bin/$app"
 done
 # virtio-net over virtio-pci, in dependency order (modinfo's `depends`).
@@ -95,13 +99,25 @@ arg() { for w in $(cat /proc/cmdline); do case $w in "$1"=*) echo "${w#*=}";; es
 addr=$(arg spillway.ip)
 gw=$(arg spillway.gw)
 ping=$(arg spillway.ping)
+fetch=$(arg spillway.fetch)
 if [ -n "$addr" ]; then
     for _ in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
     ip addr add "$addr" dev eth0
     ip link set eth0 up
     [ -n "$gw" ] && ip route add default via "$gw"
     httpd -p 80 -h /www
-    [ -n "$ping" ] && ping -q "$ping" >/dev/null 2>&1 &
+    if [ -n "$ping" ]; then
+        ( ping "$ping" 2>&1 | while read -r l; do
+            case "$l" in *"bytes from"*) echo "spillway-guest pong $l";; esac
+        done ) &
+    fi
+    if [ -n "$fetch" ]; then
+        ( for _ in $(seq 300); do
+            body=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 "$fetch" 80 | tail -n 1)
+            [ -n "$body" ] && echo "spillway-guest fetched $body"
+            sleep 1
+        done ) &
+    fi
     echo "spillway-guest eth0 $(cat /sys/class/net/eth0/address)"
 fi
 echo "spillway-guest ready"

@@ -192,32 +192,9 @@ port = 2
 
     /// Starts `spillway run` on this bed's testbed and waits until it is ready.
     fn spawn(&mut self, hold: &str) {
-        let ready = self.dir.path().join("ready");
-        let _ = std::fs::remove_file(&ready);
-        let log = std::fs::File::create(self.dir.path().join("daemon.log")).expect("log file");
-        let daemon = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&self.config)
-            .arg("--ready-file")
-            .arg(&ready)
-            .args(["--hold", hold, "--log", "warn"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn spillway run");
-        self.daemon = Some(daemon);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !ready.exists() {
-            if let Some(s) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
-                panic!("spillway run exited ({s}) before ready: {}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not ready in 30 s: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let within = Duration::from_secs(30);
+        let d = common::spawn_run(BIN, &self.config, self.dir.path(), hold, "warn", within);
+        self.daemon = Some(d);
     }
 
     fn log(&self) -> String {
@@ -326,19 +303,7 @@ port = 2
     }
 
     fn ctl(&self, args: &[&str]) -> serde_json::Value {
-        let out = Command::new(BIN)
-            .arg("ctl")
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("ctl prints JSON")
+        common::ctl(BIN, &self.config, args)
     }
 
     /// A copy of the binary under test named `name` in this bed's directory, with `mode`

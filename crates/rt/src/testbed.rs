@@ -88,6 +88,8 @@ struct RawTestbed {
     vnet_hdr: Option<bool>,
     #[serde(default)]
     tap_io: Option<String>,
+    #[serde(default)]
+    guest_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -135,6 +137,10 @@ struct RawVm {
     uid: Option<u32>,
     #[serde(default)]
     static_neighbours: Option<bool>,
+    #[serde(default)]
+    memory_mib: Option<u32>,
+    #[serde(default)]
+    guest_cmdline: Option<String>,
 }
 
 /// The operator's initial hold on the lifecycle.
@@ -156,6 +162,20 @@ pub enum VmBackend {
     /// A shared-memory port ([`crate::shm::virtq`]): the VM's memory holds virtio queues, which the
     /// DPU process and, through the vATC, the spill plane serve.
     Shm(VmEndpoint),
+    /// A QEMU guest's virtio-net device whose vhost-user backend is the DPU process
+    /// ([`crate::vm::vhost_user`]).
+    VhostUser(VhostEndpoint),
+}
+
+/// Who runs a vhost-user port's guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VhostEndpoint {
+    /// `spillway run` boots the guest `guest/build.sh` builds (`testbed.guest_dir`) under QEMU
+    /// and stops it at exit.
+    Qemu,
+    /// The operator runs QEMU with a vhost-user socket at the port's path
+    /// (`server=on`; the DPU process connects).
+    External,
 }
 
 /// Who drives a shared-memory port's queues.
@@ -209,6 +229,11 @@ pub struct VmSpec {
     /// of the connection to its port socket, which is owned by this uid, mode 0600).
     /// Default 0.
     pub uid: u32,
+    /// Guest memory of a QEMU guest, MiB (`vm[i].memory_mib`, default 256).
+    pub memory_mib: u32,
+    /// More of a QEMU guest's kernel command line (`vm[i].guest_cmdline`: for the guest of
+    /// `guest/build.sh`, `spillway.ping=ADDR` and `spillway.fetch=URL`), after its address.
+    pub guest_cmdline: String,
 }
 
 /// A validated testbed.
@@ -244,6 +269,9 @@ pub struct Testbed {
     pub vnet_hdr: bool,
     /// How the DPU process reads and writes its TAPs.
     pub tap_io: TapIo,
+    /// Where the guest of `backend = "vhost-user"` VMs is (`guest/build.sh`'s output:
+    /// `vmlinuz`, `initramfs.cpio.gz`; `testbed.guest_dir`, default `target/guest`).
+    pub guest_dir: PathBuf,
 }
 
 /// How the DPU process moves frames through its TAPs (`testbed.tap_io`; docs/adr/0005-tap-io.md).
@@ -591,29 +619,58 @@ impl Testbed {
                 let len = tenant.subnets.iter().find(|s| s.contains(*a))?.prefix_len();
                 Some((std::net::Ipv6Addr::from(a.0), len))
             });
-            let endpoint = match v.endpoint.as_deref() {
-                None | Some("bridge") => VmEndpoint::Bridge,
-                Some("external") => VmEndpoint::External,
-                Some(other) => {
-                    return Err(err(
-                        &f("endpoint"),
-                        "\"bridge\" or \"external\"",
-                        echo(other),
-                    ));
-                }
-            };
             let backend = match v.backend.as_deref() {
                 None | Some("tap") if v.endpoint.is_none() => VmBackend::Tap,
                 None | Some("tap") => {
                     return Err(err(
                         &f("endpoint"),
-                        "no endpoint for a TAP port (set backend = \"shm\")",
+                        "no endpoint for a TAP port (set backend = \"shm\" or \"vhost-user\")",
                         format!("{:?}", v.endpoint.as_deref().unwrap_or_default()),
                     ));
                 }
-                Some("shm") => VmBackend::Shm(endpoint),
-                Some(other) => return Err(err(&f("backend"), "\"tap\" or \"shm\"", echo(other))),
+                Some("shm") => VmBackend::Shm(match v.endpoint.as_deref() {
+                    None | Some("bridge") => VmEndpoint::Bridge,
+                    Some("external") => VmEndpoint::External,
+                    Some(other) => {
+                        return Err(err(
+                            &f("endpoint"),
+                            "\"bridge\" or \"external\"",
+                            echo(other),
+                        ));
+                    }
+                }),
+                Some("vhost-user") => VmBackend::VhostUser(match v.endpoint.as_deref() {
+                    None | Some("qemu") => VhostEndpoint::Qemu,
+                    Some("external") => VhostEndpoint::External,
+                    Some(other) => {
+                        return Err(err(
+                            &f("endpoint"),
+                            "\"qemu\" or \"external\" (with backend = \"vhost-user\")",
+                            echo(other),
+                        ));
+                    }
+                }),
+                Some(other) => {
+                    return Err(err(
+                        &f("backend"),
+                        "\"tap\", \"shm\" or \"vhost-user\"",
+                        echo(other),
+                    ));
+                }
             };
+            let memory_mib = match v.memory_mib {
+                None => 256,
+                Some(m) if (64..=65536).contains(&m) => m,
+                Some(m) => return Err(err(&f("memory_mib"), "64 to 65536", m.to_string())),
+            };
+            let guest_cmdline = v.guest_cmdline.clone().unwrap_or_default();
+            if guest_cmdline.len() > 512 || guest_cmdline.chars().any(|c| c.is_control()) {
+                return Err(err(
+                    &f("guest_cmdline"),
+                    "at most 512 characters, no control characters",
+                    echo(&guest_cmdline),
+                ));
+            }
             vms.push(VmSpec {
                 backend,
                 name: v.name.clone(),
@@ -631,6 +688,8 @@ impl Testbed {
                 ip6,
                 static_neighbours: v.static_neighbours.unwrap_or(false),
                 uid: v.uid.unwrap_or(0),
+                memory_mib,
+                guest_cmdline,
             });
         }
         // One forwarding thread per shard, each over its own queue of every TAP: every port a
@@ -646,7 +705,7 @@ impl Testbed {
             };
             if let Some(v) = vms.iter().find(|v| v.backend != VmBackend::Tap) {
                 return Err(threads(&format!(
-                    "while vm {} has backend = \"shm\"; several threads need TAP ports",
+                    "while vm {} is not on a TAP; several threads need TAP ports",
                     v.name
                 )));
             }
@@ -673,6 +732,11 @@ impl Testbed {
             hold,
             vnet_hdr: raw.testbed.vnet_hdr.unwrap_or(true),
             tap_io,
+            guest_dir: raw
+                .testbed
+                .guest_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("target/guest")),
         })
     }
 
@@ -818,7 +882,7 @@ netns = "swvs-b"
         assert_eq!(t.fabric.dpu.shards, 2);
         let e = load_err(&sharded.replace("port = 2\nnetns", "port = 2\nbackend = \"shm\"\nnetns"));
         assert_eq!(e.field, "fabric.dpu.shards", "{e}");
-        assert!(e.expected.contains("vm b has backend = \"shm\""), "{e}");
+        assert!(e.expected.contains("vm b is not on a TAP"), "{e}");
         let e = load_err(&sharded.replace("name = \"t1\"", "name = \"t1\"\ntap_io = \"syscalls\""));
         assert_eq!(e.field, "fabric.dpu.shards", "{e}");
         assert!(e.expected.contains("syscalls"), "{e}");

@@ -16,22 +16,7 @@ fn root() -> PathBuf {
 
 /// The guest's kernel and initramfs, built by `guest/build.sh` if they are not up to date.
 fn guest() -> Option<PathBuf> {
-    if !spillway_testkit::prerequisites(&["qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio"]) {
-        return None;
-    }
-    let dir = root().join("target/guest");
-    let built = std::process::Command::new("bash")
-        .arg(root().join("guest/build.sh"))
-        .arg(&dir)
-        .output()
-        .expect("running guest/build.sh");
-    assert!(
-        built.status.success(),
-        "guest/build.sh: {}{}",
-        String::from_utf8_lossy(&built.stdout),
-        String::from_utf8_lossy(&built.stderr)
-    );
-    Some(dir)
+    spillway_testkit::small_guest(&root())
 }
 
 fn spec(dir: &Path, log: &Path) -> GuestSpec {

@@ -114,3 +114,25 @@ pub fn prerequisites(programs: &[&str]) -> bool {
     eprintln!("skipping: {why}");
     false
 }
+
+/// The small guest `guest/build.sh` builds (its folder, with `vmlinuz` and `initramfs.cpio.gz`),
+/// built first if it is not up to date, for the tests that boot guests under QEMU; `None` where
+/// [`prerequisites`] says to skip. `repo` is the repository's root.
+pub fn small_guest(repo: &std::path::Path) -> Option<std::path::PathBuf> {
+    if !prerequisites(&["qemu-system-x86_64", "apt-get", "dpkg-deb", "cpio"]) {
+        return None;
+    }
+    let dir = repo.join("target/guest");
+    let built = Command::new("bash")
+        .arg(repo.join("guest/build.sh"))
+        .arg(&dir)
+        .output()
+        .expect("running guest/build.sh");
+    assert!(
+        built.status.success(),
+        "guest/build.sh: {}{}",
+        String::from_utf8_lossy(&built.stdout),
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(dir.canonicalize().expect("the guest's folder"))
+}

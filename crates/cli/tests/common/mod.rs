@@ -121,3 +121,62 @@ pub fn wait_listening(ns: &str, port: u16) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Starts `spillway run` (the binary `bin`) on testbed `config` with `--hold hold` and
+/// `--log level`, its log in `dir/daemon.log`, and waits up to `within` for its ready file;
+/// panics with the log if it exits or is not ready by then.
+pub fn spawn_run(
+    bin: &str,
+    config: &Path,
+    dir: &Path,
+    hold: &str,
+    level: &str,
+    within: Duration,
+) -> std::process::Child {
+    let ready = dir.join("ready");
+    let _ = std::fs::remove_file(&ready);
+    let log_path = dir.join("daemon.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut daemon = Command::new(bin)
+        .args(["run", "--config"])
+        .arg(config)
+        .arg("--ready-file")
+        .arg(&ready)
+        .args(["--hold", hold, "--log", level])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn spillway run");
+    let deadline = Instant::now() + within;
+    while !ready.exists() {
+        let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        if let Some(s) = daemon.try_wait().unwrap() {
+            panic!("spillway run exited ({s}) before ready: {}", log());
+        }
+        if Instant::now() >= deadline {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            panic!("not ready in {within:?}: {}", log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    daemon
+}
+
+/// `spillway ctl --config config args...` (the binary `bin`), its JSON answer; panics with
+/// its error output if it fails.
+pub fn ctl(bin: &str, config: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(bin)
+        .arg("ctl")
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("run spillway ctl");
+    assert!(
+        out.status.success(),
+        "ctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("ctl prints JSON")
+}

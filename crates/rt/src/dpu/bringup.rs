@@ -28,8 +28,11 @@ const GSO_MAX_SIZE: u32 = 62_000;
 pub fn bring_up(tb: &Testbed, ledger: &mut Ledger) -> Result<Vec<(VmSpec, Option<Tap>)>, String> {
     let mut out = Vec::with_capacity(tb.vms.len());
     for vm in &tb.vms {
-        if vm.backend == VmBackend::Shm(VmEndpoint::External) {
-            // Its endpoint brings its own memory and no namespace.
+        if matches!(
+            vm.backend,
+            VmBackend::Shm(VmEndpoint::External) | VmBackend::VhostUser(_)
+        ) {
+            // Its endpoint (or guest) brings its own memory and no namespace.
             out.push((vm.clone(), None));
             continue;
         }

@@ -61,6 +61,7 @@ pub(super) use crate::shards::{PUBLISH_NS, Spin};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_STATS, Control, FlowRecord};
 use crate::testbed::Testbed;
+use crate::vm::vhost_user::device::{self as vdev, ChainError};
 
 /// The driver's counters, kept with the ports they count (`ports.rs`); re-exported so that
 /// their public path stays `dpu::daemon::RtCounters`.
@@ -352,7 +353,7 @@ fn on_vm_frame(
     dp.counters.rx_frames += 1;
     let has_hdr = match dp.ports[i].io {
         PortIo::Tap(_) => dp.vnet_hdr,
-        PortIo::Shm(_) => true,
+        PortIo::Shm(_) | PortIo::VhostUser(_) => true,
     };
     let Some(vnet) = take_vnet(pkt, has_hdr, &mut dp.counters) else {
         return Ok(());
@@ -517,10 +518,14 @@ impl DpuDaemon {
         self.turn = self.turn.wrapping_add(1);
         for k in 0..n_ports {
             let i = (self.turn as usize + k) % n_ports;
-            if let PortIo::Shm(slot) = &mut self.dp.ports[i].io
-                && let Some(port) = slot.port.as_mut()
-            {
-                port.begin_turn(now.0);
+            match &mut self.dp.ports[i].io {
+                PortIo::Shm(slot) => {
+                    if let Some(port) = slot.port.as_mut() {
+                        port.begin_turn(now.0);
+                    }
+                }
+                PortIo::VhostUser(slot) => slot.bad_this_turn = 0,
+                PortIo::Tap(_) => {}
             }
             let mut bytes = 0usize;
             for _ in 0..TAP_BATCH {
@@ -543,6 +548,25 @@ impl DpuDaemon {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => return Err(io_err("reading a TAP")(e)),
+                    },
+                    PortIo::VhostUser(slot) => match vdev::recv(slot.dev(), area) {
+                        Ok(Some(n)) => n,
+                        Ok(None) => break,
+                        Err(ChainError::Bad(why)) => {
+                            // Returned to the guest; at most a budget of them per turn.
+                            self.dp.counters.vm_desc_bad += 1;
+                            slot.bad_this_turn += 1;
+                            if slot.bad_this_turn >= crate::dpu::vmport::BAD_DESC_PER_TURN {
+                                self.dp.counters.vm_desc_turn_budget += 1;
+                                break;
+                            }
+                            tracing::debug!(target: "spillway::run", vm = %slot.vm, why = why.name(), "bad descriptor chain");
+                            continue;
+                        }
+                        Err(ChainError::Broken) => {
+                            self.dp.vhost_broken(i, now);
+                            break;
+                        }
                     },
                     PortIo::Shm(slot) => {
                         let Some(port) = slot.port.as_mut() else {
@@ -919,10 +943,17 @@ impl DpuDaemon {
             armed &= l.prepare_sleep();
         }
         for p in &mut self.dp.ports {
-            if let PortIo::Shm(slot) = &mut p.io
-                && let Some(port) = slot.port.as_mut()
-            {
-                armed &= port.prepare_sleep();
+            match &mut p.io {
+                PortIo::Shm(slot) => {
+                    if let Some(port) = slot.port.as_mut() {
+                        armed &= port.prepare_sleep();
+                    }
+                }
+                PortIo::VhostUser(slot) => {
+                    slot.refresh();
+                    armed &= vdev::prepare_sleep(slot.dev());
+                }
+                PortIo::Tap(_) => {}
             }
         }
         if !armed {
@@ -940,6 +971,11 @@ impl DpuDaemon {
             let fd = match &p.io {
                 PortIo::Tap(tap) => tap.as_fd(0),
                 PortIo::Shm(slot) => slot.port.as_ref().map(|p| p.kick_fd()),
+                PortIo::VhostUser(slot) => {
+                    // A change of the device (a new kick fd, a ring started) wakes the loop too.
+                    set.push(readable(slot.dev().changed.as_fd()));
+                    slot.kick.as_ref().map(|k| k.as_fd())
+                }
             };
             set.extend(fd.map(readable));
         }

@@ -1149,7 +1149,7 @@ pub(super) fn start(
             .iter()
             .filter_map(|p| match &p.io {
                 PortIo::Tap(tap) => Some((p.id, tap)),
-                PortIo::Shm(_) => None,
+                PortIo::Shm(_) | PortIo::VhostUser(_) => None,
             })
             .map(|(id, tap)| {
                 let fd = tap

@@ -14,10 +14,16 @@ use std::process::Child;
 use spillway_fabric::atc::{RegionTable, VmId};
 use spillway_vswitch::{Instant, PacketBuf, PortId};
 
+use std::sync::Arc;
+
 use crate::dpu::vmport::{self, ShmPort};
 use crate::host::tap::Tap;
 use crate::host::tap_uring::{TapTx, TapUring};
 use crate::host::vnet::VnetHdr;
+use crate::shm::ring::Doorbell;
+use crate::vm::qemu::QemuGuest;
+use crate::vm::vhost_user::conn::Backend;
+use crate::vm::vhost_user::device::{self as vdev, ChainError, Device};
 
 /// How long a port detached for what its VM did (a broken queue, [`vmport::Misbehaviour`])
 /// refuses a new attach, ns: a VM that reconnects at once to misbehave again costs the loop an attach a second.
@@ -72,9 +78,13 @@ spillway_vswitch::counters! {
         vm_attached => "rt.vm.attached",
         /// Shared-memory VM ports detached (endpoint gone or queue broken).
         vm_detached => "rt.vm.detached",
-        /// Frames for a shared-memory VM that had no receive buffer posted.
+        /// Frames for a shared-memory or vhost-user VM that had no receive buffer posted.
         vm_rx_no_buffer => "rt.vm.rx.no_buffer",
-        /// Descriptors of a shared-memory VM refused (bad address, flags, size).
+        /// Frames for a vhost-user guest that negotiated no offloads, carrying a GSO
+        /// super-frame (or a partial checksum that could not be completed), dropped.
+        vm_rx_offload_refused => "rt.vm.rx.offload_refused",
+        /// Descriptors (descriptor chains, on a vhost-user port) of a VM refused (bad address,
+        /// flags, size, a loop).
         vm_desc_bad => "rt.vm.desc.bad",
         /// Loop turns in which a VM's transmit queue hit the bad descriptor budget
         /// ([`vmport::BAD_DESC_PER_TURN`]) and was left for the next turn.
@@ -121,6 +131,42 @@ pub(super) enum PortIo {
     Tap(Tap),
     /// A shared-memory port, attached while its endpoint is connected.
     Shm(Box<ShmSlot>),
+    /// A QEMU guest's virtio-net device, served as its vhost-user backend.
+    VhostUser(Box<VhostSlot>),
+}
+
+/// A vhost-user port's place: the backend (its service thread holds the socket and applies
+/// QEMU's requests to the device), the guest this process started (if it did), and the copy of
+/// the transmit queue's kick fd the loop polls.
+#[derive(Debug)]
+pub(super) struct VhostSlot {
+    pub(super) vm: String,
+    pub(super) backend: Backend,
+    pub(super) guest: Option<QemuGuest>,
+    /// The device generation `kick` was taken at.
+    pub(super) seen: u64,
+    pub(super) kick: Option<Arc<Doorbell>>,
+    /// Bad chains refused this loop turn (at most [`vmport::BAD_DESC_PER_TURN`]).
+    pub(super) bad_this_turn: u32,
+}
+
+impl VhostSlot {
+    pub(super) fn dev(&self) -> &Device {
+        &self.backend.dev
+    }
+
+    /// Takes a new copy of the kick fd if the device changed since the last one.
+    pub(super) fn refresh(&mut self) {
+        let g = self
+            .backend
+            .dev
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        if g != self.seen {
+            self.seen = g;
+            self.kick = vdev::tx_kick(&self.backend.dev);
+        }
+    }
 }
 
 /// A shared-memory VM port's place: its socket, the attached port, the bridge endpoint this
@@ -203,6 +249,9 @@ pub(super) struct DataPath {
     pub(super) authority: RegionTable,
     /// Port changes not yet told to the plane.
     pub(super) vm_changes: Vec<VmChange>,
+    /// Where a frame's partial checksum is completed before it goes to a guest that takes
+    /// none (allocated once).
+    pub(super) scratch: Box<[u8]>,
 }
 
 impl DataPath {
@@ -278,6 +327,34 @@ impl DataPath {
                 Err(_) => tap.write_vectored(&VnetHdr::NONE, frame).is_ok(),
             },
             PortIo::Tap(tap) => tap.write(frame).is_ok(),
+            PortIo::VhostUser(slot) => {
+                // The guest negotiated no offloads: a GSO frame cannot go to it whole, and a
+                // partial checksum is completed first.
+                let hdr = match VnetHdr::parse(vnet) {
+                    Ok(h) if h.gso_type != 0 => {
+                        self.counters.vm_rx_offload_refused += 1;
+                        return false;
+                    }
+                    Ok(h) if h.flags & VnetHdr::F_NEEDS_CSUM != 0 => {
+                        let n = frame.len();
+                        if n > self.scratch.len() {
+                            return false;
+                        }
+                        self.scratch[..n].copy_from_slice(frame);
+                        if crate::host::vnet::complete_checksum(&mut self.scratch[..n], &h).is_err()
+                        {
+                            self.counters.vm_rx_offload_refused += 1;
+                            return false;
+                        }
+                        let r =
+                            vdev::send(slot.dev(), &VnetHdr::NONE.to_bytes(), &self.scratch[..n]);
+                        return self.vhost_sent(i, now, r);
+                    }
+                    _ => VnetHdr::NONE.to_bytes(),
+                };
+                let r = vdev::send(slot.dev(), &hdr, frame);
+                self.vhost_sent(i, now, r)
+            }
             PortIo::Shm(slot) => {
                 let hdr: &[u8] = if vnet.len() == VnetHdr::LEN {
                     vnet
@@ -294,6 +371,36 @@ impl DataPath {
                     None => false,
                 }
             }
+        }
+    }
+
+    /// What became of a frame sent into vhost-user port slot `i`'s receive queue.
+    fn vhost_sent(&mut self, i: usize, now: Instant, r: Result<bool, ChainError>) -> bool {
+        match r {
+            Ok(true) => true,
+            Ok(false) => {
+                self.counters.vm_rx_no_buffer += 1;
+                false
+            }
+            Err(ChainError::Bad(_)) => {
+                self.counters.vm_desc_bad += 1;
+                false
+            }
+            Err(ChainError::Broken) => {
+                self.vhost_broken(i, now);
+                false
+            }
+        }
+    }
+
+    /// The guest of vhost-user port slot `i` broke a queue: the frontend is disconnected (the
+    /// device resets; QEMU connects again after the quarantine).
+    pub(super) fn vhost_broken(&mut self, i: usize, _now: Instant) {
+        if let PortIo::VhostUser(slot) = &self.ports[i].io {
+            tracing::warn!(target: "spillway::run", vm = %slot.vm, "the guest broke a virtqueue; vhost-user port reset");
+            slot.backend.disconnect();
+            self.counters.vm_detached += 1;
+            self.counters.vm_detached_broken += 1;
         }
     }
 
@@ -358,23 +465,38 @@ impl DataPath {
         Ok(())
     }
 
-    /// Interrupts every shared-memory VM that got frames (or buffers back) this turn.
+    /// Interrupts every shared-memory or vhost-user VM that got frames (or buffers back) this
+    /// turn.
     pub(super) fn flush_irqs(&mut self) {
         for p in &mut self.ports {
-            if let PortIo::Shm(slot) = &mut p.io
-                && let Some(port) = slot.port.as_mut()
-            {
-                port.flush_irq();
+            match &mut p.io {
+                PortIo::Shm(slot) => {
+                    if let Some(port) = slot.port.as_mut() {
+                        port.flush_irq();
+                    }
+                }
+                PortIo::VhostUser(slot) => {
+                    vdev::flush_irq(slot.dev(), vdev::RX);
+                    vdev::flush_irq(slot.dev(), vdev::TX);
+                }
+                PortIo::Tap(_) => {}
             }
         }
     }
 
     pub(super) fn woke_ports(&mut self) {
         for p in &mut self.ports {
-            if let PortIo::Shm(slot) = &mut p.io
-                && let Some(port) = slot.port.as_mut()
-            {
-                port.woke();
+            match &mut p.io {
+                PortIo::Shm(slot) => {
+                    if let Some(port) = slot.port.as_mut() {
+                        port.woke();
+                    }
+                }
+                PortIo::VhostUser(slot) => {
+                    let _ = slot.backend.dev.changed.drain();
+                    vdev::woke(slot.dev());
+                }
+                PortIo::Tap(_) => {}
             }
         }
     }
@@ -469,7 +591,7 @@ pub(super) fn tap_ring(ports: &mut [Port], vnet_hdr: bool) -> (Option<TapUring>,
         .iter()
         .filter_map(|&i| match &ports[i].io {
             PortIo::Tap(tap) => tap.as_fd(0),
-            PortIo::Shm(_) => None,
+            PortIo::Shm(_) | PortIo::VhostUser(_) => None,
         })
         .collect();
     let prefix = if vnet_hdr { VnetHdr::LEN } else { 0 };

@@ -16,7 +16,9 @@ use spillway_vswitch::packet::HEADROOM;
 use spillway_vswitch::{Instant, PacketBuf};
 
 use crate::dpu::daemon::{DpuDaemon, Rates, RunError, RunOptions, Spin, io_err};
-use crate::dpu::ports::{DataPath, FRAME_MAX, Port, PortIo, RtCounters, ShmSlot, tap_ring};
+use crate::dpu::ports::{
+    DataPath, FRAME_MAX, Port, PortIo, RtCounters, ShmSlot, VhostSlot, tap_ring,
+};
 use crate::dpu::vmport;
 use crate::host::cgroup::CgroupSpec;
 use crate::host::clock::Clock;
@@ -24,7 +26,9 @@ use crate::host::ledger::{Ledger, LedgerEntry};
 use crate::host::tap::Tap;
 use crate::ops::ctl::CtlServer;
 use crate::ops::metrics::{MetricsServer, Snapshot};
-use crate::testbed::{InitialHold, TapIo, Testbed, VmBackend, VmEndpoint};
+use crate::testbed::{InitialHold, TapIo, Testbed, VhostEndpoint, VmBackend, VmEndpoint, VmSpec};
+use crate::vm::qemu::{Accel, GuestSpec, QemuGuest};
+use crate::vm::vhost_user::conn::{Backend, SocketMode};
 
 impl DpuDaemon {
     /// Brings the testbed up: recovers a crashed predecessor's leftovers, creates the
@@ -37,6 +41,17 @@ impl DpuDaemon {
         // What a crashed predecessor of this testbed could have created, and nothing else.
         let mut scope = crate::host::ledger::LedgerScope::new(&tb.state_dir, &tb.name)
             .allow_exe(&opts.plane_exe);
+        // The QEMU of the guests this run boots, which a crashed run may have left.
+        let qemu = tb
+            .vms
+            .iter()
+            .any(|v| v.backend == VmBackend::VhostUser(VhostEndpoint::Qemu))
+            .then(|| find_in_path(QEMU))
+            .transpose()
+            .map_err(RunError::Setup)?;
+        if let Some(q) = &qemu {
+            scope = scope.allow_exe(q);
+        }
         for vm in &tb.vms {
             scope = scope.allow_netns(&vm.netns).allow_link(&vm.tap);
         }
@@ -83,6 +98,10 @@ impl DpuDaemon {
                             uid: spec.uid,
                             quarantine_until: None,
                         }))
+                    }
+                    (VmBackend::VhostUser(how), _) => {
+                        let slot = vhost_port(&tb, &spec, how, qemu.as_deref(), ledger)?;
+                        PortIo::VhostUser(Box::new(slot))
                     }
                     (VmBackend::Tap, None) => unreachable!("bring_up makes a TAP for a TAP port"),
                 };
@@ -174,6 +193,7 @@ impl DpuDaemon {
                     counters: RtCounters::default(),
                     authority: RegionTable::new(),
                     vm_changes: Vec::new(),
+                    scratch: vec![0u8; FRAME_MAX].into_boxed_slice(),
                 },
                 clock,
                 planes: [None, None],
@@ -224,6 +244,98 @@ impl DpuDaemon {
 /// and then records it: a file only goes into the ledger once this process created it, so a
 /// failed start never removes somebody else's. A stale socket of a crashed run is replaced; any
 /// other file at `path` is an error and left alone.
+/// The QEMU binary a `backend = "vhost-user"` guest runs on.
+const QEMU: &str = "qemu-system-x86_64";
+
+/// `program`'s absolute path, from `PATH`.
+fn find_in_path(program: &str) -> Result<std::path::PathBuf, String> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!("{program} is not on PATH (Debian: apt-get install qemu-system-x86)")
+        })
+}
+
+/// The vhost-user socket of VM `vm` (QEMU listens on it; the DPU process connects).
+pub fn vhost_socket(tb: &Testbed, vm: &str) -> std::path::PathBuf {
+    tb.state_dir.join(format!("{}-vm-{vm}.vhost.sock", tb.name))
+}
+
+/// The serial console log of the guest of VM `vm` that `spillway run` boots.
+pub fn guest_console(tb: &Testbed, vm: &str) -> std::path::PathBuf {
+    tb.state_dir.join(format!("{}-vm-{vm}.console", tb.name))
+}
+
+/// A vhost-user port: its backend (connecting to QEMU's socket, retrying until it is there)
+/// and, with `endpoint = "qemu"`, the guest, booted with the policy port's MAC and address.
+fn vhost_port(
+    tb: &Testbed,
+    spec: &VmSpec,
+    how: VhostEndpoint,
+    qemu: Option<&Path>,
+    ledger: &mut Ledger,
+) -> Result<VhostSlot, RunError> {
+    let sock = vhost_socket(tb, &spec.name);
+    crate::host::unixsock::remove_stale(&sock)
+        .map_err(io_err(format!("socket {}", sock.display())))?;
+    let record = |ledger: &mut Ledger, p: &Path| {
+        ledger
+            .record(LedgerEntry::File(p.to_owned()))
+            .map_err(|e| RunError::Setup(format!("ledger: {e}")))
+    };
+    record(ledger, &sock)?;
+    let backend = Backend::start(&spec.name, SocketMode::Connect(sock.clone()), spec.uid)
+        .map_err(RunError::Setup)?;
+    let guest = match (how, qemu) {
+        (VhostEndpoint::Qemu, Some(qemu)) => {
+            let console = guest_console(tb, &spec.name);
+            record(ledger, &console)?;
+            record(ledger, &crate::vm::qemu::qemu_log_path(&console))?;
+            let mut cmdline = format!("spillway.ip={}/{}", spec.ip, spec.prefix_len);
+            if let Some(gw) = spec.gateway {
+                cmdline += &format!(" spillway.gw={gw}");
+            }
+            if !spec.guest_cmdline.is_empty() {
+                cmdline += " ";
+                cmdline += &spec.guest_cmdline;
+            }
+            let gs = GuestSpec {
+                qemu: qemu.to_path_buf(),
+                kernel: tb.guest_dir.join("vmlinuz"),
+                initrd: tb.guest_dir.join("initramfs.cpio.gz"),
+                memory_mib: spec.memory_mib,
+                cmdline,
+                console_log: console,
+                accel: Accel::Auto,
+                netdev: crate::vm::qemu::vhost_user_nic(&sock, &spec.mac.to_string()),
+            };
+            let g = QemuGuest::start(&gs)
+                .map_err(|e| RunError::Setup(format!("vm {}: {e}", spec.name)))?;
+            if let Some(pid) = g.pid() {
+                let entry = LedgerEntry::pid(pid)
+                    .map_err(io_err(format!("vm {}: QEMU {pid}", spec.name)))?;
+                ledger
+                    .record(entry)
+                    .map_err(|e| RunError::Setup(format!("ledger: {e}")))?;
+            }
+            tracing::info!(target: "spillway::run", vm = %spec.name, accel = g.accel().name(), pid = ?g.pid(), "guest started");
+            Some(g)
+        }
+        _ => None,
+    };
+    Ok(VhostSlot {
+        vm: spec.name.clone(),
+        backend,
+        guest,
+        seen: u64::MAX,
+        kick: None,
+        bad_this_turn: 0,
+    })
+}
+
 fn bind_and_record(
     ledger: &mut Ledger,
     path: &Path,

@@ -307,7 +307,8 @@ pub fn vhost_user_nic(sock: &Path, mac: &str) -> Vec<String> {
     ]
 }
 
-fn qemu_log_path(console: &Path) -> PathBuf {
+/// Where QEMU's own messages (its stderr) go: beside the console log, `.qemu` appended.
+pub fn qemu_log_path(console: &Path) -> PathBuf {
     let mut p = console.as_os_str().to_owned();
     p.push(".qemu");
     PathBuf::from(p)
