@@ -19,6 +19,8 @@
 #   spillway.fetch=ADDR       GET / from ADDR:80 every second for 5 minutes (busybox nc: the
 #                             static busybox's wget segfaults in glibc's resolver), printing
 #                             `spillway-guest fetched BODY` for every success (tests)
+#   spillway.fetchbig=ADDR    GET /big (256 KiB) from ADDR:80 every 2 s, printing
+#                             `spillway-guest fetched-big BYTES` (the response's size)
 #
 # and prints `spillway-guest ready` on the console once eth0 is up and httpd runs, then
 # `spillway-guest eth0 MAC` with the interface's address. A guest powers off when its init's
@@ -64,7 +66,7 @@ R=$WORK/root
 mkdir -p "$R"/{bin,sbin,proc,sys,dev,tmp,run,www,lib/modules}
 cp "$WORK/b/bin/busybox" "$R/bin/busybox"
 for app in sh mount insmod ip ifconfig route httpd sleep cat echo poweroff mkdir ls ping \
-           grep sed awk seq dd nc wget uname tail printf; do
+           grep sed awk seq dd nc wget uname tail printf wc; do
     ln -s busybox "$R/bin/$app"
 done
 # virtio-net over virtio-pci, in dependency order (modinfo's `depends`).
@@ -85,6 +87,7 @@ for m in $order; do
     echo "$(basename "$m")" >>"$R/lib/modules/order"
 done
 echo "hello from a spillway guest" >"$R/www/index.html"
+dd if=/dev/zero of="$R/www/big" bs=1024 count=256 2>/dev/null
 
 cat >"$R/init" <<'INIT'
 #!/bin/sh
@@ -100,6 +103,7 @@ addr=$(arg spillway.ip)
 gw=$(arg spillway.gw)
 ping=$(arg spillway.ping)
 fetch=$(arg spillway.fetch)
+fetchbig=$(arg spillway.fetchbig)
 if [ -n "$addr" ]; then
     for _ in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
     ip addr add "$addr" dev eth0
@@ -109,6 +113,13 @@ if [ -n "$addr" ]; then
     if [ -n "$ping" ]; then
         ( ping "$ping" 2>&1 | while read -r l; do
             case "$l" in *"bytes from"*) echo "spillway-guest pong $l";; esac
+        done ) &
+    fi
+    if [ -n "$fetchbig" ]; then
+        ( for _ in $(seq 150); do
+            n=$(printf 'GET /big HTTP/1.0\r\n\r\n' | nc -w 5 "$fetchbig" 80 | wc -c)
+            echo "spillway-guest fetched-big $n"
+            sleep 2
         done ) &
     fi
     if [ -n "$fetch" ]; then

@@ -13,6 +13,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
+
+use spillway_rt::vm::qemu::{Accel, GuestSpec, QemuGuest, vhost_user_nic};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
@@ -30,8 +32,11 @@ struct Bed {
 }
 
 impl Bed {
-    fn start(guests: &Path) -> Bed {
-        let name = format!("vu{:x}", std::process::id() % 0xffff);
+    /// A testbed of guests a and b; `b_extra` is more of b's `[[vm]]` table.
+    fn start(guests: &Path, b_extra: &str) -> Bed {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("vu{:x}", (std::process::id() % 0xffff) * 16 + n % 16);
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("testbed.toml");
         let text = format!(
@@ -80,25 +85,40 @@ remote = "10.67.0.0/24"
 name = "a"
 port = 1
 backend = "vhost-user"
-guest_cmdline = "spillway.ping=10.67.0.2 spillway.fetch=10.67.0.2"
+guest_cmdline = "spillway.ping=10.67.0.2 spillway.fetch=10.67.0.2 spillway.fetchbig=10.67.0.2"
 [[vm]]
 name = "b"
 port = 2
 backend = "vhost-user"
+{b_extra}
 "#,
             state = dir.path().display(),
             guests = guests.display(),
         );
         std::fs::write(&config, text).expect("write testbed");
-        // Two guests, each probed on KVM for up to 5 s before TCG.
-        let within = Duration::from_secs(60);
-        let daemon = common::spawn_run(BIN, &config, dir.path(), "released", "info", within);
-        Bed {
+        let mut bed = Bed {
             name,
             dir,
             config,
-            daemon: Some(daemon),
-        }
+            daemon: None,
+        };
+        bed.run();
+        bed
+    }
+
+    /// Starts `spillway run` on the bed.
+    fn run(&mut self) {
+        // Two guests, each probed on KVM for up to 5 s before TCG.
+        let within = Duration::from_secs(60);
+        let d = common::spawn_run(
+            BIN,
+            &self.config,
+            self.dir.path(),
+            "released",
+            "info",
+            within,
+        );
+        self.daemon = Some(d);
     }
 
     fn log(&self) -> String {
@@ -132,6 +152,28 @@ backend = "vhost-user"
                 since + n,
                 self.console("a"),
                 self.console("b"),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until guest a has fetched all of b's 256 KiB `/big` (with the response's headers).
+    fn wait_big_fetch(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let console = self.console("a");
+            let full = console
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("spillway-guest fetched-big "))
+                .filter_map(|n| n.trim().parse::<u64>().ok())
+                .any(|n| n >= 256 * 1024);
+            if full {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no full 256 KiB fetch in {within:?}; console a: {console}\ndaemon: {}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(200));
@@ -184,7 +226,7 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
     let Some(guests) = guest_dir() else {
         return;
     };
-    let mut bed = Bed::start(&guests);
+    let mut bed = Bed::start(&guests, "");
     let s = bed.ctl(&["status"]);
     let ports = s["vm_ports"].as_array().expect("vm_ports").clone();
     assert_eq!(ports.len(), 2, "{s:#}");
@@ -201,9 +243,26 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
     // The DPU alone: ICMP and an HTTP fetch (TCP) from a to b.
     let pongs = bed.wait_lines(PONG, 0, 3, Duration::from_secs(120));
     let fetched = bed.wait_lines(FETCHED, 0, 1, Duration::from_secs(60));
+    // 256 KiB from b's httpd: with TSO both ways, as 64 KiB super-frames that cross whole.
+    bed.wait_big_fetch(Duration::from_secs(60));
     let s = bed.ctl(&["status"]);
     for p in s["vm_ports"].as_array().unwrap() {
         assert_eq!(p["attached"], true, "{s:#}");
+    }
+    let c = &s["counters"];
+    eprintln!(
+        "after the 256 KiB fetch: {} frames from the guests, {} GSO; {} GSO into them",
+        c["rt.rx.frames"], c["rt.vm.from_guest.gso"], c["rt.vm.to_guest.gso"]
+    );
+    for k in ["rt.vm.from_guest.gso", "rt.vm.to_guest.gso"] {
+        assert!(c[k].as_u64().unwrap_or(0) > 0, "no {k}: {s:#}");
+    }
+    for k in [
+        "rt.vm.desc.bad",
+        "rt.vm.rx.offload_refused",
+        "rt.vm.detached",
+    ] {
+        assert_eq!(c[k].as_u64().unwrap_or(0), 0, "{k}: {s:#}");
     }
 
     // The plane active: every new connection goes through it.
@@ -248,4 +307,57 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
         .filter(|n| n.ends_with(".sock") || n.ends_with(".ledger"))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Guest b run by the test (`endpoint = "external"`), on the socket the DPU process connects to.
+fn external_guest(bed: &Bed, guests: &Path, n: u32) -> QemuGuest {
+    let sock = bed.dir.path().join(format!("{}-vm-b.vhost.sock", bed.name));
+    let spec = GuestSpec {
+        qemu: "qemu-system-x86_64".into(),
+        kernel: guests.join("vmlinuz"),
+        initrd: guests.join("initramfs.cpio.gz"),
+        memory_mib: 256,
+        cmdline: "spillway.ip=10.67.0.2/24".into(),
+        console_log: bed.dir.path().join(format!("external-b-{n}.console")),
+        accel: Accel::Auto,
+        netdev: vhost_user_nic(&sock, "02:00:00:00:00:0b"),
+    };
+    let mut g = QemuGuest::start(&spec).expect("QEMU starts");
+    g.wait_for("spillway-guest ready", Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e}"));
+    g
+}
+
+/// Either side of a vhost-user port restarts under the other: QEMU (the DPU process connects
+/// to its new socket) and the DPU process (it connects to the running QEMU's socket again, which
+/// its exit left in place); guest a's pings to b resume each time.
+#[test]
+fn qemu_and_the_dpu_process_each_restart_under_the_other() {
+    let Some(guests) = guest_dir() else {
+        return;
+    };
+    let mut bed = Bed::start(&guests, "endpoint = \"external\"");
+    let b = external_guest(&bed, &guests, 1);
+    let pongs = bed.wait_lines(PONG, 0, 3, Duration::from_secs(120));
+
+    // QEMU restarts: a new guest b on a new socket at the same path.
+    drop(b);
+    let b = external_guest(&bed, &guests, 2);
+    bed.wait_lines(PONG, pongs, 3, Duration::from_secs(60));
+    let s = bed.ctl(&["status"]);
+    let port_b = &s["vm_ports"][1];
+    assert!(port_b["connections"].as_u64().unwrap() >= 2, "{s:#}");
+
+    // The DPU process restarts (guest a, its own, with it); b runs on.
+    let status = bed.stop().expect("the daemon ran");
+    assert!(status.success(), "{}", bed.log());
+    let sock = bed.dir.path().join(format!("{}-vm-b.vhost.sock", bed.name));
+    assert!(sock.exists(), "the run removed the external QEMU's socket");
+    assert!(
+        b.pid()
+            .is_some_and(|p| spillway_testkit::process_alive(p.into()))
+    );
+    bed.run();
+    bed.wait_lines(PONG, 0, 3, Duration::from_secs(120));
+    drop(b);
 }

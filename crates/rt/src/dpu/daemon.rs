@@ -550,7 +550,13 @@ impl DpuDaemon {
                         Err(e) => return Err(io_err("reading a TAP")(e)),
                     },
                     PortIo::VhostUser(slot) => match vdev::recv(slot.dev(), area) {
-                        Ok(Some(n)) => n,
+                        Ok(Some(n)) => {
+                            // The header's `gso_type` byte.
+                            if area.get(1).is_some_and(|&g| g != VnetHdr::GSO_NONE) {
+                                self.dp.counters.vm_from_guest_gso += 1;
+                            }
+                            n
+                        }
                         Ok(None) => break,
                         Err(ChainError::Bad(why)) => {
                             // Returned to the guest; at most a budget of them per turn.

@@ -80,8 +80,12 @@ spillway_vswitch::counters! {
         vm_detached => "rt.vm.detached",
         /// Frames for a shared-memory or vhost-user VM that had no receive buffer posted.
         vm_rx_no_buffer => "rt.vm.rx.no_buffer",
-        /// Frames for a vhost-user guest that negotiated no offloads, carrying a GSO
-        /// super-frame (or a partial checksum that could not be completed), dropped.
+        /// GSO super-frames taken from vhost-user guests (`HOST_TSO4/6`).
+        vm_from_guest_gso => "rt.vm.from_guest.gso",
+        /// GSO super-frames written whole into vhost-user guests (`GUEST_TSO4/6`).
+        vm_to_guest_gso => "rt.vm.to_guest.gso",
+        /// Frames for a vhost-user guest that did not take the GSO kind they are (no
+        /// `GUEST_TSO4/6`), or with a partial checksum that could not be completed, dropped.
         vm_rx_offload_refused => "rt.vm.rx.offload_refused",
         /// Descriptors (descriptor chains, on a vhost-user port) of a VM refused (bad address,
         /// flags, size, a loop).
@@ -328,31 +332,37 @@ impl DataPath {
             },
             PortIo::Tap(tap) => tap.write(frame).is_ok(),
             PortIo::VhostUser(slot) => {
-                // The guest negotiated no offloads: a GSO frame cannot go to it whole, and a
-                // partial checksum is completed first.
-                let hdr = match VnetHdr::parse(vnet) {
-                    Ok(h) if h.gso_type != 0 => {
+                let h = VnetHdr::parse(vnet).unwrap_or(VnetHdr::NONE);
+                let acked = slot.dev().acked.load(std::sync::atomic::Ordering::Relaxed);
+                let r = match vdev::to_guest(acked, &h) {
+                    vdev::ToGuest::As(out) => {
+                        let r = vdev::send(slot.dev(), &out.to_bytes(), frame);
+                        if out.gso_type != VnetHdr::GSO_NONE && r == Ok(true) {
+                            self.counters.vm_to_guest_gso += 1;
+                        }
+                        r
+                    }
+                    vdev::ToGuest::Refuse => {
                         self.counters.vm_rx_offload_refused += 1;
                         return false;
                     }
-                    Ok(h) if h.flags & VnetHdr::F_NEEDS_CSUM != 0 => {
+                    vdev::ToGuest::CompleteChecksum => {
                         let n = frame.len();
-                        if n > self.scratch.len() {
-                            return false;
-                        }
-                        self.scratch[..n].copy_from_slice(frame);
-                        if crate::host::vnet::complete_checksum(&mut self.scratch[..n], &h).is_err()
-                        {
+                        let done = self.scratch.get_mut(..n).is_some_and(|b| {
+                            b.copy_from_slice(frame);
+                            crate::host::vnet::complete_checksum(b, &h).is_ok()
+                        });
+                        if !done {
                             self.counters.vm_rx_offload_refused += 1;
                             return false;
                         }
-                        let r =
-                            vdev::send(slot.dev(), &VnetHdr::NONE.to_bytes(), &self.scratch[..n]);
-                        return self.vhost_sent(i, now, r);
+                        let out = VnetHdr {
+                            num_buffers: 1,
+                            ..VnetHdr::NONE
+                        };
+                        vdev::send(slot.dev(), &out.to_bytes(), &self.scratch[..n])
                     }
-                    _ => VnetHdr::NONE.to_bytes(),
                 };
-                let r = vdev::send(slot.dev(), &hdr, frame);
                 self.vhost_sent(i, now, r)
             }
             PortIo::Shm(slot) => {

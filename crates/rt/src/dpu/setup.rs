@@ -279,14 +279,18 @@ fn vhost_port(
     ledger: &mut Ledger,
 ) -> Result<VhostSlot, RunError> {
     let sock = vhost_socket(tb, &spec.name);
-    crate::host::unixsock::remove_stale(&sock)
-        .map_err(io_err(format!("socket {}", sock.display())))?;
     let record = |ledger: &mut Ledger, p: &Path| {
         ledger
             .record(LedgerEntry::File(p.to_owned()))
             .map_err(|e| RunError::Setup(format!("ledger: {e}")))
     };
-    record(ledger, &sock)?;
+    if how == VhostEndpoint::Qemu {
+        // The socket of the QEMU this run starts is this run's; an external QEMU's is its own
+        // (it outlives this process, which connects to it again when it restarts).
+        crate::host::unixsock::remove_stale(&sock)
+            .map_err(io_err(format!("socket {}", sock.display())))?;
+        record(ledger, &sock)?;
+    }
     let backend = Backend::start(&spec.name, SocketMode::Connect(sock.clone()), spec.uid)
         .map_err(RunError::Setup)?;
     let guest = match (how, qemu) {

@@ -33,6 +33,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
+};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_INDIRECT_DESC, VRING_AVAIL_F_NO_INTERRUPT};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{
@@ -41,6 +45,7 @@ use vm_memory::{
 };
 
 use super::msg::{self, Msg, MsgError, le_u32, le_u64};
+use crate::host::vnet::VnetHdr;
 use crate::shm::ring::Doorbell;
 
 /// The guest's receive queue (the device writes frames into its buffers).
@@ -56,11 +61,60 @@ pub const REGIONS_MAX: usize = msg::FDS_MAX;
 /// The most guest memory the DPU process maps for one VM.
 pub const MEMORY_MAX: u64 = 64 << 30;
 
-/// The virtio features offered: virtio 1.x, indirect descriptors, and vhost-user's protocol
-/// features. No offloads (the guest checksums and segments itself), no mergeable buffers.
+/// The virtio features offered: virtio 1.x, indirect descriptors, vhost-user's protocol
+/// features, and checksum and TCP segmentation offload both ways (`CSUM`, `HOST_TSO4/6`: the
+/// guest may send partial checksums and 64 KiB super-frames, which cross the fabric whole as a
+/// TAP's do; `GUEST_CSUM`, `GUEST_TSO4/6`: it takes them). No mergeable buffers: a guest that
+/// takes TSO then posts receive chains large enough for 64 KiB ("big packets"), which
+/// [`send`] fills across their descriptors.
 pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_NET_F_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_TSO4)
+    | (1 << VIRTIO_NET_F_GUEST_TSO6)
+    | (1 << VIRTIO_NET_F_HOST_TSO4)
+    | (1 << VIRTIO_NET_F_HOST_TSO6)
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+
+/// What a frame needs before it goes into the receive queue of a guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToGuest {
+    /// It goes with this header.
+    As(VnetHdr),
+    /// Its partial checksum is to be completed first (the guest did not take `GUEST_CSUM`); it
+    /// then goes with [`VnetHdr::NONE`] (and `num_buffers` 1).
+    CompleteChecksum,
+    /// A GSO super-frame of a kind the guest did not take: it cannot go whole, and nothing here
+    /// segments it.
+    Refuse,
+}
+
+/// What a frame with header `h` needs for a guest that acked features `acked`: the one rule
+/// for which offloads reach which guest.
+pub fn to_guest(acked: u64, h: &VnetHdr) -> ToGuest {
+    let has = |bit: u32| acked & (1 << bit) != 0;
+    let mut out = *h;
+    // Without mergeable buffers a frame fills one chain: `num_buffers` is 1.
+    out.num_buffers = 1;
+    let gso_ok = match h.gso_type & !VnetHdr::GSO_ECN {
+        VnetHdr::GSO_NONE => true,
+        VnetHdr::GSO_TCPV4 => has(VIRTIO_NET_F_GUEST_TSO4),
+        VnetHdr::GSO_TCPV6 => has(VIRTIO_NET_F_GUEST_TSO6),
+        _ => false,
+    };
+    if !gso_ok {
+        return ToGuest::Refuse;
+    }
+    if !has(VIRTIO_NET_F_GUEST_CSUM) {
+        if h.needs_csum() {
+            return ToGuest::CompleteChecksum;
+        }
+        // DATA_VALID is a promise only a guest that takes checksum offload is given.
+        out.flags = 0;
+    }
+    ToGuest::As(out)
+}
 
 /// The protocol features offered: acknowledgements on request (`REPLY_ACK`).
 pub const PROTOCOL_FEATURES: u64 = VhostUserProtocolFeatures::REPLY_ACK.bits();

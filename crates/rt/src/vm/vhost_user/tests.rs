@@ -531,3 +531,52 @@ fn bad_requests_are_refused_and_close_the_connection() {
         "not a request at all"
     );
 }
+
+#[test]
+fn offloads_reach_only_guests_that_took_them() {
+    use super::device::{ToGuest, to_guest};
+    use crate::host::vnet::VnetHdr;
+    let tso = VnetHdr {
+        flags: VnetHdr::F_NEEDS_CSUM,
+        gso_type: VnetHdr::GSO_TCPV4,
+        hdr_len: 66,
+        gso_size: 1448,
+        csum_start: 34,
+        csum_offset: 16,
+        num_buffers: 0,
+    };
+    let one = |h: VnetHdr| VnetHdr {
+        num_buffers: 1,
+        ..h
+    };
+    // A guest that took everything gets the super-frame whole, num_buffers 1.
+    assert_eq!(to_guest(FEATURES, &tso), ToGuest::As(one(tso)));
+    let ecn = VnetHdr {
+        gso_type: VnetHdr::GSO_TCPV4 | VnetHdr::GSO_ECN,
+        ..tso
+    };
+    assert_eq!(to_guest(FEATURES, &ecn), ToGuest::As(one(ecn)));
+    // Not TSO over IPv4, or UDP fragmentation (never offered): refused.
+    assert_eq!(to_guest(FEATURES & !(1 << 7), &tso), ToGuest::Refuse);
+    let ufo = VnetHdr {
+        gso_type: VnetHdr::GSO_UDP,
+        ..tso
+    };
+    assert_eq!(to_guest(FEATURES, &ufo), ToGuest::Refuse);
+    // A partial checksum for a guest without GUEST_CSUM is completed first; DATA_VALID is
+    // not passed to it.
+    let bare = 1u64 << 32;
+    let partial = VnetHdr {
+        gso_type: VnetHdr::GSO_NONE,
+        gso_size: 0,
+        ..tso
+    };
+    assert_eq!(to_guest(bare, &partial), ToGuest::CompleteChecksum);
+    assert_eq!(to_guest(FEATURES, &partial), ToGuest::As(one(partial)));
+    let valid = VnetHdr {
+        flags: VnetHdr::F_DATA_VALID,
+        ..VnetHdr::NONE
+    };
+    assert_eq!(to_guest(bare, &valid), ToGuest::As(one(VnetHdr::NONE)));
+    assert_eq!(to_guest(FEATURES, &valid), ToGuest::As(one(valid)));
+}
