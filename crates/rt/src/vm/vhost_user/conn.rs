@@ -35,6 +35,48 @@ pub enum SocketMode {
 /// How often a connecting backend retries, and a listening one looks for a connection.
 pub const RETRY: Duration = Duration::from_millis(50);
 
+/// Requests a frontend may send at once (a set-up is about 30, a guest's driver restart about
+/// as many again) before [`REQUESTS_PER_S`] applies.
+pub const REQUESTS_BURST: u32 = 1000;
+/// Requests per second a frontend may send beyond [`REQUESTS_BURST`]. Each request may take a
+/// ring's lock the data path takes per frame and wakes the DPU process's loop, which serves
+/// every tenant; beyond this rate the port's own service thread waits (counted in
+/// `SessionCounters::throttled`), so a VMM in a loop slows only its own port.
+pub const REQUESTS_PER_S: u32 = 1000;
+
+/// A token bucket over the requests of one connection.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Bucket {
+    fn new() -> Bucket {
+        Bucket {
+            tokens: f64::from(REQUESTS_BURST),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    /// Takes a token, first waiting for one if there is none; returns whether it waited.
+    fn take(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let rate = f64::from(REQUESTS_PER_S);
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * rate)
+            .min(f64::from(REQUESTS_BURST));
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return false;
+        }
+        std::thread::sleep(Duration::from_secs_f64((1.0 - self.tokens) / rate));
+        self.tokens = 0.0;
+        self.at = std::time::Instant::now();
+        true
+    }
+}
+
 /// A vhost-user port's service thread.
 #[derive(Debug)]
 pub struct Backend {
@@ -182,12 +224,19 @@ impl Ctx {
     /// Serves one connection until it ends; returns why it ended.
     fn serve(&self, s: &UnixStream) -> String {
         let mut session = Session::new(self.dev.clone());
+        let mut bucket = Bucket::new();
         loop {
             let mut m = match msg::read(s) {
                 Ok(Some(m)) => m,
                 Ok(None) => return "closed".into(),
                 Err(e) => return format!("unreadable message: {e}"),
             };
+            if bucket.take() {
+                let n = self.dev.counters.throttled.fetch_add(1, Ordering::Relaxed) + 1;
+                if crate::dpu::worth_logging(n) {
+                    tracing::warn!(target: "spillway::run", vm = %self.vm, throttled = n, "vhost-user frontend over its request rate; its requests wait");
+                }
+            }
             let ack = session.wants_ack(&m);
             match session.handle(&mut m) {
                 Ok(answer) => {

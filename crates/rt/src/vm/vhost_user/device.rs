@@ -160,6 +160,8 @@ pub struct SessionCounters {
     pub refused: AtomicU64,
     /// Memory tables taken.
     pub mem_tables: AtomicU64,
+    /// Requests that waited for the frontend's request rate (`conn::REQUESTS_PER_S`).
+    pub throttled: AtomicU64,
 }
 
 /// The device both sides share.

@@ -580,3 +580,30 @@ fn offloads_reach_only_guests_that_took_them() {
     assert_eq!(to_guest(bare, &valid), ToGuest::As(one(VnetHdr::NONE)));
     assert_eq!(to_guest(FEATURES, &valid), ToGuest::As(one(valid)));
 }
+
+#[test]
+fn a_frontend_in_a_loop_is_held_to_its_request_rate() {
+    use super::conn::{REQUESTS_BURST, REQUESTS_PER_S};
+    let (backend, fe, _d) = connect();
+    let extra = 300;
+    let t = Instant::now();
+    for _ in 0..REQUESTS_BURST + extra {
+        fe.send(FrontendReq::GET_FEATURES, 0, &[], &[]);
+        assert_eq!(le_u64(&fe.reply().1, 0), FEATURES);
+    }
+    // Beyond the burst the requests come at most at the rate: however fast the frontend, the
+    // last `extra` take at least `extra / rate` (a lower bound, which a slow machine only
+    // exceeds).
+    let floor = Duration::from_secs_f64(f64::from(extra) / f64::from(REQUESTS_PER_S));
+    let took = t.elapsed();
+    let c = &backend.dev.counters;
+    eprintln!(
+        "{took:?}, {} requests waited",
+        c.throttled.load(Ordering::Relaxed)
+    );
+    assert!(took >= floor.mul_f64(0.95), "{took:?} < {floor:?}");
+    assert_eq!(
+        c.requests.load(Ordering::Relaxed),
+        u64::from(REQUESTS_BURST + extra)
+    );
+}
