@@ -551,14 +551,13 @@ impl DpuDaemon {
                     },
                     PortIo::VhostUser(slot) => match vdev::recv(slot.dev(), area) {
                         Ok(Some(n)) => {
-                            // The header's `gso_type` byte.
-                            if area.get(1).is_some_and(|&g| g != VnetHdr::GSO_NONE) {
+                            if VnetHdr::parse(area).is_ok_and(|h| h.gso_type != VnetHdr::GSO_NONE) {
                                 self.dp.counters.vm_from_guest_gso += 1;
                             }
                             n
                         }
                         Ok(None) => break,
-                        Err(ChainError::Bad(why)) => {
+                        Err(ChainError::Bad(_)) => {
                             // Returned to the guest; at most a budget of them per turn.
                             self.dp.counters.vm_desc_bad += 1;
                             slot.bad_this_turn += 1;
@@ -566,11 +565,10 @@ impl DpuDaemon {
                                 self.dp.counters.vm_desc_turn_budget += 1;
                                 break;
                             }
-                            tracing::debug!(target: "spillway::run", vm = %slot.vm, why = why.name(), "bad descriptor chain");
                             continue;
                         }
                         Err(ChainError::Broken) => {
-                            self.dp.vhost_broken(i, now);
+                            self.dp.vhost_broken(i);
                             break;
                         }
                     },

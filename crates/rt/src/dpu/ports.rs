@@ -363,7 +363,7 @@ impl DataPath {
                         vdev::send(slot.dev(), &out.to_bytes(), &self.scratch[..n])
                     }
                 };
-                self.vhost_sent(i, now, r)
+                self.vhost_sent(i, r)
             }
             PortIo::Shm(slot) => {
                 let hdr: &[u8] = if vnet.len() == VnetHdr::LEN {
@@ -385,7 +385,7 @@ impl DataPath {
     }
 
     /// What became of a frame sent into vhost-user port slot `i`'s receive queue.
-    fn vhost_sent(&mut self, i: usize, now: Instant, r: Result<bool, ChainError>) -> bool {
+    fn vhost_sent(&mut self, i: usize, r: Result<bool, ChainError>) -> bool {
         match r {
             Ok(true) => true,
             Ok(false) => {
@@ -397,7 +397,7 @@ impl DataPath {
                 false
             }
             Err(ChainError::Broken) => {
-                self.vhost_broken(i, now);
+                self.vhost_broken(i);
                 false
             }
         }
@@ -405,7 +405,7 @@ impl DataPath {
 
     /// The guest of vhost-user port slot `i` broke a queue: the frontend is disconnected (the
     /// device resets; QEMU connects again after the quarantine).
-    pub(super) fn vhost_broken(&mut self, i: usize, _now: Instant) {
+    pub(super) fn vhost_broken(&mut self, i: usize) {
         if let PortIo::VhostUser(slot) = &self.ports[i].io {
             tracing::warn!(target: "spillway::run", vm = %slot.vm, "the guest broke a virtqueue; vhost-user port reset");
             slot.backend.disconnect();

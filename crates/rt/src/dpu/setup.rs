@@ -46,9 +46,14 @@ impl DpuDaemon {
             .vms
             .iter()
             .any(|v| v.backend == VmBackend::VhostUser(VhostEndpoint::Qemu))
-            .then(|| find_in_path(QEMU))
-            .transpose()
-            .map_err(RunError::Setup)?;
+            .then(|| {
+                crate::host::netns::find_on_path(QEMU).ok_or_else(|| {
+                    RunError::Setup(format!(
+                        "{QEMU} is not on PATH (Debian: apt-get install qemu-system-x86)"
+                    ))
+                })
+            })
+            .transpose()?;
         if let Some(q) = &qemu {
             scope = scope.allow_exe(q);
         }
@@ -246,18 +251,6 @@ impl DpuDaemon {
 /// other file at `path` is an error and left alone.
 /// The QEMU binary a `backend = "vhost-user"` guest runs on.
 const QEMU: &str = "qemu-system-x86_64";
-
-/// `program`'s absolute path, from `PATH`.
-fn find_in_path(program: &str) -> Result<std::path::PathBuf, String> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            format!("{program} is not on PATH (Debian: apt-get install qemu-system-x86)")
-        })
-}
 
 /// The vhost-user socket of VM `vm` (QEMU listens on it; the DPU process connects).
 pub fn vhost_socket(tb: &Testbed, vm: &str) -> std::path::PathBuf {

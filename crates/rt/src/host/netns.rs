@@ -132,11 +132,15 @@ fn ip(ns: Option<&str>, args: &[&str]) -> Result<String, NetnsError> {
 
 /// Whether `program` is an executable file in a `PATH` directory.
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|dir| {
-            fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
-        })
-    })
+    find_on_path(program).is_some()
+}
+
+/// `program`'s path: the first executable file of that name in a `PATH` directory.
+pub fn find_on_path(program: &str) -> Option<std::path::PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(program))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
 }
 
 // ---- Argument checks: reject early what `ip` would misparse ---------------------------------

@@ -128,6 +128,11 @@ impl Backend {
     /// [`super::QUARANTINE`].
     pub fn disconnect(&self) {
         self.quarantine.store(true, Ordering::Relaxed);
+        self.hang_up();
+    }
+
+    /// Shuts the current connection down, which ends the service thread's blocking read.
+    fn hang_up(&self) {
         if let Ok(c) = self.conn.lock()
             && let Some(s) = c.as_ref()
         {
@@ -139,11 +144,7 @@ impl Backend {
 impl Drop for Backend {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Ok(c) = self.conn.lock()
-            && let Some(s) = c.as_ref()
-        {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
+        self.hang_up();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
