@@ -48,6 +48,7 @@ use crate::dpu::plane_ctl::KeptFrames;
 use crate::dpu::plane_proc::{PlaneProc, Retiring};
 use crate::dpu::ports::{DataPath, DetachReason, PortIo};
 use crate::dpu::shards::DpuResources;
+use crate::dpu::vmport::Turn;
 use crate::host::allocs;
 use crate::host::cgroup::Cgroup;
 use crate::host::clock::Clock;
@@ -524,7 +525,7 @@ impl DpuDaemon {
                         port.begin_turn(now.0);
                     }
                 }
-                PortIo::VhostUser(slot) => slot.bad_this_turn = 0,
+                PortIo::VhostUser(slot) => slot.budget.begin_turn(now.0),
                 PortIo::Tap(_) => {}
             }
             let mut bytes = 0usize;
@@ -558,14 +559,17 @@ impl DpuDaemon {
                         }
                         Ok(None) => break,
                         Err(ChainError::Bad(_)) => {
-                            // Returned to the guest; at most a budget of them per turn.
+                            // Returned to the guest; at most a budget of them per turn, and
+                            // a window's worth detaches the port (as for a shared-memory one).
                             self.dp.counters.vm_desc_bad += 1;
-                            slot.bad_this_turn += 1;
-                            if slot.bad_this_turn >= crate::dpu::vmport::BAD_DESC_PER_TURN {
-                                self.dp.counters.vm_desc_turn_budget += 1;
-                                break;
+                            slot.budget.note_bad_in_turn();
+                            slot.budget.note_bad();
+                            match slot.budget.turn() {
+                                Turn::Open if slot.budget.misbehaving().is_none() => continue,
+                                Turn::JustSpent => self.dp.counters.vm_desc_turn_budget += 1,
+                                _ => {}
                             }
-                            continue;
+                            break;
                         }
                         Err(ChainError::Broken) => {
                             self.dp.vhost_broken(i);

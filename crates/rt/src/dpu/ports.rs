@@ -150,8 +150,8 @@ pub(super) struct VhostSlot {
     /// The device generation `kick` was taken at.
     pub(super) seen: u64,
     pub(super) kick: Option<Arc<Doorbell>>,
-    /// Bad chains refused this loop turn (at most [`vmport::BAD_DESC_PER_TURN`]).
-    pub(super) bad_this_turn: u32,
+    /// The guest's bad-chain budget (the same rule as a shared-memory port's).
+    pub(super) budget: vmport::DescBudget,
 }
 
 impl VhostSlot {
@@ -394,6 +394,9 @@ impl DataPath {
             }
             Err(ChainError::Bad(_)) => {
                 self.counters.vm_desc_bad += 1;
+                if let PortIo::VhostUser(slot) = &mut self.ports[i].io {
+                    slot.budget.note_bad();
+                }
                 false
             }
             Err(ChainError::Broken) => {
@@ -451,10 +454,24 @@ impl DataPath {
 
     /// Detaches slot `i` if its VM went over a budget.
     pub(super) fn detach_if_misbehaving(&mut self, i: usize, now: Instant) {
-        if let PortIo::Shm(slot) = &self.ports[i].io
-            && let Some(m) = slot.port.as_ref().and_then(ShmPort::misbehaving)
-        {
-            self.detach(i, now, DetachReason::Misbehaved(m));
+        match &mut self.ports[i].io {
+            PortIo::Shm(slot) => {
+                if let Some(m) = slot.port.as_ref().and_then(ShmPort::misbehaving) {
+                    self.detach(i, now, DetachReason::Misbehaved(m));
+                }
+            }
+            PortIo::VhostUser(slot) => {
+                if slot.budget.misbehaving().is_some() {
+                    // The frontend is disconnected and quarantined; the budget starts again
+                    // with its next connection.
+                    tracing::warn!(target: "spillway::run", vm = %slot.vm, "the guest posted too many bad descriptor chains; vhost-user port reset");
+                    slot.backend.disconnect();
+                    slot.budget = vmport::DescBudget::default();
+                    self.counters.vm_detached += 1;
+                    self.counters.vm_detached_bad_desc += 1;
+                }
+            }
+            PortIo::Tap(_) => {}
         }
     }
 

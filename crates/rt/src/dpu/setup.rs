@@ -329,7 +329,7 @@ fn vhost_port(
         guest,
         seen: u64::MAX,
         kick: None,
-        bad_this_turn: 0,
+        budget: Default::default(),
     })
 }
 

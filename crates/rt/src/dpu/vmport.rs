@@ -114,6 +114,79 @@ impl Misbehaviour {
     }
 }
 
+/// Where a port's turn budget stands ([`DescBudget::turn`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// Bad descriptors may still be refused this turn.
+    Open,
+    /// The budget is spent, found so for the first time this turn (count it once).
+    JustSpent,
+    /// The budget is spent.
+    Spent,
+}
+
+/// The bad-descriptor budget of one VM port, shared by every kind of port that reads a VM's
+/// queues (see the module doc): at most [`BAD_DESC_PER_TURN`] refused per loop turn, and more
+/// than [`BAD_DESC_WINDOW_MAX`] within [`BAD_DESC_WINDOW_NS`] judges the VM misbehaving
+/// ([`Misbehaviour`]), which sticks until the port is reset.
+#[derive(Debug, Default)]
+pub struct DescBudget {
+    /// Bad transmit descriptors refused in this turn.
+    bad_turn: u32,
+    /// Bad descriptors in the window that started at `window_start` (ns).
+    bad_window: u64,
+    window_start: u64,
+    misbehaving: Option<Misbehaviour>,
+}
+
+impl DescBudget {
+    /// Opens a loop turn at `now_ns` (the DPU's clock): the per-turn budget starts again, and
+    /// the window moves on once it is [`BAD_DESC_WINDOW_NS`] old.
+    pub fn begin_turn(&mut self, now_ns: u64) {
+        self.bad_turn = 0;
+        if now_ns.saturating_sub(self.window_start) >= BAD_DESC_WINDOW_NS {
+            self.window_start = now_ns;
+            self.bad_window = 0;
+        }
+    }
+
+    /// Whether the turn's budget is spent.
+    pub fn turn(&mut self) -> Turn {
+        match self.bad_turn.cmp(&BAD_DESC_PER_TURN) {
+            std::cmp::Ordering::Less => Turn::Open,
+            std::cmp::Ordering::Equal => {
+                self.bad_turn += 1;
+                Turn::JustSpent
+            }
+            std::cmp::Ordering::Greater => Turn::Spent,
+        }
+    }
+
+    /// A bad descriptor refused from the queue the loop reads this turn (it spends the turn's
+    /// budget); count it in the window with [`DescBudget::note_bad`] too.
+    pub fn note_bad_in_turn(&mut self) {
+        self.bad_turn += 1;
+    }
+
+    /// A bad descriptor, either queue: counted in the window.
+    pub fn note_bad(&mut self) {
+        self.bad_window += 1;
+        if self.bad_window > BAD_DESC_WINDOW_MAX {
+            self.judge(Misbehaviour::BadDescriptors);
+        }
+    }
+
+    /// Judges the VM misbehaving for `why`, unless it already was for something else.
+    pub fn judge(&mut self, why: Misbehaviour) {
+        self.misbehaving.get_or_insert(why);
+    }
+
+    /// What the VM did that should detach its port, if anything.
+    pub fn misbehaving(&self) -> Option<Misbehaviour> {
+        self.misbehaving
+    }
+}
+
 /// The DPU's end of a shared-memory port.
 #[derive(Debug)]
 pub struct ShmPort {
@@ -133,12 +206,8 @@ pub struct ShmPort {
     pub turn_budget_hits: u64,
     /// Bytes read from the socket after the attach (`vm.socket.bytes`).
     pub socket_bytes: u64,
-    /// Bad transmit descriptors refused in this turn.
-    bad_turn: u32,
-    /// Bad descriptors in the window that started at `window_start` (ns).
-    bad_window: u64,
-    window_start: u64,
-    misbehaving: Option<Misbehaviour>,
+    /// What the VM may still cost the loop (bad descriptors, socket bytes).
+    budget: DescBudget,
 }
 
 /// What [`accept`] made of a connection.
@@ -208,10 +277,7 @@ pub fn accept(stream: UnixStream) -> Result<Accepted, String> {
             bad_desc: 0,
             turn_budget_hits: 0,
             socket_bytes: 0,
-            bad_turn: 0,
-            bad_window: 0,
-            window_start: 0,
-            misbehaving: None,
+            budget: DescBudget::default(),
         }),
         vm,
     ))
@@ -221,25 +287,18 @@ impl ShmPort {
     /// Opens a loop turn at `now_ns` (the DPU's clock): the per-turn budget starts again, and
     /// the bad-descriptor window moves on once it is [`BAD_DESC_WINDOW_NS`] old.
     pub fn begin_turn(&mut self, now_ns: u64) {
-        self.bad_turn = 0;
-        if now_ns.saturating_sub(self.window_start) >= BAD_DESC_WINDOW_NS {
-            self.window_start = now_ns;
-            self.bad_window = 0;
-        }
+        self.budget.begin_turn(now_ns);
     }
 
     /// What the VM did that should detach its port, if anything (sticky: once misbehaving,
     /// always).
     pub fn misbehaving(&self) -> Option<Misbehaviour> {
-        self.misbehaving
+        self.budget.misbehaving()
     }
 
     fn note_bad(&mut self) {
         self.bad_desc += 1;
-        self.bad_window += 1;
-        if self.bad_window > BAD_DESC_WINDOW_MAX && self.misbehaving.is_none() {
-            self.misbehaving = Some(Misbehaviour::BadDescriptors);
-        }
+        self.budget.note_bad();
     }
 
     /// Copies the next frame the VM transmitted (virtio-net header + frame) into `buf` and
@@ -249,17 +308,17 @@ impl ShmPort {
     /// [`ShmPort::misbehaving`]). An error is a broken queue (the port must be
     /// dropped).
     pub fn recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, VirtqError> {
-        if self.misbehaving.is_some() {
+        if self.misbehaving().is_some() {
             return Ok(None); // about to be detached: take nothing more from it
         }
         loop {
-            if self.bad_turn >= BAD_DESC_PER_TURN {
-                if self.bad_turn == BAD_DESC_PER_TURN {
-                    // Counted once per turn, however often the loop asks again.
-                    self.bad_turn += 1;
+            match self.budget.turn() {
+                Turn::Open => {}
+                Turn::JustSpent => {
                     self.turn_budget_hits += 1;
+                    return Ok(None);
                 }
-                return Ok(None);
+                Turn::Spent => return Ok(None),
             }
             let Some(d) = self.tx.peek(&self.mem)? else {
                 return Ok(None);
@@ -272,9 +331,9 @@ impl ShmPort {
             match off {
                 Ok(off) if ok && self.mem.read_bytes(off, &mut buf[..len]) => return Ok(Some(len)),
                 _ => {
-                    self.bad_turn += 1;
+                    self.budget.note_bad_in_turn();
                     self.note_bad();
-                    if self.misbehaving.is_some() {
+                    if self.misbehaving().is_some() {
                         return Ok(None);
                     }
                 }
@@ -346,8 +405,8 @@ impl ShmPort {
                 Err(_) => return true,
             }
         }
-        if self.socket_bytes > SOCKET_BYTES_MAX && self.misbehaving.is_none() {
-            self.misbehaving = Some(Misbehaviour::SocketFlood);
+        if self.socket_bytes > SOCKET_BYTES_MAX {
+            self.budget.judge(Misbehaviour::SocketFlood);
         }
         false
     }
