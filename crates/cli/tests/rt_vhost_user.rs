@@ -317,6 +317,7 @@ fn external_guest(bed: &Bed, guests: &Path, n: u32) -> QemuGuest {
         kernel: guests.join("vmlinuz"),
         initrd: guests.join("initramfs.cpio.gz"),
         memory_mib: 256,
+        cpus: 2,
         cmdline: "spillway.ip=10.67.0.2/24".into(),
         console_log: bed.dir.path().join(format!("external-b-{n}.console")),
         accel: Accel::Auto,

@@ -140,6 +140,8 @@ struct RawVm {
     #[serde(default)]
     memory_mib: Option<u32>,
     #[serde(default)]
+    cpus: Option<u32>,
+    #[serde(default)]
     guest_cmdline: Option<String>,
 }
 
@@ -231,6 +233,11 @@ pub struct VmSpec {
     pub uid: u32,
     /// Guest memory of a QEMU guest, MiB (`vm[i].memory_mib`, default 256).
     pub memory_mib: u32,
+    /// Virtual CPUs of a QEMU guest (`vm[i].cpus`, 1 to 64, default 2). Linux's virtio-net
+    /// driver runs as many queue pairs as the guest has CPUs (up to the device's two): the
+    /// second pair carries the spill plane's direct (vATC) deliveries, so a one-CPU guest gets
+    /// every frame the DPU way.
+    pub cpus: u32,
     /// More of a QEMU guest's kernel command line (`vm[i].guest_cmdline`: for the guest of
     /// `guest/build.sh`, `spillway.ping=ADDR` and `spillway.fetch=URL`), after its address.
     pub guest_cmdline: String,
@@ -663,6 +670,11 @@ impl Testbed {
                 Some(m) if (64..=65536).contains(&m) => m,
                 Some(m) => return Err(err(&f("memory_mib"), "64 to 65536", m.to_string())),
             };
+            let cpus = match v.cpus {
+                None => 2,
+                Some(n) if (1..=64).contains(&n) => n,
+                Some(n) => return Err(err(&f("cpus"), "1 to 64", n.to_string())),
+            };
             let guest_cmdline = v.guest_cmdline.clone().unwrap_or_default();
             if guest_cmdline.len() > 512 || guest_cmdline.chars().any(|c| c.is_control()) {
                 return Err(err(
@@ -689,6 +701,7 @@ impl Testbed {
                 static_neighbours: v.static_neighbours.unwrap_or(false),
                 uid: v.uid.unwrap_or(0),
                 memory_mib,
+                cpus,
                 guest_cmdline,
             });
         }

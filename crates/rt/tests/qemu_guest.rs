@@ -25,6 +25,7 @@ fn spec(dir: &Path, log: &Path) -> GuestSpec {
         kernel: dir.join("vmlinuz"),
         initrd: dir.join("initramfs.cpio.gz"),
         memory_mib: 256,
+        cpus: 2,
         cmdline: String::new(),
         console_log: log.to_path_buf(),
         accel: Accel::Auto,
@@ -93,8 +94,9 @@ fn a_guest_nic_on_the_vhost_user_backend_carries_frames_both_ways() {
     let mut area = vec![0u8; 2048];
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let (mut arp, mut icmp) = (0, 0);
+    let mut turn = 0;
     while std::time::Instant::now() < deadline && icmp == 0 {
-        match device::recv(&backend.dev, &mut area) {
+        match device::recv(&backend.dev, &mut turn, &mut area) {
             Ok(Some(n)) => {
                 let f = &area[NET_HDR_LEN..n];
                 match (f.get(12..14), f.get(23)) {
@@ -114,6 +116,7 @@ fn a_guest_nic_on_the_vhost_user_backend_carries_frames_both_ways() {
                     _ => {}
                 }
                 device::flush_irq(&backend.dev, device::TX);
+                device::flush_irq(&backend.dev, device::TX2);
             }
             _ => std::thread::sleep(Duration::from_millis(5)),
         }
@@ -129,5 +132,14 @@ fn a_guest_nic_on_the_vhost_user_backend_carries_frames_both_ways() {
         icmp > 0,
         "no ICMP echo after the ARP reply; console: {console}"
     );
-    eprintln!("ARP then ICMP from a guest on {}", g.accel().name());
+    // Both queue pairs run, and the guest posts receive buffers on the second one (the plane's).
+    for q in 0..device::VRINGS {
+        assert!(backend.dev.vring(q).live(), "vring {q} is not running");
+    }
+    let posted = device::available(&backend.dev, device::PLANE_RX);
+    assert!(posted > 0, "no receive buffer on the plane's queue");
+    eprintln!(
+        "ARP then ICMP from a guest on {}; {posted} buffers on the plane's queue",
+        g.accel().name()
+    );
 }

@@ -550,32 +550,36 @@ impl DpuDaemon {
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => return Err(io_err("reading a TAP")(e)),
                     },
-                    PortIo::VhostUser(slot) => match vdev::recv(slot.dev(), area) {
-                        Ok(Some(n)) => {
-                            if VnetHdr::parse(area).is_ok_and(|h| h.gso_type != VnetHdr::GSO_NONE) {
-                                self.dp.counters.vm_from_guest_gso += 1;
+                    PortIo::VhostUser(slot) => {
+                        match vdev::recv(&slot.backend.dev, &mut slot.tx_turn, area) {
+                            Ok(Some(n)) => {
+                                if VnetHdr::parse(area)
+                                    .is_ok_and(|h| h.gso_type != VnetHdr::GSO_NONE)
+                                {
+                                    self.dp.counters.vm_from_guest_gso += 1;
+                                }
+                                n
                             }
-                            n
-                        }
-                        Ok(None) => break,
-                        Err(ChainError::Bad(_)) => {
-                            // Returned to the guest; at most a budget of them per turn, and
-                            // a window's worth detaches the port (as for a shared-memory one).
-                            self.dp.counters.vm_desc_bad += 1;
-                            slot.budget.note_bad_in_turn();
-                            slot.budget.note_bad();
-                            match slot.budget.turn() {
-                                Turn::Open if slot.budget.misbehaving().is_none() => continue,
-                                Turn::JustSpent => self.dp.counters.vm_desc_turn_budget += 1,
-                                _ => {}
+                            Ok(None) => break,
+                            Err(ChainError::Bad(_)) => {
+                                // Returned to the guest; at most a budget of them per turn, and
+                                // a window's worth detaches the port (as for a shared-memory one).
+                                self.dp.counters.vm_desc_bad += 1;
+                                slot.budget.note_bad_in_turn();
+                                slot.budget.note_bad();
+                                match slot.budget.turn() {
+                                    Turn::Open if slot.budget.misbehaving().is_none() => continue,
+                                    Turn::JustSpent => self.dp.counters.vm_desc_turn_budget += 1,
+                                    _ => {}
+                                }
+                                break;
                             }
-                            break;
+                            Err(ChainError::Broken) => {
+                                self.dp.vhost_broken(i);
+                                break;
+                            }
                         }
-                        Err(ChainError::Broken) => {
-                            self.dp.vhost_broken(i);
-                            break;
-                        }
-                    },
+                    }
                     PortIo::Shm(slot) => {
                         let Some(port) = slot.port.as_mut() else {
                             break;
@@ -982,7 +986,8 @@ impl DpuDaemon {
                 PortIo::VhostUser(slot) => {
                     // A change of the device (a new kick fd, a ring started) wakes the loop too.
                     set.push(readable(slot.dev().changed.as_fd()));
-                    slot.kick.as_ref().map(|k| k.as_fd())
+                    set.extend(slot.kicks.iter().flatten().map(|k| readable(k.as_fd())));
+                    None
                 }
             };
             set.extend(fd.map(readable));

@@ -140,16 +140,18 @@ pub(super) enum PortIo {
 }
 
 /// A vhost-user port's place: the backend (its service thread holds the socket and applies
-/// QEMU's requests to the device), the guest this process started (if it did), and the copy of
-/// the transmit queue's kick fd the loop polls.
+/// QEMU's requests to the device), the guest this process started (if it did), and the copies
+/// of the transmit queues' kick fds the loop polls.
 #[derive(Debug)]
 pub(super) struct VhostSlot {
     pub(super) vm: String,
     pub(super) backend: Backend,
     pub(super) guest: Option<QemuGuest>,
-    /// The device generation `kick` was taken at.
+    /// The device generation `kicks` were taken at.
     pub(super) seen: u64,
-    pub(super) kick: Option<Arc<Doorbell>>,
+    pub(super) kicks: [Option<Arc<Doorbell>>; vdev::TXS.len()],
+    /// Which transmit queue [`vdev::recv`] reads first next.
+    pub(super) tx_turn: usize,
     /// The guest's bad-chain budget (the same rule as a shared-memory port's).
     pub(super) budget: vmport::DescBudget,
 }
@@ -159,7 +161,7 @@ impl VhostSlot {
         &self.backend.dev
     }
 
-    /// Takes a new copy of the kick fd if the device changed since the last one.
+    /// Takes new copies of the kick fds if the device changed since the last ones.
     pub(super) fn refresh(&mut self) {
         let g = self
             .backend
@@ -168,7 +170,7 @@ impl VhostSlot {
             .load(std::sync::atomic::Ordering::Acquire);
         if g != self.seen {
             self.seen = g;
-            self.kick = vdev::tx_kick(&self.backend.dev);
+            self.kicks = vdev::tx_kicks(&self.backend.dev);
         }
     }
 }
@@ -503,8 +505,9 @@ impl DataPath {
                     }
                 }
                 PortIo::VhostUser(slot) => {
-                    vdev::flush_irq(slot.dev(), vdev::RX);
-                    vdev::flush_irq(slot.dev(), vdev::TX);
+                    for q in [vdev::RX, vdev::TX, vdev::TX2] {
+                        vdev::flush_irq(slot.dev(), q);
+                    }
                 }
                 PortIo::Tap(_) => {}
             }

@@ -304,6 +304,7 @@ fn vhost_port(
                 kernel: tb.guest_dir.join("vmlinuz"),
                 initrd: tb.guest_dir.join("initramfs.cpio.gz"),
                 memory_mib: spec.memory_mib,
+                cpus: spec.cpus,
                 cmdline,
                 console_log: console,
                 accel: Accel::Auto,
@@ -328,7 +329,8 @@ fn vhost_port(
         backend,
         guest,
         seen: u64::MAX,
-        kick: None,
+        kicks: Default::default(),
+        tx_turn: 0,
         budget: Default::default(),
     })
 }

@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::vhost_user::device::QUEUE_PAIRS;
+
 /// How long a guest on KVM has to print its first console byte before [`Accel::Auto`] falls
 /// back to TCG. A kernel on KVM prints within a fraction of a second; under TCG the firmware
 /// and the decompression take about a second on this machine.
@@ -57,6 +59,8 @@ pub struct GuestSpec {
     pub initrd: PathBuf,
     /// Guest memory, MiB.
     pub memory_mib: u32,
+    /// Virtual CPUs (`-smp`).
+    pub cpus: u32,
     /// Kernel command line after `console=ttyS0`, e.g. `spillway.ip=10.66.0.3/24`.
     pub cmdline: String,
     /// Where the serial console goes.
@@ -156,7 +160,8 @@ impl QemuGuest {
             // `host` minus what some hosts refuse to set for a guest (MSR 0x10a).
             cmd.args(["-cpu", "host,-arch-capabilities"]);
         }
-        cmd.args(["-m", &spec.memory_mib.to_string(), "-smp", "1"])
+        cmd.args(["-m", &spec.memory_mib.to_string()])
+            .args(["-smp", &spec.cpus.to_string()])
             .args(["-nodefaults", "-no-user-config", "-display", "none"])
             .args(["-no-reboot", "-object", &mem, "-numa", "node,memdev=mem"])
             .arg("-kernel")
@@ -278,32 +283,27 @@ impl Drop for QemuGuest {
     }
 }
 
-/// Where QEMU's own messages go for a guest whose console is `console`.
 /// QEMU arguments for a `virtio-net-pci` device with MAC `mac` on a vhost-user socket QEMU
 /// listens on at `sock` (`server=on,wait=off`: the backend connects, and connects again when
 /// QEMU restarts, as OVS's `dpdkvhostuserclient` ports do).
 ///
-/// The device options are what Debian's QEMU 7.2 needs to run a vhost-user NIC at all:
-/// - no control queue and nothing that needs one (`ctrl_vq=off`, `ctrl_rx`, `ctrl_vlan`, ...,
-///   `mq=off`): with it, QEMU masks the control queue's notifier through a peer a vhost-user
-///   netdev does not have, and crashes (SIGSEGV in `vhost_net_start`) when the driver starts;
-///   with the queue off but the features that depend on it on, Linux's driver refuses them
-///   (status `FAILED` before `FEATURES_OK`);
-/// - no MSI-X (`vectors=0`): without KVM's irqfds, QEMU 7.2 unmasks a vhost-user vector
-///   through an irqfd table it never allocated, and crashes the same way. Interrupts go by
-///   INTx through QEMU's main loop instead.
+/// Two queue pairs (`queues=2`, `mq=on`, and the control queue the driver sets their number
+/// with): the second pair's receive queue is the spill plane's (`device::PLANE_RX`); a guest
+/// with one CPU runs only the first.
+///
+/// No MSI-X (`vectors=0`): without KVM's irqfds, Debian's QEMU 7.2 unmasks a vhost-user vector
+/// through an irqfd table it never allocated, and crashes (SIGSEGV in
+/// `msix_set_vector_notifiers`; with the control queue on as well, in `vhost_net_start`).
+/// Interrupts go by INTx through QEMU's main loop instead; with them the control queue and
+/// both pairs run (`qemu_guest.rs`).
 pub fn vhost_user_nic(sock: &Path, mac: &str) -> Vec<String> {
     vec![
         "-chardev".into(),
         format!("socket,id=vu0,path={},server=on,wait=off", sock.display()),
         "-netdev".into(),
-        "vhost-user,id=n0,chardev=vu0".into(),
+        format!("vhost-user,id=n0,chardev=vu0,queues={QUEUE_PAIRS}"),
         "-device".into(),
-        format!(
-            "virtio-net-pci,netdev=n0,mac={mac},ctrl_vq=off,ctrl_rx=off,ctrl_vlan=off,\
-             ctrl_rx_extra=off,ctrl_mac_addr=off,ctrl_guest_offloads=off,guest_announce=off,\
-             mq=off,vectors=0"
-        ),
+        format!("virtio-net-pci,netdev=n0,mac={mac},mq=on,vectors=0"),
     ]
 }
 

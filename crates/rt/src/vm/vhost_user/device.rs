@@ -1,7 +1,16 @@
 //! The virtio-net device a vhost-user frontend (QEMU) drives: the protocol's state machine
 //! ([`Session`], run by the port's service thread, one message at a time) and the data path's
-//! view of the same device ([`Device`]: the guest's memory and its two virtqueues, which the
-//! DPU process's loop reads and fills).
+//! view of the same device ([`Device`]: the guest's memory and its virtqueues, which the DPU
+//! process's loop reads and fills).
+//!
+//! ## Two queue pairs
+//!
+//! The device has two queue pairs (`VHOST_USER_PROTOCOL_F_MQ`; QEMU: `queues=2`, `mq=on`).
+//! The DPU process reads both transmit queues ([`TX`], [`TX2`]: the guest spreads its flows
+//! over them) and fills receive queue [`RX`]. The second receive queue, [`PLANE_RX`], is the
+//! spill plane's: with vATC on the plane writes the frames it processed straight into the
+//! buffers the guest posts there, as it does into a shared-memory VM's queue 2; the DPU process
+//! never fills it.
 //!
 //! ## What is shared, and how
 //!
@@ -34,8 +43,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
-    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MQ,
 };
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_INDIRECT_DESC, VRING_AVAIL_F_NO_INTERRUPT};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
@@ -50,8 +59,18 @@ use crate::shm::ring::Doorbell;
 
 /// The guest's receive queue (the device writes frames into its buffers).
 pub const RX: usize = 0;
-/// The guest's transmit queue.
+/// The guest's transmit queue (of queue pair 0).
 pub const TX: usize = 1;
+/// The receive queue of queue pair 1: the spill plane's direct (vATC) delivery.
+pub const PLANE_RX: usize = 2;
+/// The transmit queue of queue pair 1.
+pub const TX2: usize = 3;
+/// The transmit queues the DPU process reads.
+pub const TXS: [usize; 2] = [TX, TX2];
+/// Queue pairs offered (`GET_QUEUE_NUM`).
+pub const QUEUE_PAIRS: usize = 2;
+/// Virtqueues: two per queue pair (the control queue is QEMU's own).
+pub const VRINGS: usize = 2 * QUEUE_PAIRS;
 /// The largest queue the frontend may set (QEMU's `rx_queue_size`/`tx_queue_size` go to 1024).
 pub const QUEUE_MAX: u16 = 1024;
 /// The virtio-net header with `VIRTIO_F_VERSION_1`: 12 bytes, `num_buffers` included.
@@ -75,6 +94,8 @@ pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_NET_F_GUEST_TSO6)
     | (1 << VIRTIO_NET_F_HOST_TSO4)
     | (1 << VIRTIO_NET_F_HOST_TSO6)
+    | (1 << VIRTIO_NET_F_CTRL_VQ)
+    | (1 << VIRTIO_NET_F_MQ)
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
 /// What a frame needs before it goes into the receive queue of a guest.
@@ -116,8 +137,10 @@ pub fn to_guest(acked: u64, h: &VnetHdr) -> ToGuest {
     ToGuest::As(out)
 }
 
-/// The protocol features offered: acknowledgements on request (`REPLY_ACK`).
-pub const PROTOCOL_FEATURES: u64 = VhostUserProtocolFeatures::REPLY_ACK.bits();
+/// The protocol features offered: acknowledgements on request (`REPLY_ACK`) and more than one
+/// queue pair (`MQ`).
+pub const PROTOCOL_FEATURES: u64 =
+    VhostUserProtocolFeatures::REPLY_ACK.bits() | VhostUserProtocolFeatures::MQ.bits();
 
 /// One virtqueue and what the frontend told us about it.
 #[derive(Debug)]
@@ -168,7 +191,7 @@ pub struct SessionCounters {
 #[derive(Debug)]
 pub struct Device {
     pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    vrings: [Mutex<Vring>; 2],
+    vrings: [Mutex<Vring>; VRINGS],
     /// Bumped whenever a kick or call fd, a ring's state or the memory table changed.
     pub generation: AtomicU64,
     /// Rung with every new generation, to wake a data path asleep in `poll`.
@@ -182,7 +205,7 @@ impl Device {
     pub fn new() -> Result<Arc<Device>, String> {
         Ok(Arc::new(Device {
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-            vrings: [Mutex::new(Vring::new()), Mutex::new(Vring::new())],
+            vrings: std::array::from_fn(|_| Mutex::new(Vring::new())),
             generation: AtomicU64::new(0),
             changed: Doorbell::new().map_err(|e| e.to_string())?,
             acked: AtomicU64::new(0),
@@ -190,7 +213,7 @@ impl Device {
         }))
     }
 
-    /// Vring `i` ([`RX`] or [`TX`]), locked. A panic while it was held (there is none on these
+    /// Vring `i` (below [`VRINGS`]), locked. A panic while it was held (there is none on these
     /// paths) would leave it as it was: the state is plain data, so the poison is ignored.
     pub fn vring(&self, i: usize) -> MutexGuard<'_, Vring> {
         self.vrings[i].lock().unwrap_or_else(|p| p.into_inner())
@@ -201,10 +224,10 @@ impl Device {
         let _ = self.changed.kick();
     }
 
-    /// Stops both rings and drops the memory table: the frontend is gone (or broke a queue).
+    /// Stops every ring and drops the memory table: the frontend is gone (or broke a queue).
     /// A frontend that connects again sets everything up from the start.
     pub fn reset(&self) {
-        for i in [RX, TX] {
+        for i in 0..VRINGS {
             *self.vring(i) = Vring::new();
         }
         self.mem
@@ -277,10 +300,24 @@ fn empty_chain(head: u16, size: u16) -> BadChain {
     }
 }
 
-/// The data path: takes the next frame the guest sent, its virtio-net header first, into
-/// `area`; returns its length. `Ok(None)`: nothing to take (or the ring is not running).
-pub fn recv(dev: &Device, area: &mut [u8]) -> Result<Option<usize>, ChainError> {
-    let mut v = dev.vring(TX);
+/// The data path: takes the next frame the guest sent on either transmit queue, its virtio-net
+/// header first, into `area`; returns its length. `Ok(None)`: nothing to take (or no ring is
+/// running). `turn` (the caller's, kept between calls) alternates the queues, so a guest busy
+/// on one still gets the other read.
+pub fn recv(dev: &Device, turn: &mut usize, area: &mut [u8]) -> Result<Option<usize>, ChainError> {
+    for k in 0..TXS.len() {
+        let q = TXS[(*turn + k) % TXS.len()];
+        if let Some(r) = recv_on(dev, q, area).transpose() {
+            *turn = (*turn + k + 1) % TXS.len();
+            return r.map(Some);
+        }
+    }
+    Ok(None)
+}
+
+/// [`recv`] on transmit queue `q`.
+fn recv_on(dev: &Device, q: usize, area: &mut [u8]) -> Result<Option<usize>, ChainError> {
+    let mut v = dev.vring(q);
     if !v.live() {
         return Ok(None);
     }
@@ -412,35 +449,54 @@ pub fn flush_irq(dev: &Device, i: usize) {
     }
 }
 
-/// The data path, before it sleeps: asks the guest for a kick on its transmit queue and says
+/// Chains the guest made available on ring `q` that the device has not taken (0 for a ring not
+/// running).
+pub fn available(dev: &Device, q: usize) -> u16 {
+    let v = dev.vring(q);
+    if !v.live() {
+        return 0;
+    }
+    let mem = dev.mem.memory();
+    v.queue
+        .avail_idx(&*mem, Ordering::Acquire)
+        .map_or(0, |i| (i - std::num::Wrapping(v.queue.next_avail())).0)
+}
+
+/// The data path, before it sleeps: asks the guest for a kick on its transmit queues and says
 /// whether it may sleep (nothing arrived meanwhile). A queue not running may always sleep.
 pub fn prepare_sleep(dev: &Device) -> bool {
-    let mut v = dev.vring(TX);
-    if !v.live() {
-        return true;
-    }
     let mem = dev.mem.memory();
-    // `enable_notification` re-reads the available index after a full fence: `true` if the
-    // guest posted a chain the device has not taken.
-    !matches!(v.queue.enable_notification(&*mem), Ok(true))
+    let mut armed = true;
+    for q in TXS {
+        let mut v = dev.vring(q);
+        if v.live() {
+            // `enable_notification` re-reads the available index after a full fence: `true`
+            // if the guest posted a chain the device has not taken.
+            armed &= !matches!(v.queue.enable_notification(&*mem), Ok(true));
+        }
+    }
+    armed
 }
 
-/// The data path, awake again: no kicks while it polls, and the kick counter reset.
+/// The data path, awake again: no kicks while it polls, and the kick counters reset.
 pub fn woke(dev: &Device) {
-    let mut v = dev.vring(TX);
-    if !v.live() {
-        return;
-    }
     let mem = dev.mem.memory();
-    let _ = v.queue.disable_notification(&*mem);
-    if let Some(k) = &v.kick {
-        let _ = k.drain();
+    for q in TXS {
+        let mut v = dev.vring(q);
+        if !v.live() {
+            continue;
+        }
+        let _ = v.queue.disable_notification(&*mem);
+        if let Some(k) = &v.kick {
+            let _ = k.drain();
+        }
     }
 }
 
-/// The transmit queue's kick fd, for the data path to poll (a copy it keeps; see the module doc).
-pub fn tx_kick(dev: &Device) -> Option<Arc<Doorbell>> {
-    dev.vring(TX).kick.clone()
+/// The transmit queues' kick fds, for the data path to poll (copies it keeps; see the module
+/// doc).
+pub fn tx_kicks(dev: &Device) -> [Option<Arc<Doorbell>>; TXS.len()] {
+    TXS.map(|q| dev.vring(q).kick.clone())
 }
 
 /// A memory region as the frontend described it, kept to turn the ring addresses it gives (its
@@ -524,9 +580,10 @@ impl Session {
 
     fn ring(&self, index: u32) -> Result<usize, RequestError> {
         match index as usize {
-            i @ (RX | TX) => Ok(i),
+            i if i < VRINGS => Ok(i),
             _ => Err(refused(format!(
-                "vring {index}: this device has queues 0 and 1"
+                "vring {index}: this device has queues 0 to {}",
+                VRINGS - 1
             ))),
         }
     }
@@ -563,7 +620,7 @@ impl Session {
                 self.dev.acked.store(f, Ordering::Relaxed);
                 // Without the protocol features every ring is enabled as it starts.
                 if f & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
-                    for i in [RX, TX] {
+                    for i in 0..VRINGS {
                         self.dev.vring(i).enabled = true;
                     }
                 }
@@ -571,6 +628,7 @@ impl Session {
                 Ok(Answer::None)
             }
             FrontendReq::GET_PROTOCOL_FEATURES => Ok(u64_reply(PROTOCOL_FEATURES)),
+            FrontendReq::GET_QUEUE_NUM => Ok(u64_reply(QUEUE_PAIRS as u64)),
             FrontendReq::SET_PROTOCOL_FEATURES => {
                 let f = m.u64()?;
                 if f & !PROTOCOL_FEATURES != 0 {

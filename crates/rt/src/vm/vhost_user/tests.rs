@@ -276,11 +276,11 @@ fn frames_cross_both_ways_after_qemu_72s_setup() {
     b.tx.post(g, 0);
     let mut area = vec![0u8; 2048];
     assert_eq!(
-        device::recv(&b.backend.dev, &mut area),
+        device::recv(&b.backend.dev, &mut 0, &mut area),
         Ok(Some(NET_HDR_LEN + 60))
     );
     assert_eq!(&area[NET_HDR_LEN..NET_HDR_LEN + 60], &f[..]);
-    assert_eq!(device::recv(&b.backend.dev, &mut area), Ok(None));
+    assert_eq!(device::recv(&b.backend.dev, &mut 0, &mut area), Ok(None));
     assert_eq!(b.tx.used(g), Some((0, 0)));
     device::flush_irq(&b.backend.dev, TX);
     assert!(
@@ -340,7 +340,7 @@ fn bad_chains_are_refused_counted_and_returned() {
     b.tx.desc(g, 0, GUEST_BYTES + 0x1000, 64, 0, 0);
     b.tx.post(g, 0);
     assert_eq!(
-        device::recv(dev, &mut area),
+        device::recv(dev, &mut 0, &mut area),
         Err(ChainError::Bad(BadChain::Address))
     );
     assert_eq!(
@@ -355,7 +355,7 @@ fn bad_chains_are_refused_counted_and_returned() {
     let t = Instant::now();
     // (32 descriptors of 64 bytes fill the 2 KiB area first.)
     assert_eq!(
-        device::recv(dev, &mut area),
+        device::recv(dev, &mut 0, &mut area),
         Err(ChainError::Bad(BadChain::Size))
     );
     assert!(t.elapsed() < Duration::from_secs(1));
@@ -365,20 +365,20 @@ fn bad_chains_are_refused_counted_and_returned() {
     b.tx.desc(g, 4, BUF, 4, NEXT, 3);
     b.tx.post(g, 3);
     assert_eq!(
-        device::recv(dev, &mut area),
+        device::recv(dev, &mut 0, &mut area),
         Err(ChainError::Bad(BadChain::Address))
     );
     // A writable descriptor in a transmit chain.
     b.tx.desc(g, 5, BUF, 64, WRITE, 0);
     b.tx.post(g, 5);
     assert_eq!(
-        device::recv(dev, &mut area),
+        device::recv(dev, &mut 0, &mut area),
         Err(ChainError::Bad(BadChain::Direction))
     );
     // A head beyond the queue: nothing to return.
     b.tx.post(g, QSIZE + 3);
     assert_eq!(
-        device::recv(dev, &mut area),
+        device::recv(dev, &mut 0, &mut area),
         Err(ChainError::Bad(BadChain::Head))
     );
     // An indirect table inside an indirect table.
@@ -395,13 +395,13 @@ fn bad_chains_are_refused_counted_and_returned() {
     }
     b.tx.post(g, 6);
     assert!(matches!(
-        device::recv(dev, &mut area),
+        device::recv(dev, &mut 0, &mut area),
         Err(ChainError::Bad(_))
     ));
     // A good frame after all that still goes.
     b.tx.desc(g, 7, BUF, 80, 0, 0);
     b.tx.post(g, 7);
-    assert_eq!(device::recv(dev, &mut area), Ok(Some(80)));
+    assert_eq!(device::recv(dev, &mut 0, &mut area), Ok(Some(80)));
 
     // A receive chain too small for the frame, and one that is readable.
     b.rx.desc(g, 0, BUF + 0x1000, 20, WRITE, 0);
@@ -421,7 +421,10 @@ fn bad_chains_are_refused_counted_and_returned() {
     // An available index more than a queue ahead: the queue is broken.
     b.tx.avail_idx = b.tx.avail_idx.wrapping_add(QSIZE + 1);
     b.tx.post(g, 0);
-    assert_eq!(device::recv(dev, &mut area), Err(ChainError::Broken));
+    assert_eq!(
+        device::recv(dev, &mut 0, &mut area),
+        Err(ChainError::Broken)
+    );
 }
 
 #[test]
@@ -434,7 +437,10 @@ fn get_vring_base_stops_the_ring_and_a_reconnect_starts_over() {
     }
     let mut area = vec![0u8; 2048];
     for _ in 0..3 {
-        assert_eq!(device::recv(&b.backend.dev, &mut area), Ok(Some(64)));
+        assert_eq!(
+            device::recv(&b.backend.dev, &mut 0, &mut area),
+            Ok(Some(64))
+        );
     }
     let mut q = 1u32.to_le_bytes().to_vec();
     q.extend_from_slice(&0u32.to_le_bytes());
@@ -443,7 +449,11 @@ fn get_vring_base_stops_the_ring_and_a_reconnect_starts_over() {
     assert_eq!((le_u32(&body, 0), le_u32(&body, 4)), (1, 3));
     b.tx.desc(g, 3, BUF, 64, 0, 0);
     b.tx.post(g, 3);
-    assert_eq!(device::recv(&b.backend.dev, &mut area), Ok(None), "stopped");
+    assert_eq!(
+        device::recv(&b.backend.dev, &mut 0, &mut area),
+        Ok(None),
+        "stopped"
+    );
     // The frontend goes; the device is reset; a new one is served from scratch.
     drop(b.fe);
     let t = Instant::now();
@@ -513,7 +523,7 @@ fn bad_requests_are_refused_and_close_the_connection() {
         1
     );
     let (_backend, fe, _d) = opened();
-    assert_eq!(fe.state(FrontendReq::SET_VRING_NUM, 2, 256), 1);
+    assert_eq!(fe.state(FrontendReq::SET_VRING_NUM, 4, 256), 1);
     let (_backend, fe, _d) = opened();
     assert_eq!(fe.state(FrontendReq::SET_VRING_NUM, 0, 300), 1);
 
@@ -605,5 +615,75 @@ fn a_frontend_in_a_loop_is_held_to_its_request_rate() {
     assert_eq!(
         c.requests.load(Ordering::Relaxed),
         u64::from(REQUESTS_BURST + extra)
+    );
+}
+
+/// The second queue pair: QEMU learns there are two (`GET_QUEUE_NUM`), sets its rings up like
+/// the first pair's, and the data path reads both transmit queues in turn, so a guest that
+/// keeps one full does not starve the other; a fifth ring is refused.
+#[test]
+fn both_transmit_queues_are_read_in_turn() {
+    let b = bed();
+    let g = &b.guest;
+    assert_eq!(b.fe.get_u64(FrontendReq::GET_QUEUE_NUM), 2);
+    let mut tx2 = Ring::at(0x8000);
+    let (call, kick) = (eventfd(), eventfd());
+    let i = device::TX2 as u32;
+    assert_eq!(b.fe.state(FrontendReq::SET_VRING_ENABLE, i, 1), 0);
+    assert_eq!(
+        b.fe.state(FrontendReq::SET_VRING_NUM, i, u32::from(QSIZE)),
+        0
+    );
+    assert_eq!(b.fe.vring_addr(i, &tx2), 0);
+    assert_eq!(b.fe.state(FrontendReq::SET_VRING_BASE, i, 0), 0);
+    assert_eq!(
+        b.fe.vring_fd(FrontendReq::SET_VRING_CALL, u64::from(i), &call),
+        0
+    );
+    assert_eq!(
+        b.fe.vring_fd(FrontendReq::SET_VRING_KICK, u64::from(i), &kick),
+        0
+    );
+    assert!(b.backend.dev.vring(device::TX2).live());
+
+    // Four frames on the first transmit queue, two on the second: every other frame read is
+    // from the second while it has any.
+    let mut tx = Ring::at(0x4000);
+    for k in 0..4u16 {
+        let a = BUF + 0x1000 * u64::from(k);
+        g.mem
+            .write_slice(&frame(NET_HDR_LEN + 60, 1), GuestAddress(a))
+            .unwrap();
+        tx.desc(g, k, a, (NET_HDR_LEN + 60) as u32, 0, 0);
+        tx.post(g, k);
+    }
+    for k in 0..2u16 {
+        let a = BUF + 0x8000 + 0x1000 * u64::from(k);
+        g.mem
+            .write_slice(&frame(NET_HDR_LEN + 90, 2), GuestAddress(a))
+            .unwrap();
+        tx2.desc(g, k, a, (NET_HDR_LEN + 90) as u32, 0, 0);
+        tx2.post(g, k);
+    }
+    let mut area = vec![0u8; 2048];
+    let mut turn = 0;
+    let mut lens = Vec::new();
+    while let Ok(Some(n)) = device::recv(&b.backend.dev, &mut turn, &mut area) {
+        lens.push(n - NET_HDR_LEN);
+    }
+    assert_eq!(lens, [60, 90, 60, 90, 60, 60]);
+    assert_eq!(tx2.used(g), Some((0, 0)));
+    assert_eq!(tx2.used(g), Some((1, 0)));
+
+    // Both transmit queues are armed before the loop sleeps.
+    assert!(device::prepare_sleep(&b.backend.dev));
+    tx2.desc(g, 2, BUF, 80, 0, 0);
+    tx2.post(g, 2);
+    assert!(!device::prepare_sleep(&b.backend.dev));
+    assert_eq!(device::tx_kicks(&b.backend.dev).iter().flatten().count(), 2);
+
+    assert_ne!(
+        b.fe.state(FrontendReq::SET_VRING_NUM, 4, u32::from(QSIZE)),
+        0
     );
 }
