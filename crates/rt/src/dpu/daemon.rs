@@ -962,7 +962,7 @@ impl DpuDaemon {
                     }
                 }
                 PortIo::VhostUser(slot) => {
-                    slot.refresh();
+                    // The kick fds are current: the upkeep just before looked at the device.
                     armed &= vdev::prepare_sleep(slot.dev());
                 }
                 PortIo::Tap(_) => {}

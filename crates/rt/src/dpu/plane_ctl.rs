@@ -11,6 +11,7 @@ use crate::dpu::plane_proc::PlaneProc;
 use crate::dpu::ports::{PortIo, RtCounters, VmChange, vm_id, worth_logging};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, VnicSet};
+use crate::vm::vhost_user::lend::LendSpec;
 use serde_json::json;
 use spillway_fabric::dpu::{EventKind, Upgrade};
 use spillway_vswitch::PortId;
@@ -409,13 +410,25 @@ impl DpuDaemon {
     /// back the rings of the killed ones that are gone.
     fn reap_retired(&mut self) {
         let mut rings = Vec::new();
+        let mut gone_pids = Vec::new();
         self.retiring.retain_mut(|r| {
             let gone = r.reap();
             if gone {
                 rings.extend(r.take_rings());
+                gone_pids.push(r.pid());
             }
             !gone
         });
+        // A plane that died inside a guest's receive queue holds it no more (the frame it was
+        // writing was not published; the next holder takes that chain again). Only once the
+        // process is gone can it write nothing more.
+        for pid in gone_pids {
+            for p in &self.dp.ports {
+                if let PortIo::VhostUser(s) = &p.io {
+                    s.dev().lease.clear_holder(pid);
+                }
+            }
+        }
         for mut lane in rings {
             self.reclaim(&mut lane);
         }
@@ -493,7 +506,11 @@ impl DpuDaemon {
                         .dp
                         .ports
                         .iter()
-                        .filter(|p| matches!(&p.io, PortIo::Shm(s) if s.port.is_some()))
+                        .filter(|p| match &p.io {
+                            PortIo::Shm(s) => s.port.is_some(),
+                            PortIo::VhostUser(s) => s.lent.is_some(),
+                            PortIo::Tap(_) => false,
+                        })
                         .map(|p| VmChange::Attached(p.id))
                         .collect();
                     self.tell_plane_in(slot, &attached);
@@ -544,21 +561,45 @@ impl DpuDaemon {
                     let Some(i) = self.dp.port_slot(id) else {
                         continue;
                     };
-                    let PortIo::Shm(s) = &self.dp.ports[i].io else {
-                        continue;
-                    };
-                    let Some(port) = s.port.as_ref() else {
-                        continue;
-                    };
                     let vm = vm_id(id);
-                    v.send_vm(
-                        &VatcMsg::Attach {
-                            vm,
-                            port: id.0,
-                            epoch: self.dp.authority.epoch(vm),
-                        },
-                        &[port.mem.fd(), port.irq_fd()],
-                    )
+                    let epoch = self.dp.authority.epoch(vm);
+                    match &self.dp.ports[i].io {
+                        PortIo::Shm(s) => {
+                            let Some(port) = s.port.as_ref() else {
+                                continue;
+                            };
+                            v.send_vm(
+                                &VatcMsg::Attach {
+                                    vm,
+                                    port: id.0,
+                                    epoch,
+                                },
+                                &[port.mem.fd(), port.irq_fd()],
+                            )
+                        }
+                        PortIo::VhostUser(s) => {
+                            let Some(l) = s.lent.as_ref() else {
+                                continue;
+                            };
+                            let mut fds = vec![s.dev().lease.fd(), l.call.as_fd()];
+                            fds.extend(l.table.iter().map(|t| std::os::fd::AsFd::as_fd(&t.fd)));
+                            v.send_vm(
+                                &VatcMsg::AttachGuest {
+                                    vm,
+                                    port: id.0,
+                                    epoch,
+                                    lend: LendSpec {
+                                        number: l.number,
+                                        features: l.features,
+                                        ring: l.ring,
+                                        regions: l.table.iter().map(|t| t.region).collect(),
+                                    },
+                                },
+                                &fds,
+                            )
+                        }
+                        PortIo::Tap(_) => continue,
+                    }
                 }
                 VmChange::Detached(id) => {
                     let vm = vm_id(id);

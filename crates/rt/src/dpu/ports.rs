@@ -23,7 +23,8 @@ use crate::host::vnet::VnetHdr;
 use crate::shm::ring::Doorbell;
 use crate::vm::qemu::QemuGuest;
 use crate::vm::vhost_user::conn::Backend;
-use crate::vm::vhost_user::device::{self as vdev, ChainError, Device};
+use crate::vm::vhost_user::device::{self as vdev, ChainError, Device, TableRegion};
+use crate::vm::vhost_user::lend::{self, GuestRegion, RingSpec};
 
 /// How long a port detached for what its VM did (a broken queue, [`vmport::Misbehaviour`])
 /// refuses a new attach, ns: a VM that reconnects at once to misbehave again costs the loop an attach a second.
@@ -152,26 +153,27 @@ pub(super) struct VhostSlot {
     pub(super) kicks: [Option<Arc<Doorbell>>; vdev::TXS.len()],
     /// Which transmit queue [`vdev::recv`] reads first next.
     pub(super) tx_turn: usize,
+    /// The guest's receive queue 1 as lent to the spill plane, if it is.
+    pub(super) lent: Option<Lent>,
+    /// Lends so far (the next lend's number follows).
+    pub(super) lends: u32,
     /// The guest's bad-chain budget (the same rule as a shared-memory port's).
     pub(super) budget: vmport::DescBudget,
+}
+
+/// A lend of a guest's receive queue 1 to the spill plane: what the plane is sent with it.
+#[derive(Debug)]
+pub(super) struct Lent {
+    pub(super) number: u32,
+    pub(super) features: u64,
+    pub(super) ring: RingSpec,
+    pub(super) call: Arc<Doorbell>,
+    pub(super) table: Arc<Vec<TableRegion>>,
 }
 
 impl VhostSlot {
     pub(super) fn dev(&self) -> &Device {
         &self.backend.dev
-    }
-
-    /// Takes new copies of the kick fds if the device changed since the last ones.
-    pub(super) fn refresh(&mut self) {
-        let g = self
-            .backend
-            .dev
-            .generation
-            .load(std::sync::atomic::Ordering::Acquire);
-        if g != self.seen {
-            self.seen = g;
-            self.kicks = vdev::tx_kicks(&self.backend.dev);
-        }
     }
 }
 
@@ -531,10 +533,67 @@ impl DataPath {
         }
     }
 
+    /// vhost-user port slot `i`, if its device changed since the last look: new copies of the
+    /// kick fds, and its receive queue 1 lent to the plane again. A lend that held is over (the
+    /// session took the queue back before the change): the guest's memory leaves the authority
+    /// (its epoch moves) and the plane is told. Once the queue runs in a known memory table the
+    /// table goes into the authority, regions end to end from host address 0
+    /// ([`lend::authority_mappings`]), and the queue is lent under a new number.
+    fn manage_vhost(&mut self, i: usize) {
+        let id = self.ports[i].id;
+        let PortIo::VhostUser(slot) = &mut self.ports[i].io else {
+            return;
+        };
+        let dev = &slot.backend.dev;
+        let g = dev.generation.load(std::sync::atomic::Ordering::Acquire);
+        if g == slot.seen {
+            return;
+        }
+        slot.seen = g;
+        slot.kicks = vdev::tx_kicks(dev);
+        let vm = vm_id(id);
+        if slot.lent.take().is_some() {
+            self.authority.remove_vm(vm);
+            self.vm_changes.push(VmChange::Detached(id));
+        }
+        let table = dev.table();
+        let Some((ring, call)) = dev.plane_ring().filter(|_| !table.is_empty()) else {
+            return;
+        };
+        self.authority.remove_vm(vm);
+        let regions: Vec<GuestRegion> = table.iter().map(|t| t.region).collect();
+        for m in lend::authority_mappings(&regions) {
+            if let Err(e) = self.authority.map(vm, m) {
+                tracing::warn!(target: "spillway::run", vm = %slot.vm, error = %e, "guest memory table refused by the vATC authority");
+                self.authority.remove_vm(vm);
+                return;
+            }
+        }
+        let number = slot.lends.wrapping_add(1);
+        if !dev.lend_plane(g, number) {
+            // The frontend changed something meanwhile: the next look lends again.
+            self.authority.remove_vm(vm);
+            return;
+        }
+        slot.lends = number;
+        slot.lent = Some(Lent {
+            number,
+            features: dev.acked.load(std::sync::atomic::Ordering::Relaxed),
+            ring,
+            call,
+            table,
+        });
+        self.vm_changes.push(VmChange::Attached(id));
+        tracing::info!(target: "spillway::run", vm = %slot.vm, lend = number, epoch = self.authority.epoch(vm).0, "guest receive queue 1 lent to the spill plane");
+    }
+
     /// Shared-memory ports: attaches an endpoint that connected, detaches one that went away.
-    /// The changes wait in `vm_changes` until the daemon tells the plane.
+    /// vhost-user ports: lends their receive queue 1 to the plane when it runs
+    /// ([`Self::manage_vhost`]). The changes wait in `vm_changes` until the daemon tells the
+    /// plane.
     pub(super) fn manage_ports(&mut self, now: Instant) {
         for i in 0..self.ports.len() {
+            self.manage_vhost(i);
             let PortIo::Shm(slot) = &mut self.ports[i].io else {
                 continue;
             };

@@ -331,6 +331,8 @@ fn vhost_port(
         seen: u64::MAX,
         kicks: Default::default(),
         tx_turn: 0,
+        lent: None,
+        lends: 0,
         budget: Default::default(),
     })
 }

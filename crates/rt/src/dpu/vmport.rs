@@ -459,6 +459,12 @@ pub enum DirectRefused {
     BadDesc,
     /// The queue is broken (the VM published nonsense); the port must be detached.
     Broken,
+    /// The frame's offloads need what only the DPU way does (a checksum completed for a guest
+    /// that takes none), or the guest cannot take it at all.
+    Offload,
+    /// The DPU process has not lent the guest's queue (it is being reconfigured), or another
+    /// plane is in it.
+    NotLent,
 }
 
 /// A VM's memory as the spill plane holds it: its receive queue 2, the interrupt eventfd and

@@ -35,6 +35,7 @@ use crate::shards::{Bell, Shared, ThreadShards};
 use crate::shm::codec::VatcMsg;
 use crate::shm::vnic::{CONTROL_COMMAND, CONTROL_STATS, Control, FlowRecord, VnicLane, VnicSet};
 use crate::testbed::Testbed;
+use crate::vm::vhost_user::lend::PlaneGuest;
 use spillway_fabric::atc::{Atc, AtcConfig, Iova, VmId};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -77,15 +78,64 @@ spillway_vswitch::counters! {
         vatc_no_port => "plane.vatc.no_port",
         /// VMs whose receive queue was broken; their memory was dropped.
         vatc_broken => "plane.vatc.broken",
+        /// Direct deliveries to a guest whose queue the DPU process had taken back (it is
+        /// being reconfigured) or the other plane held.
+        vatc_not_lent => "plane.vatc.not_lent",
+        /// Frames for a guest sent the DPU way for their offloads (a checksum to complete).
+        vatc_offload => "plane.vatc.offload"
+        ,
         /// vATC invalidations (detaches) received from the DPU process.
         vatc_invalidations => "plane.vatc.invalidations",
+    }
+}
+
+/// A VM the plane delivers into: a shared-memory VM's queue 2, or a vhost-user guest's
+/// receive queue 1 lent by the DPU process.
+#[derive(Debug)]
+enum Direct {
+    Shm(PlaneVm),
+    Guest(PlaneGuest),
+}
+
+impl Direct {
+    fn vm(&self) -> VmId {
+        match self {
+            Direct::Shm(v) => v.vm,
+            Direct::Guest(g) => g.vm,
+        }
+    }
+
+    fn epoch_mut(&mut self) -> &mut spillway_fabric::atc::AtcEpoch {
+        match self {
+            Direct::Shm(v) => &mut v.epoch,
+            Direct::Guest(g) => &mut g.epoch,
+        }
+    }
+
+    fn deliver(
+        &mut self,
+        atc: &mut Atc,
+        vnet: &[u8; 12],
+        frame: &[u8],
+    ) -> Result<(), DirectRefused> {
+        match self {
+            Direct::Shm(v) => v.deliver(atc, vnet, frame),
+            Direct::Guest(g) => g.deliver(atc, vnet, frame),
+        }
+    }
+
+    fn flush_irq(&mut self) {
+        match self {
+            Direct::Shm(v) => v.flush_irq(),
+            Direct::Guest(g) => g.flush_irq(),
+        }
     }
 }
 
 /// The plane's side of the vATC: the VMs whose memory it holds (by the port they are), the
 /// translation cache, and the VMs with a translation request outstanding.
 pub(crate) struct Vatc {
-    vms: BTreeMap<PortId, PlaneVm>,
+    vms: BTreeMap<PortId, Direct>,
     atc: Atc,
     pending: BTreeSet<u32>,
     requests: Vec<(VmId, Iova, u64)>,
@@ -106,15 +156,23 @@ impl Vatc {
             return false;
         };
         match vm.deliver(&mut self.atc, vnet, frame) {
+            Err(DirectRefused::NotLent) => {
+                c.vatc_not_lent += 1;
+                false
+            }
+            Err(DirectRefused::Offload) => {
+                c.vatc_offload += 1;
+                false
+            }
             Ok(()) => {
                 c.vatc_delivered += 1;
                 true
             }
             Err(DirectRefused::Miss(m)) => {
                 c.vatc_miss += 1;
-                if self.pending.insert(vm.vm.0) {
+                if self.pending.insert(vm.vm().0) {
                     for r in m.missing() {
-                        self.requests.push((vm.vm, r.start, r.len));
+                        self.requests.push((vm.vm(), r.start, r.len));
                     }
                 }
                 false
@@ -129,7 +187,7 @@ impl Vatc {
             }
             Err(DirectRefused::Broken) => {
                 c.vatc_broken += 1;
-                let vm = vm.vm;
+                let vm = vm.vm();
                 tracing::warn!(target: "spillway::plane", vm = vm.0, "VM receive queue broken; dropping its memory");
                 self.vms.remove(&out);
                 self.atc.invalidate_vm(vm);
@@ -167,8 +225,33 @@ impl Vatc {
                 self.pending.insert(vm.0);
                 self.requests
                     .push((vm, Iova(l.iova(l.bufs_off(queue2))), l.bufs_len() as u64));
-                self.vms.insert(port, PlaneVm::new(vm, mem, irq, epoch));
+                self.vms
+                    .insert(port, Direct::Shm(PlaneVm::new(vm, mem, irq, epoch)));
                 tracing::info!(target: "spillway::plane", vm = vm.0, epoch = epoch.0, "VM memory mapped");
+            }
+            VatcMsg::AttachGuest {
+                vm,
+                port,
+                epoch,
+                lend,
+            } => {
+                let me = std::process::id();
+                let number = lend.number;
+                let g = match PlaneGuest::new(vm, epoch, &lend, fds, me) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::warn!(target: "spillway::plane", vm = vm.0, error = %e, "guest memory refused");
+                        return;
+                    }
+                };
+                // New memory: whatever was cached for the guest is dead; ask for the whole of
+                // it now, before the first frame needs it.
+                self.atc.invalidate_vm(vm);
+                let (iova, len) = g.span();
+                self.pending.insert(vm.0);
+                self.requests.push((vm, iova, len));
+                self.vms.insert(PortId(port), Direct::Guest(g));
+                tracing::info!(target: "spillway::plane", vm = vm.0, epoch = epoch.0, lend = number, "guest receive queue 1 lent");
             }
             VatcMsg::Detach { vm, epoch } => {
                 c.vatc_invalidations += 1;
@@ -188,10 +271,11 @@ impl Vatc {
                 let Some(v) = self.vms.get_mut(&PortId(vm.0)) else {
                     return;
                 };
-                if epoch < v.epoch {
+                let e = v.epoch_mut();
+                if epoch < *e {
                     return; // an answer from before the VM's last change
                 }
-                v.epoch = epoch;
+                *e = epoch;
                 // The answer lists all the VM's regions: what it leaves out of the asked range
                 // is known unmapped at this epoch (a negative entry), so a buffer posted there
                 // is refused from now on instead of asked about with every packet.

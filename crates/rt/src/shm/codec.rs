@@ -24,6 +24,7 @@
 //! Over 1,000 lines only with its tests (about 300): every record type's encoder and decoder
 //! sit together so a field's width and order can be checked against both at once.
 
+use crate::vm::vhost_user::lend::{GuestRegion, LendSpec, RingSpec};
 use spillway_fabric::atc::{AtcEpoch, HostAddr, Iova, Mapping, Perm, VmId};
 use spillway_fabric::types::{
     Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, Side, SyncKind, Train,
@@ -704,6 +705,19 @@ pub enum VatcMsg {
         /// The VM's epoch in the authority.
         epoch: AtcEpoch,
     },
+    /// DPU to plane: a vhost-user guest's receive queue 1 is lent to the plane
+    /// (`vm::vhost_user::lend`): the lease's memfd, the queue's interrupt eventfd and one memfd
+    /// per memory region ride on the record, in that order.
+    AttachGuest {
+        /// The VM.
+        vm: VmId,
+        /// The port the guest is.
+        port: u32,
+        /// The VM's epoch in the authority (its memory table).
+        epoch: AtcEpoch,
+        /// The queue, the guest's features and its memory table.
+        lend: LendSpec,
+    },
     /// DPU to plane: a VM port detached; every translation of the VM is dead (an
     /// invalidation at the VM's new epoch).
     Detach {
@@ -716,10 +730,11 @@ pub enum VatcMsg {
 
 impl VatcMsg {
     /// How many fds ride on the record: the VM's memory and interrupt eventfd with an attach,
-    /// none with the others.
+    /// the lease, the interrupt eventfd and the regions with a guest's, none with the others.
     pub fn fds(&self) -> usize {
         match self {
             VatcMsg::Attach { .. } => 2,
+            VatcMsg::AttachGuest { lend, .. } => 2 + lend.regions.len(),
             _ => 0,
         }
     }
@@ -730,10 +745,16 @@ impl VatcMsg {
             VatcMsg::Translate { vm, .. }
             | VatcMsg::Regions { vm, .. }
             | VatcMsg::Attach { vm, .. }
+            | VatcMsg::AttachGuest { vm, .. }
             | VatcMsg::Detach { vm, .. } => vm,
         }
     }
 }
+
+/// Memory regions a [`VatcMsg::AttachGuest`] may carry (vhost-user's table holds at most 8).
+pub const GUEST_REGIONS_MAX: usize = 8;
+/// The most fds a vATC record carries.
+pub const VATC_FDS_MAX: usize = 2 + GUEST_REGIONS_MAX;
 
 /// Bytes of one region in a [`VatcMsg::Regions`] record.
 const REGION_BYTES: usize = 8 + 8 + 8 + 1 + 1;
@@ -774,6 +795,35 @@ pub fn encode_vatc(out: &mut Vec<u8>, msg: &VatcMsg) {
             w.u32(vm.0);
             w.u32(*port);
             w.u64(epoch.0);
+        }
+        VatcMsg::AttachGuest {
+            vm,
+            port,
+            epoch,
+            lend,
+        } => {
+            let LendSpec {
+                number,
+                features,
+                ring,
+                regions,
+            } = lend;
+            w.u8(4);
+            w.u32(vm.0);
+            w.u32(*port);
+            w.u64(epoch.0);
+            w.u32(*number);
+            w.u64(*features);
+            w.u16(ring.size);
+            w.u64(ring.desc);
+            w.u64(ring.avail);
+            w.u64(ring.used);
+            w.u8(u8::try_from(regions.len()).expect("at most GUEST_REGIONS_MAX regions"));
+            for r in regions {
+                w.u64(r.gpa);
+                w.u64(r.size);
+                w.u64(r.offset);
+            }
         }
         VatcMsg::Detach { vm, epoch } => {
             w.u8(3);
@@ -838,6 +888,42 @@ pub fn decode_vatc(body: &[u8]) -> Result<VatcMsg, CodecError> {
             vm: VmId(r.u32("vatc.vm")?),
             epoch: AtcEpoch(r.u64("vatc.epoch")?),
         },
+        4 => {
+            let vm = VmId(r.u32("vatc.vm")?);
+            let port = r.u32("vatc.port")?;
+            let epoch = AtcEpoch(r.u64("vatc.epoch")?);
+            let number = r.u32("vatc.number")?;
+            let features = r.u64("vatc.features")?;
+            let ring = RingSpec {
+                size: r.u16("vatc.ring.size")?,
+                desc: r.u64("vatc.ring.desc")?,
+                avail: r.u64("vatc.ring.avail")?,
+                used: r.u64("vatc.ring.used")?,
+            };
+            let n = r.u8("vatc.guest_regions")?;
+            if n == 0 || usize::from(n) > GUEST_REGIONS_MAX {
+                return Err(bad("vatc.guest_regions", n));
+            }
+            let mut regions = Vec::with_capacity(usize::from(n));
+            for _ in 0..n {
+                regions.push(GuestRegion {
+                    gpa: r.u64("vatc.guest_region.gpa")?,
+                    size: r.u64("vatc.guest_region.size")?,
+                    offset: r.u64("vatc.guest_region.offset")?,
+                });
+            }
+            VatcMsg::AttachGuest {
+                vm,
+                port,
+                epoch,
+                lend: LendSpec {
+                    number,
+                    features,
+                    ring,
+                    regions,
+                },
+            }
+        }
         v => return Err(bad("vatc.tag", v)),
     };
     if !r.rest().is_empty() {
@@ -1031,7 +1117,44 @@ mod tests {
                 vm,
                 epoch: AtcEpoch(!seed),
             },
+            VatcMsg::AttachGuest {
+                vm,
+                port: seed as u32 ^ 5,
+                epoch: AtcEpoch(seed),
+                lend: LendSpec {
+                    number: (seed >> 7) as u32,
+                    features: !seed,
+                    ring: RingSpec {
+                        size: 256,
+                        desc: seed,
+                        avail: seed ^ 0x1000,
+                        used: seed.rotate_left(3),
+                    },
+                    regions: (0..3)
+                        .map(|i| GuestRegion {
+                            gpa: seed.wrapping_add(i << 30),
+                            size: 1 << 28,
+                            offset: i * 4096,
+                        })
+                        .collect(),
+                },
+            },
         ]
+    }
+
+    #[test]
+    fn a_guest_attach_with_no_region_or_too_many_is_refused() {
+        for n in [0usize, GUEST_REGIONS_MAX + 1] {
+            let mut m = every_vatc(3).pop().unwrap();
+            let VatcMsg::AttachGuest { lend, .. } = &mut m else {
+                panic!("the last is a guest attach");
+            };
+            let r = lend.regions[0];
+            lend.regions = vec![r; n];
+            let mut buf = Vec::new();
+            encode_vatc(&mut buf, &m);
+            assert!(decode_vatc(&buf).is_err(), "{n} regions");
+        }
     }
 
     #[test]
@@ -1051,10 +1174,11 @@ mod tests {
     #[test]
     fn only_an_attach_carries_fds() {
         for m in every_vatc(9) {
-            let want = if matches!(m, VatcMsg::Attach { .. }) {
-                2
-            } else {
-                0
+            let want = match &m {
+                VatcMsg::Attach { .. } => 2,
+                // The lease, the interrupt eventfd, one memfd per region.
+                VatcMsg::AttachGuest { lend, .. } => 2 + lend.regions.len(),
+                _ => 0,
             };
             assert_eq!(m.fds(), want, "{m:?}");
             assert_eq!(m.vm(), VmId(9));

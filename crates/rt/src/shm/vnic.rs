@@ -733,7 +733,7 @@ impl VnicSet {
         let mut buf = [0u8; 16 << 10];
         loop {
             // recvmsg, not read: a VM attach record carries fds, which a plain read would close.
-            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, 4) {
+            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, codec::VATC_FDS_MAX) {
                 Ok((0, _)) => return Err(VnicError::Closed),
                 Ok((n, fds)) => {
                     self.control_in.extend_from_slice(&buf[..n]);

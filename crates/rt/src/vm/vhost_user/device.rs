@@ -53,6 +53,7 @@ use vm_memory::{
     GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
 };
 
+use super::lend::{GuestRegion, Lease, REVOKE_WAIT, Revoked, RingSpec};
 use super::msg::{self, Msg, MsgError, le_u32, le_u64};
 use crate::host::vnet::VnetHdr;
 use crate::shm::ring::Doorbell;
@@ -185,6 +186,16 @@ pub struct SessionCounters {
     pub mem_tables: AtomicU64,
     /// Requests that waited for the frontend's request rate (`conn::REQUESTS_PER_S`).
     pub throttled: AtomicU64,
+    /// Revocations of the plane's queue that found a live plane still in it after
+    /// [`lend::REVOKE_WAIT`].
+    pub revoke_timeouts: AtomicU64,
+}
+
+/// One region of the memory table, kept for lending the plane the guest's memory.
+#[derive(Debug)]
+pub struct TableRegion {
+    pub region: GuestRegion,
+    pub fd: OwnedFd,
 }
 
 /// The device both sides share.
@@ -199,6 +210,13 @@ pub struct Device {
     /// The virtio features the driver acked.
     pub acked: AtomicU64,
     pub counters: SessionCounters,
+    /// The plane's hold on [`PLANE_RX`] (see [`lend`]).
+    pub lease: Lease,
+    /// The memory table's regions in guest-address order, with their memfds.
+    table: Mutex<Arc<Vec<TableRegion>>>,
+    /// A request is being applied ([`Device::begin_change`] to [`Device::end_change`]): no lend
+    /// while the device is half changed.
+    changing: std::sync::atomic::AtomicBool,
 }
 
 impl Device {
@@ -210,6 +228,9 @@ impl Device {
             changed: Doorbell::new().map_err(|e| e.to_string())?,
             acked: AtomicU64::new(0),
             counters: SessionCounters::default(),
+            lease: Lease::create().map_err(|e| format!("vhost-user lease: {e}"))?,
+            table: Mutex::new(Arc::new(Vec::new())),
+            changing: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -224,9 +245,88 @@ impl Device {
         let _ = self.changed.kick();
     }
 
+    /// The memory table's regions (empty before the first `SET_MEM_TABLE`).
+    pub fn table(&self) -> Arc<Vec<TableRegion>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Where [`PLANE_RX`] lies, and its interrupt eventfd, if it runs.
+    pub fn plane_ring(&self) -> Option<(RingSpec, Arc<Doorbell>)> {
+        let v = self.vring(PLANE_RX);
+        if !v.live() {
+            return None;
+        }
+        let q = &v.queue;
+        let spec = RingSpec {
+            size: q.size(),
+            desc: q.desc_table(),
+            avail: q.avail_ring(),
+            used: q.used_ring(),
+        };
+        Some((spec, v.call.clone()?))
+    }
+
+    /// The DPU process's loop: lends [`PLANE_RX`] under lend number `number` if the device is
+    /// still at generation `seen` (what the loop read the ring and table at), no change is
+    /// being applied, and the ring runs.
+    pub fn lend_plane(&self, seen: u64, number: u32) -> bool {
+        let v = self.vring(PLANE_RX);
+        if self.changing.load(Ordering::Acquire)
+            || self.generation.load(Ordering::Acquire) != seen
+            || !v.live()
+        {
+            return false;
+        }
+        self.lease.lend(number);
+        true
+    }
+
+    /// Before a change: [`PLANE_RX`] is taken back from the plane, and no lend lands until
+    /// [`Device::end_change`].
+    pub fn begin_change(&self) {
+        self.changing.store(true, Ordering::Release);
+        self.revoke_plane();
+    }
+
+    /// After a change: lends may land again, from what the loop reads from now on.
+    pub fn end_change(&self) {
+        self.changing.store(false, Ordering::Release);
+        self.bump();
+    }
+
+    /// Takes [`PLANE_RX`] back from the plane: no plane is in it afterwards (or one stuck in it
+    /// is counted), the ring's indices are where the plane left them, and the generation moves
+    /// (so a lend computed before cannot land).
+    fn revoke_plane(&self) {
+        let mut v = self.vring(PLANE_RX);
+        if !self.lease.busy() {
+            return;
+        }
+        if let Revoked::Held(pid) = self.lease.revoke(REVOKE_WAIT) {
+            self.counters
+                .revoke_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "spillway::run", pid, "a spill plane did not leave a guest's receive queue");
+        }
+        if v.live() {
+            let mem = self.mem.memory();
+            let used = GuestAddress(v.queue.used_ring()).unchecked_add(2);
+            if let Ok(idx) = mem.load::<u16>(used, Ordering::Acquire) {
+                let idx = u16::from_le(idx);
+                v.queue.set_next_avail(idx);
+                v.queue.set_next_used(idx);
+            }
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+        drop(v);
+        let _ = self.changed.kick();
+    }
+
     /// Stops every ring and drops the memory table: the frontend is gone (or broke a queue).
     /// A frontend that connects again sets everything up from the start.
     pub fn reset(&self) {
+        self.begin_change();
+        *self.table.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Vec::new());
         for i in 0..VRINGS {
             *self.vring(i) = Vring::new();
         }
@@ -235,7 +335,7 @@ impl Device {
             .expect("memory lock")
             .replace(GuestMemoryMmap::new());
         self.acked.store(0, Ordering::Relaxed);
-        self.bump();
+        self.end_change();
     }
 }
 
@@ -365,8 +465,86 @@ fn recv_on(dev: &Device, q: usize, area: &mut [u8]) -> Result<Option<usize>, Cha
     verdict.map(|()| Some(n)).map_err(ChainError::Bad)
 }
 
+/// Why [`fill_chain`]'s writer could not write a piece of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The address is outside what may be written (the chain is refused: [`BadChain::Address`]).
+    Address,
+    /// The address has no translation yet (the chain is left for a retry).
+    Miss,
+}
+
+/// How [`fill_chain`] writes a piece of a frame: the guest address and the bytes that go
+/// there.
+pub type Writer<'a> = dyn FnMut(GuestAddress, &[u8]) -> Result<(), Fault> + 'a;
+
+/// Why [`fill_chain`] did not fill a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FillError {
+    Bad(BadChain),
+    Miss,
+}
+
+/// Writes `hdr` then `frame` across the writable descriptors of receive chain `chain`, each
+/// piece through `write` (the guest address and the bytes that go there); returns the bytes
+/// written. The rest of a chain longer than needed is the guest's to reuse. The one walk of a
+/// receive chain (of a queue of `queue_size`), for the DPU process (writing through the memory table) and the spill plane
+/// (writing through its vATC).
+pub fn fill_chain<M>(
+    chain: DescriptorChain<M>,
+    queue_size: u16,
+    hdr: &[u8],
+    frame: &[u8],
+    write: &mut Writer<'_>,
+) -> Result<u32, FillError>
+where
+    M: std::ops::Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    let head = chain.head_index();
+    let (mut src, mut rest) = (hdr, frame);
+    let mut written = 0usize;
+    let mut seen = 0;
+    let mut more = true;
+    for d in chain {
+        seen += 1;
+        more = d.has_next();
+        if !d.is_write_only() {
+            return Err(FillError::Bad(BadChain::Direction));
+        }
+        let mut addr = d.addr();
+        let mut room = d.len() as usize;
+        while room > 0 && !(src.is_empty() && rest.is_empty()) {
+            if src.is_empty() {
+                (src, rest) = (rest, &[]);
+            }
+            let k = room.min(src.len());
+            match write(addr, &src[..k]) {
+                Ok(()) => {}
+                Err(Fault::Address) => return Err(FillError::Bad(BadChain::Address)),
+                Err(Fault::Miss) => return Err(FillError::Miss),
+            }
+            src = &src[k..];
+            room -= k;
+            written += k;
+            addr = addr.unchecked_add(k as u64);
+        }
+        if src.is_empty() && rest.is_empty() {
+            return Ok(written as u32);
+        }
+    }
+    if seen == 0 {
+        return Err(FillError::Bad(empty_chain(head, queue_size)));
+    }
+    Err(FillError::Bad(if more {
+        BadChain::Address
+    } else {
+        BadChain::Size
+    }))
+}
+
 /// The data path: writes `hdr` (the 12-byte virtio-net header) and `frame` into the next receive
-/// buffer the guest posted. `Ok(false)`: no buffer posted (or the ring is not running).
+/// buffer the guest posted on [`RX`]. `Ok(false)`: no buffer posted (or the ring is not running).
 pub fn send(dev: &Device, hdr: &[u8], frame: &[u8]) -> Result<bool, ChainError> {
     let mut v = dev.vring(RX);
     if !v.live() {
@@ -376,54 +554,17 @@ pub fn send(dev: &Device, hdr: &[u8], frame: &[u8]) -> Result<bool, ChainError> 
     let Some(chain) = pop(&mut v.queue, &mem)? else {
         return Ok(false);
     };
-    let head = chain.head_index();
-    let (mut src, mut rest) = (hdr, frame);
-    let mut written = 0usize;
-    let mut verdict = Ok(());
-    let mut seen = 0;
-    let mut more = true;
-    for d in chain {
-        seen += 1;
-        more = d.has_next();
-        if !d.is_write_only() {
-            verdict = Err(BadChain::Direction);
-            break;
-        }
-        let mut addr = d.addr();
-        let mut room = d.len() as usize;
-        while room > 0 && !(src.is_empty() && rest.is_empty()) {
-            if src.is_empty() {
-                (src, rest) = (rest, &[]);
-            }
-            let k = room.min(src.len());
-            if mem.write_slice(&src[..k], addr).is_err() {
-                verdict = Err(BadChain::Address);
-                break;
-            }
-            src = &src[k..];
-            room -= k;
-            written += k;
-            addr = addr.unchecked_add(k as u64);
-        }
-        if verdict.is_err() || (src.is_empty() && rest.is_empty()) {
-            // Done (the rest of the chain is the guest's to reuse), or refused.
-            more = false;
-            break;
-        }
-    }
-    if seen == 0 {
-        verdict = Err(empty_chain(head, v.queue.size()));
-    } else if verdict.is_ok() && !(src.is_empty() && rest.is_empty()) {
-        verdict = Err(if more {
-            BadChain::Address
-        } else {
-            BadChain::Size
-        });
-    }
-    if verdict == Err(BadChain::Head) {
-        return Err(ChainError::Bad(BadChain::Head));
-    }
-    let len = if verdict.is_ok() { written as u32 } else { 0 };
+    let (head, size) = (chain.head_index(), v.queue.size());
+    let m: &GuestMemoryMmap = &mem;
+    let verdict = fill_chain(chain, size, hdr, frame, &mut |addr, bytes| {
+        m.write_slice(bytes, addr).map_err(|_| Fault::Address)
+    });
+    let (len, verdict) = match verdict {
+        Ok(n) => (n, Ok(())),
+        Err(FillError::Bad(BadChain::Head)) => return Err(ChainError::Bad(BadChain::Head)),
+        Err(FillError::Bad(b)) => (0, Err(b)),
+        Err(FillError::Miss) => unreachable!("the memory table has no misses"),
+    };
     v.queue
         .add_used(&*mem, head, len)
         .map_err(|_| ChainError::Broken)?;
@@ -601,9 +742,35 @@ impl Session {
         let Ok(req) = FrontendReq::try_from(m.req) else {
             return Err(refused(format!("unknown request {}", m.req)));
         };
+        // Anything but a question may change the plane's queue or the memory it lies in: the
+        // plane leaves it first, and the DPU process lends it again once the device runs.
+        let question = matches!(
+            req,
+            FrontendReq::GET_FEATURES
+                | FrontendReq::GET_PROTOCOL_FEATURES
+                | FrontendReq::GET_QUEUE_NUM
+        );
+        if question {
+            return self.apply_question(req);
+        }
+        self.dev.begin_change();
+        let r = self.apply_change(req, m);
+        self.dev.end_change();
+        r
+    }
+
+    fn apply_question(&mut self, req: FrontendReq) -> Result<Answer, RequestError> {
         let u64_reply = |v: u64| Answer::Reply(v.to_le_bytes().to_vec());
         match req {
             FrontendReq::GET_FEATURES => Ok(u64_reply(FEATURES)),
+            FrontendReq::GET_PROTOCOL_FEATURES => Ok(u64_reply(PROTOCOL_FEATURES)),
+            FrontendReq::GET_QUEUE_NUM => Ok(u64_reply(QUEUE_PAIRS as u64)),
+            other => Err(refused(format!("request {other:?} is not a question"))),
+        }
+    }
+
+    fn apply_change(&mut self, req: FrontendReq, m: &mut Msg) -> Result<Answer, RequestError> {
+        match req {
             FrontendReq::SET_FEATURES => {
                 let f = m.u64()?;
                 if f & !FEATURES != 0 {
@@ -627,8 +794,6 @@ impl Session {
                 self.dev.bump();
                 Ok(Answer::None)
             }
-            FrontendReq::GET_PROTOCOL_FEATURES => Ok(u64_reply(PROTOCOL_FEATURES)),
-            FrontendReq::GET_QUEUE_NUM => Ok(u64_reply(QUEUE_PAIRS as u64)),
             FrontendReq::SET_PROTOCOL_FEATURES => {
                 let f = m.u64()?;
                 if f & !PROTOCOL_FEATURES != 0 {
@@ -804,6 +969,7 @@ impl Session {
         }
         let mut regions = Vec::with_capacity(n);
         let mut mapped = Vec::with_capacity(n);
+        let mut table = Vec::with_capacity(n);
         let mut total = 0u64;
         for (k, fd) in fds.into_iter().enumerate() {
             let o = 8 + 32 * k;
@@ -825,6 +991,17 @@ impl Session {
             }
             check_sealed(fd.as_fd(), offset, r.size)
                 .map_err(|e| refused(format!("memory region {k}: {e}")))?;
+            let kept = fd
+                .try_clone()
+                .map_err(|e| refused(format!("memory region {k}: dup: {e}")))?;
+            table.push(TableRegion {
+                region: GuestRegion {
+                    gpa: r.gpa,
+                    size: r.size,
+                    offset,
+                },
+                fd: kept,
+            });
             let file = FileOffset::new(std::fs::File::from(fd), offset);
             let region = MmapRegion::from_file(file, r.size as usize)
                 .map_err(|e| refused(format!("memory region {k}: mmap: {e}")))?;
@@ -835,9 +1012,11 @@ impl Session {
             mapped.push(region);
         }
         mapped.sort_by_key(|r| r.start_addr());
-        let table = GuestMemoryMmap::from_regions(mapped)
+        let mem = GuestMemoryMmap::from_regions(mapped)
             .map_err(|e| refused(format!("memory table: {e}")))?;
-        self.dev.mem.lock().expect("memory lock").replace(table);
+        self.dev.mem.lock().expect("memory lock").replace(mem);
+        table.sort_by_key(|t| t.region.gpa);
+        *self.dev.table.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
         self.regions = regions;
         self.dev.counters.mem_tables.fetch_add(1, Ordering::Relaxed);
         self.dev.bump();
@@ -847,7 +1026,7 @@ impl Session {
 
 /// A memory region's fd must be sealed against shrinking and hold `offset + size` bytes: a
 /// VMM that truncated it under the mapping would fault the DPU process.
-fn check_sealed(fd: BorrowedFd<'_>, offset: u64, size: u64) -> Result<(), String> {
+pub(crate) fn check_sealed(fd: BorrowedFd<'_>, offset: u64, size: u64) -> Result<(), String> {
     let seals = rustix::fs::fcntl_get_seals(fd)
         .map_err(|e| format!("F_GET_SEALS: {e} (a memfd is needed: memory-backend-memfd)"))?;
     if !seals.contains(rustix::fs::SealFlags::SHRINK) {

@@ -7,15 +7,17 @@
 //!   and the data path's operations on the guest's queues ([`device::recv`], [`device::send`]),
 //!   built on rust-vmm's `virtio-queue` (descriptor chains) and `vm-memory` (the guest's memory
 //!   table, mapped from the memfds the frontend sends).
+//! - [`lend`]: the guest's receive queue 1 lent to the spill plane, which fills it through its
+//!   vATC (the lease both processes map, and the plane's delivery).
 //! - [`conn`]: the port's service thread, which holds the socket (listening or connecting) and
 //!   runs the sessions.
 //!
-//! Why the protocol is handled here and not by the `vhost` crate's backend handler, and what is
-//! not done yet (offloads, multiqueue, the vATC on the guest's memory): see
-//! `docs/adr/0013-vhost-user.md`.
+//! Why the protocol is handled here and not by the `vhost` crate's backend handler, how the
+//! plane's queue is lent, and what is not done yet: see `docs/adr/0013-vhost-user.md`.
 
 pub mod conn;
 pub mod device;
+pub mod lend;
 pub mod msg;
 
 use std::time::Duration;

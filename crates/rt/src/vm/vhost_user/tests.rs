@@ -11,9 +11,13 @@ use rustix::fs::{MemfdFlags, SealFlags};
 use vhost::vhost_user::message::FrontendReq;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
+use spillway_fabric::atc::{Atc, AtcConfig, Iova, RegionTable, VmId};
+
 use super::conn::{Backend, SocketMode};
 use super::device::{self, BadChain, ChainError, FEATURES, NET_HDR_LEN, PROTOCOL_FEATURES, RX, TX};
+use super::lend;
 use super::msg::{self, FLAG_NEED_REPLY, le_u32, le_u64};
+use crate::dpu::vmport::DirectRefused;
 
 const GUEST_BYTES: u64 = 1 << 20;
 /// Where the frontend says the guest's memory is in its own address space (QEMU's virtual
@@ -686,4 +690,172 @@ fn both_transmit_queues_are_read_in_turn() {
         b.fe.state(FrontendReq::SET_VRING_NUM, 4, u32::from(QSIZE)),
         0
     );
+}
+
+/// Sets up ring `i` at `r` with a fresh call and kick fd; returns the call fd.
+fn start_ring(b: &Bed, i: usize, r: &Ring) -> OwnedFd {
+    let (call, kick) = (eventfd(), eventfd());
+    let i = i as u32;
+    assert_eq!(b.fe.state(FrontendReq::SET_VRING_ENABLE, i, 1), 0);
+    assert_eq!(
+        b.fe.state(FrontendReq::SET_VRING_NUM, i, u32::from(QSIZE)),
+        0
+    );
+    assert_eq!(b.fe.vring_addr(i, r), 0);
+    assert_eq!(b.fe.state(FrontendReq::SET_VRING_BASE, i, 0), 0);
+    assert_eq!(
+        b.fe.vring_fd(FrontendReq::SET_VRING_CALL, u64::from(i), &call),
+        0
+    );
+    assert_eq!(
+        b.fe.vring_fd(FrontendReq::SET_VRING_KICK, u64::from(i), &kick),
+        0
+    );
+    call
+}
+
+/// The plane's end of a lend of ring 2, as the DPU process would send it, with a vATC filled
+/// from an authority that holds the memory table end to end from host address 0.
+fn plane_end(b: &Bed, number: u32) -> (lend::PlaneGuest, Atc, RegionTable) {
+    let dev = &b.backend.dev;
+    let table = dev.table();
+    let (ring, call) = dev.plane_ring().expect("ring 2 runs");
+    let regions: Vec<lend::GuestRegion> = table.iter().map(|t| t.region).collect();
+    let vm = VmId(9);
+    let mut authority = RegionTable::new();
+    for m in lend::authority_mappings(&regions) {
+        authority.map(vm, m).unwrap();
+    }
+    let epoch = authority.epoch(vm);
+    let mut fds = vec![
+        dev.lease.fd().try_clone_to_owned().unwrap(),
+        call.as_fd().try_clone_to_owned().unwrap(),
+    ];
+    fds.extend(table.iter().map(|t| t.fd.try_clone().unwrap()));
+    let spec = lend::LendSpec {
+        number,
+        features: FEATURES,
+        ring,
+        regions,
+    };
+    let g = lend::PlaneGuest::new(vm, epoch, &spec, fds, std::process::id()).unwrap();
+    let atc = Atc::new(AtcConfig::default()).unwrap();
+    (g, atc, authority)
+}
+
+/// The plane writes into the guest's receive queue 1 through its vATC while the DPU process
+/// lends it: a miss leaves the chain for the retry after the fill, a buffer outside the
+/// guest's memory is refused and returned, and a request of the frontend takes the queue back
+/// (the plane is refused from then on) with the ring's index where the plane left it.
+#[test]
+fn the_plane_fills_a_lent_receive_queue_through_its_vatc() {
+    let b = bed();
+    let g = &b.guest;
+    let mut rx2 = Ring::at(0xc000);
+    let call = start_ring(&b, device::PLANE_RX, &rx2);
+    let dev = &b.backend.dev;
+    // Not lent yet: the plane is refused.
+    let (mut plane, mut atc, authority) = plane_end(&b, 1);
+    let vnet = [0u8; NET_HDR_LEN];
+    let f = frame(300, 3);
+    assert_eq!(
+        plane.deliver(&mut atc, &vnet, &f),
+        Err(DirectRefused::NotLent)
+    );
+    assert!(dev.lend_plane(dev.generation.load(Ordering::Acquire), 1));
+
+    // Two chains: a good one, then one outside the guest's memory.
+    rx2.desc(g, 0, BUF + 0x4000, 2048, WRITE, 0);
+    rx2.post(g, 0);
+    rx2.desc(g, 1, GUEST_BYTES + 0x1000, 2048, WRITE, 0);
+    rx2.post(g, 1);
+    // Nothing cached: a miss, and the chain stays posted.
+    let miss = match plane.deliver(&mut atc, &vnet, &f) {
+        Err(DirectRefused::Miss(m)) => m,
+        other => panic!("expected a miss, got {other:?}"),
+    };
+    assert_eq!(rx2.used(g), None);
+    let (iova, len) = plane.span();
+    assert_eq!((iova, len), (Iova(0), GUEST_BYTES));
+    assert!(miss.missing().iter().all(|r| r.start.0 < GUEST_BYTES));
+    let vm = plane.vm;
+    atc.fill_map(vm, plane.epoch, authority.regions(vm), iova, len)
+        .unwrap();
+    assert_eq!(plane.deliver(&mut atc, &vnet, &f), Ok(()));
+    assert_eq!(rx2.used(g), Some((0, (NET_HDR_LEN + 300) as u32)));
+    let mut got = vec![0u8; 300];
+    g.mem
+        .read_slice(&mut got, GuestAddress(BUF + 0x4000 + NET_HDR_LEN as u64))
+        .unwrap();
+    assert_eq!(got, f);
+    plane.flush_irq();
+    assert!(readable(&call), "the guest is interrupted on its queue 1");
+
+    // The chain outside memory: a miss, then (the authority's answer says nothing is there)
+    // refused and returned with length 0.
+    let miss = match plane.deliver(&mut atc, &vnet, &f) {
+        Err(DirectRefused::Miss(m)) => m,
+        other => panic!("expected a miss, got {other:?}"),
+    };
+    let r = miss.missing()[0];
+    atc.fill_map(vm, plane.epoch, authority.regions(vm), r.start, r.len)
+        .unwrap();
+    assert_eq!(
+        plane.deliver(&mut atc, &vnet, &f),
+        Err(DirectRefused::BadDesc)
+    );
+    assert_eq!(rx2.used(g), Some((1, 0)));
+    assert_eq!(
+        plane.deliver(&mut atc, &vnet, &f),
+        Err(DirectRefused::NoBuffer)
+    );
+
+    // The frontend stops the ring: the queue is taken back first, and its base is where the
+    // plane left it (two chains taken).
+    rx2.desc(g, 2, BUF + 0x5000, 2048, WRITE, 0);
+    rx2.post(g, 2);
+    b.fe.send(
+        FrontendReq::GET_VRING_BASE,
+        0,
+        &[2, 0, 0, 0, 0, 0, 0, 0],
+        &[],
+    );
+    let (_, body) = b.fe.reply();
+    assert_eq!(le_u32(&body, 4), 2);
+    assert_eq!(
+        plane.deliver(&mut atc, &vnet, &f),
+        Err(DirectRefused::NotLent)
+    );
+    assert_eq!(rx2.used(g), None, "nothing written after the revocation");
+}
+
+/// The lease: one holder at a time, only under the current lend number, none after a
+/// revocation; a holder that is no longer a process is cleared by the revocation.
+#[test]
+fn the_lease_admits_one_plane_under_the_current_lend() {
+    let l = lend::Lease::create().unwrap();
+    assert!(!l.enter(1, 100));
+    l.lend(1);
+    assert!(!l.enter(2, 100), "a stale lend number");
+    assert!(l.enter(1, 100));
+    assert!(!l.enter(1, 200), "another plane while one holds it");
+    l.exit(100);
+    assert!(l.enter(1, 200));
+    l.exit(200);
+    // A holder that died inside: the revocation clears it at once.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    assert!(l.enter(1, dead));
+    let start = Instant::now();
+    assert_eq!(l.revoke(Duration::from_secs(5)), lend::Revoked::Free);
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(!l.enter(1, 100), "revoked");
+    // A live holder is waited for, then reported.
+    l.lend(2);
+    let me = std::process::id();
+    assert!(l.enter(2, me));
+    assert_eq!(l.revoke(Duration::from_millis(20)), lend::Revoked::Held(me));
+    l.exit(me);
+    assert!(!l.busy());
 }
