@@ -14,11 +14,12 @@ wait_phase() {
 }
 
 # Starts `spillway run` on CONFIG with the extra arguments given (its log in $TMP/daemon.log),
-# sets DAEMON to its pid and waits until the testbed is up (10 s at most).
+# sets DAEMON to its pid and waits until the testbed is up (READY_WAIT_S, default 10 s, at most;
+# a testbed with QEMU guests under TCG needs more).
 start_daemon() {
     "$BIN" run --config "$CONFIG" --ready-file "$TMP/ready" --log warn "$@" 2>"$TMP/daemon.log" &
     DAEMON=$!
-    for _ in $(seq 100); do [[ -e $TMP/ready ]] && break; sleep 0.1; done
+    for _ in $(seq $((${READY_WAIT_S:-10} * 10))); do [[ -e $TMP/ready ]] && break; sleep 0.1; done
     [[ -e $TMP/ready ]] || { echo "spillway run did not come up: $(tail -5 "$TMP/daemon.log")" >&2; exit 1; }
 }
 

@@ -21,6 +21,8 @@
 #                             `spillway-guest fetched BODY` for every success (tests)
 #   spillway.fetchbig=ADDR    GET /big (256 KiB) from ADDR:80 every 2 s, printing
 #                             `spillway-guest fetched-big BYTES` (the response's size)
+#   spillway.rxstat=S         every S seconds, `spillway-guest rx PACKETS UPTIME`: eth0's
+#                             received packets and the guest's uptime in seconds (benches)
 #
 # and prints `spillway-guest ready` on the console once eth0 is up and httpd runs, then
 # `spillway-guest eth0 MAC` with the interface's address. A guest powers off when its init's
@@ -104,6 +106,7 @@ gw=$(arg spillway.gw)
 ping=$(arg spillway.ping)
 fetch=$(arg spillway.fetch)
 fetchbig=$(arg spillway.fetchbig)
+rxstat=$(arg spillway.rxstat)
 if [ -n "$addr" ]; then
     for _ in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
     ip addr add "$addr" dev eth0
@@ -127,6 +130,13 @@ if [ -n "$addr" ]; then
             body=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 "$fetch" 80 | tail -n 1)
             [ -n "$body" ] && echo "spillway-guest fetched $body"
             sleep 1
+        done ) &
+    fi
+    if [ -n "$rxstat" ]; then
+        ( while :; do
+            read -r up _ </proc/uptime
+            echo "spillway-guest rx $(cat /sys/class/net/eth0/statistics/rx_packets) $up"
+            sleep "$rxstat"
         done ) &
     fi
     echo "spillway-guest eth0 $(cat /sys/class/net/eth0/address)"
