@@ -281,13 +281,15 @@ fn print_compare(
     )?;
     writeln!(
         out,
-        "  {:<14} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>6} {:>7}",
+        "  {:<14} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>6} {:>7}",
         "policy",
         "offload",
         "plane",
         "insert/s",
         "delete/s",
         "to host/s",
+        "rule msg/s",
+        "soc rules",
         "host cpu",
         "recalls",
         "demote",
@@ -298,7 +300,7 @@ fn print_compare(
     for p in points {
         writeln!(
             out,
-            "  {:<14} {:>8.3} {:>8} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>7} {:>7} {:>7} {:>6} {:>7}",
+            "  {:<14} {:>8.3} {:>8} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.4} {:>8.2} {:>7} {:>7} {:>7} {:>6} {:>7}",
             p.policy,
             p.window.offload_ratio,
             p.window
@@ -307,6 +309,8 @@ fn print_compare(
             p.window.inserts_per_s,
             p.window.deletes_per_s,
             p.window.deletes_to_host_per_s,
+            p.window.rule_msgs_per_s,
+            p.window.soc_rule_cores,
             p.window.host_cpu_cores,
             p.window.recalls,
             p.window.demotions,
@@ -317,7 +321,7 @@ fn print_compare(
     }
     writeln!(
         out,
-        "  offload: fast-path share of delivered packets; plane: the same among the traffic the plane took on; host cpu: plane worker cores busy; counts are over the window, lost over the run"
+        "  offload: fast-path share of delivered packets; plane: the same among the traffic the plane took on; rule msg/s: SoC-to-ASIC rule commands (inserts issued, deletes); soc rules: SoC cores busy with recall inserts and deletes (dpu.soc_rule_cost); host cpu: plane worker cores busy; counts are over the window, lost over the run"
     )?;
     Ok(())
 }

@@ -122,6 +122,12 @@ pub struct WindowFigures {
     pub flaps: u64,
     /// Host CPU of the spill plane: worker core-seconds of work per second (`spill.busy_ns`).
     pub host_cpu_cores: f64,
+    /// Rule commands from the DPU's SoC to its switch ASIC per second, one message each: every
+    /// insert issued and every delete (`dpu.rule.msgs`).
+    pub rule_msgs_per_s: f64,
+    /// SoC cores busy with the rule commands a new connection's cost does not cover (recall
+    /// inserts and deletes at `dpu.soc_rule_cost`; `dpu.rule.soc_ns`).
+    pub soc_rule_cores: f64,
 }
 
 /// The summary of one run.

@@ -220,7 +220,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             let mut st = c.state;
             st.phase = ConnPhase::Closing;
             st.version += 1;
-            self.close_conn(t.conn);
+            self.close_conn(now, t.conn);
             if has_plane {
                 // Tell the plane to drop its copy.
                 self.send_sync(now, view.colour, SyncKind::Closed, st);

@@ -188,6 +188,12 @@ spillway_vswitch::counters! {
         insert_rejected => "dpu.hw.insert_rejected",
         /// Entries removed.
         deletes => "dpu.hw.delete",
+        /// Rule commands from the SoC to the switch ASIC (each insert issued, each delete):
+        /// one message each.
+        rule_msgs => "dpu.rule.msgs",
+        /// SoC time spent on rule commands a new connection's cost does not cover (recall
+        /// inserts, deletes; `dpu.soc_rule_cost` each), ns.
+        rule_soc_ns => "dpu.rule.soc_ns",
         /// Recalls whose entries went live.
         recalls_ok => "dpu.recall.ok",
         /// Recalls refused.
@@ -419,6 +425,8 @@ impl<R: ResourcesHandle> DpuNode<R> {
         for s in &self.shards[1..] {
             c.add(&s.counters);
         }
+        // The SoC's rule time is the whole DPU's, kept with its resources.
+        c.rule_soc_ns = self.res().rule_soc_ps / 1000;
         c
     }
     /// Counters of shard `i`.
@@ -720,10 +728,8 @@ mod tests {
         assert_eq!(released.lane(buckets, 1), 0);
     }
 
-    #[test]
-    fn recall_demote_recall_is_two_flaps_and_recalled_packets_are_counted() {
-        let mut dpu = DpuNode::new(&FabricParams::default());
-        let conn = ConnId(5);
+    /// The plane's recall of an established connection `conn`.
+    fn recall_of(conn: ConnId) -> Msg {
         let state = ConnState {
             conn,
             tenant: TenantId(1),
@@ -732,11 +738,18 @@ mod tests {
             version: 2,
             opened: Instant(0),
         };
-        let recall = Msg::Recall {
+        Msg::Recall {
             state,
             pps: 0.0,
             replaces_pps: 0.0,
-        };
+        }
+    }
+
+    #[test]
+    fn recall_demote_recall_is_two_flaps_and_recalled_packets_are_counted() {
+        let mut dpu = DpuNode::new(&FabricParams::default());
+        let conn = ConnId(5);
+        let recall = recall_of(conn);
         let ms = |m: u64| Instant(m * 1_000_000);
         // Recalled: entries live after the insert latency. Not a flap.
         dpu.handle_msg(ms(1), recall);
@@ -761,6 +774,54 @@ mod tests {
         assert_eq!(dpu.recalled_hw_packets(), 42);
         assert_eq!(dpu.counters().hw_delivered, 42);
         dpu.check_invariants().unwrap();
+    }
+
+    /// A recall's two inserts and every delete are rule commands: one message each, and with
+    /// `soc_rule_cost` set, SoC time each, which delays the recall's entries by that time; a new
+    /// connection's inserts are messages but cost nothing more (its own cost covers them).
+    #[test]
+    fn recall_inserts_and_deletes_cost_soc_time_and_a_message_each() {
+        let recall_at = |cost_us: u64| {
+            let mut f = FabricParams::default();
+            f.dpu.soc_rule_cost = std::time::Duration::from_micros(cost_us);
+            let mut dpu = DpuNode::new(&f);
+            let conn = ConnId(5);
+            dpu.handle_msg(Instant(1_000_000), recall_of(conn));
+            // The entries go live once the SoC built both commands, the engine took them and
+            // the insert latency passed.
+            let live = f.dpu.insert_latency.as_nanos() as u64;
+            dpu.handle_timeout(Instant(1_000_000 + live + 2_000));
+            let early = dpu.owner_view(conn);
+            dpu.handle_timeout(Instant(1_000_000 + live + 2 * cost_us * 1_000 / 8 + 2_000));
+            assert_eq!(dpu.owner_view(conn), Some(Owner::DpuHw));
+            let after_recall = dpu.counters();
+            dpu.handle_msg(Instant(5_000_000), Msg::Delete { seq: 1, conn });
+            dpu.handle_msg(Instant(6_000_000), Msg::Adopted { conn });
+            dpu.check_invariants().unwrap();
+            (early, after_recall, dpu.counters())
+        };
+        let (early, recalled, done) = recall_at(0);
+        assert_eq!(early, Some(Owner::DpuHw), "free commands add no delay");
+        assert_eq!((recalled.rule_msgs, recalled.rule_soc_ns), (2, 0));
+        assert_eq!((done.rule_msgs, done.rule_soc_ns, done.deletes), (4, 0, 2));
+        let (early, recalled, done) = recall_at(100);
+        assert_ne!(early, Some(Owner::DpuHw), "the SoC's time comes first");
+        assert_eq!((recalled.rule_msgs, recalled.rule_soc_ns), (2, 200_000));
+        assert_eq!((done.rule_msgs, done.rule_soc_ns), (4, 400_000));
+        // A connection the SoC opens: two inserts, two messages, no rule time.
+        let mut f = FabricParams::default();
+        f.dpu.soc_rule_cost = std::time::Duration::from_micros(100);
+        let mut dpu = DpuNode::new(&f);
+        let open = Train {
+            kind: Kind::Open,
+            ..data(ConnId(7), Instant(0), 1)
+        };
+        dpu.handle_train(Instant(0), &open);
+        dpu.handle_timeout(Instant(1_000_000));
+        assert_eq!(
+            (dpu.counters().rule_msgs, dpu.counters().rule_soc_ns),
+            (2, 0)
+        );
     }
 
     #[test]

@@ -458,7 +458,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             Msg::Adopted { conn }
                 if self.conns.get(&conn).is_some_and(|c| c.role == Role::Copy) =>
             {
-                self.strip_entries(conn);
+                self.strip_entries(now, conn);
             }
             Msg::Delete { seq, conn } => self.handle_delete(now, seq, conn),
             // Lifecycle replies are the control part's; DPU-to-plane messages never come back.
@@ -539,7 +539,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.relay(now, kind, state);
         if kind == SyncKind::Closed {
             // The connection's last packet went through the plane: forget it, entries and all.
-            self.close_conn(state.conn);
+            self.close_conn(now, state.conn);
             return;
         }
         if orphan
@@ -727,7 +727,9 @@ impl<R: ResourcesHandle> DpuShard<R> {
         } else {
             // Roll back whatever went in; the plane keeps the connection.
             self.retire_recalled(conn);
-            self.counters.deletes += self.res.write().remove_entries(conn);
+            let removed = self.res.write().remove_entries(now, conn);
+            self.counters.deletes += removed;
+            self.counters.rule_msgs += removed;
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.hw_live = 0;
                 c.recalled = false;
@@ -775,10 +777,11 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     /// Removes the entries of a connection the plane has adopted (demoted, shed, or handed
     /// over by bucket).
-    pub(super) fn strip_entries(&mut self, conn: ConnId) {
+    pub(super) fn strip_entries(&mut self, now: Instant, conn: ConnId) {
         self.retire_recalled(conn);
-        let removed = self.res.write().remove_entries(conn);
+        let removed = self.res.write().remove_entries(now, conn);
         self.counters.deletes += removed;
+        self.counters.rule_msgs += removed;
         self.counters.deletes_to_host += removed;
         if let Some(r) = self.conns.get_mut(&conn) {
             r.hw_live = 0;

@@ -99,6 +99,9 @@ pub(crate) enum SocWork {
     Miss,
     /// A state message ingested from the plane (`soc_sync_cost`).
     Sync,
+    /// A rule command a new connection's cost does not cover: a recall's insert, a delete
+    /// (`soc_rule_cost`).
+    Rule,
 }
 
 /// The DPU's resources. See the module doc.
@@ -109,6 +112,10 @@ pub struct Resources {
     soc_new_ps: u64,
     soc_miss_ps: u64,
     soc_sync_ps: u64,
+    soc_rule_ps: u64,
+    /// SoC time spent on rule commands so far, ps (charged or not: a delete happens even when
+    /// the SoC's queue is full, and is counted here anyway).
+    pub(crate) rule_soc_ps: u64,
     steer: Server,
     steer_ps: u64,
     /// The phy vNIC toward the host (steered packets).
@@ -144,6 +151,8 @@ impl Resources {
             soc_new_ps: per_ps(d.soc_new_conn_cost),
             soc_miss_ps: per_ps(d.soc_miss_cost),
             soc_sync_ps: per_ps(d.soc_sync_cost),
+            soc_rule_ps: per_ps(d.soc_rule_cost),
+            rule_soc_ps: 0,
             steer: Server::new(1, 1 << 16),
             steer_ps: (1e12 / d.steer_pps_limit).max(1.0) as u64,
             to_host: PhyVnic::new(f),
@@ -177,6 +186,18 @@ impl Resources {
             SocWork::NewConn => self.soc_new_ps,
             SocWork::Miss => self.soc_miss_ps,
             SocWork::Sync => self.soc_sync_ps,
+            SocWork::Rule if self.soc_rule_ps == 0 => {
+                // Not modelled (the default): no time, and no room taken in the queue.
+                return Admitted {
+                    count: packets,
+                    finish_ps: ps(now),
+                    wait_sum_ps: 0,
+                };
+            }
+            SocWork::Rule => {
+                self.rule_soc_ps += self.soc_rule_ps * u64::from(packets);
+                self.soc_rule_ps
+            }
         };
         self.soc.offer(ps(now), packets, cost)
     }
@@ -264,14 +285,19 @@ impl Resources {
         self.conns
     }
 
-    /// Removes both hardware entries of `conn`; returns how many there were.
-    pub(crate) fn remove_entries(&mut self, conn: ConnId) -> u64 {
+    /// Removes both hardware entries of `conn` at `now`, each delete a rule command on the SoC
+    /// ([`SocWork::Rule`]: the entries go whatever the SoC's queue, and its time is charged
+    /// where there is room); returns how many there were.
+    pub(crate) fn remove_entries(&mut self, now: Instant, conn: ConnId) -> u64 {
         let mut removed = 0;
         for side in [Side::Orig, Side::Reply] {
             if self.hw.remove(&HwKey { conn, side }) {
                 removed += 1;
                 self.mem_used -= self.mem_per_entry;
             }
+        }
+        if removed > 0 {
+            self.soc(now, SocWork::Rule, removed as u32);
         }
         removed
     }

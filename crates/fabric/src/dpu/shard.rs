@@ -12,6 +12,8 @@
 //!
 //! [`Resources`]: super::Resources
 
+use crate::dpu::resources::SocWork;
+use crate::links::at_ps;
 use spillway_vswitch::{Instant, TenantId};
 
 use super::control::{ShardReply, ShardRequest, Shards};
@@ -597,17 +599,19 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     /// The connection closed (its last packet was delivered, here or by the plane): its
     /// record goes, and it is remembered as closed.
-    pub(crate) fn close_conn(&mut self, conn: ConnId) {
-        self.remove_conn(conn);
+    pub(crate) fn close_conn(&mut self, now: Instant, conn: ConnId) {
+        self.remove_conn(now, conn);
         self.closed_recently.note(conn);
     }
 
-    pub(crate) fn remove_conn(&mut self, conn: ConnId) -> Option<DpuConn> {
+    pub(crate) fn remove_conn(&mut self, now: Instant, conn: ConnId) -> Option<DpuConn> {
         self.retire_recalled(conn);
         let rec = self.conns.remove(conn)?;
         let mut res = self.res.write();
         res.conn_removed();
-        self.counters.deletes += res.remove_entries(conn);
+        let removed = res.remove_entries(now, conn);
+        self.counters.deletes += removed;
+        self.counters.rule_msgs += removed;
         Some(rec)
     }
 
@@ -641,13 +645,26 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.res.read().free_entries()
     }
 
-    /// Queues the two insert commands of `conn`; returns how many were queued.
+    /// Queues the two insert commands of `conn`; returns how many were queued. A recall's
+    /// inserts are rule commands on the SoC first ([`SocWork::Rule`]; a new connection's are
+    /// part of its own cost): the insertion engine takes each when the SoC has built it, and
+    /// one the SoC's queue has no room for is refused.
     pub(crate) fn queue_inserts(&mut self, now: Instant, conn: ConnId, recall: bool) -> u8 {
         let mut queued = 0;
         for side in [Side::Orig, Side::Reply] {
-            let engine = self.res.write().insert_slot(now);
+            let mut at = now;
+            if recall {
+                let built = self.res.write().soc(now, SocWork::Rule, 1);
+                if built.count == 0 {
+                    self.counters.insert_rejected += 1;
+                    continue;
+                }
+                at = at_ps(built.finish_ps);
+            }
+            let engine = self.res.write().insert_slot(at);
             if self.inserts.push(engine, HwKey { conn, side }, recall) {
                 queued += 1;
+                self.counters.rule_msgs += 1;
             } else {
                 self.counters.insert_rejected += 1;
             }

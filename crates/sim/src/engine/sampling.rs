@@ -35,6 +35,10 @@ pub(super) struct Totals {
     pub(super) flaps: u64,
     /// Spill-plane worker core-nanoseconds.
     pub(super) busy_ns: u64,
+    /// Rule commands from the SoC to the switch ASIC, and the SoC time spent on those a new
+    /// connection's cost does not cover, ns.
+    pub(super) rule_msgs: u64,
+    pub(super) rule_soc_ns: u64,
 }
 
 impl Totals {
@@ -59,6 +63,8 @@ impl Totals {
             sheds: d.shed,
             flaps: d.flaps,
             busy_ns: s.busy_ns,
+            rule_msgs: d.rule_msgs,
+            rule_soc_ns: d.rule_soc_ns,
         }
     }
 
@@ -79,6 +85,8 @@ impl Totals {
         self.sheds += now.sheds - last.sheds;
         self.flaps += now.flaps - last.flaps;
         self.busy_ns += now.busy_ns - last.busy_ns;
+        self.rule_msgs += now.rule_msgs - last.rule_msgs;
+        self.rule_soc_ns += now.rule_soc_ns - last.rule_soc_ns;
     }
 }
 

@@ -255,5 +255,7 @@ fn window_figures(m: &Totals, secs: f64, recalled_hw: [Option<u64>; 2]) -> Windo
         sheds: m.sheds,
         flaps: m.flaps,
         host_cpu_cores: m.busy_ns as f64 / 1e9 / secs,
+        rule_msgs_per_s: per_s(m.rule_msgs),
+        soc_rule_cores: m.rule_soc_ns as f64 / 1e9 / secs,
     }
 }
