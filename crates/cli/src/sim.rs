@@ -64,6 +64,32 @@ pub enum SimCommand {
     /// A co-located tenant's request latency and throughput beside a busy spill plane, under
     /// each isolation step (pinning, CAT, MBA), against no plane (model results).
     Isolation(IsolationArgs),
+    /// A cluster of DPU hosts, per tick: the vCPUs it can sell at equal loss with spill planes
+    /// (local, then a remote pool) absorbing bursts, against no spill (model results).
+    Cluster(ClusterArgs),
+}
+
+/// `spillway sim cluster` arguments.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Hosts in the cluster.
+    #[arg(long, default_value_t = 3000)]
+    pub hosts: usize,
+    /// Ticks of 100 ms simulated.
+    #[arg(long, default_value_t = 600)]
+    pub ticks: usize,
+    /// Seeds `seed..seed + seeds`: the gain's confidence interval is over them.
+    #[arg(long, default_value_t = 10)]
+    pub seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also vary each main parameter one at a time (3 seeds each, at a third of the hosts).
+    #[arg(long)]
+    pub sensitivity: bool,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `spillway sim isolation` arguments.
@@ -396,6 +422,7 @@ pub fn sim(args: &SimArgs) -> Result<()> {
     match &args.command {
         Some(SimCommand::Swarm(a)) => return swarm(a),
         Some(SimCommand::Isolation(a)) => return isolation(a),
+        Some(SimCommand::Cluster(a)) => return cluster(a),
         None => {}
     }
     if args.list {
@@ -593,6 +620,146 @@ pub fn bench_sim(args: &BenchSimArgs) -> Result<()> {
 /// threads (each seed is deterministic, so the order they run in changes nothing but the
 /// progress bar); failures sorted by generator and seed, each with its replay line. Exits
 /// non-zero if any seed failed.
+/// `spillway sim cluster`: both designs on every seed, the gain's mean and 95% interval, and
+/// with `--sensitivity` the gain as each main parameter moves.
+fn cluster(a: &ClusterArgs) -> Result<()> {
+    use spillway_sim::cluster::{ClusterParams, mean_ci95, run_seed};
+    if a.seeds == 0 || a.seeds > 1000 {
+        anyhow::bail!("--seeds: 1 to 1000, got {}", a.seeds);
+    }
+    let p = ClusterParams {
+        hosts: a.hosts,
+        ticks: a.ticks,
+        ..ClusterParams::default()
+    };
+    p.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let t0 = std::time::Instant::now();
+    let runs: Vec<_> = (a.seed..a.seed + a.seeds)
+        .map(|s| run_seed(&p, s))
+        .collect();
+    let wall = t0.elapsed().as_secs_f64();
+    let gains: Vec<f64> = runs.iter().map(|r| r.gain).collect();
+    let (gain, ci) = mean_ci95(&gains);
+    let mut rows = Vec::new();
+    if a.sensitivity {
+        let small = ClusterParams {
+            hosts: (a.hosts / 3).max(100),
+            ..p.clone()
+        };
+        type Vary = (&'static str, f64, fn(&mut ClusterParams, f64));
+        let vary: [Vary; 14] = [
+            ("vm_sigma", 0.5, |q, x| q.vm_sigma = x),
+            ("vm_sigma", 1.5, |q, x| q.vm_sigma = x),
+            ("burst_alpha", 1.2, |q, x| q.burst_alpha = x),
+            ("burst_alpha", 2.5, |q, x| q.burst_alpha = x),
+            ("burst_start", 0.003, |q, x| q.burst_start = x),
+            ("burst_start", 0.03, |q, x| q.burst_start = x),
+            ("spill_pps_per_core", 0.5e6, |q, x| q.spill_pps_per_core = x),
+            ("spill_pps_per_core", 1.5e6, |q, x| q.spill_pps_per_core = x),
+            ("pool_pps", 0.0, |q, x| q.pool_pps = x),
+            ("pool_pps", 4.0 * 30.0 * 8.0 * 0.87e6, |q, x| q.pool_pps = x),
+            ("remote_delay_ticks", 5.0, |q, x| {
+                q.remote_delay_ticks = x as usize
+            }),
+            ("remote_delay_ticks", 100.0, |q, x| {
+                q.remote_delay_ticks = x as usize
+            }),
+            ("loss_max", 1e-5, |q, x| q.loss_max = x),
+            ("loss_max", 1e-3, |q, x| q.loss_max = x),
+        ];
+        let base: Vec<f64> = (a.seed..a.seed + 3)
+            .map(|s| run_seed(&small, s).gain)
+            .collect();
+        rows.push(("(base)", f64::NAN, mean_ci95(&base)));
+        for (name, x, set) in vary {
+            let mut q = small.clone();
+            set(&mut q, x);
+            let g: Vec<f64> = (a.seed..a.seed + 3).map(|s| run_seed(&q, s).gain).collect();
+            rows.push((name, x, mean_ci95(&g)));
+        }
+    }
+    if a.json {
+        let doc = serde_json::json!({
+            "model": "cluster",
+            "params": p,
+            "seeds": runs,
+            "gain": {"mean": gain, "ci95": ci},
+            "sensitivity": rows.iter().map(|(n, x, (m, c))| serde_json::json!({
+                "param": n, "value": if x.is_nan() { serde_json::Value::Null } else { (*x).into() },
+                "gain_mean": m, "gain_ci95": if c.is_nan() { serde_json::Value::Null } else { (*c).into() },
+                "hosts": (a.hosts / 3).max(100), "seeds": 3})).collect::<Vec<_>>(),
+            "wall_s": wall,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "MODEL RESULT (simulator) - cluster of {} hosts, {} ticks of 100 ms, seeds {}..{}: \
+         sellable vCPUs at loss <= {} (and <= {:.0}% of packets remote), DPUs of {:.1} Mpps",
+        p.hosts,
+        p.ticks,
+        a.seed,
+        a.seed + a.seeds - 1,
+        p.loss_max,
+        p.remote_share_max * 100.0,
+        p.dpu_pps / 1e6
+    );
+    println!(
+        "{:>5} {:>11} {:>14} {:>10} {:>11} {:>14} {:>10} {:>11} {:>12} {:>8}",
+        "seed",
+        "peak VMs/h",
+        "peak vCPUs",
+        "peak util",
+        "spill VMs/h",
+        "spill vCPUs",
+        "spill util",
+        "spill cores",
+        "remote share",
+        "gain"
+    );
+    for r in &runs {
+        println!(
+            "{:>5} {:>11.2} {:>14.0} {:>10.3} {:>11.2} {:>14.0} {:>10.3} {:>11.3} {:>12.5} {:>7.1}%",
+            r.seed,
+            r.peak.vms_per_host,
+            r.peak.sellable_vcpus,
+            r.peak.dpu_util,
+            r.spill.vms_per_host,
+            r.spill.sellable_vcpus,
+            r.spill.dpu_util,
+            r.spill.spill_cores_mean,
+            r.spill.remote_share,
+            r.gain * 100.0
+        );
+    }
+    println!(
+        "gain: {:+.1}% (95% CI +/- {:.1} points over {} seeds); {:.1} s wall",
+        gain * 100.0,
+        ci * 100.0,
+        a.seeds,
+        wall
+    );
+    if !rows.is_empty() {
+        println!(
+            "sensitivity ({} hosts, 3 seeds each; one parameter moved from the default):",
+            (a.hosts / 3).max(100)
+        );
+        for (n, x, (m, c)) in &rows {
+            let x = if x.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{x}")
+            };
+            println!(
+                "  {n:<20} {x:>12}  gain {:+6.1}% +/- {:.1}",
+                m * 100.0,
+                c * 100.0
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `spillway sim isolation`: the ladder at the asked load, then how the fully isolated
 /// plane's cost moves with the plane's rate and the tenant's load.
 fn isolation(a: &IsolationArgs) -> Result<()> {

@@ -44,6 +44,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod cluster;
 pub mod engine;
 pub mod html;
 pub mod isolation;
