@@ -47,6 +47,11 @@ pub struct SimArgs {
     /// u64).
     #[arg(long)]
     pub trace_conn: Option<u64>,
+    /// Tell this connection's story after the run: why it went to the spill plane, when and
+    /// why it was or was not recalled to the fast path, every move with its reason (any u64;
+    /// on a comparison scenario, with --placement).
+    #[arg(long)]
+    pub explain: Option<u64>,
     /// List the built-in scenarios and exit.
     #[arg(long)]
     pub list: bool,
@@ -445,6 +450,15 @@ pub fn sim(args: &SimArgs) -> Result<()> {
     let progress = Progress::new(&sc.name);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
+    let one_run =
+        (sc.compare.is_none() && sc.vatc.is_none()) || dpu_only || args.placement.is_some();
+    if args.explain.is_some() && !one_run {
+        anyhow::bail!(
+            "--explain tells one run's story: on scenario {}, which compares runs, pick one with \
+             --placement (or --baseline dpu-only)",
+            sc.name
+        );
+    }
     if sc.compare.is_some() && !dpu_only && args.placement.is_none() {
         let points = spillway_sim::run_placement_compare(&sc, seed, &mut |f| progress.set(f))
             .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
@@ -526,6 +540,7 @@ pub fn sim(args: &SimArgs) -> Result<()> {
         seed,
         dpu_only,
         trace_conn: args.trace_conn.map(spillway_fabric::types::ConnId),
+        explain_conn: args.explain.map(spillway_fabric::types::ConnId),
     };
     let r = spillway_sim::run_with(&sc, opts, &mut |f| progress.set(f))
         .map_err(|e| anyhow::anyhow!("{e}\nrepro: {repro}"))?;
@@ -535,6 +550,16 @@ pub fn sim(args: &SimArgs) -> Result<()> {
         writeln!(out)?;
     } else {
         print_summary(&r, &mut out)?;
+        if let (Some(c), Some(story)) = (args.explain, &r.explain) {
+            writeln!(out, "connection {c}:")?;
+            for ch in story {
+                writeln!(
+                    out,
+                    "  {:>8.3} s  {:<14} {}",
+                    ch.at_s, ch.served_by, ch.what
+                )?;
+            }
+        }
     }
     if let Some(path) = &args.report {
         // The page shows the run and, for comparison, the DPU-only baseline on the same seed.

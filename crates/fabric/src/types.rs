@@ -4,6 +4,8 @@
 use core::fmt;
 use spillway_vswitch::{Instant, TenantId};
 
+pub use crate::records::Role;
+
 /// A connection (both directions of one 5-tuple pair). The workload assigns ids; the DPU's
 /// redirect hash and every table key derive from it, as a real DPU derives them from the
 /// 5-tuple.

@@ -71,6 +71,7 @@ pub fn run(
             seed,
             dpu_only,
             trace_conn: None,
+            explain_conn: None,
         },
         progress,
     )

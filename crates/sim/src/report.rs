@@ -197,4 +197,7 @@ pub struct RunReport {
     /// The time series (omitted from `--json`).
     #[serde(skip)]
     pub series: Vec<Sample>,
+    /// The story of the connection asked about (`--explain`), in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explain: Option<Vec<crate::engine::explain::Chapter>>,
 }

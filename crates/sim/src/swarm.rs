@@ -335,6 +335,7 @@ pub fn run_seed(
         seed,
         dpu_only: false,
         trace_conn: trace_conn.map(spillway_fabric::types::ConnId),
+        explain_conn: None,
     };
     let r = crate::run_with(&sc, opts, &mut |_| {}).map_err(|e| e.to_string())?;
     let accounted = r.delivered_packets + r.drops.values().sum::<u64>();

@@ -37,6 +37,7 @@ fn swarm_of_seeds_passes_every_checker() {
             seed,
             dpu_only: false,
             trace_conn: trace.map(spillway_fabric::types::ConnId),
+            explain_conn: None,
         };
         let r = spillway_sim::run_with(&sc, opts, &mut |_| {}).unwrap_or_else(|e| {
             panic!(
@@ -76,6 +77,7 @@ fn shaped_swarm_passes_every_checker() {
             seed,
             dpu_only: false,
             trace_conn: trace.map(spillway_fabric::types::ConnId),
+            explain_conn: None,
         };
         let r = spillway_sim::run_with(&sc, opts, &mut |_| {}).unwrap_or_else(|e| {
             panic!(

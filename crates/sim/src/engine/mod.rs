@@ -23,6 +23,7 @@
 //! - `summary`: the [`RunReport`] at the end (reads `checkers` and `sampling`).
 
 mod checkers;
+pub mod explain;
 mod links;
 mod plane;
 mod queue;
@@ -33,7 +34,7 @@ mod summary;
 use spillway_fabric::dpu::{Command, DpuNode, Hold, ShardCell, Warm};
 use spillway_fabric::params::FabricParams;
 use spillway_fabric::stats::{Drops, FabricDrop};
-use spillway_fabric::types::{ConnId, PlaneSlot, Train};
+use spillway_fabric::types::{ConnId, PlaneSlot, Role, Train};
 use spillway_vswitch::Instant;
 use spillway_vswitch::workload::SplitMix64;
 
@@ -63,6 +64,8 @@ pub struct RunOptions {
     pub dpu_only: bool,
     /// Print every train and message of this connection to stderr (debugging a failed seed).
     pub trace_conn: Option<ConnId>,
+    /// Tell this connection's story in the report (`RunReport::explain`).
+    pub explain_conn: Option<ConnId>,
 }
 
 /// A checker failed: the run is not valid. The scenario and `seed` replay it (the CLI prints
@@ -100,6 +103,8 @@ pub struct Sim<'a> {
     sampler: Sampler,
     /// Events processed.
     events: u64,
+    /// The story of `options.explain_conn`.
+    story: Option<explain::Story>,
 }
 
 impl<'a> Sim<'a> {
@@ -135,6 +140,9 @@ impl<'a> Sim<'a> {
             checkers: Checkers::new(options.seed),
             sampler: Sampler::new(scenario),
             events: 0,
+            story: options
+                .explain_conn
+                .map(|c| explain::Story::new(c, params.placement.policy.name())),
             params,
             options,
         };
@@ -192,6 +200,9 @@ impl<'a> Sim<'a> {
             // A traced run prints the lifecycle too: a connection's fate depends on it.
             if self.options.trace_conn.is_some() {
                 eprintln!("{} event {}: {}", e.at, e.what.name(), e.reason);
+            }
+            if let Some(s) = &mut self.story {
+                s.lifecycle(e.at, e.what.name(), &e.reason);
             }
             self.sampler.phase(e);
             self.full_check()?;
@@ -291,6 +302,7 @@ impl<'a> Sim<'a> {
         self.now = ev.at;
         self.events += 1;
         self.trace(&ev);
+        self.note_story(&ev);
         let now = self.now;
         match ev.kind {
             EvKind::Flow(i) => {
@@ -409,6 +421,7 @@ impl<'a> Sim<'a> {
             }
         }
         self.route_outputs()?;
+        self.story_after();
         self.timers();
         self.check_cheap()?;
         if self.events.is_multiple_of(FULL_CHECK_EVERY) {
@@ -531,7 +544,46 @@ impl<'a> Sim<'a> {
         Ok(self.report())
     }
 
-    fn report(self) -> RunReport {
+    /// What `ev` says about the explained connection, before it is handled.
+    fn note_story(&mut self, ev: &Ev) {
+        let Some(s) = &mut self.story else {
+            return;
+        };
+        let c = s.conn();
+        match ev.kind {
+            EvKind::ToSpill(i) | EvKind::ToDpu(i) => {
+                let msg = self.links.msg(i);
+                if msg.conn() == Some(c) {
+                    s.note_msg(msg, matches!(ev.kind, EvKind::ToSpill(_)));
+                }
+            }
+            EvKind::Flow(i) if self.sources.flow_conn(i) == c => s.note_offer(),
+            EvKind::Short(i) if self.sources.short_conn(i) == c => s.note_offer(),
+            _ => {}
+        }
+    }
+
+    /// Where the explained connection is served after the event.
+    fn story_after(&mut self) {
+        let Some(s) = &mut self.story else {
+            return;
+        };
+        let c = s.conn();
+        let plane = [PlaneSlot(0), PlaneSlot(1)]
+            .into_iter()
+            .filter_map(|slot| self.planes.get(slot).node().conn(c).map(|r| r.role))
+            .max_by_key(|r| matches!(r, Role::Owner));
+        s.after(self.now, self.dpu.owner_view(c), plane);
+    }
+
+    fn report(mut self) -> RunReport {
+        let story = self.story.take().map(|s| s.finish(self.now));
+        let mut r = self.report_without_story();
+        r.explain = story;
+        r
+    }
+
+    fn report_without_story(self) -> RunReport {
         let totals = self.totals();
         let drops = self.drops();
         summary::run_report(summary::Ending {

@@ -168,6 +168,7 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
             },
         ),
         series: record.samples,
+        explain: None,
     }
 }
 

@@ -411,6 +411,7 @@ mod tests {
             window: Default::default(),
             zero_loss_cps: None,
             takeover: None,
+            explain: None,
             phases: vec![
                 PhaseEvent {
                     phase: "preparing",
