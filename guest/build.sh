@@ -21,6 +21,11 @@
 #                             `spillway-guest fetched BODY` for every success (tests)
 #   spillway.fetchbig=ADDR    GET /big (256 KiB) from ADDR:80 every 2 s, printing
 #                             `spillway-guest fetched-big BYTES` (the response's size)
+#   spillway.echo=PORT        an echo server on PORT (busybox nc, one process per connection)
+#   spillway.hold=ADDR:PORT   every 10 s a new TCP connection to ADDR:PORT that sends a line
+#                             every half second for 90 s, printing `spillway-guest held N K`
+#                             for the K-th echo on connection N: a connection that breaks
+#                             stops printing (tests)
 #   spillway.rxstat=S         every S seconds, `spillway-guest rx PACKETS UPTIME`: eth0's
 #                             received packets and the guest's uptime in seconds (benches)
 #
@@ -107,6 +112,8 @@ ping=$(arg spillway.ping)
 fetch=$(arg spillway.fetch)
 fetchbig=$(arg spillway.fetchbig)
 rxstat=$(arg spillway.rxstat)
+echo_port=$(arg spillway.echo)
+hold=$(arg spillway.hold)
 if [ -n "$addr" ]; then
     for _ in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
     ip addr add "$addr" dev eth0
@@ -130,6 +137,19 @@ if [ -n "$addr" ]; then
             body=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 "$fetch" 80 | tail -n 1)
             [ -n "$body" ] && echo "spillway-guest fetched $body"
             sleep 1
+        done ) &
+    fi
+    if [ -n "$echo_port" ]; then
+        nc -ll -p "$echo_port" -e cat &
+    fi
+    if [ -n "$hold" ]; then
+        ( n=0; while [ $n -lt 60 ]; do
+            n=$((n + 1))
+            ( k=0; while [ $k -lt 180 ]; do echo "$n $k"; k=$((k + 1)); sleep 0.5; done ) |
+                nc "${hold%:*}" "${hold##*:}" | while read -r c k; do
+                    echo "spillway-guest held $c $k"
+                done &
+            sleep 10
         done ) &
     fi
     if [ -n "$rxstat" ]; then

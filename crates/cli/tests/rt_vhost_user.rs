@@ -1,8 +1,10 @@
 //! End to end with real guests: `spillway run` boots two QEMU guests (the small guest
 //! `guest/build.sh` makes from Debian packages) whose virtio-net devices are vhost-user ports of
-//! the DPU process. Guest a pings guest b and fetches b's web page (busybox `httpd`) across the
-//! fabric, with the DPU alone, then with the spill plane active, then across a `kill -9` of the
-//! plane; on the way out no QEMU, socket or ledger is left.
+//! the DPU process. Guest a pings guest b, fetches b's web page (busybox `httpd`) and keeps long
+//! TCP connections to b's echo server across the fabric, with the DPU alone, then with the
+//! spill plane active (vATC on, off and on again: the plane writing into the guests' receive
+//! queue 1 itself), then across a `kill -9` of the plane, which a connection the plane owned
+//! survives; on the way out no QEMU, socket or ledger is left.
 //!
 //! Needs root and QEMU (`.ci/run` installs it and builds the guest). The guests run on KVM
 //! where `/dev/kvm` runs a guest and under TCG otherwise (this machine's nested KVM prints
@@ -51,6 +53,9 @@ memory_max = "512M"
 [fabric.host]
 heartbeat = "100ms"
 vatc = true
+# The plane keeps what it takes (no recall): the kill below hits connections it owns.
+[fabric.placement]
+policy = "none"
 [policy.host]
 uplink_port = 0
 uplink_mac = "02:00:00:00:00:01"
@@ -86,7 +91,7 @@ remote = "10.67.0.0/24"
 name = "a"
 port = 1
 backend = "vhost-user"
-guest_cmdline = "spillway.ping=10.67.0.2 spillway.fetch=10.67.0.2 spillway.fetchbig=10.67.0.2"
+guest_cmdline = "spillway.ping=10.67.0.2 spillway.fetch=10.67.0.2 spillway.fetchbig=10.67.0.2 spillway.hold=10.67.0.2:9000"
 [[vm]]
 name = "b"
 port = 2
@@ -181,6 +186,91 @@ backend = "vhost-user"
         }
     }
 
+    /// Guest a's long connections: the last echo seen on each, by connection number.
+    fn held(&self) -> std::collections::BTreeMap<u32, u32> {
+        let mut m = std::collections::BTreeMap::new();
+        for l in self.console("a").lines() {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if let ["spillway-guest", "held", n, k] = w[..]
+                && let (Ok(n), Ok(k)) = (n.parse::<u32>(), k.parse::<u32>())
+            {
+                let e = m.entry(n).or_insert(0);
+                *e = (*e).max(k);
+            }
+        }
+        m
+    }
+
+    /// Waits for the latest long connection whose first echo is past byte `from` of guest a's
+    /// console and whose number `pick` accepts to have `echoes` echoes; returns (number, last
+    /// echo).
+    fn wait_held(
+        &self,
+        from: usize,
+        pick: impl Fn(u32) -> bool,
+        echoes: u32,
+        within: Duration,
+    ) -> (u32, u32) {
+        let deadline = Instant::now() + within;
+        loop {
+            let console = self.console("a");
+            let started: Vec<u32> = console
+                .get(from..)
+                .unwrap_or("")
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("spillway-guest held "))
+                .filter_map(|r| r.strip_suffix(" 0"))
+                .filter_map(|n| n.parse().ok())
+                .filter(|&n| pick(n))
+                .collect();
+            let held = self.held();
+            if let Some(&n) = started.iter().max()
+                && held.get(&n).is_some_and(|&k| k >= echoes)
+            {
+                return (n, held[&n]);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no long connection with {echoes} echoes after byte {from} in {within:?}: {held:?}\nconsole a: {console}\nconsole b: {}",
+                self.console("b")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until long connection `n` has echoed `k` times.
+    fn wait_held_past(&self, n: u32, k: u32, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let held = self.held();
+            if held.get(&n).is_some_and(|&got| got >= k) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "long connection {n} stopped short of {k} echoes: {held:?}\ndaemon: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until the plane's own stats say its direct delivery is `on`.
+    fn wait_plane_vatc(&self, on: bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.ctl(&["status"]);
+            if s["plane"]["stats"]["vatc"] == on {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the plane's vatc is not {on}: {s:#}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn wait_phase(&self, phase: &str, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
@@ -235,7 +325,8 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
     let Some(guests) = guest_dir() else {
         return;
     };
-    let mut bed = Bed::start(&guests, "");
+    // b echoes what a's long TCP connections send (a new one every 10 s, each 90 s long).
+    let mut bed = Bed::start(&guests, "guest_cmdline = \"spillway.echo=9000\"");
     let s = bed.ctl(&["status"]);
     let ports = s["vm_ports"].as_array().expect("vm_ports").clone();
     assert_eq!(ports.len(), 2, "{s:#}");
@@ -275,6 +366,9 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
     }
 
     // The plane active: every new connection goes through it.
+    // A long connection opened with the DPU alone: it stays the DPU's through activation.
+    let dpu_era = bed.wait_held(0, |_| true, 4, Duration::from_secs(30));
+    let activated_at = bed.console("a").len();
     bed.ctl(&["activate"]);
     bed.wait_phase("active", Duration::from_secs(20));
     let pongs = bed.wait_lines(PONG, pongs, 3, Duration::from_secs(30));
@@ -314,6 +408,8 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
     }
     let r = bed.ctl(&["vatc", "off"]);
     assert_eq!(r["vatc"], false, "{r:#}");
+    // The plane takes the switch on its control channel: the window starts once it says so.
+    bed.wait_plane_vatc(false);
     let (pongs, fetched, off, delivered_off, s) = window(&bed, pongs, fetched);
     assert_eq!(delivered_off, 0, "vATC off, yet the plane delivered: {s:#}");
     eprintln!(
@@ -322,8 +418,28 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
     );
     assert!(on < off, "vATC saves no crossing: {on:.2} on, {off:.2} off");
     bed.ctl(&["vatc", "on"]);
+    bed.wait_plane_vatc(true);
     let (pongs, fetched, _, delivered, s) = window(&bed, pongs, fetched);
     assert!(delivered > 0, "vATC on again, nothing delivered: {s:#}");
+
+    // A long connection opened while the plane is active (the latest, so the longest left to
+    // run): the plane owns it, with its state mirrored to the DPU.
+    let plane_era = bed.wait_held(activated_at, |n| n > dpu_era.0, 4, Duration::from_secs(30));
+    let before = bed.held();
+    assert!(
+        before[&dpu_era.0] > dpu_era.1,
+        "the connection opened before activation broke: {before:?}"
+    );
+    // The plane owns long connections to b's echo port (opened while its buckets are live).
+    let flows = bed.ctl(&["flows", "--owner", "spill"]);
+    assert!(
+        flows["flows"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|r| r["flow"]
+                .as_str()
+                .is_some_and(|k| k.contains("> 10.67.0.2:9000")))),
+        "no long connection owned by the plane: {flows:#}"
+    );
 
     // kill -9 of the plane: the DPU fails open, a new plane comes up, the guests go on.
     let pid = s["plane"]["pid"].as_u64().expect("a plane runs");
@@ -335,6 +451,12 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
     assert!(
         s["counters"]["dpu.failopen"].as_u64().unwrap_or(0) >= 1,
         "{s:#}"
+    );
+    // The connection the dead plane owned goes on (the DPU failed open with its state).
+    bed.wait_held_past(
+        plane_era.0,
+        before[&plane_era.0] + 6,
+        Duration::from_secs(30),
     );
     // The new plane is lent the guests' queues in turn (the old one held none when it died,
     // or its hold was cleared) and delivers into them.
