@@ -433,6 +433,13 @@ pub struct PlacementParams {
     /// the built-in scenarios: a flow must carry more than the typical one to spend an entry
     /// (at the host's 1.15 us per packet it costs the plane 0.23% of a core or more).
     pub threshold_pps: f64,
+    /// Per-tenant fairness of recalls: the share of the plane's recall room one tenant's
+    /// recalled connections may hold, whatever the policy chooses. The room is the connections
+    /// already recalled plus what the free entries take; the tenant's recalled packets/s are
+    /// held to the same share of the recalled rate plus the fast-path headroom. A recall past
+    /// it is not made (`spill.placement.tenant_quota`), so one tenant's flows cannot fill the
+    /// fast path the others share. 1 (the default) is off. [assumed]: off.
+    pub tenant_recall_share: f64,
     /// Settings of the `stability` policy.
     pub stability: StabilityConfig,
 }
@@ -522,6 +529,7 @@ impl Default for PlacementParams {
             rebalance_period: Duration::from_secs(3),
             recalls_per_tick_max: 50_000,
             threshold_pps: 2_000.0,
+            tenant_recall_share: 1.0,
             stability: StabilityConfig::default(),
         }
     }
@@ -883,6 +891,7 @@ impl FabricParams {
             0..=16777216
         );
         float_in!("placement.threshold_pps", pl.threshold_pps, 0.0..=1e10);
+        float_in!("placement.tenant_recall_share", pl.tenant_recall_share, > 0.0 ..= 1.0);
         let st = &pl.stability;
         duration_in!(
             "placement.stability.dwell_min",

@@ -22,7 +22,7 @@
 //! - [`NoRecall`]: never recall.
 
 use spillway_sketch::features::FeatureTick;
-use spillway_vswitch::Instant;
+use spillway_vswitch::{Instant, TenantId};
 
 use crate::types::ConnId;
 
@@ -31,6 +31,8 @@ use crate::types::ConnId;
 pub struct Candidate {
     /// The connection.
     pub conn: ConnId,
+    /// Its tenant.
+    pub tenant: TenantId,
     /// When the plane took it.
     pub since: Instant,
     /// Its features over the last tick, as the plane measured them: bandwidth (packets x
@@ -51,6 +53,8 @@ impl Candidate {
 pub struct Offloaded {
     /// The connection.
     pub conn: ConnId,
+    /// Its tenant.
+    pub tenant: TenantId,
     /// Its rate over the last stats period, packets/s.
     pub pps: f64,
 }
@@ -302,6 +306,7 @@ mod tests {
     fn cand(id: u64, pps: f64, since: u64) -> Candidate {
         Candidate {
             conn: ConnId(id),
+            tenant: TenantId(1),
             since: Instant(since),
             features: FeatureTick {
                 pps,
@@ -371,6 +376,7 @@ mod tests {
         out.clear();
         // A full table: nothing, and never an eviction.
         let o = [Offloaded {
+            tenant: TenantId(1),
             conn: ConnId(9),
             pps: 1.0,
         }];
@@ -431,6 +437,7 @@ mod tests {
         };
         let c = [cand(10, 900.0, 5), cand(11, 50.0, 1), cand(12, 400.0, 3)];
         let o = [Offloaded {
+            tenant: TenantId(1),
             conn: ConnId(1),
             pps: 100.0,
         }];
@@ -477,14 +484,17 @@ mod tests {
         let c = [cand(10, 900.0, 0), cand(11, 50.0, 0), cand(12, 400.0, 0)];
         let o = [
             Offloaded {
+                tenant: TenantId(1),
                 conn: ConnId(1),
                 pps: 100.0,
             },
             Offloaded {
+                tenant: TenantId(1),
                 conn: ConnId(2),
                 pps: 500.0,
             },
             Offloaded {
+                tenant: TenantId(1),
                 conn: ConnId(3),
                 pps: 10.0,
             },

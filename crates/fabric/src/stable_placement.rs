@@ -361,6 +361,7 @@ mod tests {
     fn cand(id: u64, pps: f64) -> Candidate {
         Candidate {
             conn: ConnId(id),
+            tenant: spillway_vswitch::TenantId(1),
             since: Instant(0),
             features: FeatureTick {
                 bw_bps: pps * 512.0 * 8.0,
@@ -463,6 +464,7 @@ mod tests {
         // then on it is on the DPU, as the plane shows it: no longer a candidate, offloaded,
         // and the table full.
         let on_dpu = [Offloaded {
+            tenant: spillway_vswitch::TenantId(1),
             conn: ConnId(4),
             pps: 500.0,
         }];
@@ -481,6 +483,7 @@ mod tests {
         // Flow 4 is offloaded; flow 2 (6x its value) becomes scored at tick 11 but flow 4
         // has not dwelt 2 s yet, so no swap until tick 29 (recalled at 0.9 s).
         let offl = [Offloaded {
+            tenant: spillway_vswitch::TenantId(1),
             conn: ConnId(4),
             pps: 500.0,
         }];
@@ -579,6 +582,7 @@ mod tests {
             );
         }
         let offl = [Offloaded {
+            tenant: spillway_vswitch::TenantId(1),
             conn: ConnId(4),
             pps: 1000.0,
         }];

@@ -163,6 +163,9 @@ pub struct RunReport {
     pub lost_packets: u64,
     /// Drops by reason, whole run (policy drops included, under `policy.deny`).
     pub drops: BTreeMap<&'static str, u64>,
+    /// Packets the DPU's fast path refused (`dpu.hw.overload`) by tenant id, whole run: whose
+    /// packets an overload cost (tenants that lost none are left out).
+    pub hw_overload_by_tenant: BTreeMap<u32, u64>,
     /// Trigger (URSched's decision: prepare for a cold start, activate for a plane already warm
     /// in shadow mode) to the first redirected packet served by the plane, milliseconds; null if
     /// the plane never absorbed anything.

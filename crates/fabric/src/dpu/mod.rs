@@ -78,7 +78,7 @@ mod shard;
 mod transitions;
 mod window;
 
-use spillway_vswitch::Instant;
+use spillway_vswitch::{Instant, TenantId};
 
 pub use crate::hw::{DpuHardware, EmulatedHardware, EntryStats, HwKey, HwRule};
 pub use crate::records::Role;
@@ -432,6 +432,25 @@ impl<R: ResourcesHandle> DpuNode<R> {
     /// Counters of shard `i`.
     pub fn shard_counters(&self, i: usize) -> &DpuCounters {
         &self.shards[i].counters
+    }
+    /// Packets the fast path refused (`dpu.hw.overload`), by tenant, summed over the shards:
+    /// `(tenant, packets)` for every tenant that lost any, by tenant id (ids from
+    /// `ursched::TENANTS_MAX - 1` up are counted together under that id).
+    pub fn hw_lost_by_tenant(&self) -> Vec<(TenantId, u64)> {
+        let mut v: Vec<u64> = Vec::new();
+        for s in &self.shards {
+            if s.tenant_hw_lost.len() > v.len() {
+                v.resize(s.tenant_hw_lost.len(), 0);
+            }
+            for (a, b) in v.iter_mut().zip(&s.tenant_hw_lost) {
+                *a += b;
+            }
+        }
+        v.into_iter()
+            .enumerate()
+            .filter(|(_, n)| *n > 0)
+            .map(|(i, n)| (TenantId(i as u32), n))
+            .collect()
     }
     /// Drops by reason, summed over the shards.
     pub fn drops(&self) -> Drops {

@@ -155,6 +155,9 @@ pub struct DpuShard<R: ResourcesHandle> {
     /// Packets per tenant since URSched's variance window last took them (indexed by id;
     /// ids from `TENANTS_MAX - 1` up share the last slot, as URSched's own table does).
     pub(crate) tenant_packets: Vec<u64>,
+    /// Packets the fast path refused (`dpu.hw.overload`), by tenant over the whole run
+    /// (indexed as `tenant_packets`): whose packets an overload cost.
+    pub(crate) tenant_hw_lost: Vec<u64>,
 }
 
 impl<R: ResourcesHandle> DpuShard<R> {
@@ -183,6 +186,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             latency: LatencyHist::default(),
             latency_window: LatencyHist::default(),
             tenant_packets: Vec::new(),
+            tenant_hw_lost: Vec::new(),
             f: f.clone(),
         }
     }

@@ -108,7 +108,7 @@ mod shard;
 use std::collections::BTreeMap;
 
 use spillway_sketch::features::FlowCounters;
-use spillway_vswitch::Instant;
+use spillway_vswitch::{Instant, TenantId};
 
 pub use self::shard::{
     PlaneReply, PlaneRequest, PlaneResources, PlaneResourcesHandle, PlaneShard, PlaneShards,
@@ -194,6 +194,9 @@ spillway_vswitch::counters! {
         recalls_refused => "spill.recall.refused",
         /// Deletes sent (first transmissions).
         deletes_sent => "spill.delete.sent",
+        /// Recalls (with the demotion a swap pairs them with) the policy chose and the
+        /// per-tenant share (`placement.tenant_recall_share`) held back.
+        tenant_quota => "spill.placement.tenant_quota",
         /// Delete retransmissions.
         delete_retx => "spill.delete.retx",
         /// Deletes acknowledged.
@@ -766,6 +769,15 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
         let mut moves = core::mem::take(&mut self.moves);
         self.policy
             .tick(now, &self.cands, &self.offl, self.budget, &mut moves);
+        if self.f.placement.tenant_recall_share < 1.0 {
+            self.counters.tenant_quota += hold_to_tenant_share(
+                self.f.placement.tenant_recall_share,
+                &self.cands,
+                &self.offl,
+                self.budget,
+                &mut moves,
+            );
+        }
         let mut i = 0;
         while i < moves.len() {
             match moves[i] {
@@ -827,6 +839,96 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
     }
 }
 
+/// Drops from `moves` the recalls that would take a tenant past `share` of the plane's recall
+/// room: the connections already recalled (`offl`) plus those the free entries take, and the
+/// recalled rate plus the fast-path headroom. A swap's demotion goes with its recall, and frees
+/// its tenant's place first. Returns how many recalls were held back. `cands` and `offl` are
+/// sorted by connection.
+fn hold_to_tenant_share(
+    share: f64,
+    cands: &[Candidate],
+    offl: &[Offloaded],
+    budget: Budget,
+    moves: &mut Vec<Move>,
+) -> u64 {
+    use std::collections::BTreeMap;
+    let room_conns = offl.len() as f64 + (budget.free_entries / 2) as f64;
+    let room_pps = offl.iter().map(|o| o.pps.max(0.0)).sum::<f64>() + budget.headroom_pps;
+    // At least one connection per tenant, so a share below one connection still lets a
+    // tenant's flows come back.
+    let cap_conns = (share * room_conns).floor().max(1.0);
+    let cap_pps = share * room_pps;
+    let mut held: BTreeMap<TenantId, (f64, f64)> = BTreeMap::new();
+    for o in offl {
+        let e = held.entry(o.tenant).or_default();
+        e.0 += 1.0;
+        e.1 += o.pps.max(0.0);
+    }
+    let tenant_of = |conn: ConnId| {
+        cands
+            .binary_search_by_key(&conn, |c| c.conn)
+            .ok()
+            .map(|i| cands[i].tenant)
+    };
+    let offloaded = |conn: ConnId| {
+        offl.binary_search_by_key(&conn, |o| o.conn)
+            .ok()
+            .map(|i| offl[i])
+    };
+    let mut kept = Vec::with_capacity(moves.len());
+    let mut refused = 0;
+    let mut i = 0;
+    while i < moves.len() {
+        let (demote, recall) = match moves[i] {
+            Move::Demote { conn } => match moves.get(i + 1) {
+                Some(r @ Move::Recall { .. }) => {
+                    i += 1;
+                    (Some(conn), *r)
+                }
+                _ => {
+                    kept.push(moves[i]);
+                    i += 1;
+                    continue;
+                }
+            },
+            r => (None, r),
+        };
+        i += 1;
+        let Move::Recall { conn, pps, .. } = recall else {
+            unreachable!("paired above")
+        };
+        let Some(tenant) = tenant_of(conn) else {
+            // Not a candidate of this tick: the policy's business, left as it is.
+            kept.extend(demote.map(|conn| Move::Demote { conn }));
+            kept.push(recall);
+            continue;
+        };
+        // The demoted flow's place goes back to its tenant first.
+        let freed = demote.and_then(offloaded);
+        if let Some(o) = freed {
+            let e = held.entry(o.tenant).or_default();
+            e.0 -= 1.0;
+            e.1 -= o.pps.max(0.0);
+        }
+        let e = held.entry(tenant).or_default();
+        if e.0 + 1.0 <= cap_conns && e.1 + pps.max(0.0) <= cap_pps {
+            e.0 += 1.0;
+            e.1 += pps.max(0.0);
+            kept.extend(demote.map(|conn| Move::Demote { conn }));
+            kept.push(recall);
+        } else {
+            refused += 1;
+            if let Some(o) = freed {
+                let e = held.entry(o.tenant).or_default();
+                e.0 += 1.0;
+                e.1 += o.pps.max(0.0);
+            }
+        }
+    }
+    *moves = kept;
+    refused
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -834,6 +936,80 @@ mod tests {
     use spillway_vswitch::TenantId;
 
     use super::*;
+
+    /// The per-tenant share: a tenant's recalls stop at its share of the room (connections
+    /// and rate), another tenant's go on, and a swap's demotion goes with its refused recall.
+    #[test]
+    fn recalls_past_a_tenants_share_are_held_back_with_their_swap() {
+        use crate::placement::{Budget, Candidate, Move, Offloaded};
+        use spillway_sketch::features::FeatureTick;
+        let cand = |id: u64, tenant: u32| Candidate {
+            conn: ConnId(id),
+            tenant: TenantId(tenant),
+            since: Instant(0),
+            features: FeatureTick {
+                pps: 100.0,
+                ..FeatureTick::default()
+            },
+        };
+        let recall = |id: u64| Move::Recall {
+            conn: ConnId(id),
+            pps: 100.0,
+            replaces_pps: 0.0,
+        };
+        // Tenant 1 already holds 2 recalled connections; the room is 2 + 8 free = 10.
+        let offl = [
+            Offloaded {
+                conn: ConnId(1),
+                tenant: TenantId(1),
+                pps: 100.0,
+            },
+            Offloaded {
+                conn: ConnId(2),
+                tenant: TenantId(1),
+                pps: 100.0,
+            },
+        ];
+        let cands: Vec<Candidate> = (10..20)
+            .map(|i| cand(i, if i < 16 { 1 } else { 2 }))
+            .collect();
+        let budget = Budget {
+            free_entries: 16,
+            headroom_pps: 1e9,
+            recalls_max: 100,
+        };
+        let mut moves: Vec<Move> = (10..20).map(recall).collect();
+        // Share 0.3: 3 connections a tenant. Tenant 1 gets one more, tenant 2 three.
+        let held = hold_to_tenant_share(0.3, &cands, &offl, budget, &mut moves);
+        assert_eq!(moves, vec![recall(10), recall(16), recall(17), recall(18)]);
+        assert_eq!(held, 6);
+        // A swap for tenant 1 that frees one of its own places goes through; the same swap
+        // when tenant 1 is over its share without it is refused whole.
+        let mut moves = vec![Move::Demote { conn: ConnId(1) }, recall(11)];
+        assert_eq!(
+            hold_to_tenant_share(0.2, &cands, &offl, budget, &mut moves),
+            0
+        );
+        assert_eq!(moves.len(), 2);
+        let mut moves = vec![recall(11)];
+        assert_eq!(
+            hold_to_tenant_share(0.2, &cands, &offl, budget, &mut moves),
+            1
+        );
+        assert!(moves.is_empty());
+        // Rate: one tenant's recalled rate held to its share of recalled rate + headroom.
+        let tight = Budget {
+            headroom_pps: 200.0,
+            ..budget
+        };
+        let mut moves = vec![recall(16), recall(17), recall(18)];
+        // Room 200 + 200 pps, share 0.5: tenant 2 may take 200 pps, two flows.
+        assert_eq!(
+            hold_to_tenant_share(0.5, &cands, &offl, tight, &mut moves),
+            1
+        );
+        assert_eq!(moves, vec![recall(16), recall(17)]);
+    }
     use crate::params::ns;
     use crate::types::{Dest, Kind, Side};
 

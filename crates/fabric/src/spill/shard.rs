@@ -388,11 +388,17 @@ impl PlaneShard {
                 mut closed,
             } => {
                 self.tick(now, &mut cands);
-                offl.extend(
-                    self.offloaded
-                        .iter()
-                        .map(|(&conn, &pps)| Offloaded { conn, pps }),
-                );
+                // The tenant from the copy the plane keeps of a recalled connection.
+                let conns = &self.conns;
+                offl.extend(self.offloaded.iter().map(|(&conn, &pps)| {
+                    Offloaded {
+                        conn,
+                        tenant: conns
+                            .get(&conn)
+                            .map_or(spillway_vswitch::TenantId(0), |c| c.state.tenant),
+                        pps,
+                    }
+                }));
                 closed.append(&mut self.closed);
                 return PlaneReply::Tick {
                     cands,
@@ -924,6 +930,7 @@ impl PlaneShard {
             {
                 cands.push(Candidate {
                     conn: *k,
+                    tenant: c.state.tenant,
                     since: c.since,
                     features,
                 });

@@ -92,7 +92,13 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
         "sim.path_checks.hw_hits",
         checkers.path().hw_fast_path_hits(),
     );
+    let hw_overload_by_tenant = dpu
+        .hw_lost_by_tenant()
+        .into_iter()
+        .map(|(t, n)| (t.0, n))
+        .collect();
     RunReport {
+        hw_overload_by_tenant,
         kind: "model",
         scenario: scenario.name.clone(),
         seed,

@@ -412,6 +412,7 @@ mod tests {
             zero_loss_cps: None,
             takeover: None,
             explain: None,
+            hw_overload_by_tenant: BTreeMap::new(),
             phases: vec![
                 PhaseEvent {
                     phase: "preparing",
