@@ -41,12 +41,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             self.drops
                 .add_refused(FabricDrop::HwOverload, t.packets, a.count);
             if a.count < t.packets {
-                let i = (t.tenant.0 as usize).min(crate::ursched::TENANTS_MAX - 1);
-                if i >= self.tenant_hw_lost.len() {
-                    // Grows once per tenant that loses a packet, never per packet.
-                    self.tenant_hw_lost.resize(i + 1, 0);
-                }
-                self.tenant_hw_lost[i] += u64::from(t.packets - a.count);
+                self.count_tenant_hw_lost(t.tenant, t.packets - a.count);
             }
             if a.count > 0 {
                 let sum = a.wait_sum_ps + u64::from(a.count) * self.hw_latency_ps;

@@ -160,6 +160,17 @@ pub struct DpuShard<R: ResourcesHandle> {
     pub(crate) tenant_hw_lost: Vec<u64>,
 }
 
+/// Adds `packets` to `tenant`'s slot of a per-tenant table (indexed by id; ids from
+/// `TENANTS_MAX - 1` up share the last slot, as URSched's own table does).
+fn add_by_tenant(v: &mut Vec<u64>, tenant: TenantId, packets: u32) {
+    let i = (tenant.0 as usize).min(TENANTS_MAX - 1);
+    if i >= v.len() {
+        // Grows once per new tenant, never per packet of a known one.
+        v.resize(i + 1, 0);
+    }
+    v[i] += u64::from(packets);
+}
+
 impl<R: ResourcesHandle> DpuShard<R> {
     pub(crate) fn new(f: &FabricParams, res: R) -> DpuShard<R> {
         DpuShard {
@@ -198,12 +209,12 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     /// Counts a tenant's packets for URSched's variance trigger.
     pub(crate) fn count_tenant(&mut self, tenant: TenantId, packets: u32) {
-        let i = (tenant.0 as usize).min(TENANTS_MAX - 1);
-        if i >= self.tenant_packets.len() {
-            // Grows once per new tenant, never per packet of a known one.
-            self.tenant_packets.resize(i + 1, 0);
-        }
-        self.tenant_packets[i] += u64::from(packets);
+        add_by_tenant(&mut self.tenant_packets, tenant, packets);
+    }
+
+    /// `packets` of `tenant` the fast path refused.
+    pub(crate) fn count_tenant_hw_lost(&mut self, tenant: TenantId, packets: u32) {
+        add_by_tenant(&mut self.tenant_hw_lost, tenant, packets);
     }
 
     /// The shard's counters.

@@ -581,13 +581,32 @@ pub fn flush_irq(dev: &Device, i: usize) {
     }
     v.irq_due = false;
     let mem = dev.mem.memory();
-    let avail = GuestAddress(v.queue.avail_ring());
-    let quiet = mem
-        .load::<u16>(avail, Ordering::Acquire)
-        .is_ok_and(|f| u16::from_le(f) & VRING_AVAIL_F_NO_INTERRUPT as u16 != 0);
-    if !quiet && let Some(call) = &v.call {
+    if wants_interrupt(&mem, GuestAddress(v.queue.avail_ring()))
+        && let Some(call) = &v.call
+    {
         let _ = call.kick();
     }
+}
+
+/// Whether the guest asks for interrupts on the queue whose available ring is at `avail`: it
+/// has not set `VRING_AVAIL_F_NO_INTERRUPT` (the one rule for the DPU's queues and the plane's).
+pub(crate) fn wants_interrupt(mem: &GuestMemoryMmap, avail: GuestAddress) -> bool {
+    !mem.load::<u16>(avail, Ordering::Acquire)
+        .is_ok_and(|f| u16::from_le(f) & VRING_AVAIL_F_NO_INTERRUPT as u16 != 0)
+}
+
+/// Maps memory region `k` of a table, `r` in file `fd`: the file must be sealed against
+/// shrinking and hold the region ([`check_sealed`]). The one mapping of guest memory, for the
+/// DPU process's session and the plane's lend.
+pub(crate) fn map_region(k: usize, r: GuestRegion, fd: OwnedFd) -> Result<GuestRegionMmap, String> {
+    check_sealed(fd.as_fd(), r.offset, r.size).map_err(|e| format!("memory region {k}: {e}"))?;
+    let size =
+        usize::try_from(r.size).map_err(|_| format!("memory region {k}: size {}", r.size))?;
+    let file = FileOffset::new(std::fs::File::from(fd), r.offset);
+    let region =
+        MmapRegion::from_file(file, size).map_err(|e| format!("memory region {k}: mmap: {e}"))?;
+    GuestRegionMmap::new(region, GuestAddress(r.gpa))
+        .ok_or_else(|| format!("memory region {k}: beyond the guest address space"))
 }
 
 /// Chains the guest made available on ring `q` that the device has not taken (0 for a ring not
@@ -989,25 +1008,17 @@ impl Session {
                     "memory region {k}: {r:?} (at most {MEMORY_MAX} bytes in all)"
                 )));
             }
-            check_sealed(fd.as_fd(), offset, r.size)
-                .map_err(|e| refused(format!("memory region {k}: {e}")))?;
+            let region = GuestRegion {
+                gpa: r.gpa,
+                size: r.size,
+                offset,
+            };
             let kept = fd
                 .try_clone()
                 .map_err(|e| refused(format!("memory region {k}: dup: {e}")))?;
-            table.push(TableRegion {
-                region: GuestRegion {
-                    gpa: r.gpa,
-                    size: r.size,
-                    offset,
-                },
-                fd: kept,
-            });
-            let file = FileOffset::new(std::fs::File::from(fd), offset);
-            let region = MmapRegion::from_file(file, r.size as usize)
-                .map_err(|e| refused(format!("memory region {k}: mmap: {e}")))?;
-            let region = GuestRegionMmap::new(region, GuestAddress(r.gpa)).ok_or_else(|| {
-                refused(format!("memory region {k}: beyond the guest address space"))
-            })?;
+            let mapped_region = map_region(k, region, fd).map_err(refused)?;
+            table.push(TableRegion { region, fd: kept });
+            let region = mapped_region;
             regions.push(r);
             mapped.push(region);
         }

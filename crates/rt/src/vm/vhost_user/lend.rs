@@ -37,11 +37,10 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use spillway_fabric::atc::{Atc, AtcEpoch, AtcError, HostAddr, Iova, Mapping, Perm, VmId};
-use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{
     Address, Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap,
-    GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, MmapRegion,
+    GuestMemoryRegion, MemoryRegionAddress, MmapRegion,
 };
 
 use super::device::{self, BadChain, Fault, FillError, QUEUE_MAX, ToGuest};
@@ -291,15 +290,7 @@ impl PlaneGuest {
         let mut mapped = Vec::with_capacity(sorted.len());
         let mut plain = Vec::with_capacity(sorted.len());
         for (k, (r, fd)) in sorted.into_iter().enumerate() {
-            device::check_sealed(fd.as_fd(), r.offset, r.size)
-                .map_err(|e| format!("memory region {k}: {e}"))?;
-            let size = usize::try_from(r.size).map_err(|_| format!("memory region {k} size"))?;
-            let file = FileOffset::new(std::fs::File::from(fd), r.offset);
-            let region = MmapRegion::from_file(file, size)
-                .map_err(|e| format!("memory region {k}: mmap: {e}"))?;
-            let region = GuestRegionMmap::new(region, GuestAddress(r.gpa))
-                .ok_or_else(|| format!("memory region {k}: beyond the guest address space"))?;
-            mapped.push(region);
+            mapped.push(device::map_region(k, r, fd)?);
             plain.push(r);
         }
         let starts = host_starts(&plain).map(|(_, s)| s).collect();
@@ -437,11 +428,7 @@ impl PlaneGuest {
         if !std::mem::take(&mut self.irq_pending) {
             return;
         }
-        let quiet = self
-            .mem
-            .load::<u16>(self.avail, Ordering::Acquire)
-            .is_ok_and(|f| u16::from_le(f) & VRING_AVAIL_F_NO_INTERRUPT as u16 != 0);
-        if !quiet {
+        if device::wants_interrupt(&self.mem, self.avail) {
             let _ = self.call.kick();
         }
     }
