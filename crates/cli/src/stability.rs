@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use spillway_sketch::classifier::StabilityParams;
 use spillway_sketch::trace::{
-    self, Evaluation, FlowClass, GenSpec, LabelledRow, Ranking, TopK, Trace,
+    self, Evaluation, Family, FlowClass, GenSpec, LabelledRow, Ranking, TopK, Trace,
 };
 
 /// Most rows `gen` and `eval` generate (flows × ticks): about 1.1 GB in memory.
@@ -36,6 +36,9 @@ pub enum StabilityCommand {
     /// Precision and recall of the top K against the labels: stability vs bandwidth-only vs
     /// last-tick bandwidth.
     Eval(EvalArgs),
+    /// The generalisation table: `eval` on every trace family over several seeds, medians
+    /// with min-max (the constants were chosen on `uniform`; the others are held out).
+    Families(FamiliesArgs),
 }
 
 /// `spillway stability rank` arguments.
@@ -63,13 +66,16 @@ pub struct GenArgs {
     /// The seed (any u64).
     #[arg(long)]
     pub seed: u64,
-    /// Flows (the class mix is 30 % steady, 15 % periodic, 20 % bursty, 15 % random-walk,
-    /// 20 % mice), 1..=20000000, with flows x ticks at most 20000000.
-    #[arg(long, default_value_t = 2_000, value_parser = ranged(1, ROWS_MAX))]
-    pub flows: usize,
-    /// Ticks of 100 ms, 1..=20000000, with flows x ticks at most 20000000.
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=ROWS_MAX))]
-    pub ticks: u64,
+    /// The generator: uniform (the mix the constants were chosen on), elephants or pareto.
+    #[arg(long, default_value = "uniform", value_parser = parse_family)]
+    pub family: Family,
+    /// Flows (default: the family's, 2000 or 4000), 1..=20000000, with flows x ticks at most
+    /// 20000000.
+    #[arg(long, value_parser = ranged(1, ROWS_MAX))]
+    pub flows: Option<usize>,
+    /// Ticks of 100 ms (default 600), 1..=20000000, with flows x ticks at most 20000000.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=ROWS_MAX))]
+    pub ticks: Option<u64>,
     /// Where to write the CSV (with a trailing `class` column).
     #[arg(long)]
     pub out: PathBuf,
@@ -81,12 +87,17 @@ pub struct EvalArgs {
     /// The seed of the generated trace (any u64).
     #[arg(long, default_value_t = 1, conflicts_with = "trace")]
     pub seed: u64,
-    /// Flows of the generated trace, 1..=20000000, with flows x ticks at most 20000000.
-    #[arg(long, default_value_t = 2_000, conflicts_with = "trace", value_parser = ranged(1, ROWS_MAX))]
-    pub flows: usize,
-    /// Ticks of the generated trace, 1..=20000000, with flows x ticks at most 20000000.
-    #[arg(long, default_value_t = 600, conflicts_with = "trace", value_parser = clap::value_parser!(u64).range(1..=ROWS_MAX))]
-    pub ticks: u64,
+    /// The generator: uniform, elephants or pareto.
+    #[arg(long, default_value = "uniform", conflicts_with = "trace", value_parser = parse_family)]
+    pub family: Family,
+    /// Flows of the generated trace (default: the family's), 1..=20000000, with flows x ticks
+    /// at most 20000000.
+    #[arg(long, conflicts_with = "trace", value_parser = ranged(1, ROWS_MAX))]
+    pub flows: Option<usize>,
+    /// Ticks of the generated trace (default 600), 1..=20000000, with flows x ticks at most
+    /// 20000000.
+    #[arg(long, conflicts_with = "trace", value_parser = clap::value_parser!(u64).range(1..=ROWS_MAX))]
+    pub ticks: Option<u64>,
     /// Evaluate this labelled trace (a CSV with a `class` column) instead of generating one.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -98,6 +109,36 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
+/// `spillway stability families` arguments.
+#[derive(clap::Args, Debug)]
+pub struct FamiliesArgs {
+    /// Seeds 1..=N of every family, 1..=100.
+    #[arg(long, default_value_t = 5, value_parser = ranged(1, 100))]
+    pub seeds: usize,
+    /// The K values, comma-separated, each 1..=1000000.
+    #[arg(long, value_delimiter = ',', default_value = "25,50,100,200", value_parser = ranged(1, K_MAX))]
+    pub k: Vec<usize>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_family(s: &str) -> Result<Family, String> {
+    s.parse()
+}
+
+/// The spec of a generated trace: the family's, with `flows` and `ticks` if given.
+fn spec_of(family: Family, flows: Option<usize>, ticks: Option<u64>) -> Result<GenSpec> {
+    let base = GenSpec::family(family);
+    let spec = GenSpec {
+        flows: flows.unwrap_or(base.flows),
+        ticks: ticks.unwrap_or(base.ticks),
+        ..base
+    };
+    check_size(spec.flows, spec.ticks)?;
+    Ok(spec)
+}
+
 /// Runs a `spillway stability` subcommand.
 pub fn run(cmd: &StabilityCommand) -> Result<()> {
     let stdout = std::io::stdout();
@@ -106,6 +147,7 @@ pub fn run(cmd: &StabilityCommand) -> Result<()> {
         StabilityCommand::Rank(args) => rank(args, &mut out)?,
         StabilityCommand::Gen(args) => gen_trace(args, &mut out)?,
         StabilityCommand::Eval(args) => eval(args, &mut out)?,
+        StabilityCommand::Families(args) => families(args, &mut out)?,
     }
     out.flush()?;
     Ok(())
@@ -153,6 +195,7 @@ fn rank(args: &RankArgs, out: &mut impl Write) -> Result<()> {
                     "instability": s.instability,
                     "residual": s.residual,
                     "drift": s.drift,
+                    "held": s.held,
                     "control": s.control,
                     "pps": s.pps,
                     "ticks": s.ticks,
@@ -194,7 +237,7 @@ fn rank(args: &RankArgs, out: &mut impl Write) -> Result<()> {
 fn print_rank_header(args: &RankArgs, r: &Ranking, out: &mut impl Write) -> Result<()> {
     writeln!(
         out,
-        "trace {}: ranked at tick {} (first tick {}); {} flows known, {} scored; top {} by stability score = gain x (1 - instability)",
+        "trace {}: ranked at tick {} (first tick {}); {} flows known, {} scored; top {} by stability score = gain x (1 - instability)^e",
         args.trace.display(),
         r.tick,
         r.first_tick,
@@ -217,12 +260,7 @@ fn check_size(flows: usize, ticks: u64) -> Result<()> {
 }
 
 fn gen_trace(args: &GenArgs, out: &mut impl Write) -> Result<()> {
-    check_size(args.flows, args.ticks)?;
-    let spec = GenSpec {
-        flows: args.flows,
-        ticks: args.ticks,
-        ..GenSpec::default()
-    };
+    let spec = spec_of(args.family, args.flows, args.ticks)?;
     let rows = trace::generate(&spec, args.seed);
     let file =
         File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
@@ -232,13 +270,14 @@ fn gen_trace(args: &GenArgs, out: &mut impl Write) -> Result<()> {
         .with_context(|| format!("writing {}", args.out.display()))?;
     writeln!(
         out,
-        "wrote {} rows to {}: seed {}, {} flows ({}), {} ticks of 100 ms",
+        "wrote {} rows to {}: family {}, seed {}, {} flows ({}), {} ticks of 100 ms",
         rows.len(),
         args.out.display(),
+        spec.family,
         args.seed,
-        args.flows,
+        spec.flows,
         trace::class_counts(&spec.counts()),
-        args.ticks
+        spec.ticks
     )?;
     Ok(())
 }
@@ -259,17 +298,12 @@ fn eval(args: &EvalArgs, out: &mut impl Write) -> Result<()> {
             (rows, format!("trace {}", path.display()))
         }
         None => {
-            check_size(args.flows, args.ticks)?;
-            let spec = GenSpec {
-                flows: args.flows,
-                ticks: args.ticks,
-                ..GenSpec::default()
-            };
+            let spec = spec_of(args.family, args.flows, args.ticks)?;
             (
                 trace::generate(&spec, args.seed),
                 format!(
-                    "generated trace: seed {}, {} flows, {} ticks",
-                    args.seed, args.flows, args.ticks
+                    "generated trace: family {}, seed {}, {} flows, {} ticks",
+                    spec.family, args.seed, spec.flows, spec.ticks
                 ),
             )
         }
@@ -282,6 +316,159 @@ fn eval(args: &EvalArgs, out: &mut impl Write) -> Result<()> {
         writeln!(out)?;
     } else {
         print_eval(&e, &source, out)?;
+    }
+    Ok(())
+}
+
+/// Median, min and max of some figures (the median of an even count is the mean of the two
+/// middle ones).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<f64>) -> Spread {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = match n {
+            0 => f64::NAN,
+            _ if n % 2 == 1 => v[n / 2],
+            _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+        };
+        Spread {
+            median,
+            min: v.first().copied().unwrap_or(f64::NAN),
+            max: v.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({ "median": self.median, "min": self.min, "max": self.max })
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2} [{:.2}-{:.2}]", self.median, self.min, self.max)
+    }
+}
+
+/// One ranking at one K over the seeds of a family.
+struct FamilyRow {
+    k: usize,
+    /// Precision of stability, bandwidth-only, last-tick; then the stability ranking's recall.
+    spreads: [Spread; 4],
+    /// Median of the stability top K's mean gain over the bandwidth-only top K's.
+    gain_ratio: f64,
+}
+
+fn families(args: &FamiliesArgs, out: &mut impl Write) -> Result<()> {
+    if args.k.is_empty() {
+        bail!("--k: expected a comma-separated list of K in 1..={K_MAX}, got none");
+    }
+    let params = StabilityParams::default();
+    let mut report = Vec::new();
+    for family in Family::ALL {
+        let spec = GenSpec::family(family);
+        let mut evals = Vec::with_capacity(args.seeds);
+        for seed in 1..=args.seeds as u64 {
+            let rows = trace::generate(&spec, seed);
+            evals.push(
+                trace::evaluate(&rows, &args.k, &params)
+                    .with_context(|| format!("evaluating family {family} seed {seed}"))?,
+            );
+        }
+        let rows: Vec<FamilyRow> = args
+            .k
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| {
+                let pick =
+                    |f: &dyn Fn(&Evaluation) -> f64| Spread::of(evals.iter().map(f).collect());
+                FamilyRow {
+                    k,
+                    spreads: [
+                        pick(&|e| e.rows[i].stability.precision),
+                        pick(&|e| e.rows[i].by_gain.precision),
+                        pick(&|e| e.rows[i].by_last_tick.precision),
+                        pick(&|e| e.rows[i].stability.recall),
+                    ],
+                    gain_ratio: pick(&|e| {
+                        let r = &e.rows[i];
+                        r.stability.mean_gain_bps / r.by_gain.mean_gain_bps.max(f64::MIN_POSITIVE)
+                    })
+                    .median,
+                }
+            })
+            .collect();
+        report.push((family, spec, evals, rows));
+    }
+    if args.json {
+        let list: Vec<Value> = report
+            .iter()
+            .map(|(family, spec, evals, rows)| {
+                json!({
+                    "family": family.name(),
+                    "role": if *family == Family::Uniform { "tuned" } else { "held-out" },
+                    "flows": spec.flows,
+                    "ticks": spec.ticks,
+                    "seeds": evals.len(),
+                    "stable_alive": Spread::of(evals.iter().map(|e| e.stable_alive as f64).collect()).json(),
+                    "rows": rows.iter().map(|r| json!({
+                        "k": r.k,
+                        "stability_precision": r.spreads[0].json(),
+                        "bandwidth_only_precision": r.spreads[1].json(),
+                        "last_tick_precision": r.spreads[2].json(),
+                        "stability_recall": r.spreads[3].json(),
+                        "stability_gain_over_bandwidth_only": r.gain_ratio,
+                    })).collect::<Vec<Value>>(),
+                })
+            })
+            .collect();
+        serde_json::to_writer(&mut *out, &json!({ "families": list }))?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "precision of the top K (stable share), median [min-max] over seeds 1..={}; constants chosen on uniform",
+        args.seeds
+    )?;
+    for (family, spec, evals, rows) in &report {
+        let stable = Spread::of(evals.iter().map(|e| e.stable_alive as f64).collect());
+        writeln!(
+            out,
+            "\n{family}{}: {} flows ({}), {} ticks; stable alive {:.0}",
+            if *family == Family::Uniform {
+                " (tuned)"
+            } else {
+                " (held out)"
+            },
+            spec.flows,
+            trace::class_counts(&spec.counts()),
+            spec.ticks,
+            stable.median
+        )?;
+        writeln!(
+            out,
+            "{:>6} | {:>17} | {:>17} | {:>17} | {:>17} | gain / bw-only",
+            "K", "stability", "bandwidth-only", "last-tick bw", "stability recall"
+        )?;
+        for r in rows {
+            writeln!(
+                out,
+                "{:>6} | {:>17} | {:>17} | {:>17} | {:>17} | {:.2}",
+                r.k,
+                r.spreads[0].to_string(),
+                r.spreads[1].to_string(),
+                r.spreads[2].to_string(),
+                r.spreads[3].to_string(),
+                r.gain_ratio
+            )?;
+        }
     }
     Ok(())
 }
@@ -308,7 +495,15 @@ fn top_json(t: &TopK) -> Value {
 fn eval_json(e: &Evaluation, args: &EvalArgs) -> Value {
     let source = match &args.trace {
         Some(p) => json!({ "trace": p.display().to_string() }),
-        None => json!({ "seed": args.seed, "flows": args.flows, "ticks": args.ticks }),
+        None => {
+            let spec = GenSpec::family(args.family);
+            json!({
+                "family": args.family.name(),
+                "seed": args.seed,
+                "flows": args.flows.unwrap_or(spec.flows),
+                "ticks": args.ticks.unwrap_or(spec.ticks),
+            })
+        }
     };
     json!({
         "source": source,

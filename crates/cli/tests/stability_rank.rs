@@ -88,7 +88,8 @@ fn rank_json_lists_k_flows_by_score_descending_as_the_library_ranks_them() {
         assert!((0.0..1.0).contains(&inst), "instability {inst}");
         let gain = o["gain_bps"].as_f64().expect("a number");
         let score = o["score"].as_f64().expect("a number");
-        assert!((score - gain * (1.0 - inst)).abs() <= 1e-6 * gain.max(1.0));
+        let e = spillway_sketch::classifier::StabilityParams::default().instability_exponent;
+        assert!((score - gain * (1.0 - inst).powf(e)).abs() <= 1e-6 * gain.max(1.0));
     }
     let got = flows_and_scores(&list);
     assert!(
@@ -283,4 +284,54 @@ fn gen_writes_the_librarys_trace_and_eval_reports_every_k() {
     ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("`class` column"), "{}", stderr(&o));
+}
+
+#[test]
+fn families_reports_every_family_as_the_library_evaluates_it() {
+    use spillway_sketch::trace::{Family, evaluate};
+    let o = spillway(&[
+        "stability",
+        "families",
+        "--seeds",
+        "1",
+        "--k",
+        "100",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("families --json prints JSON");
+    let list = v["families"].as_array().expect("families");
+    let names: Vec<&str> = list
+        .iter()
+        .map(|f| f["family"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, vec!["uniform", "elephants", "pareto"]);
+    for (f, family) in list.iter().zip(Family::ALL) {
+        let role = if family == Family::Uniform {
+            "tuned"
+        } else {
+            "held-out"
+        };
+        assert_eq!(f["role"], role);
+        // One seed: median, min and max are that seed's figure, the library's.
+        let spec = GenSpec::family(family);
+        let e =
+            evaluate(&generate(&spec, 1), &[100], &StabilityParams::default()).expect("evaluates");
+        let p = &f["rows"][0]["stability_precision"];
+        assert_eq!(p["median"].as_f64(), Some(e.rows[0].stability.precision));
+        assert_eq!(p["min"], p["max"]);
+        let b = &f["rows"][0]["bandwidth_only_precision"]["median"];
+        assert_eq!(b.as_f64(), Some(e.rows[0].by_gain.precision));
+    }
+    // `eval --family` names the family and rejects an unknown one.
+    let o = spillway(&["stability", "eval", "--family", "pareto", "--k", "10"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("family pareto"), "{}", stdout(&o));
+    let o = spillway(&["stability", "eval", "--family", "gaussian"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("expected one of uniform"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -17,7 +17,7 @@
 //!   measured usage exceeds a threshold: recall every flow above `threshold_pps`, fastest
 //!   first, while entries and headroom last. Like Hoverboard it never evicts: an entry comes
 //!   back when its flow ends.
-//! - [`crate::stable_placement::StabilityPlacement`]: Top-K on recent bandwidth × (1 − instability),
+//! - [`crate::stable_placement::StabilityPlacement`]: Top-K on recent bandwidth × (1 − instability)³,
 //!   judged by per-flow Frequent Directions sketches, with hysteresis when swapping.
 //! - [`NoRecall`]: never recall.
 

@@ -4,9 +4,9 @@
 //! Each placement tick the [`StabilityPlacement`] policy feeds every candidate's
 //! [`FeatureTick`] to a [`Classifier`] (crate `spillway-sketch`: cheap counters for every flow,
 //! a Frequent Directions sketch for the flows worth an entry) and ranks the scored flows by
-//! `gain × (1 - instability)`. It then fills the free entries best first, within the fast-path
+//! `gain × (1 - instability)^3`. It then fills the free entries best first, within the fast-path
 //! headroom and the tick's recall budget. When the table is full it swaps: the weakest offloaded
-//! flow (its DPU-measured rate × its stability when it was recalled) makes way for a host flow
+//! flow (its DPU-measured rate × its score discount when it was recalled) makes way for a host flow
 //! only when the newcomer's score is [`StabilityPlacementParams::swap_margin`] times larger and
 //! the incumbent has been on the fast path for [`StabilityPlacementParams::dwell_min`]. A flow
 //! taken off the fast path is not recalled again for [`StabilityPlacementParams::cooldown`].
@@ -60,8 +60,9 @@ struct Recalled {
     at: Instant,
     /// Bits per packet when it was recalled (turns the DPU's packet rate into bandwidth).
     bits_per_packet: f64,
-    /// Instability when it was recalled.
-    instability: f64,
+    /// The classifier's discount when it was recalled (score / gain: what a bit/s of it was
+    /// worth), so that an incumbent and a newcomer are valued on one scale.
+    discount: f64,
     /// Score when it was recalled.
     score: f64,
 }
@@ -220,10 +221,10 @@ impl StabilityPlacement {
         }
     }
 
-    /// Value of an offloaded flow now: its DPU-measured rate in bits/s, discounted by its
-    /// instability when it was recalled.
+    /// Value of an offloaded flow now: its DPU-measured rate in bits/s, discounted as the
+    /// classifier discounted it when it was recalled.
     fn value(r: &Recalled, pps: f64) -> f64 {
-        pps * r.bits_per_packet * (1.0 - r.instability)
+        pps * r.bits_per_packet * r.discount
     }
 }
 
@@ -302,7 +303,11 @@ impl PlacementPolicy for StabilityPlacement {
             let remember = Recalled {
                 at: now,
                 bits_per_packet,
-                instability: s.instability,
+                discount: if s.gain_bps > 0.0 {
+                    s.score / s.gain_bps
+                } else {
+                    0.0
+                },
                 score: s.score,
             };
             if entries >= 2 && s.pps <= headroom {

@@ -15,7 +15,7 @@
 //!   time-decayed variants) with its error guarantee.
 //! - [`classifier::Classifier`]: two tiers, cheap state for every flow and a decayed FD sketch
 //!   for a bounded set of candidates; instability in `[0, 1)` from the sketch's residual, the
-//!   level drift and the control ratio; `score = gain × (1 − instability)`; ranking.
+//!   level drift and the control ratio; `score = gain × (1 − instability)^3`; ranking.
 //! - [`trace`]: the CSV trace format of `spillway stability rank`, a labelled trace generator
 //!   and the precision/recall evaluation against bandwidth-only rankings.
 //!

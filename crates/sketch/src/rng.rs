@@ -74,6 +74,11 @@ impl SplitMix64 {
         -mean * self.uniform_open().ln()
     }
 
+    /// Pareto with scale (minimum) `min` and tail index `shape`: `P(X > x) = (min / x)^shape`.
+    pub fn pareto(&mut self, min: f64, shape: f64) -> f64 {
+        min * self.uniform_open().powf(-1.0 / shape)
+    }
+
     /// Log-normal multiplicative noise of log-deviation `sigma` with mean 1.
     pub fn lognormal_noise(&mut self, sigma: f64) -> f64 {
         (sigma * self.normal() - 0.5 * sigma * sigma).exp()

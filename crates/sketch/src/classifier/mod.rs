@@ -53,11 +53,18 @@
 //! - **control** — the EWMA of the control-packet ratio divided by
 //!   [`StabilityParams::ctrl_scale`]: a flow made of SYN/FIN/ACK is opening or closing.
 //!
-//! `instability = 1 - exp(-(residual + drift + control))` maps the sum into `[0, 1)`; the
-//! exponential keeps the score monotone and lets any one strong signal alone make a flow
-//! unstable. The placement **score** is `gain_bps × (1 - instability)`, the gain being the
-//! recent mean bandwidth: what an entry is expected to carry, discounted by how likely it is to
-//! keep carrying it.
+//! Residual and drift have a memory: their sum's peak is **held**, decaying with a half-life
+//! of [`StabilityParams::memory_half_life_ticks`] (10 s), and the larger of the held peak and
+//! the current sum counts. A level shift or an off period seconds ago keeps a flow suspect
+//! through the calm that follows it.
+//!
+//! `instability = 1 - exp(-(held + control))` maps the sum into `[0, 1)`; the exponential
+//! keeps the score monotone and lets any one strong signal alone make a flow unstable. The
+//! placement **score** is `gain_bps × (1 - instability)^e` with `e` =
+//! [`StabilityParams::instability_exponent`] (3), the gain being the recent mean bandwidth:
+//! what an entry is expected to carry, discounted steeply by how likely it is to keep carrying
+//! it. The steep discount is what makes the ranking hold on traces it was not tuned on, where
+//! flow sizes span two orders of magnitude (the crate's README has the figures).
 //!
 //! A flow is scored only once it has been sketched for [`StabilityParams::min_ticks`] ticks;
 //! before that it stays on the host ([`Status::TooYoung`]).
@@ -188,6 +195,9 @@ struct Slot {
     residual_n: u32,
     /// EWMA of the squared drift (log ratio of recent to long-run level).
     drift2: f64,
+    /// The held peak of residual + drift (in their units), decaying with
+    /// `memory_half_life_ticks`.
+    peak: f64,
     /// Ticks sketched.
     ticks: u32,
     /// The last `WINDOW` normalised bandwidth samples, a ring; `head` is the oldest.
@@ -207,6 +217,7 @@ impl Slot {
         self.residual = 0.0;
         self.residual_n = 0;
         self.drift2 = 0.0;
+        self.peak = 0.0;
         self.ticks = 0;
         self.window = [0.0; WINDOW];
         self.head = 0;
@@ -256,12 +267,14 @@ pub struct Score {
     pub pps: f64,
     /// Instability in [0, 1) (0 for a flow not scored).
     pub instability: f64,
-    /// `gain_bps × (1 - instability)`; 0 for a flow not scored.
+    /// `gain_bps × (1 - instability)^instability_exponent`; 0 for a flow not scored.
     pub score: f64,
     /// The residual component (in units of `residual_scale`).
     pub residual: f64,
     /// The drift component (in units of `drift_scale`).
     pub drift: f64,
+    /// The held peak of residual + drift (at least their sum now).
+    pub held: f64,
     /// The control component (in units of `ctrl_scale`).
     pub control: f64,
     /// Ticks observed.
@@ -275,11 +288,12 @@ impl fmt::Display for Score {
         match self.status {
             Status::Scored => write!(
                 f,
-                "flow {}: score {:.0} = gain {:.0} bit/s x (1 - instability {:.2}); residual {:.2} + drift {:.2} + control {:.2}",
+                "flow {}: score {:.0} = gain {:.0} bit/s x (1 - instability {:.2})^e; held {:.2} (residual {:.2} + drift {:.2} now) + control {:.2}",
                 self.flow,
                 self.score,
                 self.gain_bps,
                 self.instability,
+                self.held,
                 self.residual,
                 self.drift,
                 self.control
@@ -313,6 +327,8 @@ pub struct Classifier {
     a_recent: f64,
     a_resid: f64,
     a_drift: f64,
+    /// Per-tick decay of the held peak.
+    hold: f64,
     decay: f64,
     tick: u64,
     /// Flow id -> index into `states`.
@@ -338,6 +354,7 @@ impl Classifier {
             a_recent: alpha(p.recent_half_life_ticks),
             a_resid: alpha(p.residual_half_life_ticks),
             a_drift: alpha(p.drift_half_life_ticks),
+            hold: 0.5f64.powf(1.0 / p.memory_half_life_ticks),
             decay: 0.5f64.powf(1.0 / p.sketch_half_life_ticks),
             tick: 0,
             index: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x5eed_57ab)),
@@ -556,6 +573,7 @@ impl Classifier {
             residual: 0.0,
             residual_n: 0,
             drift2: 0.0,
+            peak: 0.0,
             ticks: 0,
             window: [0.0; WINDOW],
             head: 0,
@@ -568,6 +586,7 @@ impl Classifier {
         let a = self.a_resid;
         let min_ticks = self.p.min_ticks;
         let a_drift = self.a_drift;
+        let (hold, rs, ds) = (self.hold, self.p.residual_scale, self.p.drift_scale);
         for s in self.slots.iter_mut() {
             if !s.in_use {
                 continue;
@@ -609,6 +628,10 @@ impl Classifier {
                 }
                 s.basis = Some(sp);
             }
+            if s.ticks >= min_ticks && s.residual_n > 0 {
+                let now = s.residual.max(0.0).sqrt() / rs + s.drift2.max(0.0).sqrt() / ds;
+                s.peak = now.max(s.peak * hold);
+            }
         }
     }
 
@@ -628,6 +651,7 @@ impl Classifier {
             score: 0.0,
             residual: 0.0,
             drift: 0.0,
+            held: 0.0,
             control: 0.0,
             ticks: st.ticks,
             status: Status::NotCandidate,
@@ -648,12 +672,15 @@ impl Classifier {
         let residual = s.residual.max(0.0).sqrt() / self.p.residual_scale;
         let drift = s.drift2.max(0.0).sqrt() / self.p.drift_scale;
         let control = st.ctrl / self.p.ctrl_scale;
-        let instability = 1.0 - (-(residual + drift + control)).exp();
+        let held = s.peak.max(residual + drift);
+        let unstable = held + control;
+        let instability = 1.0 - (-unstable).exp();
         Score {
             instability,
-            score: gain_bps * (1.0 - instability),
+            score: gain_bps * (-self.p.instability_exponent * unstable).exp(),
             residual,
             drift,
+            held,
             control,
             status: Status::Scored,
             ..base

@@ -10,9 +10,60 @@ use crate::rng::{SplitMix64, mix64};
 /// Ticks per second (the inverse of [`TICK_S`], exact).
 const TICKS_PER_S: f64 = 10.0;
 
-/// What to generate. [`GenSpec::default`] is the mix the evaluation uses.
+/// A trace family: a generator with its own rate distributions, class mix, shapes and
+/// measurement faults. The classifier's constants were chosen on [`Family::Uniform`]; the
+/// other two are held out (the `trace` module's documentation describes each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Every class draws its mean rate from one log-normal, so size says nothing about the
+    /// class; sine-wave periods, exponential on/off, mean-reverting random walks, no faults.
+    Uniform,
+    /// Gigabit elephants: stable flows of 200 Mbit/s to 2 Gbit/s beside random walks that
+    /// reach 5 Gbit/s and more, half the flows mice, and a jittery tick timer.
+    Elephants,
+    /// Pareto sizes for every class; square-wave periods of 0.6-10 s, heavy-tailed on/off
+    /// times, level shifts instead of a smooth walk, mice that live long enough to be scored,
+    /// per-flow sampling jitter and whole ticks missing.
+    Pareto,
+}
+
+impl Family {
+    /// Every family, the tuning one first.
+    pub const ALL: [Family; 3] = [Family::Uniform, Family::Elephants, Family::Pareto];
+
+    /// The family's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Uniform => "uniform",
+            Family::Elephants => "elephants",
+            Family::Pareto => "pareto",
+        }
+    }
+}
+
+impl core::fmt::Display for Family {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl core::str::FromStr for Family {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Family, String> {
+        Family::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| format!("expected one of uniform, elephants, pareto, got {s:?}"))
+    }
+}
+
+/// What to generate. [`GenSpec::default`] is the [`Family::Uniform`] mix the constants were
+/// chosen on; [`GenSpec::family`] gives each family's own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenSpec {
+    /// The generator.
+    pub family: Family,
     /// Flows in all (mice included).
     pub flows: usize,
     /// Ticks (100 ms each).
@@ -20,29 +71,68 @@ pub struct GenSpec {
     /// Share of each class, in [`FlowClass::ALL`] order; normalised, so they need not sum
     /// to 1. Counts are rounded by largest remainder.
     pub mix: [f64; 5],
-    /// Median of the log-normal mean rate, bits/s. Default 10 Mbit/s.
+    /// [`Family::Uniform`]: median of the log-normal mean rate, bits/s. Default 10 Mbit/s.
     pub rate_median_bps: f64,
-    /// Log-standard deviation of the mean rate. Default 1.5: the 99th percentile is 33x the
-    /// median, the 1st 1/33 of it (300 kbit/s .. 330 Mbit/s), as in data-centre flow-size
-    /// measurements where a few elephants carry most bytes.
+    /// [`Family::Uniform`]: log-standard deviation of the mean rate. Default 1.5: the 99th
+    /// percentile is 33x the median, the 1st 1/33 of it (300 kbit/s .. 330 Mbit/s), as in
+    /// data-centre flow-size measurements where a few elephants carry most bytes.
     pub rate_sigma: f64,
+    /// Each tick really lasts `100 ms × (1 ± tick_jitter)` (uniform, the same for every flow:
+    /// the exporter's timer), while rates are reported per nominal tick. 0 for none.
+    pub tick_jitter: f64,
+    /// Each flow's sample covers `(1 ± sample_jitter)` of the tick (uniform, per flow and
+    /// tick: counters read at slightly different moments). 0 for none.
+    pub sample_jitter: f64,
+    /// Share of ticks missing from the trace: no rows at all (the exporter lost the
+    /// interval), while every flow goes on. 0 for none.
+    pub missing_ticks: f64,
 }
 
 impl Default for GenSpec {
     /// 2,000 flows over 600 ticks (60 s): 30 % steady, 15 % periodic, 20 % bursty, 15 % random
     /// walk, 20 % mice.
     fn default() -> Self {
-        GenSpec {
+        GenSpec::family(Family::Uniform)
+    }
+}
+
+impl GenSpec {
+    /// The family's own spec (60 s of ticks each):
+    ///
+    /// | family | flows | mix (steady, periodic, bursty, random walk, mice) | faults |
+    /// |---|---|---|---|
+    /// | uniform | 2,000 | 30 / 15 / 20 / 15 / 20 % | none |
+    /// | elephants | 4,000 | 15 / 10 / 15 / 10 / 50 % | tick length ± 10 % |
+    /// | pareto | 2,000 | 25 / 20 / 25 / 20 / 10 % | per-flow sample ± 15 %, 1 % of ticks missing |
+    pub fn family(family: Family) -> GenSpec {
+        let base = GenSpec {
+            family,
             flows: 2_000,
             ticks: 600,
             mix: [0.30, 0.15, 0.20, 0.15, 0.20],
             rate_median_bps: 10e6,
             rate_sigma: 1.5,
+            tick_jitter: 0.0,
+            sample_jitter: 0.0,
+            missing_ticks: 0.0,
+        };
+        match family {
+            Family::Uniform => base,
+            Family::Elephants => GenSpec {
+                flows: 4_000,
+                mix: [0.15, 0.10, 0.15, 0.10, 0.50],
+                tick_jitter: 0.10,
+                ..base
+            },
+            Family::Pareto => GenSpec {
+                mix: [0.25, 0.20, 0.25, 0.20, 0.10],
+                sample_jitter: 0.15,
+                missing_ticks: 0.01,
+                ..base
+            },
         }
     }
-}
 
-impl GenSpec {
     /// How many flows of each class: largest-remainder rounding of `flows × share`, ties to
     /// the earlier class.
     pub fn counts(&self) -> [usize; 5] {
@@ -70,11 +160,17 @@ impl GenSpec {
 /// How a flow's rate evolves.
 #[derive(Clone, Debug)]
 enum Shape {
-    Steady,
+    Steady {
+        /// Log-normal noise of each tick's rate.
+        noise: f64,
+    },
     Periodic {
         period_ticks: f64,
         amplitude: f64,
         phase: f64,
+        noise: f64,
+        /// A square wave (high and low halves) instead of a sine.
+        square: bool,
     },
     Bursty {
         on: bool,
@@ -84,6 +180,8 @@ enum Shape {
         mean_off_s: f64,
         /// Length of the current off period so far, seconds (the gap before the next packet).
         off_run_s: f64,
+        /// Periods drawn from a Pareto of tail index 1.5 (same means) instead of exponential.
+        heavy: bool,
     },
     RandomWalk {
         x: f64,
@@ -94,6 +192,17 @@ enum Shape {
         /// Stationary log-standard deviation.
         spread: f64,
     },
+    /// A level that holds for an exponential time, then jumps to a new log-normal level.
+    LevelShift {
+        /// The current level relative to the mean (mean 1).
+        level: f64,
+        /// Time left at this level, seconds.
+        left_s: f64,
+        mean_hold_s: f64,
+        /// Log-standard deviation of the levels.
+        sigma: f64,
+        noise: f64,
+    },
     Mice {
         born: u64,
         life: u64,
@@ -102,6 +211,77 @@ enum Shape {
         /// Control ratio of the first and last tick.
         edge_ctrl: f64,
     },
+}
+
+/// A period of an on/off flow with mean `mean`: exponential, or Pareto of tail index 1.5.
+fn period(rng: &mut SplitMix64, mean: f64, heavy: bool) -> f64 {
+    if heavy {
+        // The mean of a Pareto of index a and scale m is a·m / (a - 1).
+        rng.pareto(mean / 3.0, 1.5)
+    } else {
+        rng.exp(mean)
+    }
+}
+
+/// An on/off shape with its periods' means, started in its stationary state (on with
+/// probability duty, and a full period left), and its gap cv drawn from `cv` (between the
+/// two, the order of [`Family::Uniform`]'s first release).
+fn bursty(
+    rng: &mut SplitMix64,
+    mean_on_s: f64,
+    mean_off_s: f64,
+    heavy: bool,
+    cv: (f64, f64),
+) -> (f64, Shape) {
+    let on = rng.uniform() < mean_on_s / (mean_on_s + mean_off_s);
+    let left_s = period(rng, if on { mean_on_s } else { mean_off_s }, heavy);
+    let cv = rng.range(cv.0, cv.1);
+    let off_run_s = if on {
+        0.0
+    } else {
+        period(rng, mean_off_s, heavy)
+    };
+    let shape = Shape::Bursty {
+        on,
+        left_s,
+        mean_on_s,
+        mean_off_s,
+        off_run_s,
+        heavy,
+    };
+    (cv, shape)
+}
+
+/// A mean-reverting log-rate walk of volatility `sigma` per tick and stationary spread
+/// `spread`, started in its stationary state.
+fn random_walk(rng: &mut SplitMix64, sigma: f64, spread: f64) -> Shape {
+    // Stationary variance of x' = (1 - θ) x + σ ε is σ² / (2θ - θ²).
+    let theta = 1.0 - (1.0 - (sigma / spread).powi(2)).sqrt();
+    Shape::RandomWalk {
+        x: spread * rng.normal(),
+        theta,
+        sigma,
+        spread,
+    }
+}
+
+/// A mouse of `life` ticks (at most the trace) with mean rate `rate_bps`, born at `born`.
+fn mice(rng: &mut SplitMix64, life: u64, born: u64, rate_bps: f64, ticks: u64) -> Shape {
+    let life = life.min(ticks.max(1));
+    // Half a tick's worth in the first and the last tick (handshake, slow start, the tail):
+    // the full ticks carry rate × life / (life - 1).
+    let weight = (life as f64 - 1.0).max(1.0);
+    Shape::Mice {
+        born,
+        life,
+        body_bps: rate_bps * life as f64 / weight,
+        edge_ctrl: rng.range(0.3, 0.8),
+    }
+}
+
+/// A birth tick for a mouse of `life` ticks, uniform over the trace.
+fn birth(rng: &mut SplitMix64, life: u64, ticks: u64) -> u64 {
+    rng.int(0, ticks.saturating_sub(life.min(ticks.max(1))))
 }
 
 /// One generated flow.
@@ -143,68 +323,10 @@ impl FlowGen {
     fn new(id: FlowId, class: FlowClass, spec: &GenSpec, seed: u64) -> FlowGen {
         // Each flow's stream from the seed and its id, independent of the other flows.
         let mut rng = SplitMix64::new(mix64(seed ^ mix64(id ^ 0x5851_F42D_4C95_7F2D)));
-        let rate_bps = spec.rate_median_bps * (spec.rate_sigma * rng.normal()).exp();
-        let size_bytes = rng.log_range(64.0, 1500.0).round();
-        let ctrl = rng.range(0.0, 0.05);
-        let (cv, shape) = match class {
-            FlowClass::Steady => (rng.range(0.05, 0.3), Shape::Steady),
-            FlowClass::Periodic => (
-                rng.range(0.05, 0.3),
-                Shape::Periodic {
-                    period_ticks: rng.range(1.0, 5.0) * TICKS_PER_S,
-                    amplitude: rng.range(0.3, 0.8),
-                    phase: rng.range(0.0, 2.0 * core::f64::consts::PI),
-                },
-            ),
-            FlowClass::Bursty => {
-                let mean_on_s = rng.log_range(0.2, 3.0);
-                let mean_off_s = rng.log_range(0.2, 3.0);
-                // Start in the stationary state: on with probability duty, and (memoryless)
-                // a full exponential time left.
-                let on = rng.uniform() < mean_on_s / (mean_on_s + mean_off_s);
-                let left_s = rng.exp(if on { mean_on_s } else { mean_off_s });
-                (
-                    rng.range(0.05, 0.3),
-                    Shape::Bursty {
-                        on,
-                        left_s,
-                        mean_on_s,
-                        mean_off_s,
-                        off_run_s: if on { 0.0 } else { rng.exp(mean_off_s) },
-                    },
-                )
-            }
-            FlowClass::RandomWalk => {
-                let sigma = rng.range(0.1, 0.3);
-                let spread: f64 = rng.range(0.5, 1.0);
-                // Stationary variance of x' = (1 - θ) x + σ ε is σ² / (2θ - θ²).
-                let theta = 1.0 - (1.0 - (sigma / spread).powi(2)).sqrt();
-                (
-                    rng.range(0.1, 0.5),
-                    Shape::RandomWalk {
-                        x: spread * rng.normal(),
-                        theta,
-                        sigma,
-                        spread,
-                    },
-                )
-            }
-            FlowClass::Mice => {
-                let life = rng.int(2, 15).min(spec.ticks.max(1));
-                let born = rng.int(0, spec.ticks.saturating_sub(life));
-                // Half a tick's worth in the first and the last tick (handshake, slow start,
-                // the tail): the full ticks carry rate × life / (life - 1).
-                let weight = (life as f64 - 1.0).max(1.0);
-                (
-                    rng.range(1.0, 3.0),
-                    Shape::Mice {
-                        born,
-                        life,
-                        body_bps: rate_bps * life as f64 / weight,
-                        edge_ctrl: rng.range(0.3, 0.8),
-                    },
-                )
-            }
+        let (rate_bps, size_bytes, ctrl, cv, shape) = match spec.family {
+            Family::Uniform => Self::uniform(class, spec, &mut rng),
+            Family::Elephants => Self::elephants(class, spec, &mut rng),
+            Family::Pareto => Self::pareto(class, spec, &mut rng),
         };
         FlowGen {
             id,
@@ -218,33 +340,203 @@ impl FlowGen {
         }
     }
 
+    /// [`Family::Uniform`]: (mean rate, packet size, control ratio, gap cv, shape).
+    fn uniform(
+        class: FlowClass,
+        spec: &GenSpec,
+        rng: &mut SplitMix64,
+    ) -> (f64, f64, f64, f64, Shape) {
+        // The draws keep the order of this family's first release (see `bursty`, `birth`),
+        // so its seeds give the traces the README's figures were measured on.
+        let rate_bps = spec.rate_median_bps * (spec.rate_sigma * rng.normal()).exp();
+        let size_bytes = rng.log_range(64.0, 1500.0).round();
+        let ctrl = rng.range(0.0, 0.05);
+        let (cv, shape) = match class {
+            FlowClass::Steady => (rng.range(0.05, 0.3), Shape::Steady { noise: 0.05 }),
+            FlowClass::Periodic => (
+                rng.range(0.05, 0.3),
+                Shape::Periodic {
+                    period_ticks: rng.range(1.0, 5.0) * TICKS_PER_S,
+                    amplitude: rng.range(0.3, 0.8),
+                    phase: rng.range(0.0, 2.0 * core::f64::consts::PI),
+                    noise: 0.05,
+                    square: false,
+                },
+            ),
+            FlowClass::Bursty => {
+                let mean_on_s = rng.log_range(0.2, 3.0);
+                let mean_off_s = rng.log_range(0.2, 3.0);
+                bursty(rng, mean_on_s, mean_off_s, false, (0.05, 0.3))
+            }
+            FlowClass::RandomWalk => {
+                let sigma = rng.range(0.1, 0.3);
+                let spread = rng.range(0.5, 1.0);
+                (rng.range(0.1, 0.5), random_walk(rng, sigma, spread))
+            }
+            FlowClass::Mice => {
+                let life = rng.int(2, 15);
+                let born = birth(rng, life, spec.ticks);
+                let cv = rng.range(1.0, 3.0);
+                (cv, mice(rng, life, born, rate_bps, spec.ticks))
+            }
+        };
+        (rate_bps, size_bytes, ctrl, cv, shape)
+    }
+
+    /// [`Family::Elephants`]: sizes by class, from mice of 100 kbit/s to walks past 5 Gbit/s.
+    fn elephants(
+        class: FlowClass,
+        spec: &GenSpec,
+        rng: &mut SplitMix64,
+    ) -> (f64, f64, f64, f64, Shape) {
+        let ctrl = rng.range(0.0, 0.03);
+        let cv = rng.range(0.1, 0.4);
+        match class {
+            FlowClass::Steady => {
+                let rate = rng.log_range(200e6, 2e9);
+                let size = rng.range(1_000.0, 1_500.0).round();
+                (rate, size, ctrl, cv, Shape::Steady { noise: 0.08 })
+            }
+            FlowClass::Periodic => {
+                let rate = rng.log_range(200e6, 2e9);
+                let size = rng.range(1_000.0, 1_500.0).round();
+                let shape = Shape::Periodic {
+                    period_ticks: rng.range(2.0, 8.0) * TICKS_PER_S,
+                    amplitude: rng.range(0.2, 0.6),
+                    phase: rng.range(0.0, 2.0 * core::f64::consts::PI),
+                    noise: 0.08,
+                    square: false,
+                };
+                (rate, size, ctrl, cv, shape)
+            }
+            FlowClass::Bursty => {
+                let on_bps = rng.log_range(100e6, 3e9);
+                let mean_on_s = rng.log_range(0.5, 5.0);
+                let mean_off_s = rng.log_range(0.5, 5.0);
+                let duty = mean_on_s / (mean_on_s + mean_off_s);
+                let size = rng.log_range(200.0, 1_500.0).round();
+                let (cv, shape) = bursty(rng, mean_on_s, mean_off_s, false, (0.1, 0.4));
+                (on_bps * duty, size, ctrl, cv, shape)
+            }
+            FlowClass::RandomWalk => {
+                let rate = rng.log_range(300e6, 2e9);
+                let size = rng.range(1_000.0, 1_500.0).round();
+                let sigma = rng.range(0.15, 0.35);
+                let spread = rng.range(0.8, 1.2);
+                let cv = rng.range(0.2, 0.6);
+                (rate, size, ctrl, cv, random_walk(rng, sigma, spread))
+            }
+            FlowClass::Mice => {
+                let rate = rng.log_range(100e3, 50e6);
+                let size = rng.log_range(64.0, 1_500.0).round();
+                let life = rng.int(2, 30);
+                let born = birth(rng, life, spec.ticks);
+                let cv = rng.range(1.0, 3.0);
+                (
+                    rate,
+                    size,
+                    ctrl,
+                    cv,
+                    mice(rng, life, born, rate, spec.ticks),
+                )
+            }
+        }
+    }
+
+    /// [`Family::Pareto`]: one Pareto size distribution (tail index 1.3 from 2 Mbit/s, capped
+    /// at 10 Gbit/s) for every class.
+    fn pareto(
+        class: FlowClass,
+        spec: &GenSpec,
+        rng: &mut SplitMix64,
+    ) -> (f64, f64, f64, f64, Shape) {
+        let rate_bps = rng.pareto(2e6, 1.3).min(10e9);
+        let size_bytes = rng.log_range(64.0, 1500.0).round();
+        let ctrl = rng.range(0.0, 0.05);
+        let cv = rng.range(0.1, 0.6);
+        let shape = match class {
+            FlowClass::Steady => Shape::Steady { noise: 0.10 },
+            FlowClass::Periodic => Shape::Periodic {
+                period_ticks: rng.log_range(0.6, 10.0) * TICKS_PER_S,
+                amplitude: rng.range(0.3, 0.7),
+                phase: rng.range(0.0, 2.0 * core::f64::consts::PI),
+                noise: 0.05,
+                square: true,
+            },
+            FlowClass::Bursty => {
+                let mean_on_s = rng.log_range(0.3, 4.0);
+                let mean_off_s = rng.log_range(0.3, 4.0);
+                let (_, shape) = bursty(rng, mean_on_s, mean_off_s, true, (0.1, 0.6));
+                shape
+            }
+            FlowClass::RandomWalk => {
+                let mean_hold_s = rng.log_range(1.0, 10.0);
+                let sigma: f64 = rng.range(0.5, 1.2);
+                Shape::LevelShift {
+                    level: (sigma * rng.normal() - 0.5 * sigma * sigma).exp(),
+                    left_s: rng.exp(mean_hold_s),
+                    mean_hold_s,
+                    sigma,
+                    noise: 0.05,
+                }
+            }
+            FlowClass::Mice => {
+                let life = rng.int(2, 40);
+                let born = birth(rng, life, spec.ticks);
+                return (
+                    rate_bps,
+                    size_bytes,
+                    ctrl,
+                    rng.range(1.0, 3.0),
+                    mice(rng, life, born, rate_bps, spec.ticks),
+                );
+            }
+        };
+        (rate_bps, size_bytes, ctrl, cv, shape)
+    }
+
     /// Whole packets for an expected (fractional) count, by unbiased random rounding.
     fn packets(rng: &mut SplitMix64, expected: f64) -> f64 {
         (expected.max(0.0) + rng.uniform()).floor()
     }
 
-    /// The flow's row in `tick`, or `None` when it is not alive.
-    fn step(&mut self, tick: u64) -> Option<FeatureTick> {
+    /// The flow's row in `tick`, or `None` when it is not alive. The tick really lasted
+    /// `tick_scale` nominal ticks, and the flow's sample covers `1 ± sample_jitter` of it;
+    /// rates are reported per nominal tick.
+    fn step(&mut self, tick: u64, tick_scale: f64, sample_jitter: f64) -> Option<FeatureTick> {
         let bits = self.size_bytes * 8.0;
         let rng = &mut self.rng;
+        let scale = if sample_jitter > 0.0 {
+            tick_scale * rng.range(1.0 - sample_jitter, 1.0 + sample_jitter)
+        } else {
+            tick_scale
+        };
+        // Expected packets at `bw` over the (scaled) tick.
+        let expect = |bw: f64| bw * TICK_S * scale / bits;
         // (packets, mean regular gap in us, cv, big gaps in us, control ratio)
         let mut big = [0.0f64; 8];
         let mut nbig = 0;
         let (n, gap_us, cv, ctrl) = match &mut self.shape {
-            Shape::Steady => {
-                let bw = self.rate_bps * rng.lognormal_noise(0.05);
-                let n = Self::packets(rng, bw * TICK_S / bits);
+            Shape::Steady { noise } => {
+                let bw = self.rate_bps * rng.lognormal_noise(*noise);
+                let n = Self::packets(rng, expect(bw));
                 (n, 1e6 * bits / bw, self.cv, self.ctrl)
             }
             Shape::Periodic {
                 period_ticks,
                 amplitude,
                 phase,
+                noise,
+                square,
             } => {
                 let angle = 2.0 * core::f64::consts::PI * tick as f64 / *period_ticks + *phase;
-                let bw =
-                    self.rate_bps * (1.0 + *amplitude * angle.sin()) * rng.lognormal_noise(0.05);
-                let n = Self::packets(rng, bw * TICK_S / bits);
+                let wave = if *square {
+                    angle.sin().signum()
+                } else {
+                    angle.sin()
+                };
+                let bw = self.rate_bps * (1.0 + *amplitude * wave) * rng.lognormal_noise(*noise);
+                let n = Self::packets(rng, expect(bw));
                 (n, 1e6 * bits / bw, self.cv, self.ctrl)
             }
             Shape::Bursty {
@@ -253,6 +545,7 @@ impl FlowGen {
                 mean_on_s,
                 mean_off_s,
                 off_run_s,
+                heavy,
             } => {
                 // Walk the on/off periods through the tick; each off period that ends inside
                 // it is one long gap before the first packet of the next on period.
@@ -278,10 +571,10 @@ impl FlowGen {
                             *off_run_s = 0.0;
                         }
                         *on = !*on;
-                        *left_s = rng.exp(if *on { *mean_on_s } else { *mean_off_s });
+                        *left_s = period(rng, if *on { *mean_on_s } else { *mean_off_s }, *heavy);
                     }
                 }
-                let n = Self::packets(rng, on_bps * on_s / bits);
+                let n = Self::packets(rng, on_bps * on_s * scale / bits);
                 (n, 1e6 * bits / on_bps, self.cv, self.ctrl)
             }
             Shape::RandomWalk {
@@ -292,7 +585,23 @@ impl FlowGen {
             } => {
                 *x = (1.0 - *theta) * *x + *sigma * rng.normal();
                 let bw = self.rate_bps * (*x - 0.5 * *spread * *spread).exp();
-                let n = Self::packets(rng, bw * TICK_S / bits);
+                let n = Self::packets(rng, expect(bw));
+                (n, 1e6 * bits / bw, self.cv, self.ctrl)
+            }
+            Shape::LevelShift {
+                level,
+                left_s,
+                mean_hold_s,
+                sigma,
+                noise,
+            } => {
+                *left_s -= TICK_S;
+                if *left_s <= 0.0 {
+                    *level = (*sigma * rng.normal() - 0.5 * *sigma * *sigma).exp();
+                    *left_s += rng.exp(*mean_hold_s);
+                }
+                let bw = self.rate_bps * *level * rng.lognormal_noise(*noise);
+                let n = Self::packets(rng, expect(bw));
                 (n, 1e6 * bits / bw, self.cv, self.ctrl)
             }
             Shape::Mice {
@@ -308,7 +617,7 @@ impl FlowGen {
                 let full = *body_bps * rng.lognormal_noise(0.2);
                 let bw = if edge { 0.5 * full } else { full };
                 let bw = if *life == 1 { *body_bps } else { bw };
-                let n = Self::packets(rng, bw * TICK_S / bits);
+                let n = Self::packets(rng, expect(bw));
                 let ctrl = if edge { *edge_ctrl } else { self.ctrl };
                 (n, 1e6 * bits / full.max(1.0), self.cv, ctrl)
             }
@@ -358,9 +667,21 @@ pub fn generate(spec: &GenSpec, seed: u64) -> Vec<LabelledRow> {
         .map(|(i, c)| FlowGen::new(i as FlowId, *c, spec, seed))
         .collect();
     let mut rows = Vec::with_capacity(flows.len() * spec.ticks as usize);
+    // The measurement faults, from their own stream so that they do not move the flows'.
+    let mut faults = SplitMix64::new(mix64(seed ^ 0x7A11_0F7E_C0DE_0001));
     for tick in 0..spec.ticks {
+        let tick_scale = if spec.tick_jitter > 0.0 {
+            faults.range(1.0 - spec.tick_jitter, 1.0 + spec.tick_jitter)
+        } else {
+            1.0
+        };
+        let missing = spec.missing_ticks > 0.0 && faults.uniform() < spec.missing_ticks;
         for f in flows.iter_mut() {
-            if let Some(features) = f.step(tick) {
+            let row = f.step(tick, tick_scale, spec.sample_jitter);
+            if missing {
+                continue;
+            }
+            if let Some(features) = row {
                 rows.push(LabelledRow {
                     row: TraceRow {
                         flow_id: f.id,
@@ -380,6 +701,9 @@ mod tests {
     use std::collections::{HashMap, HashSet};
 
     use super::*;
+
+    /// Sum of every `bw_bps` of `uniform_family_is_the_default_and_keeps_its_traces`' trace.
+    const FINGERPRINT_BW_SUM: f64 = 24_260_818_400.0;
 
     #[test]
     fn generator_is_reproducible_for_a_seed_and_differs_across_seeds() {
@@ -454,7 +778,7 @@ mod tests {
                 let drawn = f.rate_bps;
                 let (mut sum, mut n) = (0.0, 0.0);
                 for t in 0..spec.ticks {
-                    if let Some(x) = f.step(t) {
+                    if let Some(x) = f.step(t, 1.0, 0.0) {
                         sum += x.bw_bps;
                         n += 1.0;
                     }
@@ -508,6 +832,67 @@ mod tests {
             silent_bursty > 0,
             "bursty flows have off ticks with zero rows"
         );
+    }
+
+    #[test]
+    fn uniform_family_is_the_default_and_keeps_its_traces() {
+        assert_eq!(GenSpec::default(), GenSpec::family(Family::Uniform));
+        // A fingerprint of seed 1's first rows, as generated before the families existed.
+        let spec = GenSpec {
+            flows: 50,
+            ticks: 30,
+            ..GenSpec::default()
+        };
+        let rows = generate(&spec, 1);
+        let sum: f64 = rows.iter().map(|r| r.row.features.bw_bps).sum();
+        assert_eq!(rows.len(), 1_276);
+        assert_eq!(sum, FINGERPRINT_BW_SUM);
+    }
+
+    #[test]
+    fn families_differ_in_sizes_mix_and_faults() {
+        for f in Family::ALL {
+            assert_eq!(f.name().parse::<Family>(), Ok(f));
+            let spec = GenSpec {
+                flows: 400,
+                ticks: 300,
+                ..GenSpec::family(f)
+            };
+            let a = generate(&spec, 9);
+            assert_eq!(a, generate(&spec, 9), "{f}: reproducible");
+            assert!(a.iter().all(|r| r.row.features.is_valid()), "{f}");
+            let ticks: HashSet<u64> = a.iter().map(|r| r.row.tick).collect();
+            let missing = spec.ticks as usize - ticks.len();
+            // Elephants: every stable flow carries tens of Mbit/s even at its trough (a 200 Mbit/s
+            // periodic flow at 0.4 of its mean, with a short tick), and some random walk
+            // passes 5 Gbit/s; pareto: ticks are missing.
+            let stable_min = a
+                .iter()
+                .filter(|r| r.class.is_stable())
+                .map(|r| r.row.features.bw_bps)
+                .fold(f64::INFINITY, f64::min);
+            let walk_max = a
+                .iter()
+                .filter(|r| r.class == FlowClass::RandomWalk)
+                .map(|r| r.row.features.bw_bps)
+                .fold(0.0, f64::max);
+            match f {
+                Family::Uniform => {
+                    assert_eq!(missing, 0);
+                    assert!(stable_min < 1e6, "{f}: small stable flows {stable_min}");
+                }
+                Family::Elephants => {
+                    assert_eq!(missing, 0);
+                    assert!(stable_min > 50e6, "{f}: stable minimum {stable_min}");
+                    assert!(walk_max > 5e9, "{f}: random-walk maximum {walk_max}");
+                }
+                Family::Pareto => {
+                    // 1 % of 300 ticks: a few, not none.
+                    assert!((1..=10).contains(&missing), "{f}: {missing} ticks missing");
+                }
+            }
+        }
+        assert!("gaussian".parse::<Family>().is_err());
     }
 
     #[test]

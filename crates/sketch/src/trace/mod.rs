@@ -48,6 +48,28 @@
 //! with the reversion its rate still wanders by a factor e^±1 over seconds to tens of seconds.
 //! The stable classes (the ones that deserve a hardware entry) are `steady` and `periodic`.
 //!
+//! # Families
+//!
+//! The table above is [`Family::Uniform`], the family the classifier's constants were chosen
+//! on. Two more families hold the classifier to traces it was not tuned on; each differs in
+//! generator, size distribution, class mix, tick jitter and missing ticks
+//! ([`GenSpec::family`]):
+//!
+//! | | `uniform` (tuned) | `elephants` (held out) | `pareto` (held out) |
+//! |---|---|---|---|
+//! | flows, mix (steady/periodic/bursty/walk/mice) | 2,000; 30/15/20/15/20 % | 4,000; 15/10/15/10/50 % | 2,000; 25/20/25/20/10 % |
+//! | mean rates | one log-normal for every class (median 10 Mbit/s, log-sd 1.5) | by class: stable 200 Mbit/s-2 Gbit/s, on/off 0.1-3 Gbit/s while on, walks 0.3-2 Gbit/s that pass 5 Gbit/s, mice 0.1-50 Mbit/s (all log-uniform) | one Pareto for every class (tail index 1.3 from 2 Mbit/s, capped at 10 Gbit/s) |
+//! | steady noise | 5 % | 8 % | 10 % |
+//! | periodic | sine, 1-5 s | sine, 2-8 s, amplitude 0.2-0.6 | square wave, 0.6-10 s |
+//! | bursty | exponential on/off, means 0.2-3 s | exponential, means 0.5-5 s | Pareto periods (tail index 1.5), means 0.3-4 s |
+//! | random walk | mean-reverting log walk, spread 0.5-1 | the same, volatility 0.15-0.35, spread 0.8-1.2 | level shifts: a new log-normal level (log-sd 0.5-1.2) after exponential holds of 1-10 s |
+//! | mice | 2-15 ticks | 2-30 ticks | 2-40 ticks (long enough to be scored) |
+//! | tick jitter | none | each tick lasts 100 ms ± 10 % (every flow) | each flow's sample covers ± 15 % of the tick |
+//! | missing ticks | none | none | 1 % of ticks have no rows |
+//!
+//! [`rank_trace`] skips a tick number with no rows (an interval the exporter lost) rather than
+//! reading it as every flow idle.
+//!
 //! # Layout
 //!
 //! One file per job, each depending only on the row types and, for the evaluation, on the
@@ -79,6 +101,6 @@ pub use csv::{
     CLASS_COLUMN, COLUMNS, Trace, TraceError, parse_csv, read_csv, to_csv_string, write_csv,
 };
 pub use eval::{EvalRow, Evaluation, TopK, class_counts, evaluate};
-pub use generate::{GenSpec, generate};
+pub use generate::{Family, GenSpec, generate};
 pub use rank::{LastTick, RankError, Ranking, rank_trace};
 pub use row::{FlowClass, LabelledRow, TICK_S, TraceRow};

@@ -72,20 +72,14 @@ pub enum RankError {
     Params(#[from] ParamError),
 }
 
-/// Closes `n` ticks in which no flow had a row, at most `forget_ticks + 1` of them: after that
-/// every flow is forgotten and more empty ticks change nothing.
-fn empty_ticks(c: &mut Classifier, n: u64) {
-    let n = n.min(u64::from(c.params().forget_ticks) + 1);
-    for _ in 0..n {
-        c.end_tick();
-    }
-}
-
 /// Feeds `rows` (in tick order) to a classifier with `params`, tick by tick, up to and
 /// including `at_tick` (default: the trace's last tick), and ranks the flows there.
 ///
-/// A tick number missing between two rows' ticks is a tick in which no flow had a row (every
-/// flow idle). `at_tick` must lie within the trace's ticks.
+/// A tick number missing between two rows' ticks is a tick the exporter did not measure (an
+/// idle flow has a row of zeros): it is skipped, not read as every flow idle, so that a lost
+/// interval does not look like a stall of every flow. A flow with no row in a tick that other
+/// flows have rows in is idle in it. `at_tick` must lie within the trace's ticks; in a gap it
+/// ranks the state after the last measured tick.
 pub fn rank_trace<'a>(
     rows: impl IntoIterator<Item = &'a TraceRow>,
     at_tick: Option<u64>,
@@ -128,7 +122,6 @@ pub fn rank_trace<'a>(
             }
             Some(t) if r.tick > t => {
                 c.end_tick();
-                empty_ticks(&mut c, r.tick - t - 1);
                 cur = Some(r.tick);
                 last_tick.clear();
             }
@@ -162,7 +155,6 @@ pub fn rank_trace<'a>(
             // `at` is at least `cur` (rows after it end the loop); it may fall in a gap of
             // empty ticks after `cur`.
             if at > cur {
-                empty_ticks(&mut c, at - cur);
                 last_tick.clear();
             }
             at
@@ -249,15 +241,11 @@ mod tests {
     }
 
     #[test]
-    fn rank_trace_treats_missing_ticks_as_idle() {
+    fn rank_trace_skips_missing_ticks() {
         let p = StabilityParams::default();
-        // Flow 1 every tick to 20, then a gap, then one row at tick 25.
+        // Flow 1 every tick to 20, then a gap, then one row of flow 2 at tick 25.
         let mut rows: Vec<TraceRow> = (0..=20).map(|t| row(1, t, 1e6)).collect();
         rows.push(row(2, 25, 1e6));
-        let r = rank_trace(&rows, Some(23), &p).expect("tick in the gap");
-        assert_eq!(r.tick, 23);
-        assert!(r.by_last_tick.is_empty());
-        let gap = rank_trace(&rows, None, &p).expect("ranks");
         let g1 = |r: &Ranking| {
             r.by_gain
                 .iter()
@@ -266,6 +254,14 @@ mod tests {
                 .expect("flow 1 known")
         };
         let before = rank_trace(&rows, Some(20), &p).expect("ranks");
-        assert!(g1(&gap) < g1(&before), "idle ticks lower the long-run mean");
+        let gap = rank_trace(&rows, Some(23), &p).expect("tick in the gap");
+        assert_eq!(gap.tick, 23);
+        assert!(gap.by_last_tick.is_empty());
+        // The unmeasured ticks 21-24 change nothing.
+        assert_eq!(g1(&gap), g1(&before));
+        assert_eq!(gap.stability, before.stability);
+        // Tick 25 was measured and flow 1 had no row in it: one idle tick.
+        let after = rank_trace(&rows, None, &p).expect("ranks");
+        assert!(g1(&after) < g1(&before), "an idle tick lowers the mean");
     }
 }
