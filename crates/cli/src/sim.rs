@@ -271,6 +271,7 @@ fn print_summary(r: &RunReport, out: &mut impl Write) -> Result<()> {
             writeln!(out, "  {k:<36} {v}")?;
         }
     }
+    print_tenants(r, out)?;
     let drops: Vec<_> = r.drops.iter().filter(|(_, v)| **v > 0).collect();
     if !drops.is_empty() {
         writeln!(out, "drops:")?;
@@ -283,6 +284,49 @@ fn print_summary(r: &RunReport, out: &mut impl Write) -> Result<()> {
         for p in &r.phases {
             writeln!(out, "  {:>8.3} s  {:<16} {}", p.t_s, p.phase, p.reason)?;
         }
+    }
+    Ok(())
+}
+
+/// Most tenants printed one per line; the summary prints the first by loss beyond that (the
+/// JSON has every tenant).
+const TENANT_LINES_MAX: usize = 8;
+
+/// Loss and latency by tenant (whole run): every tenant when there are few, else the ones that
+/// lost most.
+fn print_tenants(r: &RunReport, out: &mut impl Write) -> Result<()> {
+    if r.by_tenant.len() < 2 {
+        return Ok(());
+    }
+    let mut rows: Vec<_> = r.by_tenant.iter().collect();
+    let shown = if rows.len() > TENANT_LINES_MAX {
+        rows.sort_by(|a, b| b.1.lost.cmp(&a.1.lost).then(a.0.cmp(b.0)));
+        rows.retain(|(_, f)| f.lost > 0);
+        rows.truncate(TENANT_LINES_MAX);
+        format!(
+            "{} tenants; the {} that lost most",
+            r.by_tenant.len(),
+            rows.len()
+        )
+    } else {
+        format!("{} tenants", rows.len())
+    };
+    let lossless = r.by_tenant.values().filter(|f| f.lost == 0).count();
+    writeln!(
+        out,
+        "by tenant (whole run; {shown}; {lossless} lost nothing):"
+    )?;
+    for (t, f) in rows {
+        let name = if *t == u32::MAX {
+            "others".to_string()
+        } else {
+            t.to_string()
+        };
+        writeln!(
+            out,
+            "  tenant {name:<8} delivered {:>11}  lost {:>9}  latency p50 / p99 {:.1} / {:.1} us",
+            f.delivered, f.lost, f.latency_us.p50, f.latency_us.p99
+        )?;
     }
     Ok(())
 }

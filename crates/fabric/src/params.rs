@@ -258,6 +258,12 @@ pub struct HostParams {
     /// differs is resynced. 0: only that first time. [assumed]: 100 ms.
     #[serde(with = "humantime_us")]
     pub digest_interval: Duration,
+    /// Per-tenant fairness of the plane's workers: the share of their queue (`pcie.
+    /// phy_vnic_ring` packets waiting or in service) one tenant's packets may hold. A packet
+    /// past it is dropped (`spill.tenant_share`) while the queue still has room for the
+    /// others, so a tenant whose burst saturates the plane loses its own packets rather than a
+    /// quiet tenant's. 1 (the default) is off. [assumed]: off.
+    pub tenant_worker_share: f64,
 }
 
 impl Default for HostParams {
@@ -282,6 +288,7 @@ impl Default for HostParams {
             warm_standby: false,
             warm_workers: 1,
             digest_interval: Duration::from_millis(100),
+            tenant_worker_share: 1.0,
         }
     }
 }
@@ -805,6 +812,7 @@ impl FabricParams {
             1e3..=1e13
         );
         float_in!("host.vatc_hit_ratio", h.vatc_hit_ratio, 0.0..=1.0);
+        float_in!("host.tenant_worker_share", h.tenant_worker_share, > 0.0 ..= 1.0);
         duration_in!(
             "host.vatc_miss_cost",
             h.vatc_miss_cost,

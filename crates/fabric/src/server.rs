@@ -26,6 +26,80 @@ pub struct Admitted {
     pub finish_ps: u64,
     /// Sum over admitted jobs of (finish - now), ps: latency of the batch.
     pub wait_sum_ps: u64,
+    /// Time each admitted job occupies the server, ps (its cost over the units).
+    pub per_ps: u64,
+}
+
+/// Jobs admitted to a [`Server`] and not yet finished, one `(finish of the batch's last job,
+/// jobs left, ps per job)` record per batch: what the server keeps of its whole queue, and
+/// what a caller may keep of one class of jobs in it (a tenant's share of a plane's workers).
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    queued: u32,
+    batches: VecDeque<(u64, u32, u64)>,
+}
+
+impl Ledger {
+    fn with_capacity(n: usize) -> Ledger {
+        Ledger {
+            queued: 0,
+            batches: VecDeque::with_capacity(n),
+        }
+    }
+
+    /// Lets the jobs finished by `now_ps` leave.
+    pub fn retire(&mut self, now_ps: u64) {
+        while let Some(&mut (finish, ref mut n, per)) = self.batches.front_mut() {
+            if finish > now_ps {
+                // Partly served: the jobs whose finish time has passed leave the queue.
+                let start = finish - per * u64::from(*n);
+                let done = (now_ps.saturating_sub(start) / per).min(u64::from(*n)) as u32;
+                *n -= done;
+                self.queued -= done;
+                break;
+            }
+            self.queued -= *n;
+            self.batches.pop_front();
+        }
+    }
+
+    /// Jobs not yet finished at `now_ps`.
+    pub fn queued(&mut self, now_ps: u64) -> u32 {
+        self.retire(now_ps);
+        self.queued
+    }
+
+    /// Records what [`Server::offer`] admitted.
+    pub fn push(&mut self, a: &Admitted) {
+        if a.count == 0 {
+            return;
+        }
+        let start = a.finish_ps - a.per_ps * u64::from(a.count);
+        self.queued += a.count;
+        match self.batches.back_mut() {
+            // A batch that starts where the last one ends, at the same cost, extends it: the
+            // deque stays short under steady load.
+            Some((f, c, p)) if *p == a.per_ps && *f == start => {
+                *f = a.finish_ps;
+                *c += a.count;
+            }
+            _ => self.batches.push_back((a.finish_ps, a.count, a.per_ps)),
+        }
+    }
+
+    /// Forgets every job.
+    pub fn clear(&mut self) {
+        self.batches.clear();
+        self.queued = 0;
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let sum: u64 = self.batches.iter().map(|&(_, n, _)| u64::from(n)).sum();
+        if sum != u64::from(self.queued) {
+            return Err(format!("queued {} != batches {sum}", self.queued));
+        }
+        Ok(())
+    }
 }
 
 /// The server. See the module doc.
@@ -34,9 +108,8 @@ pub struct Server {
     parallel: u32,
     queue_max: u32,
     busy_until_ps: u64,
-    queued: u32,
-    /// `(finish of the batch's last job, jobs left, ps per job)`.
-    batches: VecDeque<(u64, u32, u64)>,
+    /// The jobs waiting or in service.
+    ledger: Ledger,
     busy_ps_window: u64,
     window_start_ps: u64,
     served_total: u64,
@@ -52,9 +125,8 @@ impl Server {
             parallel,
             queue_max,
             busy_until_ps: 0,
-            queued: 0,
             // One record per admitted batch; at most `queue_max` are queued at once.
-            batches: VecDeque::with_capacity(queue_max.min(1 << 16) as usize),
+            ledger: Ledger::with_capacity(queue_max.min(1 << 16) as usize),
             busy_ps_window: 0,
             window_start_ps: 0,
             served_total: 0,
@@ -73,30 +145,14 @@ impl Server {
         self.parallel = parallel;
     }
 
-    fn retire(&mut self, now_ps: u64) {
-        while let Some(&mut (finish, ref mut n, per)) = self.batches.front_mut() {
-            if finish > now_ps {
-                // Partly served: the jobs whose finish time has passed leave the queue.
-                let start = finish - per * u64::from(*n);
-                let done = (now_ps.saturating_sub(start) / per).min(u64::from(*n)) as u32;
-                *n -= done;
-                self.queued -= done;
-                break;
-            }
-            self.queued -= *n;
-            self.batches.pop_front();
-        }
-    }
-
     /// Jobs waiting or in service at `now_ps`.
     pub fn queued(&mut self, now_ps: u64) -> u32 {
-        self.retire(now_ps);
-        self.queued
+        self.ledger.queued(now_ps)
     }
 
     /// Jobs waiting or in service as of the last call (no retirement).
     pub fn queued_hint(&self) -> u32 {
-        self.queued
+        self.ledger.queued
     }
 
     /// When the server drains, ps.
@@ -106,31 +162,28 @@ impl Server {
 
     /// Offers `count` jobs of `cost_ps` each (cost on one unit) at `now_ps`.
     pub fn offer(&mut self, now_ps: u64, count: u32, cost_ps: u64) -> Admitted {
-        self.retire(now_ps);
-        let room = self.queue_max - self.queued;
+        let room = self.queue_max - self.ledger.queued(now_ps);
         let n = count.min(room);
         self.refused_total += u64::from(count - n);
+        let per = (cost_ps / u64::from(self.parallel)).max(1);
         if n == 0 {
             return Admitted {
                 count: 0,
                 finish_ps: now_ps,
                 wait_sum_ps: 0,
+                per_ps: per,
             };
         }
-        let per = (cost_ps / u64::from(self.parallel)).max(1);
         let start = self.busy_until_ps.max(now_ps);
         let finish = start + per * u64::from(n);
         self.busy_until_ps = finish;
-        self.queued += n;
-        match self.batches.back_mut() {
-            // A batch that starts where the last one ends, at the same cost, extends it: the
-            // deque stays short under steady load.
-            Some((f, c, p)) if *p == per && *f == start => {
-                *f = finish;
-                *c += n;
-            }
-            _ => self.batches.push_back((finish, n, per)),
-        }
+        let admitted = Admitted {
+            count: n,
+            finish_ps: finish,
+            wait_sum_ps: 0,
+            per_ps: per,
+        };
+        self.ledger.push(&admitted);
         self.busy_ps_window += per * u64::from(n);
         self.served_total += u64::from(n);
         // Job i (1-based) finishes at start + i*per; a lone job still takes its full cost on one
@@ -139,9 +192,8 @@ impl Server {
             (start - now_ps) * u64::from(n) + per * (u64::from(n) * (u64::from(n) + 1) / 2);
         let floor = cost_ps.saturating_sub(per) * u64::from(n);
         Admitted {
-            count: n,
-            finish_ps: finish,
             wait_sum_ps: queue_wait + floor,
+            ..admitted
         }
     }
 
@@ -171,24 +223,19 @@ impl Server {
 
     /// Drops all queued work (the resource failed); returns the number of jobs lost.
     pub fn fail(&mut self, now_ps: u64) -> u32 {
-        self.retire(now_ps);
-        let lost = self.queued;
-        self.batches.clear();
-        self.queued = 0;
+        let lost = self.ledger.queued(now_ps);
+        self.ledger.clear();
         self.busy_until_ps = now_ps;
         lost
     }
 
     /// Checks the queue bound and the bookkeeping.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let sum: u64 = self.batches.iter().map(|&(_, n, _)| u64::from(n)).sum();
-        if sum != u64::from(self.queued) {
-            return Err(format!("server: queued {} != batches {sum}", self.queued));
-        }
-        if self.queued > self.queue_max {
+        self.ledger.check().map_err(|e| format!("server: {e}"))?;
+        if self.ledger.queued > self.queue_max {
             return Err(format!(
                 "server: queued {} > queue_max {}",
-                self.queued, self.queue_max
+                self.ledger.queued, self.queue_max
             ));
         }
         Ok(())

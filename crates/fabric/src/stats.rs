@@ -21,6 +21,9 @@ pub enum FabricDrop {
     PcieLinkFull,
     /// `spill.queue_full`: the spill plane's workers were saturated.
     SpillQueueFull,
+    /// `spill.tenant_share`: the packet's tenant held its share of the spill plane's workers
+    /// (`host.tenant_worker_share`).
+    SpillTenantShare,
     /// `spill.cache_full`: the spill plane's flow cache had no room for a new connection.
     SpillCacheFull,
     /// `spill.failed`: in flight in a spill plane that failed.
@@ -40,7 +43,7 @@ pub enum FabricDrop {
 
 impl FabricDrop {
     /// Every reason, in metric order.
-    pub const ALL: [FabricDrop; 12] = [
+    pub const ALL: [FabricDrop; 13] = [
         FabricDrop::HwOverload,
         FabricDrop::SocQueueFull,
         FabricDrop::MemFull,
@@ -48,6 +51,7 @@ impl FabricDrop {
         FabricDrop::VnicRingFull,
         FabricDrop::PcieLinkFull,
         FabricDrop::SpillQueueFull,
+        FabricDrop::SpillTenantShare,
         FabricDrop::SpillCacheFull,
         FabricDrop::SpillFailed,
         FabricDrop::NoState,
@@ -65,6 +69,7 @@ impl FabricDrop {
             FabricDrop::VnicRingFull => "vnic.phy.ring_full",
             FabricDrop::PcieLinkFull => "pcie.link_full",
             FabricDrop::SpillQueueFull => "spill.queue_full",
+            FabricDrop::SpillTenantShare => "spill.tenant_share",
             FabricDrop::SpillCacheFull => "spill.cache_full",
             FabricDrop::SpillFailed => "spill.failed",
             FabricDrop::NoState => "fabric.no_state",
@@ -212,6 +217,74 @@ impl LatencyHist {
     }
 }
 
+/// Tenants [`TenantStats`] keeps apart; the packets of any further tenant are counted
+/// together under [`TenantStats::OTHERS`].
+pub const TENANT_STATS_MAX: usize = 256;
+
+/// One tenant's delivered packets, lost packets and latency.
+#[derive(Clone, Debug, Default)]
+pub struct TenantStat {
+    /// Packets delivered (into a VM or onto the wire).
+    pub delivered: u64,
+    /// Packets lost to a full resource on the way (the drop reasons of [`FabricDrop`] that a
+    /// shared capacity causes: fast path, SoC, steering, vNIC rings, PCIe, plane workers and
+    /// the per-tenant share of them).
+    pub lost: u64,
+    /// Latency of the delivered packets.
+    pub latency: LatencyHist,
+}
+
+/// Delivery, loss and latency by tenant: what one tenant's burst cost the others. Bounded:
+/// [`TENANT_STATS_MAX`] tenants apart (a histogram of 4 KiB each, made when a tenant is first
+/// seen, never per packet), the rest together.
+#[derive(Clone, Debug, Default)]
+pub struct TenantStats {
+    by: std::collections::BTreeMap<u32, TenantStat>,
+}
+
+impl TenantStats {
+    /// The key under which tenants beyond [`TENANT_STATS_MAX`] are counted together.
+    pub const OTHERS: u32 = u32::MAX;
+
+    fn slot(&mut self, tenant: u32) -> &mut TenantStat {
+        let key = if self.by.contains_key(&tenant) || self.by.len() < TENANT_STATS_MAX {
+            tenant
+        } else {
+            Self::OTHERS
+        };
+        self.by.entry(key).or_default()
+    }
+
+    /// `n` packets of `tenant` delivered with latency `ns`.
+    pub fn delivered(&mut self, tenant: u32, n: u32, ns: u64) {
+        let s = self.slot(tenant);
+        s.delivered += u64::from(n);
+        s.latency.record(ns, u64::from(n));
+    }
+
+    /// `n` packets of `tenant` lost to a full resource.
+    pub fn lost(&mut self, tenant: u32, n: u32) {
+        if n > 0 {
+            self.slot(tenant).lost += u64::from(n);
+        }
+    }
+
+    /// Adds another table.
+    pub fn merge(&mut self, other: &TenantStats) {
+        for (t, o) in &other.by {
+            let s = self.slot(*t);
+            s.delivered += o.delivered;
+            s.lost += o.lost;
+            s.latency.merge(&o.latency);
+        }
+    }
+
+    /// Every tenant seen, by id ([`TenantStats::OTHERS`] last).
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &TenantStat)> {
+        self.by.iter().map(|(t, s)| (*t, s))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,5 +309,33 @@ mod tests {
         d.add(FabricDrop::HwOverload, 2);
         assert_eq!(d.total(), 7);
         assert_eq!(d.lost(), 2);
+    }
+
+    #[test]
+    fn tenant_stats_keep_tenants_apart_up_to_their_bound() {
+        let mut t = TenantStats::default();
+        t.delivered(7, 10, 1_000);
+        t.delivered(7, 10, 3_000);
+        t.lost(9, 4);
+        t.lost(9, 0);
+        let seen: Vec<(u32, u64, u64)> =
+            t.iter().map(|(id, s)| (id, s.delivered, s.lost)).collect();
+        assert_eq!(seen, vec![(7, 20, 0), (9, 0, 4)]);
+        let seven = t.iter().next().expect("tenant 7").1;
+        assert_eq!(seven.latency.mean(), 2_000.0);
+        // Past the bound, new tenants share one entry; known ones keep theirs.
+        for id in 100..(100 + TENANT_STATS_MAX as u32) {
+            t.lost(id, 1);
+        }
+        t.lost(7, 1);
+        assert_eq!(t.iter().count(), TENANT_STATS_MAX + 1);
+        let others = t.iter().last().expect("others");
+        assert_eq!(others.0, TenantStats::OTHERS);
+        assert_eq!(others.1.lost, 2);
+        let mut m = TenantStats::default();
+        m.merge(&t);
+        m.merge(&t);
+        let seven = m.iter().next().expect("tenant 7").1;
+        assert_eq!((seven.delivered, seven.lost), (40, 2));
     }
 }

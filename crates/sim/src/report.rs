@@ -91,6 +91,18 @@ pub struct LatencyUs {
     pub mean: f64,
 }
 
+/// One tenant's packets over the whole run.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct TenantFigures {
+    /// Packets delivered (into a VM or onto the wire).
+    pub delivered: u64,
+    /// Packets lost to a full shared resource: the fast path, the SoC, steering, the vNIC
+    /// rings, the PCIe link, the plane's workers or the tenant's share of them.
+    pub lost: u64,
+    /// Latency of its delivered packets.
+    pub latency_us: LatencyUs,
+}
+
 /// What placement did over the measure window: how much traffic the hardware fast path served,
 /// what that cost in table churn and host CPU, and how often placement reversed itself. The
 /// comparison of placement policies (`spillway sim --scenario placement`) reads these.
@@ -166,6 +178,10 @@ pub struct RunReport {
     /// Packets the DPU's fast path refused (`dpu.hw.overload`) by tenant id, whole run: whose
     /// packets an overload cost (tenants that lost none are left out).
     pub hw_overload_by_tenant: BTreeMap<u32, u64>,
+    /// Delivered, lost and latency by tenant id, whole run: what one tenant's burst cost the
+    /// others. The first 256 tenants seen are apart; any further ones are counted together
+    /// under 4294967295.
+    pub by_tenant: BTreeMap<u32, TenantFigures>,
     /// Trigger (URSched's decision: prepare for a cold start, activate for a plane already warm
     /// in shadow mode) to the first redirected packet served by the plane, milliseconds; null if
     /// the plane never absorbed anything.

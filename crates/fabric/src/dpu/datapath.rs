@@ -38,8 +38,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         self.count_tenant(t.tenant, t.packets);
         let fast = self.res.write().offer_fast_path(now, t);
         if let Some(a) = fast {
-            self.drops
-                .add_refused(FabricDrop::HwOverload, t.packets, a.count);
+            self.refuse(t, FabricDrop::HwOverload, t.packets, a.count);
             if a.count < t.packets {
                 self.count_tenant_hw_lost(t.tenant, t.packets - a.count);
             }
@@ -67,8 +66,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
 
     pub(super) fn steer_to_host(&mut self, now: Instant, t: &Train) {
         let s = self.res.write().steer(now, t.packets);
-        self.drops
-            .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
+        self.refuse(t, FabricDrop::SteerOverload, t.packets, s.count);
         if s.count == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -79,8 +77,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         let room = self.res.write().link_down.room(ps(now));
         let mut part = *t;
         part.packets = s.count.min(room);
-        self.drops
-            .add_refused(FabricDrop::VnicRingFull, s.count, part.packets);
+        self.refuse(t, FabricDrop::VnicRingFull, s.count, part.packets);
         if part.packets == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -88,8 +85,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             return;
         }
         let a = self.res.write().to_host.offer(ps(now), &part);
-        self.drops
-            .add_refused(FabricDrop::VnicRingFull, part.packets, a.count);
+        self.refuse(t, FabricDrop::VnicRingFull, part.packets, a.count);
         if a.count == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -101,8 +97,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             .write()
             .link_down
             .cross(a.finish_ps, a.count, t.packet_bytes);
-        self.drops
-            .add_refused(FabricDrop::PcieLinkFull, a.count, l.count);
+        self.refuse(t, FabricDrop::PcieLinkFull, a.count, l.count);
         if l.count == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -124,8 +119,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         if t.denied {
             // The policy walk runs, then denies: the SoC pays a new-connection walk.
             let a = self.res.write().soc(now, SocWork::NewConn, t.packets);
-            self.drops
-                .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
+            self.refuse(t, FabricDrop::SocQueueFull, t.packets, a.count);
             self.drops.add(FabricDrop::Policy, u64::from(a.count));
             return;
         }
@@ -137,8 +131,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
                     return;
                 }
                 let a = self.res.write().soc(now, SocWork::NewConn, t.packets);
-                self.drops
-                    .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
+                self.refuse(t, FabricDrop::SocQueueFull, t.packets, a.count);
                 if a.count == 0 {
                     self.res.write().conn_removed();
                     self.counters.open_dropped += 1;
@@ -188,8 +181,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             }
             Some(c) => {
                 let a = self.res.write().soc(now, SocWork::Miss, t.packets);
-                self.drops
-                    .add_refused(FabricDrop::SocQueueFull, t.packets, a.count);
+                self.refuse(t, FabricDrop::SocQueueFull, t.packets, a.count);
                 if a.count == 0 {
                     return;
                 }
@@ -260,7 +252,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             // The crossing into the VM starts when the batch's average packet is done.
             let at = ps(now) + latency_ps_sum / u64::from(n.max(1));
             let l = self.res.write().link_down.cross(at, n, t.packet_bytes);
-            self.drops.add_refused(FabricDrop::PcieLinkFull, n, l.count);
+            self.refuse(t, FabricDrop::PcieLinkFull, n, l.count);
             if l.count == 0 {
                 return;
             }
@@ -270,6 +262,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
         }
         self.delivered_last += n;
         let mean_ns = latency_ps_sum / u64::from(n.max(1)) / PS_PER_NS + extra;
+        self.tenants.delivered(t.tenant.0, n, mean_ns);
         self.latency.record(mean_ns, u64::from(n));
         self.latency_window.record(mean_ns, u64::from(n));
         self.counters.pcie_crossings += u64::from(n);
@@ -288,8 +281,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// VM, cross the PCIe link a third time into it.
     pub(super) fn handle_returned(&mut self, now: Instant, t: &Train) {
         let s = self.res.write().steer(now, t.packets);
-        self.drops
-            .add_refused(FabricDrop::SteerOverload, t.packets, s.count);
+        self.refuse(t, FabricDrop::SteerOverload, t.packets, s.count);
         if s.count == 0 {
             return;
         }
@@ -299,8 +291,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
                 .write()
                 .link_down
                 .cross(s.finish_ps, s.count, t.packet_bytes);
-            self.drops
-                .add_refused(FabricDrop::PcieLinkFull, s.count, l.count);
+            self.refuse(t, FabricDrop::PcieLinkFull, s.count, l.count);
             if l.count == 0 {
                 return;
             }
@@ -311,6 +302,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             (s.count, mean, 0)
         };
         let lat = (mean_done_ps / PS_PER_NS).saturating_sub(t.born.0) + extra;
+        self.tenants.delivered(t.tenant.0, n, lat);
         self.latency.record(lat, u64::from(n));
         self.latency_window.record(lat, u64::from(n));
         self.counters.host_out += u64::from(n);

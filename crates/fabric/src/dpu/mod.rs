@@ -452,6 +452,15 @@ impl<R: ResourcesHandle> DpuNode<R> {
             .map(|(i, n)| (TenantId(i as u32), n))
             .collect()
     }
+    /// Delivery, loss and latency by tenant, summed over the shards (the packets the DPU
+    /// delivered, its own and the plane's it sent on).
+    pub fn tenant_stats(&self) -> crate::stats::TenantStats {
+        let mut t = crate::stats::TenantStats::default();
+        for s in &self.shards {
+            t.merge(&s.tenants);
+        }
+        t
+    }
     /// Drops by reason, summed over the shards.
     pub fn drops(&self) -> Drops {
         self.shards[1..]

@@ -192,6 +192,7 @@ impl Resources {
                     count: packets,
                     finish_ps: ps(now),
                     wait_sum_ps: 0,
+                    per_ps: 0,
                 };
             }
             SocWork::Rule => {

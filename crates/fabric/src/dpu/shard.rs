@@ -14,6 +14,8 @@
 
 use crate::dpu::resources::SocWork;
 use crate::links::at_ps;
+use crate::stats::TenantStats;
+use crate::types::Train;
 use spillway_vswitch::{Instant, TenantId};
 
 use super::control::{ShardReply, ShardRequest, Shards};
@@ -158,6 +160,8 @@ pub struct DpuShard<R: ResourcesHandle> {
     /// Packets the fast path refused (`dpu.hw.overload`), by tenant over the whole run
     /// (indexed as `tenant_packets`): whose packets an overload cost.
     pub(crate) tenant_hw_lost: Vec<u64>,
+    /// Delivery, loss and latency by tenant.
+    pub(crate) tenants: TenantStats,
 }
 
 /// Adds `packets` to `tenant`'s slot of a per-tenant table (indexed by id; ids from
@@ -198,6 +202,7 @@ impl<R: ResourcesHandle> DpuShard<R> {
             latency_window: LatencyHist::default(),
             tenant_packets: Vec::new(),
             tenant_hw_lost: Vec::new(),
+            tenants: TenantStats::default(),
             f: f.clone(),
         }
     }
@@ -210,6 +215,14 @@ impl<R: ResourcesHandle> DpuShard<R> {
     /// Counts a tenant's packets for URSched's variance trigger.
     pub(crate) fn count_tenant(&mut self, tenant: TenantId, packets: u32) {
         add_by_tenant(&mut self.tenant_packets, tenant, packets);
+    }
+
+    /// `offered - admitted` packets of `t` refused by a full resource: counted by `reason`
+    /// and against `t`'s tenant.
+    pub(crate) fn refuse(&mut self, t: &Train, reason: FabricDrop, offered: u32, admitted: u32) {
+        self.drops.add_refused(reason, offered, admitted);
+        self.tenants
+            .lost(t.tenant.0, offered.saturating_sub(admitted));
     }
 
     /// `packets` of `tenant` the fast path refused.

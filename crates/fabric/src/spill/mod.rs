@@ -335,6 +335,14 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
         }
         c
     }
+    /// Delivery (vATC), loss and latency by tenant, summed over the shards held here.
+    pub fn tenant_stats(&self) -> crate::stats::TenantStats {
+        let mut t = crate::stats::TenantStats::default();
+        for s in &self.shards {
+            t.merge(&s.tenants);
+        }
+        t
+    }
     /// Drops by reason, summed over the shards held here.
     pub fn drops(&self) -> Drops {
         self.shards[1..]
@@ -495,7 +503,7 @@ impl<R: PlaneResourcesHandle> SpillPlane<R> {
     /// The process was stopped (released) or killed. Everything it held is gone; returns the
     /// packets that were queued in its workers (lost if it was killed).
     pub fn stop(&mut self, now: Instant) -> u32 {
-        let lost = self.res.write().workers.fail(ps(now));
+        let lost = self.res.write().fail_workers(ps(now));
         self.up = false;
         self.each(|| PlaneRequest::Stop);
         self.deletes.clear();

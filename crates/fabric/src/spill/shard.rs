@@ -10,8 +10,8 @@ use crate::links::{PcieLink, PhyVnic, at_ps, ps};
 use crate::params::{FabricParams, ns};
 use crate::placement::{Candidate, Offloaded};
 use crate::records::{Outbox, Records, Role};
-use crate::server::{PS_PER_NS, Server};
-use crate::stats::{Drops, FabricDrop, LatencyHist};
+use crate::server::{Ledger, PS_PER_NS, Server};
+use crate::stats::{Drops, FabricDrop, LatencyHist, TenantStats};
 use crate::types::{
     Channel, Colour, ConnId, ConnPhase, ConnState, Dest, Kind, Msg, SyncKind, Train, Transmit,
 };
@@ -40,6 +40,12 @@ pub struct PlaneResources {
     pub(crate) to_dpu: PhyVnic,
     /// The PCIe link toward the DPU.
     pub(crate) link_up: PcieLink,
+    /// Most jobs one tenant may hold in the workers' queue (`host.tenant_worker_share` of
+    /// it); `None` when the share is off.
+    tenant_cap: Option<u32>,
+    /// Each tenant's jobs in the workers' queue, while the share is on (a tenant's entry
+    /// goes when its last job finishes and it offers again).
+    tenant_queues: BTreeMap<u32, Ledger>,
 }
 
 impl PlaneResources {
@@ -49,23 +55,66 @@ impl PlaneResources {
             workers: Server::new(workers, f.pcie.phy_vnic_ring),
             to_dpu: PhyVnic::new(f),
             link_up: PcieLink::new(f),
+            tenant_cap: (f.host.tenant_worker_share < 1.0).then(|| {
+                ((f64::from(f.pcie.phy_vnic_ring) * f.host.tenant_worker_share).ceil() as u32)
+                    .max(1)
+            }),
+            tenant_queues: BTreeMap::new(),
         }
+    }
+
+    /// Offers `count` packets of `tenant` at `cost_ps` each to the workers, first held to the
+    /// tenant's share of their queue. Returns what the share let through (the rest is the
+    /// tenant's to drop) and what the workers admitted of it.
+    fn offer_workers(
+        &mut self,
+        now_ps: u64,
+        tenant: u32,
+        count: u32,
+        cost_ps: u64,
+    ) -> (u32, crate::server::Admitted) {
+        let Some(cap) = self.tenant_cap else {
+            return (count, self.workers.offer(now_ps, count, cost_ps));
+        };
+        let ledger = self.tenant_queues.entry(tenant).or_default();
+        let allowed = count.min(cap.saturating_sub(ledger.queued(now_ps)));
+        let a = self.workers.offer(now_ps, allowed, cost_ps);
+        ledger.push(&a);
+        if ledger.queued(now_ps) == 0 {
+            self.tenant_queues.remove(&tenant);
+        }
+        (allowed, a)
+    }
+
+    /// The workers failed: every job is gone, every tenant's with them.
+    pub(crate) fn fail_workers(&mut self, now_ps: u64) -> u32 {
+        self.tenant_queues.clear();
+        self.workers.fail(now_ps)
     }
 
     /// Packets of `t` leave for the DPU at `at_ps`: the phy vNIC toward the DPU, then the PCIe
     /// link toward it (the driver adds `pcie.latency`). Returns how many got through and when
-    /// the last left; the rest are dropped with their reason into `drops`.
-    fn cross_back(&mut self, at_ps_: u64, t: &Train, drops: &mut Drops) -> Option<(u32, Instant)> {
+    /// the last left; the rest are dropped with their reason into `drops`, and against their
+    /// tenant into `tenants`.
+    fn cross_back(
+        &mut self,
+        at_ps_: u64,
+        t: &Train,
+        drops: &mut Drops,
+        tenants: &mut TenantStats,
+    ) -> Option<(u32, Instant)> {
         // A link backed up toward the DPU backs up into the phy vNIC's ring (PCIe is lossless).
         let mut part = *t;
         part.packets = t.packets.min(self.link_up.room(at_ps_));
         let v = self.to_dpu.offer(at_ps_, &part);
         drops.add_refused(FabricDrop::VnicRingFull, t.packets, v.count);
+        tenants.lost(t.tenant.0, t.packets - v.count);
         if v.count == 0 {
             return None;
         }
         let l = self.link_up.cross(v.finish_ps, v.count, t.packet_bytes);
         drops.add_refused(FabricDrop::PcieLinkFull, v.count, l.count);
+        tenants.lost(t.tenant.0, v.count - l.count);
         (l.count > 0).then(|| (l.count, at_ps(l.finish_ps)))
     }
 
@@ -311,6 +360,8 @@ pub struct PlaneShard {
     pub(super) direct_last: u32,
     pub(super) drops: Drops,
     pub(super) latency: LatencyHist,
+    /// Delivery, loss and latency by tenant.
+    pub(super) tenants: TenantStats,
 }
 
 impl PlaneShard {
@@ -344,6 +395,7 @@ impl PlaneShard {
             direct_last: 0,
             drops: Drops::default(),
             latency: LatencyHist::default(),
+            tenants: TenantStats::default(),
         }
     }
 
@@ -554,7 +606,7 @@ impl PlaneShard {
     /// See [`super::SpillPlane::handle_direct_refused`].
     pub fn handle_direct_refused(&mut self, now: Instant, t: &Train, res: &mut PlaneResources) {
         self.counters.direct_refused += u64::from(t.packets);
-        if let Some((n, at)) = res.cross_back(ps(now), t, &mut self.drops) {
+        if let Some((n, at)) = res.cross_back(ps(now), t, &mut self.drops, &mut self.tenants) {
             let mut back = *t;
             back.packets = n;
             self.counters.to_dpu += u64::from(n);
@@ -785,10 +837,13 @@ impl PlaneShard {
             } else {
                 self.pkt_ps
             };
-        let a = res.workers.offer(ps(now), t.packets, cost);
+        let (allowed, a) = res.offer_workers(ps(now), t.tenant.0, t.packets, cost);
         self.counters.busy_ns += u64::from(a.count) * (cost / PS_PER_NS);
         self.drops
-            .add_refused(FabricDrop::SpillQueueFull, t.packets, a.count);
+            .add_refused(FabricDrop::SpillTenantShare, t.packets, allowed);
+        self.drops
+            .add_refused(FabricDrop::SpillQueueFull, allowed, a.count);
+        self.tenants.lost(t.tenant.0, t.packets - a.count);
         if a.count == 0 {
             if t.kind == Kind::Open {
                 self.counters.open_dropped += 1;
@@ -831,7 +886,9 @@ impl PlaneShard {
                 let mut back = *t;
                 back.packets = a.count;
                 self.counters.punted += u64::from(a.count);
-                if let Some((n, at)) = res.cross_back(a.finish_ps, &back, &mut self.drops) {
+                if let Some((n, at)) =
+                    res.cross_back(a.finish_ps, &back, &mut self.drops, &mut self.tenants)
+                {
                     back.packets = n;
                     self.out.send(at, Channel::PhyVnic, Msg::Punt(back));
                 }
@@ -871,6 +928,7 @@ impl PlaneShard {
             let mean_ps = ps(now) + a.wait_sum_ps / u64::from(a.count);
             let lat = (mean_ps / PS_PER_NS).saturating_sub(t.born.0);
             self.latency.record(lat, u64::from(a.count));
+            self.tenants.delivered(t.tenant.0, a.count, lat);
             self.counters.direct += u64::from(a.count);
             self.direct_last += a.count;
             self.atc_miss_acc += f64::from(a.count) * (1.0 - self.vatc_hit_ratio);
@@ -882,7 +940,7 @@ impl PlaneShard {
             }
             return;
         }
-        match res.cross_back(a.finish_ps, &done, &mut self.drops) {
+        match res.cross_back(a.finish_ps, &done, &mut self.drops, &mut self.tenants) {
             Some((n, at)) => {
                 done.packets = n;
                 self.counters.to_dpu += u64::from(n);
@@ -949,5 +1007,39 @@ impl PlaneShard {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tenant's packets stop at its share of the workers' queue while another tenant's
+    /// still get in; finished jobs give the share back; a failure forgets every tenant's.
+    #[test]
+    fn a_tenant_holds_at_most_its_share_of_the_workers_queue() {
+        let mut f = FabricParams::default();
+        f.pcie.phy_vnic_ring = 8;
+        f.host.tenant_worker_share = 0.25;
+        let mut res = PlaneResources::new(&f, 1);
+        let cost = 1_000 * PS_PER_NS;
+        // Cap: 2 of 8.
+        let (allowed, a) = res.offer_workers(0, 1, 5, cost);
+        assert_eq!((allowed, a.count), (2, 2));
+        let (allowed, a) = res.offer_workers(0, 2, 5, cost);
+        assert_eq!((allowed, a.count), (2, 2));
+        assert_eq!(res.offer_workers(0, 1, 1, cost).0, 0);
+        assert_eq!(res.workers.queued(0), 4);
+        // After 1 us one job of tenant 1 is done: it may queue one more.
+        assert_eq!(res.offer_workers(1_000 * PS_PER_NS, 1, 3, cost).0, 1);
+        assert_eq!(res.fail_workers(1_000 * PS_PER_NS), 4);
+        assert!(res.tenant_queues.is_empty());
+        assert_eq!(res.offer_workers(1_000 * PS_PER_NS, 1, 5, cost).0, 2);
+        // Off (the default): the whole queue.
+        f.host.tenant_worker_share = 1.0;
+        let mut res = PlaneResources::new(&f, 1);
+        let (allowed, a) = res.offer_workers(0, 1, 10, cost);
+        assert_eq!((allowed, a.count), (10, 8));
+        assert!(res.tenant_queues.is_empty());
     }
 }

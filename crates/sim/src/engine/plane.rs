@@ -220,6 +220,13 @@ impl Planes {
         }
     }
 
+    /// Delivery, loss and latency by tenant, of both nodes.
+    pub(super) fn tenant_stats(&self) -> spillway_fabric::stats::TenantStats {
+        let mut t = self.slots[0].node().tenant_stats();
+        t.merge(&self.slots[1].node().tenant_stats());
+        t
+    }
+
     /// Latency of the packets both nodes delivered themselves.
     pub(super) fn latency(&self) -> LatencyHist {
         let mut h = self.slots[0].node().latency();

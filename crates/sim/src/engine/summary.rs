@@ -15,7 +15,9 @@ use spillway_vswitch::Instant;
 
 use super::checkers::Checkers;
 use super::sampling::{Record, Totals};
-use crate::report::{LatencyUs, PhaseEvent, RunReport, Sample, TakeoverFigures, WindowFigures};
+use crate::report::{
+    LatencyUs, PhaseEvent, RunReport, Sample, TakeoverFigures, TenantFigures, WindowFigures,
+};
 use crate::scenario::{FaultKind, Scenario};
 
 /// What a finished run hands to its report.
@@ -97,8 +99,26 @@ pub(super) fn run_report(end: Ending<'_>) -> RunReport {
         .into_iter()
         .map(|(t, n)| (t.0, n))
         .collect();
+    let mut tenants = dpu.tenant_stats();
+    tenants.merge(&planes.tenant_stats());
+    let by_tenant = tenants
+        .iter()
+        .map(|(t, s)| {
+            let figures = TenantFigures {
+                delivered: s.delivered,
+                lost: s.lost,
+                latency_us: LatencyUs {
+                    p50: s.latency.quantile(0.5) as f64 / 1e3,
+                    p99: s.latency.quantile(0.99) as f64 / 1e3,
+                    mean: s.latency.mean() / 1e3,
+                },
+            };
+            (t, figures)
+        })
+        .collect();
     RunReport {
         hw_overload_by_tenant,
+        by_tenant,
         kind: "model",
         scenario: scenario.name.clone(),
         seed,

@@ -413,6 +413,7 @@ mod tests {
             takeover: None,
             explain: None,
             hw_overload_by_tenant: BTreeMap::new(),
+            by_tenant: BTreeMap::new(),
             phases: vec![
                 PhaseEvent {
                     phase: "preparing",

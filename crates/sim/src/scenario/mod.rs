@@ -551,6 +551,11 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         include_str!("../../../../scenarios/noisy-tenant.toml"),
     ),
     (
+        "two-tenants",
+        "scenarios/two-tenants.toml",
+        include_str!("../../../../scenarios/two-tenants.toml"),
+    ),
+    (
         "release",
         "scenarios/release.toml",
         include_str!("../../../../scenarios/release.toml"),
