@@ -157,6 +157,62 @@ pub trait Kv: Send + Sync {
     fn watch_prefix(&self, prefix: &str) -> Result<mpsc::Receiver<Change>>;
 }
 
+/// A store chosen at run time: the embedded one, or etcd where this crate was built with its
+/// `etcd` feature ([`Store::etcd`] says clearly when it was not).
+#[derive(Clone, Debug)]
+pub enum Store {
+    /// [`local::LocalKv`].
+    Local(local::LocalKv),
+    /// `etcd::EtcdKv` (boxed: the client is a few KiB).
+    #[cfg(feature = "etcd")]
+    Etcd(Box<etcd::EtcdKv>),
+}
+
+impl Store {
+    /// Connects to the etcd members at `endpoints` (`http://host:port`).
+    pub fn etcd(endpoints: &[String]) -> Result<Store> {
+        #[cfg(feature = "etcd")]
+        {
+            etcd::EtcdKv::connect(endpoints).map(|k| Store::Etcd(Box::new(k)))
+        }
+        #[cfg(not(feature = "etcd"))]
+        {
+            Err(ClusterError::Backend(format!(
+                "etcd at {endpoints:?}: this build has no etcd client (build with `--features etcd`)"
+            )))
+        }
+    }
+
+    fn kv(&self) -> &dyn Kv {
+        match self {
+            Store::Local(k) => k,
+            #[cfg(feature = "etcd")]
+            Store::Etcd(k) => k.as_ref(),
+        }
+    }
+}
+
+impl Kv for Store {
+    fn get_prefix(&self, prefix: &str) -> Result<(i64, Vec<KeyValue>)> {
+        self.kv().get_prefix(prefix)
+    }
+    fn txn(&self, unchanged: &[(String, i64)], writes: Vec<Write>) -> Result<bool> {
+        self.kv().txn(unchanged, writes)
+    }
+    fn grant(&self, ttl: Duration) -> Result<LeaseId> {
+        self.kv().grant(ttl)
+    }
+    fn keep_alive(&self, lease: LeaseId) -> Result<()> {
+        self.kv().keep_alive(lease)
+    }
+    fn revoke(&self, lease: LeaseId) -> Result<()> {
+        self.kv().revoke(lease)
+    }
+    fn watch_prefix(&self, prefix: &str) -> Result<mpsc::Receiver<Change>> {
+        self.kv().watch_prefix(prefix)
+    }
+}
+
 /// Where a host's spill plane stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -259,12 +315,16 @@ pub struct Cluster<K> {
     kv: K,
 }
 
-fn check_name(what: &'static str, name: &str) -> Result<()> {
-    let ok = (1..=64).contains(&name.len())
+/// Whether `name` may name a host or a reserver: `[A-Za-z0-9._-]{1,64}`.
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn check_name(what: &'static str, name: &str) -> Result<()> {
+    if valid_name(name) {
         Ok(())
     } else {
         Err(ClusterError::BadName {

@@ -14,7 +14,11 @@
 //!   aggregate (not the mean of the tenants) means a load change every tenant shares does not
 //!   single out whichever tenant sampling noise puts on top. A tenant above `variance_factor` x
 //!   the cluster value (and above `variance_floor`) in N of the last M variance windows prepares
-//!   the plane (pre-warm: it goes to shadow mode and activates only under pressure).
+//!   the plane (pre-warm: it goes to shadow mode and activates only under pressure). In a
+//!   cluster the driver feeds the cluster's baseline ([`URSched::set_cluster_baseline`]: the
+//!   average normalised variance of every host's tenants, from the control plane); a tenant is
+//!   then compared with it instead of with this host's aggregate, and one tenant alone on a
+//!   host can be noisy. [`URSched::tenant_loads`] is what this host publishes for it.
 //! - **Prepare vs activate**: load above `prepare_util` (N of M windows) starts the plane in
 //!   shadow mode; load above `pressure_util` activates it. With `prepare_util` below
 //!   `pressure_util` a rising load finds the plane warm and activation costs only the redirect
@@ -180,10 +184,24 @@ pub struct URSched {
     tenants: Vec<TenantSamples>,
     noisy: History,
     noisy_note: Option<String>,
-    /// Per-tenant cv^2 of the variance window, reused: the window runs every 100 ms on the
-    /// real-time driver's forwarding thread, which must not allocate in steady state.
-    cvs: Vec<(TenantId, f64)>,
+    /// Per-tenant mean rate and cv^2 of the last variance window, reused: the window runs every
+    /// 100 ms on the real-time driver's forwarding thread, which must not allocate in steady
+    /// state.
+    cvs: Vec<TenantLoad>,
     cluster: TenantSamples,
+    /// The cluster's baseline cv^2 from the control plane, when the driver has one.
+    cluster_baseline: Option<f64>,
+}
+
+/// One tenant's load over the last `variance_samples` variance windows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TenantLoad {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Mean packet rate, packets/s.
+    pub mean_pps: f64,
+    /// Squared coefficient of variation of the rate (variance / mean^2).
+    pub cv2: f64,
 }
 
 /// Tenants tracked individually by the variance trigger.
@@ -236,7 +254,26 @@ impl URSched {
             noisy_note: None,
             cvs: Vec::new(),
             cluster: TenantSamples::default(),
+            cluster_baseline: None,
         }
+    }
+
+    /// The cluster's baseline cv^2 (the control plane's), or `None` to compare with this
+    /// host's aggregate as a lone host does. A value that is not a finite number >= 0 is
+    /// `None`.
+    pub fn set_cluster_baseline(&mut self, cv2: Option<f64>) {
+        self.cluster_baseline = cv2.filter(|v| v.is_finite() && *v >= 0.0);
+    }
+
+    /// The cluster baseline in use, if any.
+    pub fn cluster_baseline(&self) -> Option<f64> {
+        self.cluster_baseline
+    }
+
+    /// Every tenant's load as of the last variance window (tenants with a full set of samples
+    /// and traffic), by tenant id: what the host publishes to the cluster.
+    pub fn tenant_loads(&self) -> &[TenantLoad] {
+        &self.cvs
     }
 
     /// The thresholds.
@@ -294,21 +331,32 @@ impl URSched {
                         .map(|x| (x - mean) * (x - mean))
                         .sum::<f64>()
                         / k as f64;
-                    cvs.push((id, var / (mean * mean)));
+                    cvs.push(TenantLoad {
+                        tenant: id,
+                        mean_pps: mean,
+                        cv2: var / (mean * mean),
+                    });
                 }
             }
         }
-        let noisy = match (cvs.len() >= 2, cluster_cv2) {
-            (true, Some(cluster)) => {
+        // The cluster's baseline when the control plane gives one (a lone tenant can then be
+        // noisy); else this host's aggregate, which needs two tenants to compare.
+        let against = match self.cluster_baseline {
+            Some(b) if !cvs.is_empty() => Some((b, "cluster baseline")),
+            _ if cvs.len() >= 2 => cluster_cv2.map(|c| (c, "host aggregate")),
+            _ => None,
+        };
+        let noisy = match against {
+            Some((cluster, what)) => {
                 // The noisiest tenant; ties go to the lowest id (the first maximum).
-                let (id, v) = cvs.iter().copied().fold((TenantId(0), f64::MIN), |a, b| {
-                    if b.1 > a.1 { b } else { a }
+                let (id, v) = cvs.iter().fold((TenantId(0), f64::MIN), |a, b| {
+                    if b.cv2 > a.1 { (b.tenant, b.cv2) } else { a }
                 });
                 // The floor keeps a cluster of perfectly steady tenants (cv^2 near zero) from
                 // calling its least steady member noisy.
                 if v > self.p.variance_floor && v > self.p.variance_factor * cluster {
                     self.noisy_note = Some(format!(
-                        "{id} variance (cv^2) {v:.3} > {:.2} x cluster {cluster:.3}",
+                        "{id} variance (cv^2) {v:.3} > {:.2} x {what} {cluster:.3}",
                         self.p.variance_factor
                     ));
                     true
@@ -356,7 +404,9 @@ impl URSched {
         (share * f64::from(self.redirect_buckets)).floor() as u16
     }
 
-    fn isolatable(&self, tenant_cores: u32) -> u32 {
+    /// Host cores a plane could take with `tenant_cores` busy: the host's, less the tenants'
+    /// and the reserve, at most `workers_max`.
+    pub fn isolatable(&self, tenant_cores: u32) -> u32 {
         self.host_cores
             .saturating_sub(tenant_cores)
             .saturating_sub(self.reserve_cores)
@@ -550,5 +600,49 @@ impl URSched {
             }
             PlaneView::Busy => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One bursty tenant alone on a host: against the host aggregate nothing can single it
+    /// out; against a calm cluster baseline it prepares the plane, and the reason says so;
+    /// against a baseline as bursty as it, it does not. Its published load is its own.
+    #[test]
+    fn a_lone_tenant_is_judged_against_the_cluster_baseline() {
+        let f = FabricParams::default();
+        let run = |baseline: Option<f64>| {
+            let mut s = URSched::new(&f);
+            s.set_cluster_baseline(baseline);
+            let mut out = Vec::new();
+            for w in 0..40u64 {
+                // 1,000 or 9,000 packets a window: mean 5,000, cv^2 0.64.
+                s.count_tenant(TenantId(7), if w % 2 == 0 { 1_000 } else { 9_000 });
+                s.variance_window(1.0);
+                s.window(&Load::default(), PlaneView::Idle, &mut out);
+            }
+            (s, out)
+        };
+        let (lone, out) = run(None);
+        assert!(out.is_empty(), "{out:?}");
+        let loads = lone.tenant_loads();
+        assert_eq!(loads.len(), 1);
+        assert_eq!(loads[0].tenant, TenantId(7));
+        assert!((loads[0].mean_pps - 5_000.0).abs() < 1e-9);
+        assert!((loads[0].cv2 - 0.64).abs() < 1e-9);
+        let (_, out) = run(Some(0.1));
+        let Some(Decision::Prepare { cause, reason, .. }) = out.first() else {
+            panic!("expected a prepare: {out:?}");
+        };
+        assert_eq!(*cause, Cause::Variance);
+        assert!(reason.contains("cluster baseline 0.100"), "{reason}");
+        let (_, out) = run(Some(0.6));
+        assert!(out.is_empty(), "0.64 is not 1.25 x 0.6: {out:?}");
+        // A baseline that is not a number is none.
+        let mut s = URSched::new(&f);
+        s.set_cluster_baseline(Some(f64::NAN));
+        assert_eq!(s.cluster_baseline(), None);
     }
 }

@@ -74,6 +74,31 @@ struct Raw {
     // span is a position in this file.
     policy: PolicyConfig,
     vm: Vec<RawVm>,
+    #[serde(default)]
+    cluster: Option<RawCluster>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    #[serde(default)]
+    host: Option<String>,
+    etcd: Vec<String>,
+    #[serde(default)]
+    lease_ttl_s: Option<u64>,
+}
+
+/// The cluster control plane the DPU process publishes to (`[cluster]`): its host record under
+/// a lease, renewed and republished every second, and the cluster baseline it feeds URSched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSpec {
+    /// This host's name in the cluster (`cluster.host`, default the testbed's name).
+    pub host: String,
+    /// The etcd members (`cluster.etcd`, `http://address:port` each).
+    pub etcd: Vec<String>,
+    /// The lease's time to live (`cluster.lease_ttl_s`, 2..=60, default 5): how soon a host
+    /// that died disappears.
+    pub lease_ttl: std::time::Duration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -276,6 +301,8 @@ pub struct Testbed {
     pub vnet_hdr: bool,
     /// How the DPU process reads and writes its TAPs.
     pub tap_io: TapIo,
+    /// The cluster control plane, if any (`[cluster]`).
+    pub cluster: Option<ClusterSpec>,
     /// Where the guest of `backend = "vhost-user"` VMs is (`guest/build.sh`'s output:
     /// `vmlinuz`, `initramfs.cpio.gz`; `testbed.guest_dir`, default `target/guest`).
     pub guest_dir: PathBuf,
@@ -422,6 +449,47 @@ impl Testbed {
                     "one of auto, active, released",
                     echo(h),
                 ));
+            }
+        };
+        let cluster = match raw.cluster {
+            None => None,
+            Some(c) => {
+                let host = c.host.unwrap_or_else(|| name.clone());
+                if !spillway_cluster::valid_name(&host) {
+                    return Err(err(
+                        "cluster.host",
+                        "1 to 64 of A-Z a-z 0-9 . _ -",
+                        echo(&host),
+                    ));
+                }
+                if c.etcd.is_empty() || c.etcd.len() > 7 {
+                    return Err(err(
+                        "cluster.etcd",
+                        "1 to 7 etcd members such as [\"http://127.0.0.1:2379\"]",
+                        format!("{} members", c.etcd.len()),
+                    ));
+                }
+                for e in &c.etcd {
+                    let ok = e
+                        .strip_prefix("http://")
+                        .is_some_and(|a| a.parse::<SocketAddr>().is_ok());
+                    if !ok {
+                        return Err(err(
+                            "cluster.etcd",
+                            "http://address:port such as http://127.0.0.1:2379",
+                            echo(e),
+                        ));
+                    }
+                }
+                let ttl = c.lease_ttl_s.unwrap_or(5);
+                if !(2..=60).contains(&ttl) {
+                    return Err(err("cluster.lease_ttl_s", "2..=60", ttl.to_string()));
+                }
+                Some(ClusterSpec {
+                    host,
+                    etcd: c.etcd,
+                    lease_ttl: std::time::Duration::from_secs(ttl),
+                })
             }
         };
         let tap_io = match raw.testbed.tap_io.as_deref() {
@@ -743,6 +811,7 @@ impl Testbed {
             policy,
             vms,
             hold,
+            cluster,
             vnet_hdr: raw.testbed.vnet_hdr.unwrap_or(true),
             tap_io,
             guest_dir: raw
@@ -886,6 +955,46 @@ netns = "swvs-b"
         ));
         assert_eq!(e.field, "policy.tenant[0].snat.port_min", "{e}");
         assert_eq!(e.place, Some((18, 1)), "{e}");
+    }
+
+    #[test]
+    fn a_cluster_section_names_its_host_and_etcd_members() {
+        let t = Testbed::from_toml_str(GOOD, Path::new("t.toml")).unwrap();
+        assert_eq!(t.cluster, None);
+        let with =
+            |extra: &str| GOOD.replace("[fabric.dpu]\n", &format!("{extra}\n[fabric.dpu]\n"));
+        let t = Testbed::from_toml_str(
+            &with("[cluster]\netcd = [\"http://127.0.0.1:2379\"]"),
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let c = t.cluster.expect("a cluster");
+        assert_eq!(c.host, t.name);
+        assert_eq!(c.etcd, vec!["http://127.0.0.1:2379".to_string()]);
+        assert_eq!(c.lease_ttl, std::time::Duration::from_secs(5));
+        for (bad, field) in [
+            (
+                "[cluster]\nhost = \"a/b\"\netcd = [\"http://127.0.0.1:2379\"]",
+                "cluster.host",
+            ),
+            ("[cluster]\netcd = []", "cluster.etcd"),
+            (
+                "[cluster]\netcd = [\"https://127.0.0.1:2379\"]",
+                "cluster.etcd",
+            ),
+            ("[cluster]\netcd = [\"http://localhost\"]", "cluster.etcd"),
+            (
+                "[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nlease_ttl_s = 1",
+                "cluster.lease_ttl_s",
+            ),
+            (
+                "[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nttl = 3",
+                "cluster.ttl",
+            ),
+        ] {
+            let e = load_err(&with(bad));
+            assert_eq!(e.field, field, "{bad}: {e}");
+        }
     }
 
     #[test]

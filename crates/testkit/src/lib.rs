@@ -136,3 +136,88 @@ pub fn small_guest(repo: &std::path::Path) -> Option<std::path::PathBuf> {
     );
     Some(dir.canonicalize().expect("the guest's folder"))
 }
+
+/// An etcd of a test's own (Debian's `etcd-server`): loopback ports of its own and a data folder
+/// under the system's temporary folder, both gone when it is dropped (the process killed and
+/// reaped, the folder removed), also when the test fails.
+#[derive(Debug)]
+pub struct Etcd {
+    child: std::process::Child,
+    data: std::path::PathBuf,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+}
+
+impl Etcd {
+    /// Starts one named `name` and waits up to 20 s for its health endpoint; `None` where
+    /// [`prerequisites`] says to skip (no etcd, or not root). Panics if it does not come up.
+    pub fn start(name: &str) -> Option<Etcd> {
+        if !prerequisites(&["etcd"]) {
+            return None;
+        }
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("an ephemeral port")
+                .port()
+        };
+        let (client, peer) = (free_port(), free_port());
+        let data = std::env::temp_dir().join(format!(
+            "spillway-etcd-{name}-{}-{client}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&data);
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .args(["--name", name, "--data-dir"])
+            .arg(&data)
+            .args(["--listen-client-urls", &endpoint])
+            .args(["--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("{name}={peer_url}")])
+            .args(["--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd starts");
+        let etcd = Etcd {
+            child,
+            data,
+            endpoint,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !etcd.healthy(client) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcd at {} not healthy within 20 s",
+                etcd.endpoint
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Some(etcd)
+    }
+
+    /// Whether its `/health` answers `"health":"true"`.
+    fn healthy(&self, port: u16) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+        let mut body = String::new();
+        s.write_all(b"GET /health HTTP/1.0\r\nHost: etcd\r\n\r\n")
+            .is_ok()
+            && s.read_to_string(&mut body).is_ok()
+            && body.contains("\"health\":\"true\"")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}

@@ -708,6 +708,19 @@ impl DpuControl {
     pub fn set_tenant_cores(&mut self, cores: u32) {
         self.win.set_tenant_cores(cores);
     }
+    /// The cluster's baseline for URSched's variance trigger
+    /// ([`crate::ursched::URSched::set_cluster_baseline`]).
+    pub fn set_cluster_baseline(&mut self, cv2: Option<f64>) {
+        self.win.sched_mut().set_cluster_baseline(cv2);
+    }
+    /// Every tenant's load as of URSched's last variance window.
+    pub fn tenant_loads(&self) -> &[crate::ursched::TenantLoad] {
+        self.win.sched().tenant_loads()
+    }
+    /// Host cores a plane could take now.
+    pub fn isolatable_cores(&self) -> u32 {
+        self.win.isolatable_cores()
+    }
 
     pub(crate) fn event(&mut self, at: Instant, what: super::EventKind, reason: impl Into<String>) {
         self.life.event(at, what, reason);

@@ -603,6 +603,22 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.control.set_tenant_cores(cores);
     }
 
+    /// The cluster's baseline for URSched's variance trigger, from the control plane
+    /// (`None`: compare with this host's aggregate).
+    pub fn set_cluster_baseline(&mut self, cv2: Option<f64>) {
+        self.control.set_cluster_baseline(cv2);
+    }
+
+    /// Every tenant's load as of URSched's last variance window: what the host publishes.
+    pub fn tenant_loads(&self) -> &[crate::ursched::TenantLoad] {
+        self.control.tenant_loads()
+    }
+
+    /// Host cores a plane could take now (URSched's rule): what the host publishes as spare.
+    pub fn isolatable_cores(&self) -> u32 {
+        self.control.isolatable_cores()
+    }
+
     // ---- lifecycle inputs ------------------------------------------------------------------
 
     /// The plane's process runs (the driver's report after [`Command::StartPlane`]).

@@ -90,6 +90,21 @@ impl Windows {
         self.sched.count_tenant(tenant, packets);
     }
 
+    /// URSched's scheduler.
+    pub(crate) fn sched(&self) -> &URSched {
+        &self.sched
+    }
+
+    /// Host cores a plane could take now (URSched's rule, with the driver's tenant cores).
+    pub(crate) fn isolatable_cores(&self) -> u32 {
+        self.sched.isolatable(self.tenant_cores)
+    }
+
+    /// URSched's scheduler, to feed.
+    pub(crate) fn sched_mut(&mut self) -> &mut URSched {
+        &mut self.sched
+    }
+
     /// The driver's report of the host cores the tenants use.
     pub(crate) fn set_tenant_cores(&mut self, cores: u32) {
         self.tenant_cores = cores;

@@ -417,6 +417,9 @@ pub struct DpuDaemon {
     pub(super) ctl: Option<CtlServer>,
     pub(super) metrics: Option<MetricsServer>,
     pub(super) publisher: SnapshotPublisher,
+    /// The cluster agent (`[cluster]`), and when it last had this host's record.
+    pub(super) cluster: Option<crate::ops::cluster::ClusterAgent>,
+    pub(super) last_cluster: Instant,
     pub(super) events: VecDeque<FabricEvent>,
     pub(super) activations: Vec<Activation>,
     pub(super) last_prepare: Option<Instant>,

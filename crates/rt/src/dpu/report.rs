@@ -119,6 +119,25 @@ impl DpuDaemon {
         }
     }
 
+    /// Once a second: this host's record to the cluster agent, the cluster's baseline back
+    /// to URSched (none while the control plane is unreachable: the host judges its tenants
+    /// against its own aggregate then).
+    fn exchange_with_cluster(&mut self, now: Instant) {
+        let Some(agent) = &self.cluster else { return };
+        if now.0.saturating_sub(self.last_cluster.0) < 1_000_000_000 {
+            return;
+        }
+        self.last_cluster = now;
+        let dpu = self.sw.dpu();
+        let record = crate::ops::cluster::host_record(
+            dpu.tenant_loads(),
+            dpu.isolatable_cores(),
+            dpu.phase(),
+        );
+        let baseline = agent.exchange(record);
+        self.sw.dpu_mut().set_cluster_baseline(baseline);
+    }
+
     fn status(&mut self, now: Instant) -> serde_json::Value {
         let stats = self.stats();
         let dpu = self.sw.dpu();
@@ -143,6 +162,7 @@ impl DpuDaemon {
             "epoch": self.sw.pipeline().epoch().0,
             "placement": self.tb.fabric.placement.policy.name(),
             "vatc": self.vatc,
+            "cluster": self.cluster.as_ref().map(|c| c.status()),
             "vm_ports": self.dp.ports.iter().filter_map(|p| match &p.io {
                 PortIo::Shm(s) => Some(json!({
                     "vm": s.vm, "port": p.id.0, "attached": s.port.is_some(),
@@ -351,6 +371,7 @@ impl DpuDaemon {
 
     pub(super) fn publish(&mut self, now: Instant) {
         self.last_publish = now;
+        self.exchange_with_cluster(now);
         // Connections that never close (UDP) or whose close was not seen are forgotten after
         // two minutes idle, a bounded slice per call.
         self.sw.expire(now);

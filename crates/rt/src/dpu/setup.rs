@@ -179,6 +179,13 @@ impl DpuDaemon {
                         .map_err(|e| RunError::Setup(format!("metrics endpoint {a}: {e}")))?,
                 ),
             };
+            let cluster = match &tb.cluster {
+                None => None,
+                Some(spec) => Some(
+                    crate::ops::cluster::ClusterAgent::start(spec)
+                        .map_err(|e| RunError::Setup(format!("cluster agent: {e}")))?,
+                ),
+            };
             let now = clock.now();
             match tb.hold {
                 InitialHold::Auto => {}
@@ -212,6 +219,8 @@ impl DpuDaemon {
                 ctl: Some(ctl),
                 metrics,
                 publisher,
+                cluster,
+                last_cluster: Instant::ZERO,
                 events: VecDeque::new(),
                 activations: Vec::new(),
                 last_prepare: None,

@@ -1,0 +1,200 @@
+//! End to end: `spillway run` with a `[cluster]` on a real etcd (started by the test).
+//!
+//! The DPU process publishes this host's record under a lease: its tenant's load once URSched
+//! has a full set of variance samples (VM `a` pings VM `b` meanwhile), its spare cores and its
+//! plane's state. A second host's record, published by the test, moves the cluster baseline;
+//! the DPU process's watch brings it back, and `ctl status` shows it in use. When the daemon
+//! stops, its record is gone at once (it revokes its lease), not after the lease's time to live.
+//!
+//! Needs root, `ip`, `ping` and `etcd`; under `CI=true` a missing one fails the test, elsewhere
+//! it prints why it skips.
+
+#[allow(dead_code)]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use spillway_cluster::etcd::EtcdKv;
+use spillway_cluster::{Cluster, HostRecord, Kv, PlaneState, TenantLoad};
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+
+fn testbed(name: &str, state: &std::path::Path, endpoint: &str) -> String {
+    format!(
+        r#"
+[testbed]
+name = "{name}"
+state_dir = "{state}"
+[spill]
+cpus = "1"
+memory_max = "512M"
+[cluster]
+host = "host-{name}"
+etcd = ["{endpoint}"]
+lease_ttl_s = 30
+[policy.host]
+uplink_port = 0
+uplink_mac = "02:00:00:00:00:01"
+vtep_ip = "192.0.2.1"
+gateway_mac = "02:00:00:00:00:fe"
+[[policy.tenant]]
+id = 1
+vni = 100
+router_mac = "02:00:00:00:01:01"
+subnets = ["10.71.0.0/24"]
+[[policy.port]]
+id = 1
+tenant = 1
+mac = "02:00:00:00:00:0a"
+ips = ["10.71.0.1"]
+security_groups = [1]
+[[policy.port]]
+id = 2
+tenant = 1
+mac = "02:00:00:00:00:0b"
+ips = ["10.71.0.2"]
+security_groups = [1]
+[[policy.security_group]]
+id = 1
+tenant = 1
+[[policy.security_group.rule]]
+direction = "ingress"
+priority = 1
+action = "allow"
+protocol = "icmp"
+remote = "10.71.0.0/24"
+[[vm]]
+name = "a"
+port = 1
+[[vm]]
+name = "b"
+port = 2
+"#,
+        state = state.display(),
+    )
+}
+
+/// The daemon, stopped with SIGINT (it removes what it made) and reaped when dropped, also
+/// when the test fails; [`Daemon::stop`] does it on purpose and returns the exit status.
+struct Daemon(Option<std::process::Child>);
+
+impl Daemon {
+    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.0.take()?;
+        // SAFETY: kill(2) with our own child's pid and SIGINT touches no memory.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        child.wait().ok()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A child killed and reaped when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits up to `within` for `f` to give `Some`.
+fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_dpu_process_publishes_its_host_and_follows_the_cluster_baseline() {
+    if !spillway_testkit::prerequisites(&["ip", "ping"]) {
+        return;
+    }
+    let Some(etcd) = spillway_testkit::Etcd::start("rtcluster") else {
+        return;
+    };
+    let name = format!("c{:x}", std::process::id() % 0xfffff);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("testbed.toml");
+    std::fs::write(&config, testbed(&name, dir.path(), &etcd.endpoint)).expect("testbed");
+    let mut daemon = Daemon(Some(common::spawn_run(
+        BIN,
+        &config,
+        dir.path(),
+        "released",
+        "warn",
+        Duration::from_secs(30),
+    )));
+    let log = || std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
+    // Traffic for tenant 1, so that URSched has its load to publish.
+    let ping = Killed(
+        common::netns_exec(&format!("{name}-a"), "ping")
+            .args(["-i", "0.05", "-c", "200", "10.71.0.2"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("ping starts"),
+    );
+    let cluster = Cluster::new(
+        EtcdKv::connect(std::slice::from_ref(&etcd.endpoint)).expect("the test reaches etcd"),
+    );
+    let host = format!("host-{name}");
+    let mine = |c: &Cluster<EtcdKv>| -> Option<HostRecord> {
+        c.hosts()
+            .expect("reads hosts")
+            .into_iter()
+            .find(|(h, _)| *h == host)
+            .map(|(_, r)| r)
+    };
+    let record = wait_for(Duration::from_secs(20), "tenant 1's load published", || {
+        mine(&cluster).filter(|r| r.tenants.iter().any(|t| t.tenant == 1 && t.mean_pps > 0.0))
+    });
+    assert_eq!(record.plane, PlaneState::Idle, "{record:?}");
+    // A second host with a calm tenant: the baseline comes back to the DPU process.
+    let lease = cluster.lease(Duration::from_secs(30)).expect("lease");
+    let calm = HostRecord {
+        tenants: vec![TenantLoad {
+            tenant: 9,
+            mean_pps: 1e6,
+            norm_variance: 0.0,
+        }],
+        spare_cores: 3,
+        plane: PlaneState::Idle,
+    };
+    cluster.publish("other", &calm, lease).expect("publishes");
+    // Both baselines are rate-weighted means, so the calm million-pps tenant pulls the
+    // cluster's far below what this host's pinging tenant alone gives.
+    let expected = cluster.baseline().expect("reads").norm_variance;
+    assert!(expected < 0.01, "{expected}");
+    let status = wait_for(
+        Duration::from_secs(15),
+        "the new baseline in ctl status",
+        || {
+            let s = common::ctl(BIN, &config, &["status"]);
+            let c = &s["cluster"];
+            let calm = c["baseline"].as_f64().is_some_and(|b| b < 0.01);
+            (c["connected"] == true && calm).then(|| s.clone())
+        },
+    );
+    let c = &status["cluster"];
+    assert_eq!(c["host"], host.as_str(), "{status}");
+    assert!(c["published"].as_u64().unwrap_or(0) >= 1, "{status}");
+    drop(ping);
+    // Stop: the record goes with the revoked lease, long before its 30 s would run out.
+    let exit = daemon.stop().expect("daemon exits");
+    assert!(exit.success(), "daemon exit {exit}: {}", log());
+    wait_for(Duration::from_secs(5), "the record gone at exit", || {
+        mine(&cluster).is_none().then_some(())
+    });
+    cluster.kv().revoke(lease).ok();
+}
