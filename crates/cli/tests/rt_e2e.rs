@@ -713,6 +713,15 @@ fn testbed_carries_traffic_serves_ctl_and_metrics_and_leaves_nothing_behind() {
     conn.read_to_string(&mut body).unwrap();
     assert!(body.contains("spillway_dpu_rx_packets_total"), "{body}");
     assert!(body.contains("spillway_fabric_phase{phase="), "{body}");
+    // Delivery and loss by tenant are in `ctl status` (root only), never on /metrics.
+    assert!(!body.contains("tenant=\""), "{body}");
+    let tenants = s["tenants"].as_array().expect("tenants in ctl status");
+    assert!(
+        tenants
+            .iter()
+            .any(|t| t["tenant"] == 1 && t["delivered"].as_u64().unwrap_or(0) > 1000),
+        "{s:#}"
+    );
     let rows = flows["flows"].as_array().unwrap();
     assert!(
         rows.iter()

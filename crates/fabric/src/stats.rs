@@ -279,6 +279,20 @@ impl TenantStats {
         }
     }
 
+    /// Adds each tenant's delivered and lost packets into `out` (`(tenant, delivered, lost)`,
+    /// kept in tenant order), without copying the histograms.
+    pub fn add_totals(&self, out: &mut Vec<(u32, u64, u64)>) {
+        for (t, s) in &self.by {
+            match out.binary_search_by_key(t, |e| e.0) {
+                Ok(i) => {
+                    out[i].1 += s.delivered;
+                    out[i].2 += s.lost;
+                }
+                Err(i) => out.insert(i, (*t, s.delivered, s.lost)),
+            }
+        }
+    }
+
     /// Every tenant seen, by id ([`TenantStats::OTHERS`] last).
     pub fn iter(&self) -> impl Iterator<Item = (u32, &TenantStat)> {
         self.by.iter().map(|(t, s)| (*t, s))
@@ -337,5 +351,11 @@ mod tests {
         m.merge(&t);
         let seven = m.iter().next().expect("tenant 7").1;
         assert_eq!((seven.delivered, seven.lost), (40, 2));
+        let mut totals = vec![(7, 1, 1)];
+        t.add_totals(&mut totals);
+        assert_eq!(totals[0], (7, 21, 2));
+        assert_eq!(totals[1], (9, 0, 4));
+        assert_eq!(totals.len(), TENANT_STATS_MAX + 1);
+        assert!(totals.windows(2).all(|w| w[0].0 < w[1].0));
     }
 }

@@ -461,6 +461,14 @@ impl<R: ResourcesHandle> DpuNode<R> {
         }
         t
     }
+    /// Each tenant's delivered and lost packets, summed over the shards, into `out`
+    /// (cleared first; `(tenant, delivered, lost)` in tenant order).
+    pub fn tenant_totals(&self, out: &mut Vec<(u32, u64, u64)>) {
+        out.clear();
+        for s in &self.shards {
+            s.tenants.add_totals(out);
+        }
+    }
     /// Drops by reason, summed over the shards.
     pub fn drops(&self) -> Drops {
         self.shards[1..]

@@ -148,6 +148,21 @@ impl DpuDaemon {
             .map(|(k, v)| (k.to_string(), v))
             .chain(rt_counters(&stats))
             .collect();
+        // Per tenant only here, on the root-only control socket: a tenant's traffic volume is
+        // not for `/metrics`, which every local user can read.
+        let mut totals = Vec::new();
+        dpu.tenant_totals(&mut totals);
+        let tenants: Vec<serde_json::Value> = totals
+            .into_iter()
+            .map(|(id, delivered, lost)| {
+                let tenant = if id == spillway_fabric::stats::TenantStats::OTHERS {
+                    json!("others")
+                } else {
+                    json!(id)
+                };
+                json!({ "tenant": tenant, "delivered": delivered, "lost": lost })
+            })
+            .collect();
         json!({
             "testbed": self.tb.name,
             "uptime_s": now.0 as f64 / 1e9,
@@ -163,6 +178,7 @@ impl DpuDaemon {
             "placement": self.tb.fabric.placement.policy.name(),
             "vatc": self.vatc,
             "cluster": self.cluster.as_ref().map(|c| c.status()),
+            "tenants": tenants,
             "vm_ports": self.dp.ports.iter().filter_map(|p| match &p.io {
                 PortIo::Shm(s) => Some(json!({
                     "vm": s.vm, "port": p.id.0, "attached": s.port.is_some(),
