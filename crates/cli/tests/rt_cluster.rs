@@ -3,8 +3,13 @@
 //! The DPU process publishes this host's record under a lease: its tenant's load once URSched
 //! has a full set of variance samples (VM `a` pings VM `b` meanwhile), its spare cores and its
 //! plane's state. A second host's record, published by the test, moves the cluster baseline;
-//! the DPU process's watch brings it back, and `ctl status` shows it in use. When the daemon
-//! stops, its record is gone at once (it revokes its lease), not after the lease's time to live.
+//! the DPU process's watch brings it back, and `ctl status` shows it in use.
+//!
+//! The host has no isolatable core (4 cores: 2 for tenants, 2 reserved) and a fast path of
+//! 10 packets/s, so the ping is pressure URSched cannot answer here: it falls back, and the
+//! agent reserves the plane's cores on the pool host the test offers (a transaction in etcd).
+//! When the ping stops and the pressure is gone, it releases them. When the daemon stops, its
+//! record is gone at once (it revokes its lease), not after the lease's time to live.
 //!
 //! Needs root, `ip`, `ping` and `etcd`; under `CI=true` a missing one fails the test, elsewhere
 //! it prints why it skips.
@@ -32,6 +37,12 @@ memory_max = "512M"
 host = "host-{name}"
 etcd = ["{endpoint}"]
 lease_ttl_s = 30
+[fabric.host]
+cores = 4
+tenant_cores = 2
+reserve_cores = 2
+[fabric.dpu]
+hw_pps_limit = 10.0
 [policy.host]
 uplink_port = 0
 uplink_mac = "02:00:00:00:00:01"
@@ -131,7 +142,7 @@ fn the_dpu_process_publishes_its_host_and_follows_the_cluster_baseline() {
         BIN,
         &config,
         dir.path(),
-        "released",
+        "auto",
         "warn",
         Duration::from_secs(30),
     )));
@@ -189,7 +200,25 @@ fn the_dpu_process_publishes_its_host_and_follows_the_cluster_baseline() {
     let c = &status["cluster"];
     assert_eq!(c["host"], host.as_str(), "{status}");
     assert!(c["published"].as_u64().unwrap_or(0) >= 1, "{status}");
+    // Pressure with no core here: the plane's cores are reserved on the test's pool host.
+    let pool = format!("pool-{name}");
+    let pool_lease = cluster.lease(Duration::from_secs(30)).expect("lease");
+    cluster.offer(&pool, 4, pool_lease).expect("offers");
+    let held = |c: &Cluster<EtcdKv>| c.pool(&pool).expect("reads the pool").held;
+    wait_for(Duration::from_secs(15), "the pool cores reserved", || {
+        held(&cluster)
+            .iter()
+            .any(|(who, cores)| *who == host && *cores == 2)
+            .then_some(())
+    });
+    let s = common::ctl(BIN, &config, &["status"]);
+    assert_eq!(s["cluster"]["reserved"]["pool"], pool.as_str(), "{s}");
+    assert_eq!(s["phase"], "idle", "no plane on a host without a core: {s}");
+    // The pressure goes with the ping: the cores go back.
     drop(ping);
+    wait_for(Duration::from_secs(15), "the pool cores released", || {
+        held(&cluster).is_empty().then_some(())
+    });
     // Stop: the record goes with the revoked lease, long before its 30 s would run out.
     let exit = daemon.stop().expect("daemon exits");
     assert!(exit.success(), "daemon exit {exit}: {}", log());
@@ -197,4 +226,5 @@ fn the_dpu_process_publishes_its_host_and_follows_the_cluster_baseline() {
         mine(&cluster).is_none().then_some(())
     });
     cluster.kv().revoke(lease).ok();
+    cluster.kv().revoke(pool_lease).ok();
 }

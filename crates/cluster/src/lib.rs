@@ -352,6 +352,17 @@ fn parse_cores(kv: &KeyValue) -> Result<u32> {
         })
 }
 
+/// Cores of a pool of `capacity` free for `reserver`: what the others hold is taken, its own
+/// reservation (which a new one replaces) is not.
+fn free_for(capacity: u32, held: &[(String, u32)], reserver: &str) -> u64 {
+    let others: u64 = held
+        .iter()
+        .filter(|(who, _)| who != reserver)
+        .map(|(_, c)| u64::from(*c))
+        .sum();
+    u64::from(capacity).saturating_sub(others)
+}
+
 /// A pool host's keys as read at one revision.
 struct PoolView {
     capacity: Option<(u32, i64)>,
@@ -510,13 +521,7 @@ impl<K: Kv> Cluster<K> {
             let Some((capacity, capacity_rev)) = view.capacity else {
                 return Err(ClusterError::NoSuchPool(pool.to_string()));
             };
-            let others: u64 = view
-                .held
-                .iter()
-                .filter(|(who, _)| who != reserver)
-                .map(|(_, c)| u64::from(*c))
-                .sum();
-            let free = u64::from(capacity).saturating_sub(others);
+            let free = free_for(capacity, &view.held, reserver);
             if u64::from(cores) > free {
                 return Ok(Reserve::Refused {
                     free_cores: free as u32,
@@ -562,6 +567,52 @@ impl<K: Kv> Cluster<K> {
             }],
         )?;
         Ok(())
+    }
+
+    /// Every pool host that offers cores, by name, with what it offers and who holds what.
+    pub fn pools(&self) -> Result<Vec<(String, Pool)>> {
+        let prefix = format!("{ROOT}pool/");
+        let (_, kvs) = self.kv.get_prefix(&prefix)?;
+        let mut names: Vec<String> = kvs
+            .iter()
+            .filter_map(|kv| kv.key[prefix.len()..].strip_suffix("/capacity"))
+            .map(str::to_string)
+            .collect();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|n| valid_name(n))
+            .map(|n| Ok((n.clone(), self.pool(&n)?)))
+            .collect()
+    }
+
+    /// Reserves `cores` for `reserver` on whichever pool host has most free (ties by name),
+    /// trying the others in that order when one refuses. Returns the pool host, or `None` when
+    /// no pool has room.
+    pub fn reserve_anywhere(
+        &self,
+        reserver: &str,
+        cores: u32,
+        lease: LeaseId,
+    ) -> Result<Option<String>> {
+        let mut pools: Vec<(u64, String)> = self
+            .pools()?
+            .into_iter()
+            .filter_map(|(name, p)| {
+                let free = free_for(p.capacity?, &p.held, reserver);
+                (free >= u64::from(cores) && name != reserver).then_some((free, name))
+            })
+            .collect();
+        pools.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for (_, name) in pools {
+            match self.reserve(&name, reserver, cores, lease) {
+                Ok(Reserve::Granted) => return Ok(Some(name)),
+                // Taken meanwhile, or gone: the next one.
+                Ok(Reserve::Refused { .. }) | Err(ClusterError::NoSuchPool(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
     }
 
     /// What `pool` offers and who holds how many of its cores.

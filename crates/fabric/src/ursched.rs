@@ -178,6 +178,12 @@ pub struct URSched {
     calm_windows: u32,
     windows_without_pressure: u32,
     fallback_noted: bool,
+    /// Cores wanted from a remote pool: set by a fallback (pressure with no isolatable host
+    /// core), cleared after `release_windows` windows without a reason to prepare, or when
+    /// the host's own cores serve again.
+    remote_wanted: Option<u32>,
+    /// Windows without a reason to prepare since the fallback.
+    remote_calm: u32,
     quota: u16,
     /// Per tenant (indexed by id; ids above `TENANTS_MAX` share the last slot): packets in the
     /// current variance window, and the last samples (pps).
@@ -248,6 +254,8 @@ impl URSched {
             calm_windows: 0,
             windows_without_pressure: 0,
             fallback_noted: false,
+            remote_wanted: None,
+            remote_calm: 0,
             quota: 0,
             tenants: Vec::new(),
             noisy: History::default(),
@@ -268,6 +276,13 @@ impl URSched {
     /// The cluster baseline in use, if any.
     pub fn cluster_baseline(&self) -> Option<f64> {
         self.cluster_baseline
+    }
+
+    /// Host cores wanted from a remote pool, while a fallback lasts: what the plane would have
+    /// started with here. The driver's cluster agent reserves them on a pool host and
+    /// releases them when this goes back to `None`.
+    pub fn remote_wanted(&self) -> Option<u32> {
+        self.remote_wanted
     }
 
     /// Every tenant's load as of the last variance window (tenants with a full set of samples
@@ -466,10 +481,19 @@ impl URSched {
                 } else {
                     None
                 };
+                if reason.is_none() && self.remote_wanted.is_some() {
+                    self.remote_calm += 1;
+                    if self.remote_calm >= p.release_windows {
+                        self.remote_wanted = None;
+                        self.fallback_noted = false;
+                    }
+                }
                 if let Some((cause, reason)) = reason {
                     let cores = self.isolatable(load.tenant_cores);
                     self.windows_without_pressure = 0;
+                    self.remote_calm = 0;
                     if cores == 0 {
+                        self.remote_wanted = Some(self.workers_initial);
                         if !self.fallback_noted {
                             self.fallback_noted = true;
                             out.push(Decision::Fallback {
@@ -481,6 +505,7 @@ impl URSched {
                         }
                     } else {
                         self.fallback_noted = false;
+                        self.remote_wanted = None;
                         out.push(Decision::Prepare {
                             workers: self.workers_initial.min(cores),
                             cause,
@@ -644,5 +669,54 @@ mod tests {
         let mut s = URSched::new(&f);
         s.set_cluster_baseline(Some(f64::NAN));
         assert_eq!(s.cluster_baseline(), None);
+    }
+
+    /// Pressure on a host with no isolatable core: a fallback, and the cores wanted from a
+    /// remote pool until `release_windows` calm windows have passed.
+    #[test]
+    fn a_fallback_wants_remote_cores_until_the_pressure_is_gone() {
+        let f = FabricParams::default();
+        let mut s = URSched::new(&f);
+        let full = f.host.cores - f.host.reserve_cores;
+        let hot = Load {
+            hw_util: 0.99,
+            tenant_cores: full,
+            ..Load::default()
+        };
+        let calm = Load {
+            tenant_cores: full,
+            ..Load::default()
+        };
+        let mut out = Vec::new();
+        for _ in 0..f.sched.history_windows {
+            s.window(&hot, PlaneView::Idle, &mut out);
+        }
+        assert!(
+            out.iter().any(|d| matches!(d, Decision::Fallback { .. })),
+            "{out:?}"
+        );
+        assert_eq!(s.remote_wanted(), Some(f.host.workers_initial));
+        // The pressure leaves the N-of-M history first, then `release_windows` calm windows.
+        let mut calm_windows = 0;
+        while s.remote_wanted().is_some() {
+            s.window(&calm, PlaneView::Idle, &mut out);
+            calm_windows += 1;
+            assert!(calm_windows <= f.sched.history_windows + f.sched.release_windows);
+        }
+        assert!(calm_windows >= f.sched.release_windows, "{calm_windows}");
+        // Cores of its own again: a plane here, nothing wanted remotely.
+        let own = Load {
+            hw_util: 0.99,
+            ..Load::default()
+        };
+        out.clear();
+        for _ in 0..f.sched.history_windows {
+            s.window(&own, PlaneView::Idle, &mut out);
+        }
+        assert!(
+            out.iter().any(|d| matches!(d, Decision::Prepare { .. })),
+            "{out:?}"
+        );
+        assert_eq!(s.remote_wanted(), None);
     }
 }

@@ -86,6 +86,8 @@ struct RawCluster {
     etcd: Vec<String>,
     #[serde(default)]
     lease_ttl_s: Option<u64>,
+    #[serde(default)]
+    pool_cores: Option<u32>,
 }
 
 /// The cluster control plane the DPU process publishes to (`[cluster]`): its host record under
@@ -99,6 +101,9 @@ pub struct ClusterSpec {
     /// The lease's time to live (`cluster.lease_ttl_s`, 2..=60, default 5): how soon a host
     /// that died disappears.
     pub lease_ttl: std::time::Duration,
+    /// Cores this host offers other hosts as a pool host (`cluster.pool_cores`, 0..=1024,
+    /// default 0: none).
+    pub pool_cores: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -485,10 +490,19 @@ impl Testbed {
                 if !(2..=60).contains(&ttl) {
                     return Err(err("cluster.lease_ttl_s", "2..=60", ttl.to_string()));
                 }
+                let pool_cores = c.pool_cores.unwrap_or(0);
+                if pool_cores > 1024 {
+                    return Err(err(
+                        "cluster.pool_cores",
+                        "0..=1024",
+                        pool_cores.to_string(),
+                    ));
+                }
                 Some(ClusterSpec {
                     host,
                     etcd: c.etcd,
                     lease_ttl: std::time::Duration::from_secs(ttl),
+                    pool_cores,
                 })
             }
         };
@@ -990,6 +1004,10 @@ netns = "swvs-b"
             (
                 "[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nttl = 3",
                 "cluster.ttl",
+            ),
+            (
+                "[cluster]\netcd = [\"http://127.0.0.1:2379\"]\npool_cores = 5000",
+                "cluster.pool_cores",
             ),
         ] {
             let e = load_err(&with(bad));

@@ -121,6 +121,20 @@ pub fn leases_take_their_keys<K: Kv>(c: &Cluster<K>, tag: &str) {
         Reserve::Granted
     );
     assert_eq!(held(c, &pool), 8);
+    // Anywhere: the pool with most free takes it; none with room is `None`.
+    let other = format!("other-{tag}");
+    let other_lease = c.lease(TTL).expect("lease");
+    c.offer(&other, 4, other_lease).expect("offers");
+    assert_eq!(
+        c.reserve_anywhere("c", 3, lease)
+            .expect("reserves")
+            .as_deref(),
+        Some(other.as_str()),
+        "{:?}",
+        c.pools()
+    );
+    assert_eq!(c.reserve_anywhere("d", 2, lease).expect("reserves"), None);
+    c.kv().revoke(other_lease).expect("revokes");
     // The pool's lease goes: no capacity, no new reservations.
     c.kv().revoke(pool_lease).expect("revokes");
     assert!(matches!(

@@ -717,6 +717,10 @@ impl DpuControl {
     pub fn tenant_loads(&self) -> &[crate::ursched::TenantLoad] {
         self.win.sched().tenant_loads()
     }
+    /// Cores wanted from a remote pool while URSched's fallback lasts.
+    pub fn remote_wanted(&self) -> Option<u32> {
+        self.win.remote_wanted()
+    }
     /// Host cores a plane could take now.
     pub fn isolatable_cores(&self) -> u32 {
         self.win.isolatable_cores()

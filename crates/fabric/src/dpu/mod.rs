@@ -622,6 +622,12 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.control.tenant_loads()
     }
 
+    /// Host cores wanted from a remote pool while URSched's fallback lasts (no isolatable
+    /// core here): what the cluster agent reserves on a pool host.
+    pub fn remote_wanted(&self) -> Option<u32> {
+        self.control.remote_wanted()
+    }
+
     /// Host cores a plane could take now (URSched's rule): what the host publishes as spare.
     pub fn isolatable_cores(&self) -> u32 {
         self.control.isolatable_cores()

@@ -95,6 +95,11 @@ impl Windows {
         &self.sched
     }
 
+    /// Cores wanted from a remote pool (URSched's fallback).
+    pub(crate) fn remote_wanted(&self) -> Option<u32> {
+        self.sched.remote_wanted()
+    }
+
     /// Host cores a plane could take now (URSched's rule, with the driver's tenant cores).
     pub(crate) fn isolatable_cores(&self) -> u32 {
         self.sched.isolatable(self.tenant_cores)

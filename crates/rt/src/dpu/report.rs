@@ -134,7 +134,7 @@ impl DpuDaemon {
             dpu.isolatable_cores(),
             dpu.phase(),
         );
-        let baseline = agent.exchange(record);
+        let baseline = agent.exchange(record, dpu.remote_wanted());
         self.sw.dpu_mut().set_cluster_baseline(baseline);
     }
 

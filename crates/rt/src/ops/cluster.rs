@@ -8,7 +8,10 @@
 //! bounded by the etcd client's timeout:
 //!
 //! - connect, take a lease of `lease_ttl`, and follow the baseline with a watch;
-//! - every second, renew the lease and publish the record left in the slot;
+//! - a pool host (`cluster.pool_cores`) offers its cores under the lease;
+//! - every second, renew the lease and publish the record left in the slot; while URSched
+//!   wants cores it cannot find here (a fallback), reserve them on the pool host with most
+//!   free, and release them once it no longer does;
 //! - on any error, forget the connection and start again a second later (the record
 //!   disappears from the cluster when the lease runs out, as a dead host's would);
 //! - at stop, revoke the lease, so the record goes at once.
@@ -33,6 +36,10 @@ struct Slot {
     record: Option<HostRecord>,
     /// The newest baseline the watch brought (normalised variance).
     baseline: Option<f64>,
+    /// Cores URSched wants from a pool (its fallback), as the loop last said.
+    want_remote: Option<u32>,
+    /// The pool host and cores this host holds there.
+    reserved: Option<(String, u32)>,
     /// Whether the thread holds a live lease and published at least once on it.
     connected: bool,
     /// Records published.
@@ -106,11 +113,13 @@ impl ClusterAgent {
         })
     }
 
-    /// Leaves `record` to be published and returns the newest baseline (`None`: none yet, or
-    /// the control plane is unreachable and the host judges its tenants alone).
-    pub fn exchange(&self, record: HostRecord) -> Option<f64> {
+    /// Leaves `record` to be published and the cores wanted from a pool (`None`: none), and
+    /// returns the newest baseline (`None`: none yet, or the control plane is unreachable and
+    /// the host judges its tenants alone).
+    pub fn exchange(&self, record: HostRecord, want_remote: Option<u32>) -> Option<f64> {
         let mut s = lock(&self.slot);
         s.record = Some(record);
+        s.want_remote = want_remote;
         if s.connected { s.baseline } else { None }
     }
 
@@ -123,6 +132,11 @@ impl ClusterAgent {
             "connected": s.connected,
             "published": s.published,
             "baseline": s.baseline,
+            "pool_cores": self.spec.pool_cores,
+            "wants_remote_cores": s.want_remote,
+            "reserved": s.reserved.as_ref().map(|(pool, cores)| serde_json::json!({
+                "pool": pool, "cores": cores,
+            })),
             "error": s.error,
         })
     }
@@ -147,6 +161,9 @@ struct Session {
 fn open(spec: &ClusterSpec) -> spillway_cluster::Result<Session> {
     let cluster = Cluster::new(Store::etcd(&spec.etcd)?);
     let lease = cluster.lease(spec.lease_ttl)?;
+    if spec.pool_cores > 0 {
+        cluster.offer(&spec.host, spec.pool_cores, lease)?;
+    }
     let baselines = cluster.watch_baseline()?;
     Ok(Session {
         cluster,
@@ -169,6 +186,27 @@ fn round(spec: &ClusterSpec, s: &Session, slot: &Mutex<Slot>) -> spillway_cluste
     }
     if let Some(b) = s.baselines.try_iter().last() {
         lock(slot).baseline = Some(b.norm_variance);
+    }
+    // Remote cores: reserve while wanted, release when not. A reservation goes with the
+    // lease, so a session lost takes it too (`agent` forgets it then).
+    let (want, held) = {
+        let g = lock(slot);
+        (g.want_remote, g.reserved.clone())
+    };
+    match (want, held) {
+        (Some(cores), None) => match s.cluster.reserve_anywhere(&spec.host, cores, s.lease)? {
+            Some(pool) => {
+                tracing::info!(pool = %pool, cores, "cluster: reserved pool cores");
+                lock(slot).reserved = Some((pool, cores));
+            }
+            None => tracing::debug!(cores, "cluster: no pool host has room"),
+        },
+        (None, Some((pool, cores))) => {
+            s.cluster.release(&pool, &spec.host)?;
+            tracing::info!(pool = %pool, cores, "cluster: released pool cores");
+            lock(slot).reserved = None;
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -195,6 +233,8 @@ fn agent(spec: &ClusterSpec, slot: &Mutex<Slot>, stop: &StopWatch) {
             let mut g = lock(slot);
             g.connected = false;
             g.error = Some(e.to_string());
+            // Its lease, and what was reserved under it, are lost with the session.
+            g.reserved = None;
             session = None;
         }
         next += PUBLISH_EVERY;
