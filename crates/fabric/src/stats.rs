@@ -237,22 +237,63 @@ pub struct TenantStat {
 /// Delivery, loss and latency by tenant: what one tenant's burst cost the others. Bounded:
 /// [`TENANT_STATS_MAX`] tenants apart (a histogram of 4 KiB each, made when a tenant is first
 /// seen, never per packet), the rest together.
+///
+/// It is on the per-packet path of both nodes, so a known tenant's entry is found by one
+/// index into a table by tenant id (ids below [`TENANTS_DIRECT`]; larger ids by a binary
+/// search of the few entries), not by a map lookup.
 #[derive(Clone, Debug, Default)]
 pub struct TenantStats {
-    by: std::collections::BTreeMap<u32, TenantStat>,
+    /// Entries in tenant order.
+    slots: Vec<(u32, TenantStat)>,
+    /// Tenant id -> 1 + its entry's index in `slots` (0: none yet), for ids below
+    /// [`TENANTS_DIRECT`]; grows to the largest such id seen (2 bytes an id, 128 KiB at most).
+    index: Vec<u16>,
 }
+
+/// Tenant ids found by direct index in [`TenantStats`] (URSched's table is as large).
+pub const TENANTS_DIRECT: u32 = crate::ursched::TENANTS_MAX as u32;
 
 impl TenantStats {
     /// The key under which tenants beyond [`TENANT_STATS_MAX`] are counted together.
     pub const OTHERS: u32 = u32::MAX;
 
+    fn find(&self, tenant: u32) -> Option<usize> {
+        if tenant < TENANTS_DIRECT {
+            match self.index.get(tenant as usize) {
+                Some(&i) if i > 0 => Some(usize::from(i - 1)),
+                _ => None,
+            }
+        } else {
+            self.slots.binary_search_by_key(&tenant, |s| s.0).ok()
+        }
+    }
+
     fn slot(&mut self, tenant: u32) -> &mut TenantStat {
-        let key = if self.by.contains_key(&tenant) || self.by.len() < TENANT_STATS_MAX {
+        if let Some(i) = self.find(tenant) {
+            return &mut self.slots[i].1;
+        }
+        // A new tenant: apart while there is room, else with the others.
+        let key = if self.slots.len() < TENANT_STATS_MAX {
             tenant
         } else {
             Self::OTHERS
         };
-        self.by.entry(key).or_default()
+        if let Some(i) = self.find(key) {
+            return &mut self.slots[i].1;
+        }
+        let at = self.slots.partition_point(|s| s.0 < key);
+        self.slots.insert(at, (key, TenantStat::default()));
+        // Entries after `at` moved: rebuild the index (at most TENANT_STATS_MAX + 1 times).
+        if key < TENANTS_DIRECT && self.index.len() <= key as usize {
+            self.index.resize(key as usize + 1, 0);
+        }
+        for (i, (t, _)) in self.slots.iter().enumerate() {
+            if let Some(e) = self.index.get_mut(*t as usize) {
+                // `slots` never holds more than TENANT_STATS_MAX + 1 entries.
+                *e = (i + 1) as u16;
+            }
+        }
+        &mut self.slots[at].1
     }
 
     /// `n` packets of `tenant` delivered with latency `ns`.
@@ -271,7 +312,7 @@ impl TenantStats {
 
     /// Adds another table.
     pub fn merge(&mut self, other: &TenantStats) {
-        for (t, o) in &other.by {
+        for (t, o) in &other.slots {
             let s = self.slot(*t);
             s.delivered += o.delivered;
             s.lost += o.lost;
@@ -282,7 +323,7 @@ impl TenantStats {
     /// Adds each tenant's delivered and lost packets into `out` (`(tenant, delivered, lost)`,
     /// kept in tenant order), without copying the histograms.
     pub fn add_totals(&self, out: &mut Vec<(u32, u64, u64)>) {
-        for (t, s) in &self.by {
+        for (t, s) in &self.slots {
             match out.binary_search_by_key(t, |e| e.0) {
                 Ok(i) => {
                     out[i].1 += s.delivered;
@@ -295,7 +336,7 @@ impl TenantStats {
 
     /// Every tenant seen, by id ([`TenantStats::OTHERS`] last).
     pub fn iter(&self) -> impl Iterator<Item = (u32, &TenantStat)> {
-        self.by.iter().map(|(t, s)| (*t, s))
+        self.slots.iter().map(|(t, s)| (*t, s))
     }
 }
 
@@ -357,5 +398,18 @@ mod tests {
         assert_eq!(totals[1], (9, 0, 4));
         assert_eq!(totals.len(), TENANT_STATS_MAX + 1);
         assert!(totals.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn tenant_stats_find_large_ids_and_keep_the_index_current() {
+        let mut t = TenantStats::default();
+        t.delivered(70_000, 2, 10);
+        t.delivered(5, 1, 10);
+        t.delivered(3, 1, 10);
+        t.delivered(70_000, 2, 10);
+        t.lost(5, 1);
+        let seen: Vec<(u32, u64, u64)> =
+            t.iter().map(|(id, s)| (id, s.delivered, s.lost)).collect();
+        assert_eq!(seen, vec![(3, 1, 0), (5, 1, 1), (70_000, 4, 0)]);
     }
 }

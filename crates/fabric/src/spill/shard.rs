@@ -43,8 +43,9 @@ pub struct PlaneResources {
     /// Most jobs one tenant may hold in the workers' queue (`host.tenant_worker_share` of
     /// it); `None` when the share is off.
     tenant_cap: Option<u32>,
-    /// Each tenant's jobs in the workers' queue, while the share is on (a tenant's entry
-    /// goes when its last job finishes and it offers again).
+    /// Each tenant's jobs in the workers' queue, while the share is on: one entry per tenant
+    /// that offered (kept when empty, so that a tenant at its share allocates nothing per
+    /// packet; cleared when the workers fail or the plane stops).
     tenant_queues: BTreeMap<u32, Ledger>,
 }
 
@@ -80,9 +81,6 @@ impl PlaneResources {
         let allowed = count.min(cap.saturating_sub(ledger.queued(now_ps)));
         let a = self.workers.offer(now_ps, allowed, cost_ps);
         ledger.push(&a);
-        if ledger.queued(now_ps) == 0 {
-            self.tenant_queues.remove(&tenant);
-        }
         (allowed, a)
     }
 
