@@ -76,6 +76,32 @@ struct Raw {
     vm: Vec<RawVm>,
     #[serde(default)]
     cluster: Option<RawCluster>,
+    #[serde(default)]
+    uplink: Option<RawUplink>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUplink {
+    netns: String,
+    #[serde(default)]
+    bridge: Option<String>,
+}
+
+/// The DPU's uplink to the underlay (`[uplink]`): a TAP the DPU process holds as the policy's
+/// `host.uplink_port`, moved into the underlay's namespace (the operator's or the test's:
+/// never created or removed here) and, with `bridge`, enslaved to that bridge. VXLAN for this
+/// host's VTEP comes in there; frames routed to a `tunnel` go out there, encapsulated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UplinkSpec {
+    /// The underlay's namespace (`uplink.netns`), which must exist.
+    pub netns: String,
+    /// A bridge in that namespace the TAP joins (`uplink.bridge`), which must exist.
+    pub bridge: Option<String>,
+    /// The TAP's name: `<testbed>ul`.
+    pub tap: String,
+    /// The policy's uplink port.
+    pub port: PortId,
 }
 
 #[derive(Debug, Deserialize)]
@@ -308,6 +334,8 @@ pub struct Testbed {
     pub tap_io: TapIo,
     /// The cluster control plane, if any (`[cluster]`).
     pub cluster: Option<ClusterSpec>,
+    /// The uplink to the underlay, if any (`[uplink]`).
+    pub uplink: Option<UplinkSpec>,
     /// Where the guest of `backend = "vhost-user"` VMs is (`guest/build.sh`'s output:
     /// `vmlinuz`, `initramfs.cpio.gz`; `testbed.guest_dir`, default `target/guest`).
     pub guest_dir: PathBuf,
@@ -351,6 +379,26 @@ fn policy_error(err: &dyn Fn(&str, &str, String) -> TestbedError, e: &ConfigErro
             .unwrap_or_else(|| ("a valid vSwitch policy".into(), e.to_string())),
     };
     err(&field, &expected, actual)
+}
+
+/// A namespace is a file under /run/netns: a plain file name, no path.
+fn valid_netns(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && !n.starts_with('.')
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// An interface name: IFNAMSIZ is 16 with the terminating NUL; '/', ':' and whitespace are
+/// refused by the kernel or break `ip`'s syntax.
+fn valid_ifname(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 15
+        && n != "."
+        && n != ".."
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 fn parse_size(s: &str) -> Option<u64> {
@@ -506,6 +554,43 @@ impl Testbed {
                 })
             }
         };
+        let vnet_hdr = raw.testbed.vnet_hdr.unwrap_or(true);
+        let uplink = match raw.uplink {
+            None => None,
+            Some(u) => {
+                if !valid_netns(&u.netns) {
+                    return Err(err(
+                        "uplink.netns",
+                        "1 to 64 characters of [A-Za-z0-9_.-], not starting with '.'",
+                        echo(&u.netns),
+                    ));
+                }
+                if let Some(b) = u.bridge.as_deref().filter(|b| !valid_ifname(b)) {
+                    return Err(err(
+                        "uplink.bridge",
+                        "1 to 15 characters of [A-Za-z0-9_.-]",
+                        echo(b),
+                    ));
+                }
+                // A VM's TSO super-frame routed to a tunnel would go out encapsulated with a
+                // vnet header describing its inner TCP: the kernel's segmentation needs the
+                // UDP-tunnel GSO types for that, which this driver does not write.
+                if vnet_hdr {
+                    return Err(err(
+                        "testbed.vnet_hdr",
+                        "false with an [uplink] (TSO through VXLAN is not built: frames on \
+                         an underlay fit its MTU)",
+                        "true (the default)".into(),
+                    ));
+                }
+                Some(UplinkSpec {
+                    netns: u.netns,
+                    bridge: u.bridge,
+                    tap: format!("{name}ul"),
+                    port: policy.host().uplink_port,
+                })
+            }
+        };
         let tap_io = match raw.testbed.tap_io.as_deref() {
             None | Some("io_uring") => TapIo::Uring,
             Some("syscalls") => TapIo::Syscalls,
@@ -636,14 +721,7 @@ impl Testbed {
                 .netns
                 .clone()
                 .unwrap_or_else(|| format!("{name}-{}", v.name));
-            // A namespace is a file under /run/netns: a plain file name, no path.
-            if netns.is_empty()
-                || netns.len() > 64
-                || netns.starts_with('.')
-                || !netns
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            {
+            if !valid_netns(&netns) {
                 return Err(err(
                     &f("netns"),
                     "1 to 64 characters of [A-Za-z0-9_.-], not starting with '.'",
@@ -658,16 +736,7 @@ impl Testbed {
                 ));
             }
             let ifname = v.ifname.clone().unwrap_or_else(|| "eth0".into());
-            // IFNAMSIZ is 16 with the terminating NUL; '/', ':' and whitespace are refused by
-            // the kernel or break `ip`'s syntax.
-            if ifname.is_empty()
-                || ifname.len() > 15
-                || ifname == "."
-                || ifname == ".."
-                || !ifname
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            {
+            if !valid_ifname(&ifname) {
                 return Err(err(
                     &f("ifname"),
                     "1 to 15 characters of [A-Za-z0-9_.-]",
@@ -826,7 +895,8 @@ impl Testbed {
             vms,
             hold,
             cluster,
-            vnet_hdr: raw.testbed.vnet_hdr.unwrap_or(true),
+            uplink,
+            vnet_hdr,
             tap_io,
             guest_dir: raw
                 .testbed
@@ -1013,6 +1083,43 @@ netns = "swvs-b"
             let e = load_err(&with(bad));
             assert_eq!(e.field, field, "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn an_uplink_names_its_underlay_and_needs_plain_frames() {
+        let plain = |extra: &str| {
+            GOOD.replace("name = \"t1\"", "name = \"t1\"\nvnet_hdr = false")
+                .replace("[fabric.dpu]\n", &format!("{extra}\n[fabric.dpu]\n"))
+        };
+        let t = Testbed::from_toml_str(
+            &plain("[uplink]\nnetns = \"under\"\nbridge = \"br0\"\n"),
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let u = t.uplink.expect("an uplink");
+        assert_eq!(u.netns, "under");
+        assert_eq!(u.bridge.as_deref(), Some("br0"));
+        assert_eq!(u.tap, "t1ul");
+        assert_eq!(u.port, t.policy.host().uplink_port);
+        for (bad, field) in [
+            ("[uplink]\nnetns = \"../x\"\n", "uplink.netns"),
+            (
+                "[uplink]\nnetns = \"u\"\nbridge = \"a bridge\"\n",
+                "uplink.bridge",
+            ),
+            ("[uplink]\nnetns = \"u\"\nmtu = 9000\n", "uplink.mtu"),
+            ("[uplink]\nbridge = \"br0\"\n", "uplink"),
+        ] {
+            let e = load_err(&plain(bad));
+            assert!(e.field.starts_with(field), "{bad}: {e}");
+        }
+        // With virtio-net headers (the default) a VM's TSO super-frame could reach the
+        // underlay encapsulated: refused, naming the field to change.
+        let e = load_err(&GOOD.replace(
+            "[fabric.dpu]\n",
+            "[uplink]\nnetns = \"u\"\n\n[fabric.dpu]\n",
+        ));
+        assert_eq!(e.field, "testbed.vnet_hdr", "{e}");
     }
 
     #[test]

@@ -180,3 +180,44 @@ pub fn ctl(bin: &str, config: &Path, args: &[&str]) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("ctl prints JSON")
 }
+
+/// The daemon, stopped with SIGINT (it removes what it made) and reaped when dropped, also
+/// when the test fails; [`Daemon::stop`] does it on purpose and returns the exit status.
+pub struct Daemon(pub Option<std::process::Child>);
+
+impl Daemon {
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.0.take()?;
+        // SAFETY: kill(2) with our own child's pid and SIGINT touches no memory.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        child.wait().ok()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A child killed and reaped when dropped.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits up to `within` for `f` to give `Some`.
+pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = f() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -42,6 +42,56 @@ pub fn bring_up(tb: &Testbed, ledger: &mut Ledger) -> Result<Vec<(VmSpec, Option
     Ok(out)
 }
 
+/// `ip -n ns ARGS`, its error output in the error.
+fn ip_in(ns: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .arg("-n")
+        .arg(ns)
+        .args(args)
+        .output()
+        .map_err(|e| format!("running ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip -n {ns} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Creates the uplink's TAP (`[uplink]`), if the testbed has one: moved into the underlay's
+/// namespace, into its bridge, and up. The namespace and the bridge are the operator's; only
+/// the TAP is ours, and it vanishes with the process's fds.
+pub fn bring_up_uplink(tb: &Testbed, ledger: &mut Ledger) -> Result<Option<Tap>, String> {
+    let Some(u) = &tb.uplink else {
+        return Ok(None);
+    };
+    let ns = u.netns.as_str();
+    if !netns::netns_exists(ns).map_err(|e| e.to_string())? {
+        return Err(format!(
+            "uplink: namespace {ns} does not exist (the underlay is the operator's: create it \
+             and its bridge first, e.g. `ip netns add {ns}`)"
+        ));
+    }
+    let opts = TapOptions {
+        vnet_hdr: tb.vnet_hdr,
+        offload: false,
+        queues: u16::try_from(tb.fabric.dpu.shards.max(1)).unwrap_or(u16::MAX),
+    };
+    let tap = Tap::create(&u.tap, opts).map_err(|e| format!("uplink: {e}"))?;
+    ledger
+        .link_set_netns(&u.tap, ns)
+        .map_err(|e| format!("uplink: {e}"))?;
+    if let Some(br) = &u.bridge {
+        ip_in(ns, &["link", "set", "dev", &u.tap, "master", br])
+            .map_err(|e| format!("uplink: {e}"))?;
+    }
+    netns::link_set_up(Some(ns), &u.tap).map_err(|e| format!("uplink: {e}"))?;
+    Ok(Some(tap))
+}
+
 fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, String> {
     let ns = vm.netns.as_str();
     if netns::netns_exists(ns).map_err(|e| e.to_string())? {
@@ -63,23 +113,7 @@ fn bring_up_vm(tb: &Testbed, vm: &VmSpec, ledger: &mut Ledger) -> Result<Tap, St
     ledger
         .link_set_netns(&vm.tap, ns)
         .map_err(|e| e.to_string())?;
-    let ip = |args: &[&str]| -> Result<(), String> {
-        let out = std::process::Command::new("ip")
-            .arg("-n")
-            .arg(ns)
-            .args(args)
-            .output()
-            .map_err(|e| format!("running ip: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "ip -n {ns} {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    };
+    let ip = |args: &[&str]| ip_in(ns, args);
     ip(&["link", "set", "dev", &vm.tap, "name", &vm.ifname])?;
     let e = |e: netns::NetnsError| e.to_string();
     // A VM without an IPv6 address is an IPv4 host: IPv6 stays off, so its namespace sends no

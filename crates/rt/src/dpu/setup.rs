@@ -60,6 +60,9 @@ impl DpuDaemon {
         for vm in &tb.vms {
             scope = scope.allow_netns(&vm.netns).allow_link(&vm.tap);
         }
+        if let Some(u) = &tb.uplink {
+            scope = scope.allow_link(&u.tap);
+        }
         match Ledger::recover_in(&tb.state_dir, &tb.name, &scope) {
             Ok(Some(r)) => {
                 tracing::warn!(target: "spillway::run", removed = r.removed.len(), failed = r.failed.len(), "removed leftovers of a previous run that did not clean up");
@@ -69,7 +72,9 @@ impl DpuDaemon {
         }
         let mut ledger = Ledger::open(&tb.state_dir, &tb.name)
             .map_err(|e| RunError::Setup(format!("opening the ledger: {e}")))?;
-        let ports = match crate::dpu::bringup::bring_up(&tb, &mut ledger) {
+        let brought = crate::dpu::bringup::bring_up(&tb, &mut ledger)
+            .and_then(|vms| Ok((vms, crate::dpu::bringup::bring_up_uplink(&tb, &mut ledger)?)));
+        let (ports, uplink) = match brought {
             Ok(p) => p,
             Err(e) => {
                 ledger.cleanup();
@@ -113,6 +118,13 @@ impl DpuDaemon {
                 out.push(Port {
                     id: spec.port,
                     io,
+                    file: None,
+                });
+            }
+            if let (Some(u), Some(tap)) = (&tb.uplink, uplink) {
+                out.push(Port {
+                    id: u.port,
+                    io: PortIo::Tap(tap),
                     file: None,
                 });
             }
