@@ -48,6 +48,18 @@ pub struct PlaneArgs {
     /// The DPU process's clock origin (CLOCK_MONOTONIC ns; any u64).
     #[arg(long)]
     pub clock_origin_ns: u64,
+    /// Run the plane on the pool host whose service listens at this `address:port`, and
+    /// relay its records (the DPU process passes this when URSched places the plane on a
+    /// remote pool; the reservation's token follows the secret on stdin).
+    #[arg(long)]
+    pub remote: Option<std::net::SocketAddr>,
+    /// With `--remote`: this host's name in the cluster (the reserver).
+    #[arg(long, requires = "remote")]
+    pub remote_host: Option<String>,
+    /// With `--remote`: the namespace of this host's interface on the underlay, to connect
+    /// from.
+    #[arg(long, requires = "remote")]
+    pub remote_netns: Option<String>,
     /// Log level.
     #[arg(long, default_value = "info")]
     pub log: String,
@@ -91,6 +103,12 @@ pub enum CtlCommand {
     Vatc {
         /// on or off.
         state: String,
+    },
+    /// The host cores the tenants' VMs use now, as the host's VM scheduler would report it:
+    /// the spill plane is placed on the others (URSched's isolatable cores).
+    TenantCores {
+        /// Cores in use by tenants, at most `fabric.host.cores`.
+        cores: u32,
     },
     /// Online upgrade: start a new plane in the warm slot, sync it, hand the active plane's
     /// connections over, flip the redirect rules to it and retire the old plane.
@@ -282,6 +300,17 @@ pub fn spill_plane(args: &PlaneArgs) -> Result<()> {
         vnic_socket: args.vnic_socket.clone(),
         workers: args.workers,
         clock_origin_ns: args.clock_origin_ns,
+        remote: match args.remote {
+            None => None,
+            Some(endpoint) => Some(spillway_rt::remote::relay::RemoteOptions {
+                endpoint,
+                netns: args.remote_netns.clone(),
+                host: args
+                    .remote_host
+                    .clone()
+                    .context("--remote needs --remote-host")?,
+            }),
+        },
     })
     .map_err(|e| anyhow::anyhow!("spill plane: {e}"))
 }
@@ -323,6 +352,7 @@ pub fn ctl(args: &CtlArgs) -> Result<()> {
                 _ => bail!("vatc: expected on or off, got {state:?}"),
             },
         },
+        CtlCommand::TenantCores { cores } => CtlRequest::TenantCores { cores: *cores },
         CtlCommand::Upgrade { binary } => CtlRequest::Upgrade {
             binary: match binary {
                 Some(b) => Some(

@@ -503,51 +503,6 @@ fn wrk(bed: &Bed, close: bool, conns: u32, secs: u32) -> (f64, String) {
     (rps, errors)
 }
 
-/// A Python client holding one TCP connection to redis for `secs`, sending PING every 20 ms and
-/// requiring every PONG; prints the count and the longest time between two PONGs, in ms. Exits
-/// non-zero if the connection breaks or a reply is missing or late by more than 3 s.
-fn redis_pinger(bed: &Bed, secs: u32) -> Child {
-    let script = format!(
-        "import socket,time,sys\n\
-         s=socket.create_connection(('10.66.0.2',6380),timeout=3)\n\
-         s.settimeout(3)\n\
-         end=time.time()+{secs}\n\
-         n=0\n\
-         last=None\n\
-         gap=0.0\n\
-         while time.time()<end:\n\
-         \x20   s.sendall(b'PING\\r\\n')\n\
-         \x20   r=b''\n\
-         \x20   while not r.endswith(b'\\r\\n'):\n\
-         \x20       c=s.recv(64)\n\
-         \x20       if not c: sys.exit('connection closed after %d replies' % n)\n\
-         \x20       r+=c\n\
-         \x20   assert r==b'+PONG\\r\\n', r\n\
-         \x20   t=time.monotonic()\n\
-         \x20   if last is not None: gap=max(gap,t-last)\n\
-         \x20   last=t\n\
-         \x20   n+=1\n\
-         \x20   time.sleep(0.02)\n\
-         print(n, round(gap*1000,1))\n"
-    );
-    bed.exec("a", "python3")
-        .args(["-c", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn finish(mut c: Child, what: &str) -> String {
-    let status = c.wait().unwrap();
-    let mut out = String::new();
-    let mut err = String::new();
-    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert!(status.success(), "{what} failed ({status}): {out} {err}");
-    out
-}
-
 /// Two long-lived connections for the length of a test: the redis pinger and a 20 Mbit/s
 /// iperf3 TCP transfer (one-second intervals).
 struct LongLived {
@@ -557,7 +512,7 @@ struct LongLived {
 
 impl LongLived {
     fn start(bed: &Bed, secs: u32) -> LongLived {
-        let pinger = redis_pinger(bed, secs);
+        let pinger = common::redis_pinger(&bed.ns("a"), "10.66.0.2:6380", secs, 3);
         let iperf = bed
             .exec("a", "iperf3")
             .args(["-c", "10.66.0.2", "-p", "5201", "-J", "-b", "20M", "-t"])
@@ -578,11 +533,12 @@ impl LongLived {
 
     /// [`LongLived::finish`], with the longest time between two PONGs, in ms.
     fn finish_with_gap(self) -> (u64, Vec<f64>, f64) {
-        let out = finish(self.pinger, "redis pinger");
+        let out = common::finish(self.pinger, "redis pinger");
         let mut words = out.split_whitespace();
         let pongs = words.next().and_then(|w| w.parse().ok()).unwrap();
         let gap_ms = words.next().and_then(|w| w.parse().ok()).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&finish(self.iperf, "iperf3")).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&common::finish(self.iperf, "iperf3")).unwrap();
         let stalled = v["intervals"]
             .as_array()
             .unwrap()
@@ -656,8 +612,10 @@ impl UdpProbe {
 
     /// The generator's and the sink's reports once both are done.
     fn finish(self) -> (serde_json::Value, serde_json::Value) {
-        let sent = serde_json::from_str(&finish(self.sender, "traffic gen")).expect("gen JSON");
-        let got = serde_json::from_str(&finish(self.sink, "traffic sink")).expect("sink JSON");
+        let sent =
+            serde_json::from_str(&common::finish(self.sender, "traffic gen")).expect("gen JSON");
+        let got =
+            serde_json::from_str(&common::finish(self.sink, "traffic sink")).expect("sink JSON");
         (sent, got)
     }
 }
@@ -692,7 +650,7 @@ fn testbed_carries_traffic_serves_ctl_and_metrics_and_leaves_nothing_behind() {
     std::thread::sleep(Duration::from_millis(1500));
     // The flow dump names the transfer's connections and their owners while it runs.
     let flows = bed.ctl(&["flows"]);
-    let v: serde_json::Value = serde_json::from_str(&finish(run, "iperf3")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&common::finish(run, "iperf3")).unwrap();
     let gbps = v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .unwrap()
@@ -882,7 +840,7 @@ fn flood_windows(bed: &mut Bed, read: fn(&serde_json::Value) -> (u64, u64)) -> (
     let busy0 = read(&bed.status());
     std::thread::sleep(Duration::from_secs(2));
     let busy1 = read(&bed.status());
-    let sent = finish(flood, "traffic gen");
+    let sent = common::finish(flood, "traffic gen");
     eprintln!("traffic gen: {sent}");
     (idle1.0 - idle0.0, busy1.0 - busy0.0, busy1.1 - busy0.1)
 }
@@ -1051,7 +1009,7 @@ fn fast_path_admits_no_more_than_its_limit(shards: u32) {
     std::thread::sleep(Duration::from_secs(2));
     let s1 = bed.status();
     let secs = t0.elapsed().as_secs_f64();
-    let sent = finish(flood, "traffic gen");
+    let sent = common::finish(flood, "traffic gen");
     let rate = |key: &str| (counter(&s1, key) - counter(&s0, key)) as f64 / secs;
     let dropped = |s: &serde_json::Value| s["drops"]["dpu.hw.overload"].as_u64().unwrap_or(0);
     let offered = rate("dpu.rx.packets");
@@ -1126,7 +1084,7 @@ fn two_forwarding_threads_take_a_reloaded_policy() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let sent = finish(flood, "traffic gen");
+    let sent = common::finish(flood, "traffic gen");
     std::thread::sleep(Duration::from_millis(300));
     let s1 = bed.status();
     let delta = |key: &str| counter(&s1, key) - counter(&s0, key);
@@ -1840,7 +1798,7 @@ fn online_upgrade_under_load(shards: u32) {
     let new_pid = done["plane"]["pid"].as_u64().unwrap();
     let exe = std::fs::read_link(format!("/proc/{new_pid}/exe")).unwrap();
     assert_eq!(exe, std::fs::canonicalize(&new_bin).unwrap());
-    let wrk_out = finish(wrk, "wrk");
+    let wrk_out = common::finish(wrk, "wrk");
     let (pongs, stalled, gap_ms) = long.finish_with_gap();
     let s = bed.status();
     let ev = events(&s);

@@ -12,6 +12,8 @@
 //! | `pool/<host>/capacity` | cores the pool host offers | the pool host's |
 //! | `pool/<host>/seq` | bumped by every reservation | none |
 //! | `pool/<host>/held/<reserver>` | cores reserved | the reserver's: a reserver that dies releases them |
+//! | `pool/<host>/endpoint` | `address:port` of the pool host's remote-plane service on the underlay | the pool host's |
+//! | `pool/<host>/token/<reserver>` | the secret the reserver's plane link presents to that service | the reserver's |
 //!
 //! The cluster baseline URSched's variance trigger compares a tenant with is computed from the
 //! host records ([`baseline`]); [`Cluster::watch_baseline`] follows it as hosts publish.
@@ -307,7 +309,22 @@ pub struct Pool {
     pub capacity: Option<u32>,
     /// Who holds how many, by reserver name.
     pub held: Vec<(String, u32)>,
+    /// Where its remote-plane service listens (`address:port`), if it runs one.
+    pub endpoint: Option<String>,
 }
+
+/// A reservation as the pool host's service checks it: the cores held and the token the
+/// reserver's plane link must present.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Cores held.
+    pub cores: u32,
+    /// The reserver's token (see [`Cluster::set_token`]).
+    pub token: String,
+}
+
+/// Bytes of a token's text at most (a 32-byte secret in hex is 64).
+pub const TOKEN_LEN_MAX: usize = 128;
 
 /// The control plane over a store: every rule of this crate, written once.
 #[derive(Debug)]
@@ -352,6 +369,28 @@ fn parse_cores(kv: &KeyValue) -> Result<u32> {
         })
 }
 
+fn parse_text(kv: &KeyValue, what: &str) -> Result<String> {
+    std::str::from_utf8(&kv.value)
+        .ok()
+        .filter(|s| !s.is_empty() && s.len() <= TOKEN_LEN_MAX)
+        .map(str::to_string)
+        .ok_or_else(|| ClusterError::BadValue {
+            key: kv.key.clone(),
+            reason: format!("expected {what}: 1 to {TOKEN_LEN_MAX} bytes of UTF-8"),
+        })
+}
+
+/// Checks a value this crate writes: 1 to `max` printable ASCII characters.
+fn check_text(what: &'static str, text: &str, max: usize) -> Result<()> {
+    if text.is_empty() || text.len() > max || !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ClusterError::BadValue {
+            key: what.to_string(),
+            reason: format!("expected 1 to {max} printable ASCII characters"),
+        });
+    }
+    Ok(())
+}
+
 /// Cores of a pool of `capacity` free for `reserver`: what the others hold is taken, its own
 /// reservation (which a new one replaces) is not.
 fn free_for(capacity: u32, held: &[(String, u32)], reserver: &str) -> u64 {
@@ -368,6 +407,8 @@ struct PoolView {
     capacity: Option<(u32, i64)>,
     seq_revision: i64,
     held: Vec<(String, u32)>,
+    endpoint: Option<String>,
+    tokens: Vec<(String, String)>,
 }
 
 impl<K: Kv> Cluster<K> {
@@ -489,6 +530,8 @@ impl<K: Kv> Cluster<K> {
             capacity: None,
             seq_revision: 0,
             held: Vec::new(),
+            endpoint: None,
+            tokens: Vec::new(),
         };
         for kv in &kvs {
             let rest = &kv.key[p.len()..];
@@ -498,6 +541,10 @@ impl<K: Kv> Cluster<K> {
                 v.seq_revision = kv.mod_revision;
             } else if let Some(who) = rest.strip_prefix("held/") {
                 v.held.push((who.to_string(), parse_cores(kv)?));
+            } else if rest == "endpoint" {
+                v.endpoint = Some(parse_text(kv, "an address:port")?);
+            } else if let Some(who) = rest.strip_prefix("token/") {
+                v.tokens.push((who.to_string(), parse_text(kv, "a token")?));
             }
         }
         Ok(v)
@@ -556,17 +603,76 @@ impl<K: Kv> Cluster<K> {
         })
     }
 
-    /// Releases what `reserver` holds on `pool` (nothing if it holds nothing).
+    /// Releases what `reserver` holds on `pool` (nothing if it holds nothing), and its token.
     pub fn release(&self, pool: &str, reserver: &str) -> Result<()> {
         check_name("pool host", pool)?;
         check_name("reserver", reserver)?;
+        let p = pool_prefix(pool);
         self.kv.txn(
             &[],
-            vec![Write::Delete {
-                key: format!("{}held/{reserver}", pool_prefix(pool)),
+            vec![
+                Write::Delete {
+                    key: format!("{p}held/{reserver}"),
+                },
+                Write::Delete {
+                    key: format!("{p}token/{reserver}"),
+                },
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// `pool` runs its remote-plane service at `endpoint` (`address:port` on the underlay),
+    /// under its `lease`.
+    pub fn advertise(&self, pool: &str, endpoint: &str, lease: LeaseId) -> Result<()> {
+        check_name("pool host", pool)?;
+        check_text("endpoint", endpoint, 64)?;
+        self.kv.txn(
+            &[],
+            vec![Write::Put {
+                key: format!("{}endpoint", pool_prefix(pool)),
+                value: endpoint.as_bytes().to_vec(),
+                lease: Some(lease),
             }],
         )?;
         Ok(())
+    }
+
+    /// The secret `reserver`'s plane link presents to `pool`'s service, under the reserver's
+    /// `lease` (it goes with the reservation's lease, and with [`Cluster::release`]). Whoever
+    /// can write the store can reserve anyway: the token proves a connection comes from the
+    /// reserver, with the store as the root of trust.
+    pub fn set_token(&self, pool: &str, reserver: &str, token: &str, lease: LeaseId) -> Result<()> {
+        check_name("pool host", pool)?;
+        check_name("reserver", reserver)?;
+        check_text("token", token, TOKEN_LEN_MAX)?;
+        self.kv.txn(
+            &[],
+            vec![Write::Put {
+                key: format!("{}token/{reserver}", pool_prefix(pool)),
+                value: token.as_bytes().to_vec(),
+                lease: Some(lease),
+            }],
+        )?;
+        Ok(())
+    }
+
+    /// What `reserver` holds on `pool` with its token; `None` unless it holds cores there and
+    /// has a token.
+    pub fn grant(&self, pool: &str, reserver: &str) -> Result<Option<Grant>> {
+        check_name("pool host", pool)?;
+        check_name("reserver", reserver)?;
+        let v = self.pool_view(pool)?;
+        let cores = v.held.iter().find(|(w, _)| w == reserver).map(|h| h.1);
+        let token = v
+            .tokens
+            .into_iter()
+            .find(|(w, _)| w == reserver)
+            .map(|t| t.1);
+        Ok(cores
+            .zip(token)
+            .filter(|(c, _)| *c > 0)
+            .map(|(cores, token)| Grant { cores, token }))
     }
 
     /// Every pool host that offers cores, by name, with what it offers and who holds what.
@@ -587,20 +693,22 @@ impl<K: Kv> Cluster<K> {
     }
 
     /// Reserves `cores` for `reserver` on whichever pool host has most free (ties by name),
-    /// trying the others in that order when one refuses. Returns the pool host, or `None` when
-    /// no pool has room.
+    /// trying the others in that order when one refuses, and never one named in `avoid`.
+    /// Returns the pool host, or `None` when no pool has room.
     pub fn reserve_anywhere(
         &self,
         reserver: &str,
         cores: u32,
         lease: LeaseId,
+        avoid: &[String],
     ) -> Result<Option<String>> {
         let mut pools: Vec<(u64, String)> = self
             .pools()?
             .into_iter()
             .filter_map(|(name, p)| {
                 let free = free_for(p.capacity?, &p.held, reserver);
-                (free >= u64::from(cores) && name != reserver).then_some((free, name))
+                let usable = name != reserver && !avoid.contains(&name);
+                (free >= u64::from(cores) && usable).then_some((free, name))
             })
             .collect();
         pools.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -622,6 +730,7 @@ impl<K: Kv> Cluster<K> {
         Ok(Pool {
             capacity: v.capacity.map(|c| c.0),
             held: v.held,
+            endpoint: v.endpoint,
         })
     }
 }

@@ -60,3 +60,11 @@ fn the_watched_baseline_follows_the_hosts() {
     };
     common::the_watched_baseline_follows_the_hosts(&c, "etcd");
 }
+
+#[test]
+fn grants_carry_a_token_and_go_with_their_lease() {
+    let Some((_etcd, c)) = etcd("grants") else {
+        return;
+    };
+    common::grants_carry_a_token_and_go_with_their_lease(&c, "etcd");
+}

@@ -24,3 +24,8 @@ fn unkept_leases_lapse() {
 fn the_watched_baseline_follows_the_hosts() {
     common::the_watched_baseline_follows_the_hosts(&Cluster::new(LocalKv::new()), "local");
 }
+
+#[test]
+fn grants_carry_a_token_and_go_with_their_lease() {
+    common::grants_carry_a_token_and_go_with_their_lease(&Cluster::new(LocalKv::new()), "local");
+}

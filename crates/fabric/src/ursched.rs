@@ -37,8 +37,21 @@
 //!   release does.
 //! - **Workers**: plane utilisation above `worker_add_util` adds the workers that bring it back to
 //!   `worker_add_util - 0.1` (at least one), up to the isolatable idle cores (host cores - tenant
-//!   cores - reserve) and `workers_max`. Zero isolatable cores
-//!   is a fallback: the plane is not started and the decision says why.
+//!   cores - reserve) and `workers_max`; for a plane on a remote pool host, up to the cores the
+//!   pool granted instead.
+//! - **Remote pool**: a reason to prepare with zero isolatable host cores wants the plane's
+//!   initial workers from a remote pool ([`URSched::remote_wanted`]; the driver's cluster agent
+//!   reserves them on a pool host). Until the driver reports a grant
+//!   ([`URSched::set_remote_grant`]) that is a fallback, noted once: the plane is not started
+//!   and the decision says why. With a grant of `g` cores the plane is prepared there
+//!   ([`Decision::Prepare`] with `remote: true`, `min(workers_initial, g)` workers), and
+//!   activated, sized and released by the same rules as a local one. The reservation is kept
+//!   while the remote plane lives and until `release_windows` windows without a reason to
+//!   prepare have passed with no plane.
+//! - **Overflow comes home**: a remote plane is released when this host has had isolatable
+//!   cores again for `release_windows` consecutive windows; if the pressure lasts, a local
+//!   plane is prepared as for any idle host. A remote plane costs a network hop per packet and
+//!   another host's cores, so it is only the stopgap.
 
 use spillway_vswitch::TenantId;
 
@@ -82,6 +95,9 @@ pub enum Decision {
         cause: Cause,
         /// Why.
         reason: String,
+        /// Start it on the remote pool host that granted this host cores
+        /// ([`URSched::set_remote_grant`]), not on this host's isolatable cores.
+        remote: bool,
     },
     /// Install the redirect rules.
     Activate {
@@ -107,7 +123,8 @@ pub enum Decision {
         /// Why.
         reason: String,
     },
-    /// Pressure, but no safe host capacity: stay on the DPU (a remote pool would be next).
+    /// Pressure, but no safe host capacity and no remote pool cores granted yet: stay on the
+    /// DPU, and want cores from the pool ([`URSched::remote_wanted`]).
     Fallback {
         /// Why.
         reason: String,
@@ -137,10 +154,15 @@ pub enum PlaneView {
     Preparing {
         /// Bulk sync done.
         synced: bool,
+        /// The plane runs on a remote pool host (its prepare said `remote: true`).
+        remote: bool,
     },
     /// Redirect rules live.
-    Active,
-    /// Releasing: no decisions.
+    Active {
+        /// The plane runs on a remote pool host.
+        remote: bool,
+    },
+    /// Activating or releasing: no decisions (and the come-home count pauses).
     Busy,
 }
 
@@ -182,8 +204,13 @@ pub struct URSched {
     /// core), cleared after `release_windows` windows without a reason to prepare, or when
     /// the host's own cores serve again.
     remote_wanted: Option<u32>,
-    /// Windows without a reason to prepare since the fallback.
+    /// Windows without a reason to prepare since the fallback (or the remote plane's end).
     remote_calm: u32,
+    /// Cores a remote pool host granted this host (the driver's report), if any; never 0.
+    remote_grant: Option<u32>,
+    /// Consecutive windows with a remote plane and isolatable host cores (Busy windows pause
+    /// the count): `release_windows` of them bring the overflow home.
+    home_windows: u32,
     quota: u16,
     /// Per tenant (indexed by id; ids above `TENANTS_MAX` share the last slot): packets in the
     /// current variance window, and the last samples (pps).
@@ -256,6 +283,8 @@ impl URSched {
             fallback_noted: false,
             remote_wanted: None,
             remote_calm: 0,
+            remote_grant: None,
+            home_windows: 0,
             quota: 0,
             tenants: Vec::new(),
             noisy: History::default(),
@@ -278,11 +307,27 @@ impl URSched {
         self.cluster_baseline
     }
 
-    /// Host cores wanted from a remote pool, while a fallback lasts: what the plane would have
-    /// started with here. The driver's cluster agent reserves them on a pool host and
-    /// releases them when this goes back to `None`.
+    /// Host cores wanted from a remote pool, while a fallback or a remote plane lasts: what
+    /// the plane would have started with here. Set by a reason to prepare with no isolatable
+    /// host core; kept while a plane runs on the pool (whatever its phase); cleared by a local
+    /// prepare, or after `release_windows` windows with no plane and no reason to prepare.
+    /// The driver's cluster agent reserves them on a pool host and releases them when this
+    /// goes back to `None`.
     pub fn remote_wanted(&self) -> Option<u32> {
         self.remote_wanted
+    }
+
+    /// The driver's report of the cores a remote pool host has granted this host (its
+    /// reservation), or `None`. A grant of 0 is none. With a grant, a reason to prepare with
+    /// no isolatable host core prepares a plane on the pool instead of falling back; a remote
+    /// plane's worker count is bounded by it.
+    pub fn set_remote_grant(&mut self, cores: Option<u32>) {
+        self.remote_grant = cores.filter(|&g| g > 0);
+    }
+
+    /// The remote pool's grant in use, if any.
+    pub fn remote_grant(&self) -> Option<u32> {
+        self.remote_grant
     }
 
     /// Every tenant's load as of the last variance window (tenants with a full set of samples
@@ -456,6 +501,51 @@ impl URSched {
             )
         };
         let why_pressure = || why(p.pressure_util, self.pressure.count());
+        let cores_here = self.isolatable(load.tenant_cores);
+        match plane {
+            PlaneView::Preparing { remote: true, .. } | PlaneView::Active { remote: true } => {
+                // A plane on the pool needs its reservation for as long as it lives, whatever
+                // happened in Idle before it (an operator's prepare cannot be remote, so this
+                // is only ever URSched's own plane).
+                self.remote_wanted.get_or_insert(self.workers_initial);
+                self.remote_calm = 0;
+                if cores_here > 0 {
+                    self.home_windows = self.home_windows.saturating_add(1);
+                } else {
+                    self.home_windows = 0;
+                }
+            }
+            PlaneView::Idle
+            | PlaneView::Preparing { remote: false, .. }
+            | PlaneView::Active { remote: false } => self.home_windows = 0,
+            PlaneView::Busy => {}
+        }
+        // Overflow comes home: the host has cores for a plane again, so the remote one (a
+        // network hop per packet, another host's cores) is released by the usual release,
+        // which hands every connection back to the DPU; if the pressure lasts, the Idle rules
+        // below prepare a local plane a few windows later. Those windows are a gap in which
+        // the DPU carries the overflow alone; handing the remote plane's connections straight
+        // to a warm local plane (an upgrade-style flip across hosts) would close it, and is
+        // not built. A plane that is not synced yet waits: a release is only defined for a
+        // synced shadow plane or an active one.
+        let releasable = matches!(
+            plane,
+            PlaneView::Preparing {
+                synced: true,
+                remote: true
+            } | PlaneView::Active { remote: true }
+        );
+        if releasable && self.home_windows >= p.release_windows {
+            self.home_windows = 0;
+            self.calm_windows = 0;
+            out.push(Decision::Release {
+                reason: format!(
+                    "{cores_here} isolatable host cores again for {} windows: overflow comes home from the remote pool",
+                    p.release_windows
+                ),
+            });
+            return;
+        }
         match plane {
             PlaneView::Idle => {
                 self.quota = 0;
@@ -489,19 +579,37 @@ impl URSched {
                     }
                 }
                 if let Some((cause, reason)) = reason {
-                    let cores = self.isolatable(load.tenant_cores);
+                    let cores = cores_here;
                     self.windows_without_pressure = 0;
                     self.remote_calm = 0;
                     if cores == 0 {
+                        // Wanted from the pool whether or not it has granted them yet: the
+                        // reservation is what a grant (and a remote plane) stands on.
                         self.remote_wanted = Some(self.workers_initial);
-                        if !self.fallback_noted {
-                            self.fallback_noted = true;
-                            out.push(Decision::Fallback {
-                                reason: format!(
-                                    "{reason}, but 0 isolatable host cores ({} cores - {} tenant - {} reserve)",
-                                    self.host_cores, load.tenant_cores, self.reserve_cores
-                                ),
-                            });
+                        let none_here = format!(
+                            "0 isolatable host cores ({} cores - {} tenant - {} reserve)",
+                            self.host_cores, load.tenant_cores, self.reserve_cores
+                        );
+                        match self.remote_grant {
+                            Some(granted) => {
+                                // A later fallback (the grant gone) is news again.
+                                self.fallback_noted = false;
+                                out.push(Decision::Prepare {
+                                    workers: self.workers_initial.min(granted),
+                                    cause,
+                                    reason: format!(
+                                        "{reason}, to {granted} remote pool cores because {none_here}"
+                                    ),
+                                    remote: true,
+                                });
+                            }
+                            None if !self.fallback_noted => {
+                                self.fallback_noted = true;
+                                out.push(Decision::Fallback {
+                                    reason: format!("{reason}, but {none_here}"),
+                                });
+                            }
+                            None => {}
                         }
                     } else {
                         self.fallback_noted = false;
@@ -510,11 +618,12 @@ impl URSched {
                             workers: self.workers_initial.min(cores),
                             cause,
                             reason,
+                            remote: false,
                         });
                     }
                 }
             }
-            PlaneView::Preparing { synced } => {
+            PlaneView::Preparing { synced, .. } => {
                 if synced && sustained {
                     out.push(Decision::Activate {
                         reason: why_pressure(),
@@ -549,8 +658,16 @@ impl URSched {
                     });
                 }
             }
-            PlaneView::Active => {
-                let cores = self.isolatable(load.tenant_cores);
+            PlaneView::Active { remote } => {
+                // The cores the plane may run on: this host's isolatable ones, or for a plane
+                // on the pool the pool's grant (with no grant reported, the workers it runs:
+                // neither grown nor shrunk on a missing report).
+                let (cores, what) = if remote {
+                    let granted = self.remote_grant.unwrap_or(load.workers);
+                    (granted.min(self.workers_max), "remote pool")
+                } else {
+                    (cores_here, "isolatable")
+                };
                 // The plane can take more only while it has headroom or can still grow: a quota
                 // beyond its capacity would move the loss from the SoC to the plane.
                 let plane_room = load.plane_util < p.worker_add_util || load.workers < cores;
@@ -586,17 +703,21 @@ impl URSched {
                     out.push(Decision::Workers {
                         workers: want.max(load.workers + 1).min(cores),
                         reason: format!(
-                            "spill.util {:.2} > {:.2}, {} isolatable cores",
-                            load.plane_util, p.worker_add_util, cores
+                            "spill.util {:.2} > {:.2}, {cores} {what} cores",
+                            load.plane_util, p.worker_add_util
                         ),
                     });
                 } else if load.workers > cores {
                     out.push(Decision::Workers {
                         workers: cores.max(1),
-                        reason: format!(
-                            "isolation: tenants now use {} cores, {} isolatable",
-                            load.tenant_cores, cores
-                        ),
+                        reason: if remote {
+                            format!("the remote pool now grants {cores} cores")
+                        } else {
+                            format!(
+                                "isolation: tenants now use {} cores, {cores} isolatable",
+                                load.tenant_cores
+                            )
+                        },
                     });
                 }
                 // Would everything fit on the DPU? The host's packets on the fast path and its
@@ -718,5 +839,275 @@ mod tests {
             "{out:?}"
         );
         assert_eq!(s.remote_wanted(), None);
+    }
+
+    /// A host whose tenants take every core but the reserve, under pressure or calm.
+    fn full_host(f: &FabricParams, hw_util: f64) -> Load {
+        Load {
+            hw_util,
+            tenant_cores: f.host.cores - f.host.reserve_cores,
+            ..Load::default()
+        }
+    }
+
+    /// The decisions of `windows` windows of `load` with the plane in `plane`.
+    fn run(s: &mut URSched, load: &Load, plane: PlaneView, windows: u32) -> Vec<Decision> {
+        let mut out = Vec::new();
+        for _ in 0..windows {
+            s.window(load, plane, &mut out);
+        }
+        out
+    }
+
+    fn releases(out: &[Decision]) -> Vec<&str> {
+        out.iter()
+            .filter_map(|d| match d {
+                Decision::Release { reason } => Some(reason.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Pressure with no isolatable core: with a pool grant, a plane on the pool with at most
+    /// the granted workers and no fallback; with none (or a grant of 0), the fallback as
+    /// before, noted once.
+    #[test]
+    fn a_pool_grant_prepares_a_remote_plane_instead_of_falling_back() {
+        let f = FabricParams::default();
+        let hot = full_host(&f, 0.99);
+        for (grant, workers) in [(1, 1), (5, f.host.workers_initial)] {
+            let mut s = URSched::new(&f);
+            s.set_remote_grant(Some(grant));
+            let out = run(&mut s, &hot, PlaneView::Idle, f.sched.history_windows);
+            assert!(
+                !out.iter().any(|d| matches!(d, Decision::Fallback { .. })),
+                "{out:?}"
+            );
+            let Some(Decision::Prepare {
+                workers: w,
+                cause,
+                reason,
+                remote,
+            }) = out.first()
+            else {
+                panic!("expected a prepare: {out:?}");
+            };
+            assert_eq!((*w, *cause, *remote), (workers, Cause::Load, true));
+            assert!(
+                reason.contains(&format!(
+                    "to {grant} remote pool cores because 0 isolatable host cores (64 cores - 62 tenant - 2 reserve)"
+                )),
+                "{reason}"
+            );
+            assert_eq!(s.remote_wanted(), Some(f.host.workers_initial));
+        }
+        for grant in [None, Some(0)] {
+            let mut s = URSched::new(&f);
+            s.set_remote_grant(grant);
+            assert_eq!(s.remote_grant(), None);
+            let out = run(&mut s, &hot, PlaneView::Idle, 2 * f.sched.history_windows);
+            assert_eq!(out.len(), 1, "{out:?}");
+            assert!(matches!(out[0], Decision::Fallback { .. }), "{out:?}");
+            assert_eq!(s.remote_wanted(), Some(f.host.workers_initial));
+        }
+        // The grant arrives while the fallback lasts: the next window prepares on the pool.
+        let mut s = URSched::new(&f);
+        let out = run(&mut s, &hot, PlaneView::Idle, f.sched.history_windows);
+        assert!(matches!(out[..], [Decision::Fallback { .. }]), "{out:?}");
+        s.set_remote_grant(Some(2));
+        let out = run(&mut s, &hot, PlaneView::Idle, 1);
+        assert!(
+            matches!(
+                out[..],
+                [Decision::Prepare {
+                    remote: true,
+                    workers: 2,
+                    ..
+                }]
+            ),
+            "{out:?}"
+        );
+    }
+
+    /// The cores stay wanted from the pool while the remote plane lives, whatever its phase
+    /// and load, through its release, and until `release_windows` calm windows with no plane.
+    #[test]
+    fn remote_cores_stay_wanted_while_the_remote_plane_lives_and_until_the_idle_countdown() {
+        let f = FabricParams::default();
+        let (hot, calm) = (full_host(&f, 0.99), full_host(&f, 0.0));
+        let mut s = URSched::new(&f);
+        s.set_remote_grant(Some(2));
+        let out = run(&mut s, &hot, PlaneView::Idle, f.sched.pressure_windows);
+        assert!(
+            matches!(out[..], [Decision::Prepare { remote: true, .. }]),
+            "{out:?}"
+        );
+        let wanted = Some(f.host.workers_initial);
+        let long = 3 * f.sched.release_windows;
+        for plane in [
+            PlaneView::Preparing {
+                synced: false,
+                remote: true,
+            },
+            PlaneView::Preparing {
+                synced: true,
+                remote: true,
+            },
+            PlaneView::Busy,
+            PlaneView::Active { remote: true },
+        ] {
+            for _ in 0..long {
+                let out = run(&mut s, &hot, plane, 1);
+                assert!(releases(&out).is_empty(), "{plane:?}: {out:?}");
+                assert_eq!(s.remote_wanted(), wanted, "{plane:?}");
+            }
+        }
+        // The pressure subsides: the usual release, the reservation kept.
+        let mut windows = 0;
+        loop {
+            windows += 1;
+            assert!(windows <= long, "no release");
+            let out = run(&mut s, &calm, PlaneView::Active { remote: true }, 1);
+            assert_eq!(s.remote_wanted(), wanted);
+            if let [reason] = releases(&out)[..] {
+                assert!(reason.starts_with("pressure subsided"), "{reason}");
+                break;
+            }
+        }
+        run(&mut s, &calm, PlaneView::Busy, 5);
+        assert_eq!(s.remote_wanted(), wanted);
+        // No plane, no reason to prepare: `release_windows` windows, then nothing wanted.
+        for _ in 1..f.sched.release_windows {
+            run(&mut s, &calm, PlaneView::Idle, 1);
+            assert_eq!(s.remote_wanted(), wanted);
+        }
+        run(&mut s, &calm, PlaneView::Idle, 1);
+        assert_eq!(s.remote_wanted(), None);
+    }
+
+    /// Isolatable host cores for `release_windows` consecutive windows release a remote plane
+    /// (pressure or not), and say why; a window without resets the count; a plane not synced
+    /// yet waits. Then a local plane follows if the pressure lasts, and nothing is wanted from
+    /// the pool. A local plane is never released by this rule.
+    #[test]
+    fn isolatable_cores_again_bring_a_remote_plane_home() {
+        let f = FabricParams::default();
+        let n = f.sched.release_windows;
+        let full = full_host(&f, 0.99);
+        // Tenants leave 64 - 40 - 2 = 22 cores, at most `workers_max` (16) for a plane.
+        let freed = Load {
+            tenant_cores: 40,
+            ..full
+        };
+        let active = PlaneView::Active { remote: true };
+        let mut s = URSched::new(&f);
+        s.set_remote_grant(Some(2));
+        run(&mut s, &full, PlaneView::Idle, f.sched.history_windows);
+        assert!(releases(&run(&mut s, &freed, active, n - 1)).is_empty());
+        assert!(releases(&run(&mut s, &full, active, 1)).is_empty());
+        assert!(releases(&run(&mut s, &freed, active, n - 1)).is_empty());
+        let out = run(&mut s, &freed, active, 1);
+        assert_eq!(
+            releases(&out),
+            [format!(
+                "16 isolatable host cores again for {n} windows: overflow comes home from the remote pool"
+            )],
+            "{out:?}"
+        );
+        assert_eq!(
+            out.len(),
+            1,
+            "no other decision for a plane going home: {out:?}"
+        );
+        assert_eq!(s.remote_wanted(), Some(f.host.workers_initial));
+        // Still under pressure once it is gone: a local plane, and the pool's cores go back.
+        run(&mut s, &freed, PlaneView::Busy, 3);
+        let out = run(&mut s, &freed, PlaneView::Idle, 1);
+        assert!(
+            matches!(
+                out[..],
+                [Decision::Prepare {
+                    remote: false,
+                    workers: 2,
+                    ..
+                }]
+            ),
+            "{out:?}"
+        );
+        assert_eq!(s.remote_wanted(), None);
+
+        // A remote plane still syncing waits for its sync, then goes home at once.
+        let mut s = URSched::new(&f);
+        s.set_remote_grant(Some(2));
+        run(&mut s, &full, PlaneView::Idle, f.sched.history_windows);
+        let unsynced = PlaneView::Preparing {
+            synced: false,
+            remote: true,
+        };
+        assert!(releases(&run(&mut s, &freed, unsynced, 2 * n)).is_empty());
+        let synced = PlaneView::Preparing {
+            synced: true,
+            remote: true,
+        };
+        let out = run(&mut s, &freed, synced, 1);
+        assert!(
+            matches!(releases(&out)[..], [r] if r.contains("overflow comes home")),
+            "{out:?}"
+        );
+
+        // A local plane with cores to spare stays, shadow or active.
+        let mut s = URSched::new(&f);
+        for plane in [
+            PlaneView::Preparing {
+                synced: true,
+                remote: false,
+            },
+            PlaneView::Active { remote: false },
+        ] {
+            let out = run(&mut s, &freed, plane, 3 * n);
+            assert!(releases(&out).is_empty(), "{plane:?}: {out:?}");
+        }
+    }
+
+    /// A remote plane's workers are bounded by the pool's grant, not by this host's cores (it
+    /// has none): it grows up to the grant and shrinks to a smaller one; with no grant
+    /// reported it is left as it is.
+    #[test]
+    fn a_remote_plane_is_sized_by_the_pool_grant() {
+        let f = FabricParams::default();
+        let busy = Load {
+            plane_util: 0.95,
+            workers: 2,
+            ..full_host(&f, 0.5)
+        };
+        let active = PlaneView::Active { remote: true };
+        let workers = |out: &[Decision]| -> Vec<(u32, String)> {
+            out.iter()
+                .filter_map(|d| match d {
+                    Decision::Workers { workers, reason } => Some((*workers, reason.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut s = URSched::new(&f);
+        s.set_remote_grant(Some(3));
+        let out = workers(&run(&mut s, &busy, active, 1));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, 3);
+        assert!(out[0].1.ends_with("3 remote pool cores"), "{}", out[0].1);
+        s.set_remote_grant(Some(1));
+        let calm = Load {
+            plane_util: 0.1,
+            ..busy
+        };
+        let out = workers(&run(&mut s, &calm, active, 1));
+        assert_eq!(out, [(1, "the remote pool now grants 1 cores".to_string())]);
+        s.set_remote_grant(None);
+        assert!(workers(&run(&mut s, &busy, active, 1)).is_empty());
+        assert!(workers(&run(&mut s, &calm, active, 1)).is_empty());
+        // The same plane on this host, with no isolatable core, is cut to one worker.
+        let out = workers(&run(&mut s, &calm, PlaneView::Active { remote: false }, 1));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, 1);
     }
 }

@@ -53,7 +53,8 @@ fn active_hold_activates_keeps_and_recovers_the_plane() {
         dpu.poll_command(),
         Some(Command::StartPlane {
             slot: PlaneSlot(0),
-            workers: f.host.workers_initial
+            workers: f.host.workers_initial,
+            remote: false,
         })
     );
     assert!(matches!(dpu.phase(), Phase::Preparing { .. }));

@@ -101,7 +101,7 @@ impl Fabric {
             while let Some(c) = self.dpu.poll_command() {
                 moved = true;
                 match c {
-                    Command::StartPlane { slot, workers } => {
+                    Command::StartPlane { slot, workers, .. } => {
                         self.starts[slot.index()] += 1;
                         let mut p = SpillPlane::new(&self.f);
                         p.start(self.now, workers);
@@ -643,7 +643,7 @@ fn a_mirror_lost_in_the_bulk_sync_is_found_by_the_digests_before_activation() {
     // 7 is lost on the way (a full flow ring drops it: the flow vNIC is not the reliable
     // channel).
     fab.dpu.handle_hold(fab.now, Hold::Shadow);
-    let Some(Command::StartPlane { slot, workers }) = fab.dpu.poll_command() else {
+    let Some(Command::StartPlane { slot, workers, .. }) = fab.dpu.poll_command() else {
         panic!("no plane asked for");
     };
     let mut p = SpillPlane::new(&fab.f);

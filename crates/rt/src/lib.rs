@@ -17,6 +17,8 @@
 //! - [`ops`]: operator interfaces: control socket, metrics endpoint, logging.
 //! - [`dpu`]: the DPU process: daemon loop, VM bring-up, shared-memory VM ports.
 //! - [`plane`]: the spill-plane process.
+//! - [`remote`]: a spill plane on a pool host's cores: the relay a host starts as its plane,
+//!   the pool host's service, and the record link between them over TCP.
 //! - [`shards`]: a model's control part on one thread and its shards on others (the DPU's
 //!   forwarding threads, the plane's threads): the shared budget and the request transport.
 //! - [`vm`]: the VM side of a shared-memory port (`spillway vm-endpoint`), a QEMU guest, and the
@@ -67,6 +69,7 @@ pub mod dpu;
 pub mod host;
 pub mod ops;
 pub mod plane;
+pub mod remote;
 pub mod shards;
 pub mod shm;
 pub mod testbed;

@@ -114,6 +114,12 @@ struct RawCluster {
     lease_ttl_s: Option<u64>,
     #[serde(default)]
     pool_cores: Option<u32>,
+    #[serde(default)]
+    netns: Option<String>,
+    #[serde(default)]
+    pool_listen: Option<String>,
+    #[serde(default)]
+    pool_cpus: Option<String>,
 }
 
 /// The cluster control plane the DPU process publishes to (`[cluster]`): its host record under
@@ -130,6 +136,17 @@ pub struct ClusterSpec {
     /// Cores this host offers other hosts as a pool host (`cluster.pool_cores`, 0..=1024,
     /// default 0: none).
     pub pool_cores: u32,
+    /// The namespace of this host's own interface on the underlay (`cluster.netns`, the
+    /// operator's): the relay to a pool host connects from there, and the pool service
+    /// listens there. `None`: the DPU process's own.
+    pub netns: Option<String>,
+    /// Where this pool host's remote-plane service listens (`cluster.pool_listen`,
+    /// `address:port`, advertised in the cluster); `None`: no service (cores offered are then
+    /// only reserved, never served).
+    pub pool_listen: Option<SocketAddr>,
+    /// The cpuset of the planes it serves for other hosts (`cluster.pool_cpus`, default
+    /// `spill.cpus`).
+    pub pool_cpus: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -546,11 +563,37 @@ impl Testbed {
                         pool_cores.to_string(),
                     ));
                 }
+                if let Some(ns) = c.netns.as_deref().filter(|n| !valid_netns(n)) {
+                    return Err(err(
+                        "cluster.netns",
+                        "1 to 64 characters of [A-Za-z0-9_.-], not starting with '.'",
+                        echo(ns),
+                    ));
+                }
+                let pool_listen = match c.pool_listen.as_deref() {
+                    None => None,
+                    Some(a) => {
+                        let sa: SocketAddr = a
+                            .parse()
+                            .map_err(|_| err("cluster.pool_listen", "an address:port", echo(a)))?;
+                        if pool_cores == 0 {
+                            return Err(err(
+                                "cluster.pool_listen",
+                                "no service without cluster.pool_cores > 0",
+                                echo(a),
+                            ));
+                        }
+                        Some(sa)
+                    }
+                };
                 Some(ClusterSpec {
                     host,
                     etcd: c.etcd,
                     lease_ttl: std::time::Duration::from_secs(ttl),
                     pool_cores,
+                    netns: c.netns,
+                    pool_listen,
+                    pool_cpus: c.pool_cpus,
                 })
             }
         };

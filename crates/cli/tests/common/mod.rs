@@ -221,3 +221,51 @@ pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A Python client in namespace `ns` holding one TCP connection to redis at `server`
+/// (`address:port`) for `secs`: a PING every 20 ms, every PONG required within `timeout_s`.
+/// It prints the PONGs and the longest time between two (ms), and exits non-zero if the
+/// connection breaks or a reply is missing or late.
+pub fn redis_pinger(ns: &str, server: &str, secs: u32, timeout_s: u32) -> std::process::Child {
+    let (host, port) = server.rsplit_once(':').expect("address:port");
+    let script = format!(
+        "import socket,time,sys\n\
+         s=socket.create_connection(('{host}',{port}),timeout={timeout_s})\n\
+         s.settimeout({timeout_s})\n\
+         end=time.time()+{secs}\n\
+         n=0\n\
+         last=None\n\
+         gap=0.0\n\
+         while time.time()<end:\n\
+         \x20   s.sendall(b'PING\\r\\n')\n\
+         \x20   r=b''\n\
+         \x20   while not r.endswith(b'\\r\\n'):\n\
+         \x20       c=s.recv(64)\n\
+         \x20       if not c: sys.exit('connection closed after %d replies' % n)\n\
+         \x20       r+=c\n\
+         \x20   assert r==b'+PONG\\r\\n', r\n\
+         \x20   t=time.monotonic()\n\
+         \x20   if last is not None: gap=max(gap,t-last)\n\
+         \x20   last=t\n\
+         \x20   n+=1\n\
+         \x20   time.sleep(0.02)\n\
+         print(n, round(gap*1000,1))\n"
+    );
+    netns_exec(ns, "python3")
+        .args(["-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3")
+}
+
+/// Waits for `c` and returns its standard output; panics with both outputs if it failed.
+pub fn finish(mut c: std::process::Child, what: &str) -> String {
+    use std::io::Read;
+    let status = c.wait().expect("wait");
+    let (mut out, mut err) = (String::new(), String::new());
+    c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "{what} failed ({status}): {out} {err}");
+    out
+}

@@ -109,6 +109,7 @@ pub fn leases_take_their_keys<K: Kv>(c: &Cluster<K>, tag: &str) {
     let empty = |capacity| Pool {
         capacity,
         held: vec![],
+        endpoint: None,
     };
     assert_eq!(c.pool(&pool).expect("reads"), empty(Some(8)));
     assert_eq!(
@@ -126,14 +127,24 @@ pub fn leases_take_their_keys<K: Kv>(c: &Cluster<K>, tag: &str) {
     let other_lease = c.lease(TTL).expect("lease");
     c.offer(&other, 4, other_lease).expect("offers");
     assert_eq!(
-        c.reserve_anywhere("c", 3, lease)
+        c.reserve_anywhere("c", 3, lease, &[])
             .expect("reserves")
             .as_deref(),
         Some(other.as_str()),
         "{:?}",
         c.pools()
     );
-    assert_eq!(c.reserve_anywhere("d", 2, lease).expect("reserves"), None);
+    assert_eq!(
+        c.reserve_anywhere("d", 2, lease, &[]).expect("reserves"),
+        None
+    );
+    // A pool to avoid (its plane failed) is not used even with room.
+    c.release(&other, "c").expect("releases");
+    assert_eq!(
+        c.reserve_anywhere("d", 2, lease, std::slice::from_ref(&other))
+            .expect("reserves"),
+        None
+    );
     c.kv().revoke(other_lease).expect("revokes");
     // The pool's lease goes: no capacity, no new reservations.
     c.kv().revoke(pool_lease).expect("revokes");
@@ -148,6 +159,47 @@ pub fn leases_take_their_keys<K: Kv>(c: &Cluster<K>, tag: &str) {
         c.reserve(&pool, "a/../b", 1, lease),
         Err(ClusterError::BadName { .. })
     ));
+}
+
+/// A pool host's service endpoint and a reserver's token: the grant its service checks
+/// needs both the cores and the token, and both go with the reserver's release or lease.
+pub fn grants_carry_a_token_and_go_with_their_lease<K: Kv>(c: &Cluster<K>, tag: &str) {
+    let pool = format!("tokpool-{tag}");
+    let pool_lease = c.lease(TTL).expect("lease");
+    c.offer(&pool, 4, pool_lease).expect("offers");
+    c.advertise(&pool, "192.0.2.102:7400", pool_lease)
+        .expect("advertises");
+    assert_eq!(
+        c.pool(&pool).expect("reads").endpoint.as_deref(),
+        Some("192.0.2.102:7400")
+    );
+    let lease = c.lease(TTL).expect("lease");
+    assert_eq!(
+        c.reserve(&pool, "a", 2, lease).expect("reserves"),
+        Reserve::Granted
+    );
+    // Cores without a token are no grant: the service refuses the link.
+    assert_eq!(c.grant(&pool, "a").expect("reads"), None);
+    c.set_token(&pool, "a", "00ff", lease).expect("sets");
+    let g = c.grant(&pool, "a").expect("reads").expect("a grant");
+    assert_eq!((g.cores, g.token.as_str()), (2, "00ff"));
+    // Another reserver's grant is not this one's.
+    assert_eq!(c.grant(&pool, "b").expect("reads"), None);
+    c.release(&pool, "a").expect("releases");
+    assert_eq!(c.grant(&pool, "a").expect("reads"), None);
+    // A token alone (a reservation that lapsed) grants nothing either.
+    c.set_token(&pool, "a", "00ff", lease).expect("sets");
+    assert_eq!(c.grant(&pool, "a").expect("reads"), None);
+    c.reserve(&pool, "a", 1, lease).expect("reserves");
+    assert!(c.grant(&pool, "a").expect("reads").is_some());
+    c.kv().revoke(lease).expect("revokes");
+    assert_eq!(c.grant(&pool, "a").expect("reads"), None);
+    assert!(matches!(
+        c.set_token(&pool, "a", "a token with spaces", pool_lease),
+        Err(ClusterError::BadValue { .. })
+    ));
+    c.kv().revoke(pool_lease).expect("revokes");
+    assert_eq!(c.pool(&pool).expect("reads").endpoint, None);
 }
 
 /// A lease nobody keeps alive lapses and takes its record; one kept alive does not.

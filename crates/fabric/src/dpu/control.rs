@@ -717,9 +717,18 @@ impl DpuControl {
     pub fn tenant_loads(&self) -> &[crate::ursched::TenantLoad] {
         self.win.sched().tenant_loads()
     }
-    /// Cores wanted from a remote pool while URSched's fallback lasts.
+    /// Cores wanted from a remote pool while URSched's fallback or a remote plane lasts.
     pub fn remote_wanted(&self) -> Option<u32> {
         self.win.remote_wanted()
+    }
+    /// The cores a remote pool host granted this host, or `None`
+    /// ([`crate::ursched::URSched::set_remote_grant`]).
+    pub fn set_remote_grant(&mut self, cores: Option<u32>) {
+        self.win.sched_mut().set_remote_grant(cores);
+    }
+    /// The plane (active and warm) runs on a remote pool host.
+    pub fn plane_remote(&self) -> bool {
+        self.life.remote
     }
     /// Host cores a plane could take now.
     pub fn isolatable_cores(&self) -> u32 {

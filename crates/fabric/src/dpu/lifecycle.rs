@@ -56,7 +56,7 @@ pub enum EventKind {
     Idle,
     /// The plane failed or stalled; traffic fell back to the DPU.
     FailOpen,
-    /// Pressure but no safe host capacity.
+    /// Pressure but no safe host capacity, and no remote pool cores granted yet.
     Fallback,
     /// An operator set or cleared a hold on the lifecycle ([`crate::dpu::DpuNode::handle_hold`]).
     Hold,
@@ -112,6 +112,12 @@ pub enum Command {
         slot: PlaneSlot,
         /// Workers.
         workers: u32,
+        /// Start it on the remote pool host that granted this host cores
+        /// ([`crate::dpu::DpuNode::set_remote_grant`]), not on this host. URSched chooses
+        /// where a plane runs when it prepares it; a warm standby plane (and an upgrade's new
+        /// plane) is started where the active one runs, so a flip never moves the overflow
+        /// between hosts.
+        remote: bool,
     },
     /// Stop the plane in `slot` and release its cores. This also fences it: whatever it sends
     /// from now on is not the state of any connection (a stalled plane that resumes).
@@ -374,6 +380,10 @@ pub(crate) struct Lifecycle {
     pub(crate) last_heartbeat: Instant,
     /// Workers the plane runs (its last heartbeat, or what was asked of it).
     pub(crate) plane_workers: u32,
+    /// The plane runs on a remote pool host (URSched's prepare said so), not on this host.
+    /// Set at every prepare and false in Idle; a flip or an upgrade keeps it, since the warm
+    /// plane is started where the active one runs.
+    pub(crate) remote: bool,
     /// The plane's utilisation in its last heartbeat.
     pub(crate) plane_util: f64,
     pub(crate) events: VecDeque<FabricEvent>,
@@ -397,6 +407,7 @@ impl Lifecycle {
             absorbed: false,
             last_heartbeat: Instant::ZERO,
             plane_workers: 0,
+            remote: false,
             plane_util: 0.0,
             events: VecDeque::new(),
             commands: VecDeque::new(),
@@ -415,12 +426,16 @@ impl Lifecycle {
 
     /// The plane as URSched sees it.
     pub(crate) fn plane_view(&self) -> PlaneView {
+        let remote = self.remote;
         match self.phase {
             Phase::Idle => PlaneView::Idle,
-            Phase::Preparing { .. } => PlaneView::Preparing { synced: false },
-            Phase::Shadow { synced, .. } => PlaneView::Preparing { synced },
+            Phase::Preparing { .. } => PlaneView::Preparing {
+                synced: false,
+                remote,
+            },
+            Phase::Shadow { synced, .. } => PlaneView::Preparing { synced, remote },
             Phase::Activating { .. } | Phase::Draining { .. } => PlaneView::Busy,
-            Phase::Active { .. } => PlaneView::Active,
+            Phase::Active { .. } => PlaneView::Active { remote },
         }
     }
 

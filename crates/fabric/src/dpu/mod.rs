@@ -28,6 +28,12 @@
 //! and from a fail-open. Preparing only from Idle; Shadow only from Preparing; Activating only
 //! from Shadow; Active only from Activating; Draining from Active.
 //!
+//! A plane runs on this host's isolatable cores, or on a remote pool host that granted this
+//! host cores ([`DpuNode::set_remote_grant`]) when URSched prepared it there: the node keeps
+//! where ([`DpuNode::plane_remote`]) from the prepare until Idle, passes it on in every
+//! [`Command::StartPlane`] of that plane (the warm standby's too) and shows it to URSched,
+//! whose rules alone decide (see [`crate::ursched`]).
+//!
 //! # Layout
 //!
 //! [`DpuNode`] composes parts, each a leaf module that knows nothing of the node:
@@ -622,10 +628,24 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.control.tenant_loads()
     }
 
-    /// Host cores wanted from a remote pool while URSched's fallback lasts (no isolatable
-    /// core here): what the cluster agent reserves on a pool host.
+    /// Host cores wanted from a remote pool while URSched's fallback (no isolatable core
+    /// here) or a plane on the pool lasts: what the cluster agent reserves on a pool host.
     pub fn remote_wanted(&self) -> Option<u32> {
         self.control.remote_wanted()
+    }
+
+    /// The cluster agent's report of the cores a remote pool host has granted this host (its
+    /// reservation), or `None` (0 is none). With a grant, URSched prepares the plane on the
+    /// pool when this host has no isolatable core, and [`Command::StartPlane`] says
+    /// `remote: true`.
+    pub fn set_remote_grant(&mut self, cores: Option<u32>) {
+        self.control.set_remote_grant(cores);
+    }
+
+    /// The plane (the active one and the warm one alike) runs on a remote pool host: what the
+    /// last [`Command::StartPlane`] of this plane said. False with no plane.
+    pub fn plane_remote(&self) -> bool {
+        self.control.plane_remote()
     }
 
     /// Host cores a plane could take now (URSched's rule): what the host publishes as spare.
@@ -705,11 +725,19 @@ impl<R: ResourcesHandle> DpuNode<R> {
         self.res().recall_budget()
     }
 
-    /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting.
-    /// O(connections).
+    /// Checks the DPU's own invariants: table and queue bounds, memory and owner accounting,
+    /// a remote plane's reservation. O(connections).
     pub fn check_invariants(&self) -> Result<(), String> {
         for s in &self.shards {
             s.check_invariants()?;
+        }
+        // A plane on the pool stands on a reservation there, kept as long as the plane lives.
+        if self.plane_remote() && (self.phase() == Phase::Idle || self.remote_wanted().is_none()) {
+            return Err(format!(
+                "dpu: a remote plane in phase {} with {:?} cores wanted from the pool",
+                self.phase().name(),
+                self.remote_wanted()
+            ));
         }
         let (held, counted) = (self.conns_len() as u64, self.res().conns());
         if R::EXCLUSIVE && held != counted {

@@ -414,15 +414,24 @@ impl DpuControl {
         let colour = self.life.issue_colour();
         let slot = self.life.active.other();
         let workers = self.f.host.warm_workers;
+        // Where the active plane runs: a failover or an upgrade then flips to a plane on the
+        // same host, with the same links, and never moves the overflow between hosts. For a
+        // plane on the pool its `warm_workers` come on top of the cores reserved there
+        // (`remote_wanted` counts the active plane's), as on this host they are not counted
+        // against the isolatable cores either.
+        let remote = self.life.remote;
         self.life.warm = Warm::Starting { colour };
-        self.life
-            .commands
-            .push_back(Command::StartPlane { slot, workers });
+        self.life.commands.push_back(Command::StartPlane {
+            slot,
+            workers,
+            remote,
+        });
         self.event(
             now,
             EventKind::Warm,
             format!(
-                "starting a warm plane in {slot} with {workers} workers (colour {})",
+                "starting a warm plane in {slot} with {workers} workers{} (colour {})",
+                if remote { " on the remote pool" } else { "" },
                 colour.0
             ),
         );
@@ -509,6 +518,7 @@ impl DpuControl {
         self.life.upgrade = Upgrade::None;
         self.life.drain_deadline = None;
         self.life.plane_workers = 0;
+        self.life.remote = false;
         self.event(now, EventKind::Idle, reason);
     }
 
@@ -738,12 +748,15 @@ impl DpuControl {
         let buckets = self.f.dpu.redirect_buckets;
         let reason = |what: &str| format!("operator hold: {what}");
         match (self.life.hold, self.life.phase) {
+            // An operator's plane runs on this host, as it always has: where a plane goes on
+            // the remote pool is URSched's rule, which a hold does not ask.
             (Hold::Active, Phase::Idle) => self.apply(
                 now,
                 Decision::Prepare {
                     workers: self.f.host.workers_initial,
                     cause: crate::ursched::Cause::Operator,
                     reason: reason("activate"),
+                    remote: false,
                 },
                 sh,
             ),
@@ -754,6 +767,7 @@ impl DpuControl {
                     // A pre-warm is not a trigger: the activation that follows is.
                     cause: crate::ursched::Cause::Memory,
                     reason: reason("prepare (shadow)"),
+                    remote: false,
                 },
                 sh,
             ),
@@ -835,6 +849,7 @@ impl DpuControl {
                     workers,
                     cause,
                     reason,
+                    remote,
                 },
             ) => {
                 self.life.trigger = matches!(
@@ -847,14 +862,21 @@ impl DpuControl {
                     colour: self.life.colour,
                 };
                 self.life.plane_workers = workers;
+                // Where is URSched's choice; the node only remembers it (for the warm plane
+                // and for URSched's next windows) and passes it on.
+                self.life.remote = remote;
                 self.life.commands.push_back(Command::StartPlane {
                     slot: self.life.active,
                     workers,
+                    remote,
                 });
                 self.event(
                     now,
                     EventKind::Preparing,
-                    format!("{reason}; starting plane with {workers} workers"),
+                    format!(
+                        "{reason}; starting plane with {workers} workers{}",
+                        if remote { " on the remote pool" } else { "" }
+                    ),
                 );
             }
             (_, Decision::Fallback { reason }) => {

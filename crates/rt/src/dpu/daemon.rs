@@ -417,9 +417,13 @@ pub struct DpuDaemon {
     pub(super) ctl: Option<CtlServer>,
     pub(super) metrics: Option<MetricsServer>,
     pub(super) publisher: SnapshotPublisher,
-    /// The cluster agent (`[cluster]`), and when it last had this host's record.
+    /// The cluster agent (`[cluster]`), when the loop last exchanged with it, and when it
+    /// last had this host's record.
     pub(super) cluster: Option<crate::ops::cluster::ClusterAgent>,
     pub(super) last_cluster: Instant,
+    pub(super) last_record: Instant,
+    /// The remote-plane service of a pool host (`[cluster] pool_listen`).
+    pub(super) pool: Option<crate::remote::pool::PoolService>,
     pub(super) events: VecDeque<FabricEvent>,
     pub(super) activations: Vec<Activation>,
     pub(super) last_prepare: Option<Instant>,
@@ -897,7 +901,11 @@ impl DpuDaemon {
         }
         while let Some(cmd) = self.sw.poll_command() {
             match cmd {
-                DpuCommand::StartPlane { slot, workers } => self.start_plane(now, slot, workers),
+                DpuCommand::StartPlane {
+                    slot,
+                    workers,
+                    remote,
+                } => self.start_plane(now, slot, workers, remote),
                 DpuCommand::StopPlane { slot, failed } => self.stop_plane(slot, failed),
             }
         }
@@ -1023,6 +1031,8 @@ impl DpuDaemon {
 
     fn teardown(&mut self) -> RunReport {
         self.stop_planes();
+        // The planes served for other hosts, and what was made for them.
+        self.pool.take();
         self.ctl.take();
         self.metrics.take();
         // The forwarding threads last publish their counters as they stop.

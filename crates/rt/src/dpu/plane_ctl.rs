@@ -137,6 +137,16 @@ impl DpuDaemon {
     /// The plane in `slot` died or broke the protocol: it is killed, and the core decides
     /// (a warm plane takes over, or the DPU fails open; a failed warm plane is replaced).
     pub(super) fn plane_failed_in(&mut self, slot: PlaneSlot, now: Instant, why: &str) {
+        let remote = self.planes[slot.index()].as_ref().is_some_and(|p| p.remote);
+        if remote {
+            // The pool host (or the way to it) failed: its grant is gone for the core now, not
+            // at the next exchange, so that the core does not start a plane there again; the
+            // agent gives the cores back and avoids that pool for a while.
+            self.sw.dpu_mut().set_remote_grant(None);
+            if let Some(c) = &self.cluster {
+                c.pool_failed();
+            }
+        }
         if self.kill_plane(slot) {
             self.dp.counters.plane_failures += 1;
             tracing::warn!(target: "spillway::run", %slot, reason = why, "spill plane failed");
@@ -226,7 +236,13 @@ impl DpuDaemon {
 
     /// Starts a plane in `slot` with `workers` workers (the binary of the last `ctl upgrade`,
     /// or this one).
-    pub(super) fn start_plane(&mut self, now: Instant, slot: PlaneSlot, workers: u32) {
+    pub(super) fn start_plane(
+        &mut self,
+        now: Instant,
+        slot: PlaneSlot,
+        workers: u32,
+        remote: bool,
+    ) {
         if self.planes[slot.index()].is_some() {
             self.stop_plane(slot, false);
         }
@@ -240,6 +256,34 @@ impl DpuDaemon {
             .arg(workers.to_string())
             .arg("--clock-origin-ns")
             .arg(self.clock.origin_ns().to_string());
+        // A remote plane: this process's child is the relay to the pool host's service, which
+        // gets the reservation's token after the secret.
+        let mut token = None;
+        if remote {
+            let grant = self.cluster.as_ref().and_then(|c| {
+                let g = c.remote_grant()?;
+                Some((
+                    g.endpoint?,
+                    g.token,
+                    c.spec().host.clone(),
+                    c.spec().netns.clone(),
+                ))
+            });
+            let Some((endpoint, t, host, netns)) = grant else {
+                self.sw.dpu_mut().handle_plane_failed_in(
+                    now,
+                    slot,
+                    "a remote plane, but no reservation on a pool host that serves one",
+                );
+                return;
+            };
+            cmd.arg("--remote").arg(endpoint.to_string());
+            cmd.arg("--remote-host").arg(host);
+            if let Some(ns) = netns {
+                cmd.arg("--remote-netns").arg(ns);
+            }
+            token = Some(t);
+        }
         // The handshake secret goes to the child on its stdin, a pipe only it inherits: argv
         // and the environment are readable by other users.
         let handed = crate::shm::vnic::new_secret().and_then(|secret| {
@@ -283,9 +327,11 @@ impl DpuDaemon {
                         {
                             tracing::warn!(target: "spillway::run", pid, error = %e, "could not move the spill plane into its cgroup");
                         }
-                        // 32 bytes fit in any pipe.
+                        // 32 bytes (and a token of at most 128) fit in any pipe.
                         let mut w = std::fs::File::from(secret_w);
-                        if let Err(e) = std::io::Write::write_all(&mut w, &secret) {
+                        let mut handed = secret.to_vec();
+                        handed.extend_from_slice(token.as_deref().unwrap_or_default().as_bytes());
+                        if let Err(e) = std::io::Write::write_all(&mut w, &handed) {
                             tracing::error!(target: "spillway::run", pid, error = %e, "could not hand the spill plane its secret");
                         }
                     });
@@ -294,7 +340,7 @@ impl DpuDaemon {
                 }
                 self.dp.counters.plane_starts += 1;
                 let number = self.dp.counters.plane_starts;
-                tracing::info!(target: "spillway::run", pid, workers, %slot, exe = %self.plane_exe.display(), at_ms = now.0 as f64 / 1e6, "spill plane started");
+                tracing::info!(target: "spillway::run", pid, workers, %slot, remote, exe = %self.plane_exe.display(), at_ms = now.0 as f64 / 1e6, "spill plane started");
                 self.planes[slot.index()] = Some(PlaneProc {
                     number,
                     child,
@@ -303,6 +349,7 @@ impl DpuDaemon {
                     vnic: None,
                     up: false,
                     workers,
+                    remote,
                     stats: serde_json::Value::Null,
                 });
             }

@@ -19,6 +19,8 @@ pub(super) struct PlaneProc {
     pub(super) vnic: Option<VnicSet>,
     pub(super) up: bool,
     pub(super) workers: u32,
+    /// Whether it is the relay to a plane on a pool host.
+    pub(super) remote: bool,
     pub(super) stats: serde_json::Value,
 }
 

@@ -49,6 +49,21 @@ impl DpuDaemon {
                 };
                 CtlResponse::ok(json!({ "vatc": on, "plane": plane }))
             }
+            CtlRequest::TenantCores { cores } => {
+                let host = self.tb.fabric.host.cores;
+                if *cores > host {
+                    return CtlResponse::error(format!(
+                        "tenant-cores: expected at most the host's {host} cores \
+                         (fabric.host.cores), got {cores}"
+                    ));
+                }
+                self.sw.dpu_mut().set_tenant_cores(*cores);
+                let dpu = self.sw.dpu();
+                CtlResponse::ok(json!({
+                    "tenant_cores": cores,
+                    "isolatable_cores": dpu.isolatable_cores(),
+                }))
+            }
             CtlRequest::Upgrade { binary } => match self.upgrade(now, binary.as_deref()) {
                 Ok(v) => CtlResponse::ok(v),
                 Err(e) => CtlResponse::error(e),
@@ -119,23 +134,39 @@ impl DpuDaemon {
         }
     }
 
-    /// Once a second: this host's record to the cluster agent, the cluster's baseline back
-    /// to URSched (none while the control plane is unreachable: the host judges its tenants
-    /// against its own aggregate then).
+    /// Every 100 ms: the cores URSched wants from a pool to the cluster agent, and what is held
+    /// there back to URSched (only on a pool host that serves planes: where one can start).
+    /// Once a second also this host's record, and the cluster's baseline back to URSched (none
+    /// while the control plane is unreachable: the host judges its tenants against its own
+    /// aggregate then).
     fn exchange_with_cluster(&mut self, now: Instant) {
         let Some(agent) = &self.cluster else { return };
-        if now.0.saturating_sub(self.last_cluster.0) < 1_000_000_000 {
+        if now.0.saturating_sub(self.last_cluster.0) < 100_000_000 {
             return;
         }
         self.last_cluster = now;
         let dpu = self.sw.dpu();
-        let record = crate::ops::cluster::host_record(
-            dpu.tenant_loads(),
-            dpu.isolatable_cores(),
-            dpu.phase(),
-        );
-        let baseline = agent.exchange(record, dpu.remote_wanted());
-        self.sw.dpu_mut().set_cluster_baseline(baseline);
+        agent.want_remote(dpu.remote_wanted());
+        let grant = agent
+            .remote_grant()
+            .filter(|g| g.endpoint.is_some())
+            .map(|g| g.cores);
+        let baseline = if now.0.saturating_sub(self.last_record.0) >= 1_000_000_000 {
+            self.last_record = now;
+            let record = crate::ops::cluster::host_record(
+                dpu.tenant_loads(),
+                dpu.isolatable_cores(),
+                dpu.phase(),
+            );
+            Some(agent.exchange(record))
+        } else {
+            None
+        };
+        let dpu = self.sw.dpu_mut();
+        if let Some(b) = baseline {
+            dpu.set_cluster_baseline(b);
+        }
+        dpu.set_remote_grant(grant);
     }
 
     fn status(&mut self, now: Instant) -> serde_json::Value {
@@ -178,6 +209,7 @@ impl DpuDaemon {
             "placement": self.tb.fabric.placement.policy.name(),
             "vatc": self.vatc,
             "cluster": self.cluster.as_ref().map(|c| c.status()),
+            "pool": self.pool.as_ref().map(|p| p.status()),
             "tenants": tenants,
             "vm_ports": self.dp.ports.iter().filter_map(|p| match &p.io {
                 PortIo::Shm(s) => Some(json!({
@@ -203,6 +235,8 @@ impl DpuDaemon {
                 "pid": p.child.id(),
                 "up": p.up,
                 "connected": p.vnic.is_some(),
+                // On a pool host: `pid` is the relay's, `stats` the remote plane's.
+                "remote": p.remote,
                 "stats": p.stats,
             })),
             "active_slot": self.active_slot().0,
@@ -251,6 +285,7 @@ impl DpuDaemon {
                     "pid": p.child.id(),
                     "up": p.up,
                     "connected": p.vnic.is_some(),
+                    "remote": p.remote,
                 }))
             })
             .collect()

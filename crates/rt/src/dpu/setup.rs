@@ -198,6 +198,13 @@ impl DpuDaemon {
                         .map_err(|e| RunError::Setup(format!("cluster agent: {e}")))?,
                 ),
             };
+            let pool = match &tb.cluster {
+                Some(spec) if spec.pool_listen.is_some() => Some(
+                    crate::remote::pool::PoolService::start(pool_spec(&tb, spec, &opts.plane_exe)?)
+                        .map_err(|e| RunError::Setup(format!("pool service: {e}")))?,
+                ),
+                _ => None,
+            };
             let now = clock.now();
             match tb.hold {
                 InitialHold::Auto => {}
@@ -233,6 +240,8 @@ impl DpuDaemon {
                 publisher,
                 cluster,
                 last_cluster: Instant::ZERO,
+                last_record: Instant::ZERO,
+                pool,
                 events: VecDeque::new(),
                 activations: Vec::new(),
                 last_prepare: None,
@@ -270,6 +279,40 @@ impl DpuDaemon {
 /// and then records it: a file only goes into the ledger once this process created it, so a
 /// failed start never removes somebody else's. A stale socket of a crashed run is replaced; any
 /// other file at `path` is an error and left alone.
+/// What the pool service of `spec` (which has a `pool_listen`) runs with: this testbed's
+/// `[spill]` for every guest's plane.
+fn pool_spec(
+    tb: &Testbed,
+    spec: &crate::testbed::ClusterSpec,
+    plane_exe: &Path,
+) -> Result<crate::remote::pool::PoolSpec, RunError> {
+    let text = std::fs::read_to_string(&tb.file)
+        .map_err(io_err(format!("reading {}", tb.file.display())))?;
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| RunError::Setup(format!("{}: {e}", tb.file.display())))?;
+    let spill = match table.remove("spill") {
+        Some(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    Ok(crate::remote::pool::PoolSpec {
+        pool_host: spec.host.clone(),
+        listen: spec.pool_listen.expect("called with a pool_listen"),
+        netns: spec.netns.clone(),
+        etcd: spec.etcd.clone(),
+        state_dir: tb.state_dir.clone(),
+        instance: format!("{}-pool", tb.name),
+        plane_exe: plane_exe.to_owned(),
+        cpus: spec
+            .pool_cpus
+            .clone()
+            .unwrap_or_else(|| tb.spill_cpus.clone()),
+        memory_max: tb.spill_memory_max,
+        spill,
+        cores: spec.pool_cores,
+    })
+}
+
 /// The QEMU binary a `backend = "vhost-user"` guest runs on.
 const QEMU: &str = "qemu-system-x86_64";
 

@@ -4,14 +4,16 @@
 //!
 //! The forwarding loop never waits on the network: once a second ([`ClusterAgent::exchange`],
 //! from its publishing step) it leaves the newest record in a shared slot and reads the newest
-//! baseline, both behind a mutex held for a copy. The thread does the rest, each request
-//! bounded by the etcd client's timeout:
+//! baseline, and every 100 ms it leaves the cores URSched wants from a pool
+//! ([`ClusterAgent::want_remote`]) and reads what is held there, all behind a mutex held for a
+//! copy. The thread does the rest, each request bounded by the etcd client's timeout:
 //!
 //! - connect, take a lease of `lease_ttl`, and follow the baseline with a watch;
 //! - a pool host (`cluster.pool_cores`) offers its cores under the lease;
 //! - every second, renew the lease and publish the record left in the slot; while URSched
 //!   wants cores it cannot find here (a fallback), reserve them on the pool host with most
-//!   free, and release them once it no longer does;
+//!   free (with a fresh token for its service, and its endpoint read back), and release them
+//!   once it no longer does; a change of what URSched wants wakes the thread at once;
 //! - on any error, forget the connection and start again a second later (the record
 //!   disappears from the cluster when the lease runs out, as a dead host's would);
 //! - at stop, revoke the lease, so the record goes at once.
@@ -23,11 +25,15 @@ use std::time::{Duration, Instant};
 use spillway_cluster::{Cluster, HostRecord, LeaseId, PlaneState, Store, TenantLoad};
 use spillway_fabric::dpu::Phase;
 
-use crate::ops::service::{StopSignal, StopWatch, stop_pair};
+use crate::ops::service::{Readiness, StopSignal, StopWatch, stop_pair};
 use crate::testbed::ClusterSpec;
 
 /// How often the record is published and the lease renewed.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a pool host whose plane failed is not reserved on again: long enough for a dead
+/// host's lease to lapse (and its offer with it), short enough that a restarted one is used.
+pub const POOL_AVOID: Duration = Duration::from_secs(10);
 
 /// What the loop and the thread share.
 #[derive(Debug, Default)]
@@ -38,8 +44,12 @@ struct Slot {
     baseline: Option<f64>,
     /// Cores URSched wants from a pool (its fallback), as the loop last said.
     want_remote: Option<u32>,
-    /// The pool host and cores this host holds there.
-    reserved: Option<(String, u32)>,
+    /// What this host holds on a pool host.
+    reserved: Option<RemoteGrant>,
+    /// Pools whose plane failed: what is held there, to give back.
+    give_back: Vec<String>,
+    /// Pools whose plane failed, not to reserve on until then.
+    avoid: Vec<(String, Instant)>,
     /// Whether the thread holds a live lease and published at least once on it.
     connected: bool,
     /// Records published.
@@ -48,11 +58,34 @@ struct Slot {
     error: Option<String>,
 }
 
+/// Cores this host holds on a pool host, and how its plane reaches them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteGrant {
+    /// The pool host.
+    pub pool: String,
+    /// Cores held.
+    pub cores: u32,
+    /// Its remote-plane service, if it advertises one.
+    pub endpoint: Option<std::net::SocketAddr>,
+    /// The token the relay presents (see `spillway_cluster::Cluster::set_token`).
+    pub token: String,
+}
+
+/// A fresh token: 32 bytes of the kernel's randomness in hex.
+fn new_token() -> std::io::Result<String> {
+    let mut b = [0u8; 32];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 /// The agent: its thread, stopped and joined on drop.
 #[derive(Debug)]
 pub struct ClusterAgent {
     spec: ClusterSpec,
     slot: Arc<Mutex<Slot>>,
+    /// Written when the cores wanted from a pool change: the thread acts at once instead of
+    /// at its next second (a remote plane's start waits on it).
+    poke: Arc<std::os::fd::OwnedFd>,
     stop: StopSignal,
     thread: Option<JoinHandle<()>>,
 }
@@ -99,28 +132,68 @@ impl ClusterAgent {
     pub fn start(spec: &ClusterSpec) -> std::io::Result<ClusterAgent> {
         let slot = Arc::new(Mutex::new(Slot::default()));
         let (stop, watch) = stop_pair()?;
+        let poke = Arc::new(rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?);
         let thread = {
-            let (spec, slot) = (spec.clone(), Arc::clone(&slot));
+            let (spec, slot, poke) = (spec.clone(), Arc::clone(&slot), Arc::clone(&poke));
             std::thread::Builder::new()
                 .name("cluster-agent".into())
-                .spawn(move || agent(&spec, &slot, &watch))?
+                .spawn(move || agent(&spec, &slot, &poke, &watch))?
         };
         Ok(ClusterAgent {
             spec: spec.clone(),
             slot,
+            poke,
             stop,
             thread: Some(thread),
         })
     }
 
-    /// Leaves `record` to be published and the cores wanted from a pool (`None`: none), and
-    /// returns the newest baseline (`None`: none yet, or the control plane is unreachable and
-    /// the host judges its tenants alone).
-    pub fn exchange(&self, record: HostRecord, want_remote: Option<u32>) -> Option<f64> {
+    /// Leaves `record` to be published, and returns the newest baseline (`None`: none yet, or
+    /// the control plane is unreachable and the host judges its tenants alone).
+    pub fn exchange(&self, record: HostRecord) -> Option<f64> {
         let mut s = lock(&self.slot);
         s.record = Some(record);
-        s.want_remote = want_remote;
         if s.connected { s.baseline } else { None }
+    }
+
+    /// The cores URSched wants from a pool (`None`: none). A change wakes the thread, which
+    /// reserves or releases at once.
+    pub fn want_remote(&self, want: Option<u32>) {
+        let changed = {
+            let mut s = lock(&self.slot);
+            std::mem::replace(&mut s.want_remote, want) != want
+        };
+        if changed {
+            // A full counter (never, at one write per change) only delays to the next second.
+            let _ = rustix::io::write(&*self.poke, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// The plane on the pool host failed (or could not start): what is held there is given
+    /// back, and that pool is not reserved on for [`POOL_AVOID`].
+    pub fn pool_failed(&self) {
+        {
+            let mut s = lock(&self.slot);
+            if let Some(r) = s.reserved.take() {
+                tracing::warn!(pool = %r.pool, "cluster: the plane on the pool host failed; giving its cores back");
+                s.avoid.push((r.pool.clone(), Instant::now() + POOL_AVOID));
+                s.give_back.push(r.pool);
+            }
+        }
+        let _ = rustix::io::write(&*self.poke, &1u64.to_ne_bytes());
+    }
+
+    /// What this host holds on a pool host now, if anything.
+    pub fn remote_grant(&self) -> Option<RemoteGrant> {
+        lock(&self.slot).reserved.clone()
+    }
+
+    /// The cluster settings it runs with.
+    pub fn spec(&self) -> &ClusterSpec {
+        &self.spec
     }
 
     /// For `ctl status`.
@@ -134,9 +207,10 @@ impl ClusterAgent {
             "baseline": s.baseline,
             "pool_cores": self.spec.pool_cores,
             "wants_remote_cores": s.want_remote,
-            "reserved": s.reserved.as_ref().map(|(pool, cores)| serde_json::json!({
-                "pool": pool, "cores": cores,
+            "reserved": s.reserved.as_ref().map(|r| serde_json::json!({
+                "pool": r.pool, "cores": r.cores, "endpoint": r.endpoint,
             })),
+            "pool_listen": self.spec.pool_listen,
             "error": s.error,
         })
     }
@@ -163,6 +237,9 @@ fn open(spec: &ClusterSpec) -> spillway_cluster::Result<Session> {
     let lease = cluster.lease(spec.lease_ttl)?;
     if spec.pool_cores > 0 {
         cluster.offer(&spec.host, spec.pool_cores, lease)?;
+        if let Some(a) = spec.pool_listen {
+            cluster.advertise(&spec.host, &a.to_string(), lease)?;
+        }
     }
     let baselines = cluster.watch_baseline()?;
     Ok(Session {
@@ -189,21 +266,41 @@ fn round(spec: &ClusterSpec, s: &Session, slot: &Mutex<Slot>) -> spillway_cluste
     }
     // Remote cores: reserve while wanted, release when not. A reservation goes with the
     // lease, so a session lost takes it too (`agent` forgets it then).
-    let (want, held) = {
-        let g = lock(slot);
-        (g.want_remote, g.reserved.clone())
+    let (want, held, give_back, avoid) = {
+        let mut g = lock(slot);
+        let now = Instant::now();
+        g.avoid.retain(|(_, until)| *until > now);
+        let avoid: Vec<String> = g.avoid.iter().map(|(p, _)| p.clone()).collect();
+        let give_back = std::mem::take(&mut g.give_back);
+        (g.want_remote, g.reserved.clone(), give_back, avoid)
     };
+    for pool in give_back {
+        s.cluster.release(&pool, &spec.host)?;
+    }
     match (want, held) {
-        (Some(cores), None) => match s.cluster.reserve_anywhere(&spec.host, cores, s.lease)? {
+        (Some(cores), None) => match s
+            .cluster
+            .reserve_anywhere(&spec.host, cores, s.lease, &avoid)?
+        {
             Some(pool) => {
-                tracing::info!(pool = %pool, cores, "cluster: reserved pool cores");
-                lock(slot).reserved = Some((pool, cores));
+                let token = new_token().map_err(|e| {
+                    spillway_cluster::ClusterError::Backend(format!("a token: {e}"))
+                })?;
+                s.cluster.set_token(&pool, &spec.host, &token, s.lease)?;
+                let endpoint = s.cluster.pool(&pool)?.endpoint.and_then(|e| e.parse().ok());
+                tracing::info!(pool = %pool, cores, endpoint = ?endpoint, "cluster: reserved pool cores");
+                lock(slot).reserved = Some(RemoteGrant {
+                    pool,
+                    cores,
+                    endpoint,
+                    token,
+                });
             }
             None => tracing::debug!(cores, "cluster: no pool host has room"),
         },
-        (None, Some((pool, cores))) => {
-            s.cluster.release(&pool, &spec.host)?;
-            tracing::info!(pool = %pool, cores, "cluster: released pool cores");
+        (None, Some(r)) => {
+            s.cluster.release(&r.pool, &spec.host)?;
+            tracing::info!(pool = %r.pool, cores = r.cores, "cluster: released pool cores");
             lock(slot).reserved = None;
         }
         _ => {}
@@ -211,7 +308,7 @@ fn round(spec: &ClusterSpec, s: &Session, slot: &Mutex<Slot>) -> spillway_cluste
     Ok(())
 }
 
-fn agent(spec: &ClusterSpec, slot: &Mutex<Slot>, stop: &StopWatch) {
+fn agent(spec: &ClusterSpec, slot: &Mutex<Slot>, poke: &std::os::fd::OwnedFd, stop: &StopWatch) {
     let mut session: Option<Session> = None;
     let mut next = Instant::now();
     loop {
@@ -242,11 +339,22 @@ fn agent(spec: &ClusterSpec, slot: &Mutex<Slot>, stop: &StopWatch) {
         if next < now {
             next = now;
         }
-        if stop.sleep_until(next).unwrap_or(true) {
-            break;
+        // Until the next second, or a poke: then a round at once, and the second stays.
+        match stop.wait_readable(poke, Some(next)) {
+            Ok(Readiness::Ready) => {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(poke, &mut b);
+                next -= PUBLISH_EVERY;
+            }
+            Ok(Readiness::TimedOut) => {}
+            Ok(Readiness::Stopped) | Err(_) => return revoke(session),
         }
     }
-    // Going away on purpose: the record goes now, not when the lease runs out.
+}
+
+/// Going away on purpose: the record (and any reservation) goes now, not when the lease runs
+/// out.
+fn revoke(session: Option<Session>) {
     if let Some(s) = session {
         use spillway_cluster::Kv;
         let _ = s.cluster.kv().revoke(s.lease);

@@ -140,6 +140,12 @@ pub enum CtlRequest {
         /// Deliver straight into VM memory.
         on: bool,
     },
+    /// The host cores its tenants' VMs use now (what the host's VM scheduler reports): URSched
+    /// isolates plane cores only from the rest.
+    TenantCores {
+        /// Cores, at most the host's.
+        cores: u32,
+    },
     /// Replace the active spill plane under load: a plane started in the warm slot (running
     /// `binary` if given, which every later plane then runs) is synced, the active plane hands
     /// its connections back, the redirect rules flip to the new one and the old one retires.

@@ -50,6 +50,8 @@ pub struct PlaneOptions {
     pub workers: u32,
     /// The DPU process's clock origin.
     pub clock_origin_ns: u64,
+    /// Run the plane on a pool host instead, and relay its records ([`crate::remote::relay`]).
+    pub remote: Option<crate::remote::relay::RemoteOptions>,
 }
 
 spillway_vswitch::counters! {
@@ -319,6 +321,9 @@ struct PlaneProcess<R: PlaneResourcesHandle> {
 
 /// Runs the plane until SIGTERM or the DPU process goes away.
 pub fn run(opts: PlaneOptions) -> Result<(), String> {
+    if let Some(remote) = &opts.remote {
+        return crate::remote::relay::run(&opts, remote);
+    }
     disable_huge_pages()?;
     let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
     let mut vnic = connect(&opts)?;
@@ -423,21 +428,28 @@ fn connect(opts: &PlaneOptions) -> Result<VnicSet, String> {
     })?;
     let stream = UnixStream::connect(&opts.vnic_socket)
         .map_err(|e| format!("connecting to {}: {e}", opts.vnic_socket.display()))?;
-    let server = crate::host::unixsock::peer_cred(&stream)
-        .map_err(|e| format!("credentials of {}: {e}", opts.vnic_socket.display()))?;
-    let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
-    if server.pid != parent {
-        return Err(format!(
-            "{} is served by pid {} (uid {}), not by our parent {parent}; not handing it the secret",
-            opts.vnic_socket.display(),
-            server.pid,
-            server.uid
-        ));
-    }
+    check_parent(&stream, &opts.vnic_socket)?;
     crate::shm::vnic::send_auth(&stream, &secret).map_err(|e| e.to_string())?;
     let (vnic, hello) = VnicSet::accept(stream).map_err(|e| e.to_string())?;
     tracing::info!(target: "spillway::plane", pid = std::process::id(), hello = %hello, "vNIC set mapped");
     Ok(vnic)
+}
+
+/// Whether the vNIC socket `path`, connected as `stream`, is served by our parent (the DPU
+/// process that started us, and the only one to get the secret).
+pub(crate) fn check_parent(stream: &UnixStream, path: &std::path::Path) -> Result<(), String> {
+    let server = crate::host::unixsock::peer_cred(stream)
+        .map_err(|e| format!("credentials of {}: {e}", path.display()))?;
+    let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
+    if server.pid != parent {
+        return Err(format!(
+            "{} is served by pid {} (uid {}), not by our parent {parent}; not handing it the secret",
+            path.display(),
+            server.pid,
+            server.uid
+        ));
+    }
+    Ok(())
 }
 
 /// The virtio-net header of a frame with nothing offloaded.
@@ -814,7 +826,7 @@ impl<R: PlaneResourcesHandle> PlaneProcess<R> {
 /// Set-up is done (rings mapped, pipeline and model built, clock read): from here on the plane
 /// works only on descriptors it holds, so it gives up root, every capability and every system
 /// call it does not use ([`crate::host::privilege`]). A plane that cannot do so does not run.
-fn drop_privileges(tb: &Testbed) -> Result<(), String> {
+pub(crate) fn drop_privileges(tb: &Testbed) -> Result<(), String> {
     let p = tb.spill_privileges;
     crate::host::privilege::drop_privileges(&p).map_err(|e| e.to_string())?;
     tracing::info!(

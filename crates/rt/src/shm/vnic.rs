@@ -104,16 +104,18 @@ pub fn check_auth(
     if greeting != AUTH {
         return Err(VnicError::Handshake("not a spillway vNIC greeting".into()));
     }
-    // Every byte is compared whatever the earlier ones were: the time taken says nothing
-    // about how much of the secret was right.
-    let diff = theirs
-        .iter()
-        .zip(secret)
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    if std::hint::black_box(diff) != 0 {
+    if !secrets_equal(theirs, secret) {
         return Err(VnicError::Handshake("wrong secret".into()));
     }
     Ok(())
+}
+
+/// Whether two secrets are equal, comparing every byte whatever the earlier ones were: the
+/// time taken says nothing about how much of a guess was right (only whether the lengths
+/// differ).
+pub fn secrets_equal(a: &[u8], b: &[u8]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    a.len() == b.len() && std::hint::black_box(diff) == 0
 }
 
 /// Control record kind: a fabric message (+ snapshot).
@@ -131,6 +133,15 @@ pub const CONTROL_VM: u8 = 3;
 /// Flow-ring record kind byte of a conntrack update (fabric messages start with their own tag,
 /// which is never this value).
 pub const FLOW_CT: u8 = 0xff;
+
+/// The two kinds of ring of a lane, for a relay that moves their records as they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingKind {
+    /// Frames (`phy.*`).
+    Phy,
+    /// State sync and recalls (`flow.*`).
+    Flow,
+}
 
 /// A record from the flow ring.
 #[derive(Debug)]
@@ -821,6 +832,91 @@ impl VnicSet {
         Ok(n)
     }
 
+    /// Every lane of the set (lane 0 first), for a relay that serves them all on one thread.
+    pub fn lanes_mut(&mut self) -> impl Iterator<Item = &mut VnicLane> {
+        std::iter::once(&mut self.lane).chain(self.others.iter_mut())
+    }
+
+    /// For a relay (`crate::remote`): reads the control socket and hands `f` every complete
+    /// record as it is (its kind byte and body, without the length), undecoded, except
+    /// [`CONTROL_VM`] records: a VM's memory (the fds some carry) cannot leave this host, so
+    /// they and any fds that came are dropped and counted in the returned second figure.
+    pub fn relay_control_in(
+        &mut self,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<(usize, usize), VnicError> {
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, codec::VATC_FDS_MAX) {
+                Ok((0, _)) => return Err(VnicError::Closed),
+                // Fds ride only on VM records, which are dropped: closed here.
+                Ok((n, _fds)) => self.control_in.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(VnicError::Closed);
+                }
+                Err(e) => return Err(io_err("reading the control socket")(e)),
+            }
+        }
+        let (mut at, mut n, mut vm) = (0, 0, 0);
+        while self.control_in.len() - at >= 4 {
+            let len =
+                u32::from_le_bytes(self.control_in[at..at + 4].try_into().expect("four bytes"))
+                    as usize;
+            if len == 0 || len > CONTROL_BUF_MAX {
+                return Err(VnicError::Codec {
+                    channel: "control",
+                    source: CodecError::BadValue {
+                        field: "control.len",
+                        value: len as u64,
+                    },
+                });
+            }
+            if self.control_in.len() - at - 4 < len {
+                break;
+            }
+            let rec = &self.control_in[at + 4..at + 4 + len];
+            if rec[0] == CONTROL_VM {
+                vm += 1;
+            } else {
+                f(rec);
+                n += 1;
+            }
+            at += 4 + len;
+        }
+        self.control_in.drain(..at);
+        self.counters.control_rx += n as u64;
+        Ok((n, vm))
+    }
+
+    /// For a relay: sends `rec` (a kind byte and body, as [`VnicSet::relay_control_in`] gave
+    /// it on the other side) on the control socket. [`CONTROL_VM`] records are refused
+    /// (false): they name memory of the other host.
+    pub fn relay_control_out(&mut self, rec: &[u8]) -> Result<bool, VnicError> {
+        if rec.is_empty() || rec[0] == CONTROL_VM || rec.len() > CONTROL_BUF_MAX {
+            return Ok(false);
+        }
+        self.control_out
+            .extend_from_slice(&(rec.len() as u32).to_le_bytes());
+        self.control_out.extend_from_slice(rec);
+        self.counters.control_tx += 1;
+        self.flush_control()?;
+        Ok(true)
+    }
+
+    /// The control socket's fd, to poll.
+    pub fn control_fd(&self) -> BorrowedFd<'_> {
+        self.control.as_fd()
+    }
+
+    /// Every lane's doorbell fd (this end's), to poll.
+    pub fn bell_fds(&self) -> impl Iterator<Item = BorrowedFd<'_>> {
+        std::iter::once(&self.lane)
+            .chain(self.others.iter())
+            .map(|l| l.my_bell.as_fd())
+    }
+
     /// Before sleeping in `poll`: arms lane 0's doorbell. False if records arrived meanwhile
     /// (do not sleep).
     pub fn prepare_sleep(&mut self) -> bool {
@@ -1060,6 +1156,55 @@ impl VnicLane {
         let n = popped("flow", n, bad)?;
         self.counters.flow_rx += n as u64;
         Ok(n)
+    }
+
+    /// For a relay (`crate::remote`): pops up to `max` records of each ring this end reads,
+    /// as they are, undecoded: the end the relay hands them to decodes them. Checked only by
+    /// the ring (lengths within its memory).
+    pub fn relay_pop(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(RingKind, &[u8]),
+    ) -> Result<usize, VnicError> {
+        let phy = self
+            .phy_rx
+            .pop_batch(max, |rec| f(RingKind::Phy, rec))
+            .map_err(ring_err("phy"))?;
+        let flow = self
+            .flow_rx
+            .pop_batch(max, |rec| f(RingKind::Flow, rec))
+            .map_err(ring_err("flow"))?;
+        self.counters.phy_rx += phy as u64;
+        self.counters.flow_rx += flow as u64;
+        Ok(phy + flow)
+    }
+
+    /// For a relay: pushes `rec` as it is on the ring of `kind` this end writes; false
+    /// (counted, as any full ring) if the ring is full. Call [`VnicLane::kick`] after a batch.
+    pub fn relay_push(&mut self, kind: RingKind, rec: &[u8]) -> bool {
+        let (ring, sent, full) = match kind {
+            RingKind::Phy => (
+                &mut self.phy_tx,
+                &mut self.counters.phy_tx,
+                &mut self.counters.phy_full,
+            ),
+            RingKind::Flow => (
+                &mut self.flow_tx,
+                &mut self.counters.flow_tx,
+                &mut self.counters.flow_full,
+            ),
+        };
+        match ring.try_push(rec) {
+            Ok(()) => {
+                *sent += 1;
+                self.kick_pending |= ring.needs_kick();
+                true
+            }
+            Err(_) => {
+                *full += 1;
+                false
+            }
+        }
     }
 
     /// Before sleeping in `poll`: arms this end's doorbell. False if records arrived meanwhile

@@ -177,7 +177,15 @@ impl<'a> Sim<'a> {
         }
         while let Some(c) = self.dpu.poll_command() {
             match c {
-                Command::StartPlane { slot, workers } => {
+                // A plane on the remote pool is modelled as a local one (same start time,
+                // same links to the DPU): the simulator never reports a pool grant
+                // (`DpuNode::set_remote_grant`), so URSched never asks for one here, and a
+                // pool host's extra network hop is not in its cost model.
+                Command::StartPlane {
+                    slot,
+                    workers,
+                    remote: _,
+                } => {
                     let plane = self.planes.get_mut(slot).begin_start();
                     let at = self.now + self.params.host.plane_start;
                     let slot = slot.0;
