@@ -62,7 +62,6 @@ fn host_a(name: &str, state: &Path, etcd: &str, id: &str) -> String {
 cores = 4
 tenant_cores = 2
 reserve_cores = 2
-heartbeat = "100ms"
 [fabric.dpu]
 hw_pps_limit = 400.0
 [policy.host]

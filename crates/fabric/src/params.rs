@@ -222,6 +222,12 @@ pub struct HostParams {
     /// [assumed]: 5 ms.
     #[serde(with = "humantime_us")]
     pub heartbeat: Duration,
+    /// The heartbeat period the DPU allows a plane on a remote pool host, whose beats cross the
+    /// network: it fails after three of these pass without one (the plane still beats every
+    /// `heartbeat`). The larger of the two counts. [assumed]: 100 ms (a data-centre round
+    /// trip and its scheduling jitter, well inside the seed's 2 s cross-node failover).
+    #[serde(with = "humantime_us")]
+    pub remote_heartbeat: Duration,
     /// Deliver VM-bound packets straight into VM memory (vATC, issue 6) instead of back through
     /// the DPU. Off by default: the built-in scenarios model the path without it, and the `vatc`
     /// scenario compares the two.
@@ -280,6 +286,7 @@ impl Default for HostParams {
             worker_start: Duration::from_millis(1),
             flow_cache_max: 4_000_000,
             heartbeat: Duration::from_millis(5),
+            remote_heartbeat: Duration::from_millis(100),
             vatc: false,
             vatc_copy_cost: Duration::from_nanos(50),
             copy_bandwidth_bytes: 10e9,
@@ -797,6 +804,12 @@ impl FabricParams {
         duration_in!(
             "host.heartbeat",
             h.heartbeat,
+            1_000_000..=10_000_000_000,
+            "1ms..=10s"
+        );
+        duration_in!(
+            "host.remote_heartbeat",
+            h.remote_heartbeat,
             1_000_000..=10_000_000_000,
             "1ms..=10s"
         );

@@ -193,3 +193,53 @@ fn a_remote_plane_comes_home_when_the_host_has_cores_again() {
     assert_eq!(dpu.remote_wanted(), None);
     dpu.check_invariants().unwrap();
 }
+
+/// Runs every timer of `dpu` due up to `until` with no heartbeat from the plane; returns the
+/// events.
+fn silent_until(dpu: &mut DpuNode, until: Instant) -> Vec<(EventKind, String)> {
+    let mut events = Vec::new();
+    while let Some(t) = dpu.poll_timeout() {
+        if t > until {
+            break;
+        }
+        dpu.handle_timeout(t);
+        while dpu.poll_transmit().is_some() {}
+        while dpu.poll_command().is_some() {}
+        events.extend(std::iter::from_fn(|| dpu.poll_event()).map(|e| (e.what, e.reason)));
+    }
+    events
+}
+
+#[test]
+fn a_remote_plane_is_allowed_the_remote_heartbeat_and_a_local_one_is_not() {
+    let f = FabricParams::default();
+    assert!(f.host.remote_heartbeat > f.host.heartbeat * 10);
+    let gap_ms = (3 * f.host.heartbeat.as_millis() as u64) * 3;
+    assert!(gap_ms < 3 * f.host.remote_heartbeat.as_millis() as u64);
+    for (remote, fails) in [(true, false), (false, true)] {
+        let mut dpu = DpuNode::new(&f);
+        if remote {
+            dpu.set_tenant_cores(f.host.cores - f.host.reserve_cores);
+            dpu.set_remote_grant(Some(2));
+        }
+        let (commands, _) = overload(&mut dpu, 0, 60);
+        assert!(
+            matches!(commands[..], [Command::StartPlane { remote: r, .. }] if r == remote),
+            "{commands:?}"
+        );
+        dpu.handle_plane_up(at(60));
+        // Three local heartbeats' worth of silence, three times over.
+        let events = silent_until(&mut dpu, at(60 + gap_ms));
+        let failed = events.iter().any(|(what, _)| *what == EventKind::FailOpen);
+        assert_eq!(failed, fails, "remote {remote}: {events:?}");
+        if remote {
+            // Past three remote periods it fails too.
+            let late = 60 + 3 * f.host.remote_heartbeat.as_millis() as u64 + 10;
+            let events = silent_until(&mut dpu, at(late));
+            assert!(
+                events.iter().any(|(what, _)| *what == EventKind::FailOpen),
+                "{events:?}"
+            );
+        }
+    }
+}

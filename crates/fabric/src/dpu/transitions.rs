@@ -645,8 +645,14 @@ impl DpuControl {
         );
         sh.set_headroom(headroom);
         // A stalled plane: three heartbeats missed. The active one fails over or open; a
-        // warm one is replaced.
-        let missed = |last: Instant| now.0.saturating_sub(last.0) > 3 * ns(self.f.host.heartbeat);
+        // warm one is replaced. A plane on a pool host (and its warm one, which runs there
+        // too) beats across the network: it is allowed the remote period if that is longer.
+        let period = if self.life.remote {
+            self.f.host.heartbeat.max(self.f.host.remote_heartbeat)
+        } else {
+            self.f.host.heartbeat
+        };
+        let missed = |last: Instant| now.0.saturating_sub(last.0) > 3 * ns(period);
         let flipping = matches!(self.life.warm, Warm::Flipping { .. });
         if self.life.phase.has_plane() && !flipping && missed(self.life.last_heartbeat) {
             let late = (now - self.life.last_heartbeat).as_secs_f64() * 1e3;
