@@ -2,9 +2,12 @@
 //!
 //! Two `spillway run` on one machine and a real etcd (started by the test). Each host has its
 //! own network namespace on the underlay (`ha-*`, `hp-*`: a veth into the test's bridge, with
-//! 192.0.2.101 and .102), as a host's own stack has its port on the physical network. Host P
-//! offers 2 pool cores and serves remote planes on 192.0.2.102:7400. Host A has 4 cores, 2 sold
-//! to tenants and 2 reserved, so none to isolate, and a DPU fast path of 400 packets/s.
+//! `.101` and `.102`), as a host's own stack has its port on the physical network. The two
+//! tests deploy the hosts two ways ([`Layout`]): the DPU processes in the test's namespace with
+//! their cluster links in the host namespaces (`cluster.netns`; etcd on loopback), or each DPU
+//! process inside its host's namespace (etcd on the test's own address on the underlay). Host P
+//! offers 2 pool cores and serves remote planes on `.102:7400`. Host A has 4 cores, 2 sold to
+//! tenants and 2 reserved, so none to isolate, and a DPU fast path of 400 packets/s.
 //!
 //! VM `a` keeps one TCP connection to redis in VM `b` (a PING every 20 ms) and floods `b` with
 //! pings. URSched sees the pressure, finds no core here and falls back; the cluster agent
@@ -33,30 +36,45 @@ use common::{Daemon, Killed, wait_for};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
-/// What both hosts' testbeds start with: the host `h` (`a` or `p`) in the cluster, from its
-/// namespace `h<h>-<id>`.
-fn header(name: &str, state: &Path, etcd: &str, h: char, id: &str) -> String {
+/// Where the hosts' DPU processes run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// In the test's namespace, with etcd on loopback; each host's cluster links (the relay,
+    /// the pool service) live in its namespace on the underlay (`cluster.netns`).
+    Shared,
+    /// Each inside its host's namespace (`testbed.netns`), with etcd on the test's own address
+    /// on the underlay (`.250`, a veth into the bridge): a host is a namespace.
+    HostNamespaces,
+}
+
+/// What both hosts' testbeds start with: the host `h` (`a` or `p`) in the cluster, with its
+/// namespace `h<h>-<id>` its cluster links' ([`Layout::Shared`]) or its DPU process's.
+fn header(name: &str, state: &Path, etcd: &str, h: char, id: &str, layout: Layout) -> String {
+    let ns = format!("netns = \"h{h}-{id}\"\n");
+    let (process_ns, links_ns) = match layout {
+        Layout::Shared => (String::new(), ns),
+        Layout::HostNamespaces => (ns, String::new()),
+    };
     format!(
         r#"
 [testbed]
 name = "{name}"
 state_dir = "{state}"
-[spill]
+{process_ns}[spill]
 cpus = "1"
 memory_max = "512M"
 [cluster]
 host = "{h}-{id}"
 etcd = ["{etcd}"]
 lease_ttl_s = 5
-netns = "h{h}-{id}"
-"#,
+{links_ns}"#,
         state = state.display(),
     )
 }
 
 /// Host A: two VMs, no isolatable core, a 400 pps fast path.
-fn host_a(name: &str, state: &Path, etcd: &str, id: &str) -> String {
-    header(name, state, etcd, 'a', id)
+fn host_a(name: &str, state: &Path, etcd: &str, id: &str, layout: Layout) -> String {
+    header(name, state, etcd, 'a', id, layout)
         + r#"
 [fabric.host]
 cores = 4
@@ -105,10 +123,10 @@ port = 2
 }
 
 /// Host P: a pool host with 2 cores to offer, its service on its underlay address.
-fn host_p(name: &str, state: &Path, etcd: &str, id: &str) -> String {
-    header(name, state, etcd, 'p', id)
-        + r#"pool_cores = 2
-pool_listen = "192.0.2.102:7400"
+fn host_p(name: &str, state: &Path, etcd: &str, id: &str, net: &str, layout: Layout) -> String {
+    header(name, state, etcd, 'p', id, layout)
+        + &format!("pool_cores = 2\npool_listen = \"{net}.102:7400\"\n")
+        + r#"
 pool_cpus = "0-1"
 [policy.host]
 uplink_port = 0
@@ -131,14 +149,15 @@ port = 1
 "#
 }
 
-/// The underlay: a namespace with a bridge, and each host's own namespace with a veth into it
-/// (192.0.2.101 for A, .102 for P). All removed when dropped.
+/// The underlay `net`.0/24: a namespace with a bridge, and each host's own namespace with a
+/// veth into it (`.101` for A, `.102` for P); with `root`, the test's namespace too (`.250`).
+/// All removed when dropped (the test's veth goes with its peer in the underlay).
 struct Underlay {
     namespaces: Vec<String>,
 }
 
 impl Underlay {
-    fn create(id: &str) -> Underlay {
+    fn create(id: &str, net: &str, root: bool) -> Underlay {
         let ip = |args: &[&str]| {
             let s = Command::new("ip").args(args).status().expect("run ip");
             assert!(s.success(), "ip {args:?}");
@@ -170,12 +189,20 @@ impl Underlay {
                 ns,
                 "addr",
                 "add",
-                &format!("192.0.2.10{i}/24"),
+                &format!("{net}.10{i}/24"),
                 "dev",
                 &w,
             ]);
             ip(&["-n", ns, "link", "set", &w, "up"]);
             ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        if root {
+            let (r, t) = (format!("r{id}"), format!("t{id}"));
+            ip(&["link", "add", &r, "type", "veth", "peer", "name", &t]);
+            ip(&["link", "set", &t, "netns", &ul]);
+            ip(&["-n", &ul, "link", "set", &t, "master", "br0", "up"]);
+            ip(&["addr", "add", &format!("{net}.250/24"), "dev", &r]);
+            ip(&["link", "set", &r, "up"]);
         }
         u
     }
@@ -279,18 +306,27 @@ struct Bed {
     _etcd: spillway_testkit::Etcd,
 }
 
-/// The bed; `test` (one letter) tells its names from the other test's, which may run at the
-/// same time.
-fn bed(tag: &str, test: char) -> Option<Bed> {
+/// The bed; `test` (one letter) tells its names and its underlay's addresses from the other
+/// test's, which may run at the same time.
+fn bed(tag: &str, test: char, layout: Layout) -> Option<Bed> {
     if !spillway_testkit::prerequisites(&["ip", "ping", "python3", "redis-server"]) {
         return None;
     }
-    let etcd = spillway_testkit::Etcd::start(tag)?;
     let id = format!("{:x}{test}", std::process::id() % 0xffff);
-    let underlay = Underlay::create(&id);
+    let (net, root) = match layout {
+        Layout::Shared => ("192.0.2", false),
+        Layout::HostNamespaces => ("198.51.100", true),
+    };
+    let underlay = Underlay::create(&id, net, root);
+    let etcd = match layout {
+        Layout::Shared => spillway_testkit::Etcd::start(tag)?,
+        Layout::HostNamespaces => {
+            spillway_testkit::Etcd::start_on(tag, format!("{net}.250").parse().unwrap())?
+        }
+    };
     let (na, np) = (format!("a{id}"), format!("p{id}"));
-    let p = Host::start(&np, |d| host_p(&np, d, &etcd.endpoint, &id));
-    let a = Host::start(&na, |d| host_a(&na, d, &etcd.endpoint, &id));
+    let p = Host::start(&np, |d| host_p(&np, d, &etcd.endpoint, &id, net, layout));
+    let a = Host::start(&na, |d| host_a(&na, d, &etcd.endpoint, &id, layout));
     let ns_b = format!("{na}-b");
     let redis = Killed(
         common::netns_exec(&ns_b, "redis-server")
@@ -375,7 +411,7 @@ fn pool_serves_one_guest(pool: &serde_json::Value) {
 
 #[test]
 fn a_host_without_cores_spills_to_a_pool_host_and_fails_open_when_it_dies() {
-    let Some(mut bed) = bed("rtremote-kill", 'k') else {
+    let Some(mut bed) = bed("rtremote-kill", 'k', Layout::Shared) else {
         return;
     };
     let pinger = redis_pinger(&bed.ns_a, 15);
@@ -425,7 +461,7 @@ fn a_host_without_cores_spills_to_a_pool_host_and_fails_open_when_it_dies() {
 
 #[test]
 fn a_remote_plane_comes_home_when_the_host_has_cores_again() {
-    let Some(bed) = bed("rtremote-home", 'h') else {
+    let Some(bed) = bed("rtremote-home", 'h', Layout::HostNamespaces) else {
         return;
     };
     let pinger = redis_pinger(&bed.ns_a, 15);

@@ -158,6 +158,8 @@ struct RawTestbed {
     #[serde(default)]
     hold: Option<String>,
     #[serde(default)]
+    netns: Option<String>,
+    #[serde(default)]
     vnet_hdr: Option<bool>,
     #[serde(default)]
     tap_io: Option<String>,
@@ -353,6 +355,11 @@ pub struct Testbed {
     pub cluster: Option<ClusterSpec>,
     /// The uplink to the underlay, if any (`[uplink]`).
     pub uplink: Option<UplinkSpec>,
+    /// The network namespace the DPU process runs in (`testbed.netns`, the operator's: a
+    /// host of several on one machine); `None`: the one it was started in. Entered by the
+    /// process itself, so that it keeps the machine's mounts (`ip netns exec` remounts
+    /// `/sys`, and the cgroup hierarchies with it).
+    pub netns: Option<String>,
     /// Where the guest of `backend = "vhost-user"` VMs is (`guest/build.sh`'s output:
     /// `vmlinuz`, `initramfs.cpio.gz`; `testbed.guest_dir`, default `target/guest`).
     pub guest_dir: PathBuf,
@@ -598,6 +605,13 @@ impl Testbed {
             }
         };
         let vnet_hdr = raw.testbed.vnet_hdr.unwrap_or(true);
+        if let Some(ns) = raw.testbed.netns.as_deref().filter(|n| !valid_netns(n)) {
+            return Err(err(
+                "testbed.netns",
+                "1 to 64 characters of [A-Za-z0-9_.-], not starting with '.'",
+                echo(ns),
+            ));
+        }
         let uplink = match raw.uplink {
             None => None,
             Some(u) => {
@@ -939,6 +953,7 @@ impl Testbed {
             hold,
             cluster,
             uplink,
+            netns: raw.testbed.netns.clone(),
             vnet_hdr,
             tap_io,
             guest_dir: raw
@@ -1163,6 +1178,21 @@ netns = "swvs-b"
             "[uplink]\nnetns = \"u\"\n\n[fabric.dpu]\n",
         ));
         assert_eq!(e.field, "testbed.vnet_hdr", "{e}");
+    }
+
+    #[test]
+    fn a_testbed_may_name_the_namespace_its_dpu_process_runs_in() {
+        assert_eq!(
+            Testbed::from_toml_str(GOOD, Path::new("t.toml"))
+                .unwrap()
+                .netns,
+            None
+        );
+        let named = GOOD.replace("name = \"t1\"", "name = \"t1\"\nnetns = \"host-a\"");
+        let t = Testbed::from_toml_str(&named, Path::new("t.toml")).unwrap();
+        assert_eq!(t.netns.as_deref(), Some("host-a"));
+        let e = load_err(&GOOD.replace("name = \"t1\"", "name = \"t1\"\nnetns = \"../x\""));
+        assert_eq!(e.field, "testbed.netns", "{e}");
     }
 
     #[test]

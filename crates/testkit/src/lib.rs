@@ -137,14 +137,15 @@ pub fn small_guest(repo: &std::path::Path) -> Option<std::path::PathBuf> {
     Some(dir.canonicalize().expect("the guest's folder"))
 }
 
-/// An etcd of a test's own (Debian's `etcd-server`): loopback ports of its own and a data folder
+/// An etcd of a test's own (Debian's `etcd-server`): ports of its own (on loopback unless
+/// started on another address) and a data folder
 /// under the system's temporary folder, both gone when it is dropped (the process killed and
 /// reaped, the folder removed), also when the test fails.
 #[derive(Debug)]
 pub struct Etcd {
     child: std::process::Child,
     data: std::path::PathBuf,
-    /// `http://127.0.0.1:<port>`.
+    /// `http://<address>:<port>`.
     pub endpoint: String,
 }
 
@@ -152,11 +153,17 @@ impl Etcd {
     /// Starts one named `name` and waits up to 20 s for its health endpoint; `None` where
     /// [`prerequisites`] says to skip (no etcd, or not root). Panics if it does not come up.
     pub fn start(name: &str) -> Option<Etcd> {
+        Etcd::start_on(name, std::net::Ipv4Addr::LOCALHOST)
+    }
+
+    /// [`Etcd::start`] listening on `ip` (an address of this namespace: a test's own network
+    /// when the hosts that use it live in namespaces of their own).
+    pub fn start_on(name: &str, ip: std::net::Ipv4Addr) -> Option<Etcd> {
         if !prerequisites(&["etcd"]) {
             return None;
         }
         let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
+            std::net::TcpListener::bind((ip, 0))
                 .and_then(|l| l.local_addr())
                 .expect("an ephemeral port")
                 .port()
@@ -167,8 +174,8 @@ impl Etcd {
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&data);
-        let endpoint = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
+        let endpoint = format!("http://{ip}:{client}");
+        let peer_url = format!("http://{ip}:{peer}");
         let child = Command::new("etcd")
             .args(["--name", name, "--data-dir"])
             .arg(&data)
@@ -188,7 +195,7 @@ impl Etcd {
             endpoint,
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !etcd.healthy(client) {
+        while !etcd.healthy(ip, client) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "etcd at {} not healthy within 20 s",
@@ -200,9 +207,9 @@ impl Etcd {
     }
 
     /// Whether its `/health` answers `"health":"true"`.
-    fn healthy(&self, port: u16) -> bool {
+    fn healthy(&self, ip: std::net::Ipv4Addr, port: u16) -> bool {
         use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        let Ok(mut s) = std::net::TcpStream::connect((ip, port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));

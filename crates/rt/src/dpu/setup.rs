@@ -36,6 +36,10 @@ impl DpuDaemon {
     /// endpoint.
     pub fn start(opts: RunOptions) -> Result<DpuDaemon, RunError> {
         let tb = opts.testbed;
+        // Into the host's namespace first: every thread and child made from here on is in it.
+        if let Some(ns) = &tb.netns {
+            crate::host::netns::enter(ns).map_err(RunError::Setup)?;
+        }
         crate::host::ledger::secure_state_dir(&tb.state_dir)
             .map_err(|e| RunError::Setup(format!("state directory: {e}")))?;
         // What a crashed predecessor of this testbed could have created, and nothing else.

@@ -427,6 +427,19 @@ pub fn sysctl(ns: Option<&str>, key: &str, value: &str) -> Result<(), NetnsError
     }
 }
 
+/// Enters network namespace `ns` (`/run/netns/<ns>`) on the calling thread only: a thread or
+/// process it then starts is in it too, and nothing else changes (mounts stay the machine's).
+pub fn enter(ns: &str) -> Result<(), String> {
+    check_netns_name(ns).map_err(|e| e.to_string())?;
+    let path = std::path::Path::new("/run/netns").join(ns);
+    let f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(&f),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .map_err(|e| format!("entering namespace {ns}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -311,6 +311,7 @@ fn round(spec: &ClusterSpec, s: &Session, slot: &Mutex<Slot>) -> spillway_cluste
 fn agent(spec: &ClusterSpec, slot: &Mutex<Slot>, poke: &std::os::fd::OwnedFd, stop: &StopWatch) {
     let mut session: Option<Session> = None;
     let mut next = Instant::now();
+    let mut poked = false;
     loop {
         if session.is_none() {
             match open(spec) {
@@ -334,17 +335,17 @@ fn agent(spec: &ClusterSpec, slot: &Mutex<Slot>, poke: &std::os::fd::OwnedFd, st
             g.reserved = None;
             session = None;
         }
-        next += PUBLISH_EVERY;
-        let now = Instant::now();
-        if next < now {
-            next = now;
+        // A round that a poke brought forward keeps the second it was waiting for.
+        if !std::mem::take(&mut poked) {
+            next += PUBLISH_EVERY;
+            next = next.max(Instant::now());
         }
-        // Until the next second, or a poke: then a round at once, and the second stays.
+        // Until the next second, or a poke: then a round at once.
         match stop.wait_readable(poke, Some(next)) {
             Ok(Readiness::Ready) => {
                 let mut b = [0u8; 8];
                 let _ = rustix::io::read(poke, &mut b);
-                next -= PUBLISH_EVERY;
+                poked = true;
             }
             Ok(Readiness::TimedOut) => {}
             Ok(Readiness::Stopped) | Err(_) => return revoke(session),

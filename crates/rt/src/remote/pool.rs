@@ -198,7 +198,7 @@ impl Drop for PoolService {
 /// namespace is per thread), binds, and keeps serving from there.
 fn bind_in(spec: &PoolSpec) -> Result<TcpListener, String> {
     if let Some(ns) = &spec.netns {
-        crate::remote::relay::enter_netns(ns)?;
+        crate::host::netns::enter(ns)?;
     }
     let l = TcpListener::bind(spec.listen)
         .map_err(|e| format!("pool service: binding {}: {e}", spec.listen))?;

@@ -59,18 +59,6 @@ fn read_stdin() -> Result<([u8; SECRET_LEN], String), String> {
     Ok((secret, token))
 }
 
-/// Enters network namespace `ns` (`/run/netns/<ns>`) on the calling thread only (the
-/// relay's one thread; the pool service's thread).
-pub(crate) fn enter_netns(ns: &str) -> Result<(), String> {
-    let path = std::path::Path::new("/run/netns").join(ns);
-    let f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    rustix::thread::move_into_link_name_space(
-        std::os::fd::AsFd::as_fd(&f),
-        Some(rustix::thread::LinkNameSpaceType::Network),
-    )
-    .map_err(|e| format!("entering namespace {ns}: {e}"))
-}
-
 /// Runs the relay until the link or the DPU process goes, or a signal asks it to stop.
 pub fn run(opts: &PlaneOptions, remote: &RemoteOptions) -> Result<(), String> {
     let tb = Testbed::load(&opts.config).map_err(|e| e.to_string())?;
@@ -83,7 +71,7 @@ pub fn run(opts: &PlaneOptions, remote: &RemoteOptions) -> Result<(), String> {
     crate::shm::vnic::send_auth(&stream, &secret).map_err(|e| e.to_string())?;
     let (mut vnic, hello) = VnicSet::accept(stream).map_err(|e| e.to_string())?;
     if let Some(ns) = &remote.netns {
-        enter_netns(ns)?;
+        crate::host::netns::enter(ns)?;
     }
     let mut tcp = TcpStream::connect_timeout(&remote.endpoint, Duration::from_secs(2))
         .map_err(|e| format!("connecting to the pool host at {}: {e}", remote.endpoint))?;
