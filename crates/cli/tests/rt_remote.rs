@@ -72,9 +72,14 @@ lease_ttl_s = 5
     )
 }
 
-/// Host A: two VMs, no isolatable core, a 400 pps fast path.
+/// Host A: two VMs, no isolatable core, a 400 pps fast path; with [`Layout::HostNamespaces`]
+/// two forwarding threads (the link carries both lanes).
 fn host_a(name: &str, state: &Path, etcd: &str, id: &str, layout: Layout) -> String {
-    header(name, state, etcd, 'a', id, layout)
+    let shards = match layout {
+        Layout::Shared => 1,
+        Layout::HostNamespaces => 2,
+    };
+    let text = header(name, state, etcd, 'a', id, layout)
         + r#"
 [fabric.host]
 cores = 4
@@ -119,7 +124,11 @@ port = 1
 [[vm]]
 name = "b"
 port = 2
-"#
+"#;
+    text.replace(
+        "hw_pps_limit = 400.0",
+        &format!("hw_pps_limit = 400.0\nshards = {shards}"),
+    )
 }
 
 /// Host P: a pool host with 2 cores to offer, its service on its underlay address.
@@ -358,9 +367,14 @@ fn bed(tag: &str, test: char, layout: Layout) -> Option<Bed> {
 impl Bed {
     /// A ping flood from `a` to `b` (the pressure), killed when dropped.
     fn flood(&self) -> Killed {
+        self.ping(0.002)
+    }
+
+    /// Pings from `a` to `b` every `interval` seconds, until dropped.
+    fn ping(&self, interval: f64) -> Killed {
         Killed(
             common::netns_exec(&self.ns_a, "ping")
-                .args(["-i", "0.002", "-q", "10.74.0.2"])
+                .args(["-i", &interval.to_string(), "-q", "10.74.0.2"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -466,9 +480,23 @@ fn a_remote_plane_comes_home_when_the_host_has_cores_again() {
     };
     let pinger = redis_pinger(&bed.ns_a, 15);
     let _flood = bed.flood();
+    // Eight more ICMP connections (each ping its own id), so that both forwarding threads,
+    // and both lanes of the link, carry some.
+    let _pings: Vec<Killed> = (0..8).map(|_| bed.ping(0.1)).collect();
     let (s, trigger_to_first) = bed.wait_remote_plane();
     eprintln!("trigger -> first frame served by the pool host: {trigger_to_first:.3} s");
     assert_eq!(s["plane"]["remote"], true, "{s:#}");
+    // Both of the remote plane's shards take frames: both lanes cross the link.
+    wait_for(
+        Duration::from_secs(10),
+        "frames on both of the plane's shards",
+        || {
+            let s = bed.a.status();
+            let shards = s["plane"]["stats"]["shards"].as_array().cloned()?;
+            (shards.len() == 2 && shards.iter().all(|t| t["frames_in"].as_u64() > Some(0)))
+                .then_some(())
+        },
+    );
     // The tenants give two cores back: 4 - 0 - 2 = 2 isolatable here.
     let r = common::ctl(BIN, &bed.a.config, &["tenant-cores", "0"]);
     assert_eq!(r["isolatable_cores"], 2, "{r}");
