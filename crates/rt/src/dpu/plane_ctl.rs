@@ -270,6 +270,8 @@ impl DpuDaemon {
                 ))
             });
             let Some((endpoint, t, host, netns)) = grant else {
+                // The reservation went between the core's last report and now.
+                self.sw.dpu_mut().set_remote_grant(None);
                 self.sw.dpu_mut().handle_plane_failed_in(
                     now,
                     slot,

@@ -239,7 +239,16 @@ fn accept_loop(ctx: &Arc<Ctx>, listener: &TcpListener) {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                // Until a connection comes (at once), or 100 ms to look at the stop flag.
+                let mut fds = [rustix::event::PollFd::new(
+                    listener,
+                    rustix::event::PollFlags::IN,
+                )];
+                let ts = rustix::time::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 100_000_000,
+                };
+                let _ = rustix::event::poll(&mut fds, Some(&ts));
             }
             Err(e) => {
                 tracing::warn!(target: "spillway::run", error = %e, "pool: accept failed");
@@ -301,9 +310,9 @@ fn parse_hello(doc: &serde_json::Value) -> Result<Hello, String> {
     })
 }
 
-/// The guest's testbed: its `[testbed]`, `[fabric]`, `[policy]` and `[[vm]]`, with this
-/// host's `[spill]` and state directory; nothing else of it (its uplink, cluster and
-/// operations sections are its host's business).
+/// The guest's testbed: its `[testbed]` name and frame format, `[fabric]`, `[policy]` and
+/// `[[vm]]`, with this host's `[spill]` and state directory; nothing else of it (its uplink,
+/// cluster and operations sections are its host's business).
 fn guest_testbed(text: &str, spec: &PoolSpec) -> Result<String, String> {
     let mut t: toml::Table = text
         .parse()
@@ -314,7 +323,10 @@ fn guest_testbed(text: &str, spec: &PoolSpec) -> Result<String, String> {
             g.insert(k.into(), v);
         }
     }
+    // Of `[testbed]` only what a plane reads: where the DPU process runs, its hold, its
+    // guests and the rest are its host's.
     if let Some(toml::Value::Table(tb)) = g.get_mut("testbed") {
+        tb.retain(|k, _| k == "name" || k == "vnet_hdr");
         tb.insert(
             "state_dir".into(),
             toml::Value::String(spec.state_dir.display().to_string()),
@@ -604,6 +616,8 @@ mod tests {
 [testbed]
 name = "a1"
 state_dir = "/somewhere/else"
+netns = "elsewhere"
+guest_dir = "/x"
 [spill]
 uid = 0
 gid = 0
@@ -630,6 +644,14 @@ port = 1
             Some("/run/spillway-pool")
         );
         assert_eq!(t["testbed"]["name"].as_str(), Some("a1"));
+        assert!(
+            !t["testbed"].as_table().unwrap().contains_key("netns"),
+            "{t:?}"
+        );
+        assert!(
+            !t["testbed"].as_table().unwrap().contains_key("guest_dir"),
+            "{t:?}"
+        );
         for gone in ["ops", "cluster", "uplink"] {
             assert!(!t.contains_key(gone), "{gone}: {t:?}");
         }
