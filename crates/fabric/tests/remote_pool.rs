@@ -243,3 +243,51 @@ fn a_remote_plane_is_allowed_the_remote_heartbeat_and_a_local_one_is_not() {
         }
     }
 }
+
+#[test]
+fn a_remote_plane_that_fails_voids_the_pools_grant_on_every_path() {
+    let f = FabricParams::default();
+    // The plane dies (the driver's report), or stalls (its heartbeats stop).
+    for died in [true, false] {
+        let mut dpu = DpuNode::new(&f);
+        dpu.set_tenant_cores(f.host.cores - f.host.reserve_cores);
+        dpu.set_remote_grant(Some(2));
+        let (commands, _) = overload(&mut dpu, 0, 60);
+        assert!(
+            matches!(commands[..], [Command::StartPlane { remote: true, .. }]),
+            "{commands:?}"
+        );
+        dpu.handle_plane_up(at(60));
+        let end = if died {
+            dpu.handle_plane_failed(at(61), "the relay exited");
+            61
+        } else {
+            let late = 60 + 3 * f.host.remote_heartbeat.as_millis() as u64 + 10;
+            silent_until(&mut dpu, at(late));
+            late
+        };
+        assert_eq!(dpu.phase(), Phase::Idle, "died {died}");
+        // Still overloaded, still no core here: no plane on that pool again, a fallback.
+        let (commands, events) = overload(&mut dpu, end + 1, end + 200);
+        assert!(
+            !commands
+                .iter()
+                .any(|c| matches!(c, Command::StartPlane { .. })),
+            "died {died}: {commands:?}"
+        );
+        assert!(
+            events.iter().any(|(what, _)| *what == EventKind::Fallback),
+            "died {died}: {events:?}"
+        );
+        assert_eq!(dpu.remote_wanted(), Some(f.host.workers_initial));
+        // A new grant (another pool) starts one there.
+        dpu.set_remote_grant(Some(2));
+        let (commands, _) = overload(&mut dpu, end + 200, end + 260);
+        assert!(
+            commands
+                .iter()
+                .any(|c| matches!(c, Command::StartPlane { remote: true, .. })),
+            "died {died}: {commands:?}"
+        );
+    }
+}

@@ -49,6 +49,7 @@ impl DpuControl {
     /// phase allows it (a release under way is not continued by another plane: it fails
     /// open, which ends it as well), fail open otherwise.
     fn active_failed(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
+        self.remote_plane_lost();
         match (self.life.warm, self.life.phase) {
             (
                 Warm::Ready { colour },
@@ -67,6 +68,16 @@ impl DpuControl {
                 | Phase::Active { .. }
                 | Phase::Draining { .. },
             ) => self.fail_open(now, reason, sh),
+        }
+    }
+
+    /// A plane on the pool failed (it died, broke the protocol or missed its heartbeats): the
+    /// pool's grant is void until the driver reports one again, so no plane is started on a
+    /// pool that just failed. Every failure path comes here; the driver learns of it from the
+    /// plane's `StopPlane { failed: true }` or its own report, and gives the cores back.
+    fn remote_plane_lost(&mut self) {
+        if self.life.remote {
+            self.set_remote_grant(None);
         }
     }
 
@@ -352,6 +363,7 @@ impl DpuControl {
     /// The warm plane failed (or, during a flip, the plane about to take over: then the DPU
     /// fails open, since no plane holds the failed one's connections).
     fn warm_failed(&mut self, now: Instant, reason: String, sh: &mut dyn Shards) {
+        self.remote_plane_lost();
         match self.life.warm {
             Warm::Off => {}
             Warm::Flipping { .. } => self.fail_open(
