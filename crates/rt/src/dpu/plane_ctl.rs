@@ -20,7 +20,6 @@ use crate::dpu::daemon::{PortsOut, gso_size, offer_frame};
 use spillway_fabric::types::PlaneSlot;
 use spillway_vswitch::Instant;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 /// Connections taken from the vNIC socket per loop turn.
 const VNIC_ACCEPTS_PER_TURN: usize = 16;
@@ -137,16 +136,6 @@ impl DpuDaemon {
     /// The plane in `slot` died or broke the protocol: it is killed, and the core decides
     /// (a warm plane takes over, or the DPU fails open; a failed warm plane is replaced).
     pub(super) fn plane_failed_in(&mut self, slot: PlaneSlot, now: Instant, why: &str) {
-        let remote = self.planes[slot.index()].as_ref().is_some_and(|p| p.remote);
-        if remote {
-            // The pool host (or the way to it) failed: its grant is gone for the core now, not
-            // at the next exchange, so that the core does not start a plane there again; the
-            // agent gives the cores back and avoids that pool for a while.
-            self.sw.dpu_mut().set_remote_grant(None);
-            if let Some(c) = &self.cluster {
-                c.pool_failed();
-            }
-        }
         if self.kill_plane(slot) {
             self.dp.counters.plane_failures += 1;
             tracing::warn!(target: "spillway::run", %slot, reason = why, "spill plane failed");
@@ -162,10 +151,18 @@ impl DpuDaemon {
     /// upkeep), what it never took from its phy ring is taken back and offered again once the
     /// core steers to a plane that runs (`reoffer`). Only once the process is gone can nothing
     /// it pops race with the taking back. False if the slot had no plane.
+    /// Every failed plane ends here (it died, broke the protocol, or the core stopped it for
+    /// missed heartbeats): a remote one's pool is reported to the cluster agent, which gives
+    /// its cores back and avoids it for a while (the core has voided the grant itself).
     fn kill_plane(&mut self, slot: PlaneSlot) -> bool {
         let Some(p) = self.take_plane(slot, true) else {
             return false;
         };
+        if p.remote
+            && let Some(c) = &self.cluster
+        {
+            c.pool_failed();
+        }
         self.retiring.push(p.kill_async());
         self.reap_retired();
         true
@@ -246,19 +243,32 @@ impl DpuDaemon {
         if self.planes[slot.index()].is_some() {
             self.stop_plane(slot, false);
         }
-        let mut cmd = Command::new(&self.plane_exe);
-        cmd.arg("spill-plane")
-            .arg("--config")
-            .arg(&self.tb.file)
-            .arg("--vnic-socket")
-            .arg(&self.vnic_path)
-            .arg("--workers")
-            .arg(workers.to_string())
-            .arg("--clock-origin-ns")
-            .arg(self.clock.origin_ns().to_string());
+        let launch = crate::plane::process::launch(
+            &self.plane_exe,
+            &self.tb.file,
+            &self.vnic_path,
+            workers,
+            self.clock.origin_ns(),
+        );
+        let crate::plane::process::Launch {
+            mut cmd,
+            secret,
+            secret_w,
+        } = match launch {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(target: "spillway::run", error = %e, "could not make the plane's handshake secret");
+                self.sw.dpu_mut().handle_plane_failed_in(
+                    now,
+                    slot,
+                    &format!("handshake secret: {e}"),
+                );
+                return;
+            }
+        };
         // A remote plane: this process's child is the relay to the pool host's service, which
         // gets the reservation's token after the secret.
-        let mut token = None;
+        let mut token = String::new();
         if remote {
             let grant = self.cluster.as_ref().and_then(|c| {
                 let g = c.remote_grant()?;
@@ -270,8 +280,8 @@ impl DpuDaemon {
                 ))
             });
             let Some((endpoint, t, host, netns)) = grant else {
-                // The reservation went between the core's last report and now.
-                self.sw.dpu_mut().set_remote_grant(None);
+                // The reservation went between the core's last report and now: a failed
+                // remote plane to the core, which voids the grant.
                 self.sw.dpu_mut().handle_plane_failed_in(
                     now,
                     slot,
@@ -284,27 +294,8 @@ impl DpuDaemon {
             if let Some(ns) = netns {
                 cmd.arg("--remote-netns").arg(ns);
             }
-            token = Some(t);
+            token = t;
         }
-        // The handshake secret goes to the child on its stdin, a pipe only it inherits: argv
-        // and the environment are readable by other users.
-        let handed = crate::shm::vnic::new_secret().and_then(|secret| {
-            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-            cmd.stdin(Stdio::from(r));
-            Ok((secret, w))
-        });
-        let (secret, secret_w) = match handed {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::error!(target: "spillway::run", error = %e, "could not make the plane's handshake secret");
-                self.sw.dpu_mut().handle_plane_failed_in(
-                    now,
-                    slot,
-                    &format!("handshake secret: {e}"),
-                );
-                return;
-            }
-        };
         let spawned = match self.ledger.as_mut() {
             Some(l) => l.spawn(&mut cmd).map_err(|e| e.to_string()),
             None => cmd.spawn().map_err(|e| e.to_string()),
@@ -329,11 +320,12 @@ impl DpuDaemon {
                         {
                             tracing::warn!(target: "spillway::run", pid, error = %e, "could not move the spill plane into its cgroup");
                         }
-                        // 32 bytes (and a token of at most 128) fit in any pipe.
-                        let mut w = std::fs::File::from(secret_w);
-                        let mut handed = secret.to_vec();
-                        handed.extend_from_slice(token.as_deref().unwrap_or_default().as_bytes());
-                        if let Err(e) = std::io::Write::write_all(&mut w, &handed) {
+                        let handed = crate::plane::process::hand_secret(
+                            secret_w,
+                            &secret,
+                            token.as_bytes(),
+                        );
+                        if let Err(e) = handed {
                             tracing::error!(target: "spillway::run", pid, error = %e, "could not hand the spill plane its secret");
                         }
                     });

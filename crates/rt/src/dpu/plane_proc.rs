@@ -28,26 +28,7 @@ impl PlaneProc {
     /// Stops the process: SIGTERM first, so the plane exits by itself; killed if it has not
     /// within 500 ms.
     pub(super) fn stop(mut self) {
-        let pid = self.child.id() as i32;
-        // SAFETY: sending a signal to our own child's pid, which we have not reaped yet
-        // (so it cannot have been recycled).
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
-        }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
-        }
+        crate::host::signals::terminate(&mut self.child, std::time::Duration::from_millis(500));
     }
 
     /// Fences the process and lets it go without waiting: its vNIC set is closed at once (so

@@ -279,10 +279,6 @@ impl DpuDaemon {
     }
 }
 
-/// Creates listening socket `path` (mode 0600, owned by `owner` if given, whatever the umask)
-/// and then records it: a file only goes into the ledger once this process created it, so a
-/// failed start never removes somebody else's. A stale socket of a crashed run is replaced; any
-/// other file at `path` is an error and left alone.
 /// What the pool service of `spec` (which has a `pool_listen`) runs with: this testbed's
 /// `[spill]` for every guest's plane.
 fn pool_spec(
@@ -405,21 +401,15 @@ fn vhost_port(
     })
 }
 
+/// [`Ledger::bind_socket`], its error a set-up error.
 fn bind_and_record(
     ledger: &mut Ledger,
     path: &Path,
     owner: Option<u32>,
 ) -> Result<UnixListener, RunError> {
-    crate::host::unixsock::remove_stale(path)
-        .map_err(io_err(format!("socket {}", path.display())))?;
-    let listener = crate::host::unixsock::bind(path, 0o600, owner)
-        .map_err(io_err(format!("binding {}", path.display())))?;
-    if let Err(e) = ledger.record(LedgerEntry::File(path.to_owned())) {
-        drop(listener);
-        let _ = std::fs::remove_file(path);
-        return Err(RunError::Setup(format!("ledger: {e}")));
-    }
-    Ok(listener)
+    ledger
+        .bind_socket(path, owner)
+        .map_err(|e| RunError::Setup(format!("socket {}: {e}", path.display())))
 }
 
 /// Starts `spillway vm-endpoint --mode bridge` for VM `name`, handing it `tap` as an inherited

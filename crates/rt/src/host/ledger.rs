@@ -438,6 +438,31 @@ impl Ledger {
         Ok(link_set_netns(link, ns)?)
     }
 
+    /// Creates listening socket `path` (mode 0600, owned by `owner` if given, whatever the
+    /// umask) and then records it: a file goes into the ledger only once this process created
+    /// it, so a failed start never removes somebody else's. A stale socket of a crashed run is
+    /// replaced; any other file at `path` is an error and left alone.
+    pub fn bind_socket(
+        &mut self,
+        path: &Path,
+        owner: Option<u32>,
+    ) -> Result<std::os::unix::net::UnixListener, LedgerError> {
+        let io = |op, source| LedgerError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        };
+        crate::host::unixsock::remove_stale(path).map_err(|e| io("replace the stale socket", e))?;
+        let listener =
+            crate::host::unixsock::bind(path, 0o600, owner).map_err(|e| io("bind", e))?;
+        if let Err(e) = self.record(LedgerEntry::File(path.to_owned())) {
+            drop(listener);
+            let _ = fs::remove_file(path);
+            return Err(e);
+        }
+        Ok(listener)
+    }
+
     /// Records the cgroup's directories and creates it in the detected hierarchy.
     pub fn create_cgroup(&mut self, name: &str, spec: &CgroupSpec) -> Result<Cgroup, LedgerError> {
         let hierarchy = Hierarchy::detect()?;

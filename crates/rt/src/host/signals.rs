@@ -52,3 +52,22 @@ pub fn stop_signal() -> Option<i32> {
 pub fn request_stop() {
     STOP.store(true, Ordering::Release);
 }
+
+/// Stops child `child`: SIGTERM first, so it exits by itself; killed if it has not within
+/// `grace`; reaped either way.
+pub fn terminate(child: &mut std::process::Child, grace: std::time::Duration) {
+    // SAFETY: kill(2) with our own child's pid, not yet reaped (so not recycled); no memory
+    // is involved.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

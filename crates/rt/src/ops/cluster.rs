@@ -71,11 +71,12 @@ pub struct RemoteGrant {
     pub token: String,
 }
 
-/// A fresh token: 32 bytes of the kernel's randomness in hex.
+/// A fresh token: a handshake secret's worth of the kernel's randomness, in hex.
 fn new_token() -> std::io::Result<String> {
-    let mut b = [0u8; 32];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut b)?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    Ok(crate::shm::vnic::new_secret()?
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect())
 }
 
 /// The agent: its thread, stopped and joined on drop.

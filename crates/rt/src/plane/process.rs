@@ -54,6 +54,60 @@ pub struct PlaneOptions {
     pub remote: Option<crate::remote::relay::RemoteOptions>,
 }
 
+/// A spill plane about to start: its command (`spillway spill-plane` with its options) and the
+/// handshake secret it will read on stdin, a pipe only it inherits (argv and the environment
+/// are readable by other users). The DPU process and a pool host's service start planes this
+/// one way; [`connect`] is the other end.
+pub(crate) struct Launch {
+    /// The command; spawn it, then drop it (it holds the pipe's read end).
+    pub(crate) cmd: std::process::Command,
+    /// The secret the plane must show on the vNIC socket.
+    pub(crate) secret: [u8; crate::shm::vnic::SECRET_LEN],
+    /// The pipe's write end: [`hand_secret`] it once the plane is in its cgroup.
+    pub(crate) secret_w: std::os::fd::OwnedFd,
+}
+
+/// The launch of `exe`'s spill plane on testbed `config` and vNIC socket `vnic_socket`.
+pub(crate) fn launch(
+    exe: &std::path::Path,
+    config: &std::path::Path,
+    vnic_socket: &std::path::Path,
+    workers: u32,
+    clock_origin_ns: u64,
+) -> std::io::Result<Launch> {
+    let secret = crate::shm::vnic::new_secret()?;
+    let (r, secret_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("spill-plane")
+        .arg("--config")
+        .arg(config)
+        .arg("--vnic-socket")
+        .arg(vnic_socket)
+        .arg("--workers")
+        .arg(workers.to_string())
+        .arg("--clock-origin-ns")
+        .arg(clock_origin_ns.to_string())
+        .stdin(std::process::Stdio::from(r));
+    Ok(Launch {
+        cmd,
+        secret,
+        secret_w,
+    })
+}
+
+/// Writes the secret, and `extra` after it (a relay's token), to the plane's stdin and closes
+/// it. A few hundred bytes fit in any pipe: this never waits on the plane.
+pub(crate) fn hand_secret(
+    secret_w: std::os::fd::OwnedFd,
+    secret: &[u8; crate::shm::vnic::SECRET_LEN],
+    extra: &[u8],
+) -> std::io::Result<()> {
+    let mut handed = Vec::with_capacity(secret.len() + extra.len());
+    handed.extend_from_slice(secret);
+    handed.extend_from_slice(extra);
+    std::io::Write::write_all(&mut std::fs::File::from(secret_w), &handed)
+}
+
 spillway_vswitch::counters! {
     /// Plane-process counters (`plane.*`, sent to the DPU process for its metrics): what the
     /// driver moved. What became of each frame inside the plane is the node's

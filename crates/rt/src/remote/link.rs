@@ -90,6 +90,8 @@ pub struct Pump {
     out: Vec<u8>,
     out_at: usize,
     input: Vec<u8>,
+    /// Where reads land before they join `input` (kept: not zeroed again every turn).
+    scratch: Box<[u8]>,
     /// What moved.
     pub counters: LinkCounters,
 }
@@ -162,6 +164,7 @@ impl Pump {
             out: Vec::with_capacity(1 << 20),
             out_at: 0,
             input: Vec::with_capacity(1 << 20),
+            scratch: vec![0u8; 64 << 10].into_boxed_slice(),
             counters: LinkCounters::default(),
         })
     }
@@ -224,13 +227,12 @@ impl Pump {
 
     /// Reads what the peer sent and hands every complete record to `vnic`.
     fn receive(&mut self, vnic: &mut VnicSet) -> Result<usize, LinkError> {
-        let mut buf = [0u8; 64 << 10];
         // Bounded per turn, so that a fast peer cannot keep this end from sending.
         for _ in 0..64 {
-            match self.tcp.read(&mut buf) {
+            match self.tcp.read(&mut self.scratch) {
                 Ok(0) => return Err(LinkError::Closed),
                 Ok(n) => {
-                    self.input.extend_from_slice(&buf[..n]);
+                    self.input.extend_from_slice(&self.scratch[..n]);
                     self.counters.bytes_in += n as u64;
                     if self.input.len() > 4 * RECORD_MAX {
                         break;

@@ -19,7 +19,7 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -435,17 +435,7 @@ struct Guest {
 
 impl Guest {
     fn stop(&mut self) {
-        // SAFETY: kill(2) with our own child's pid touches no memory.
-        unsafe { libc::kill(self.plane.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.plane.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.plane.kill();
-        let _ = self.plane.wait();
+        crate::host::signals::terminate(&mut self.plane, Duration::from_secs(2));
         for f in &self.files {
             let _ = std::fs::remove_file(f);
         }
@@ -475,22 +465,22 @@ fn start_guest(ctx: &Ctx, h: &Hello) -> Result<Guest, String> {
                 h.lanes
             ));
         }
-        let listener = bind_private(ctx, &socket)?;
+        let listener = lock(&ctx.ledger)
+            .bind_socket(&socket, None)
+            .map_err(|e| format!("the guest's vNIC socket: {e}"))?;
         files.push(socket.clone());
-        let secret = crate::shm::vnic::new_secret().map_err(|e| e.to_string())?;
-        let (r, w) =
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(&spec.plane_exe);
-        cmd.arg("spill-plane")
-            .arg("--config")
-            .arg(&config)
-            .arg("--vnic-socket")
-            .arg(&socket)
-            .arg("--workers")
-            .arg(h.workers.to_string())
-            .arg("--clock-origin-ns")
-            .arg(h.clock_origin_ns.to_string())
-            .stdin(Stdio::from(r));
+        let crate::plane::process::Launch {
+            mut cmd,
+            secret,
+            secret_w,
+        } = crate::plane::process::launch(
+            &spec.plane_exe,
+            &config,
+            &socket,
+            h.workers,
+            h.clock_origin_ns,
+        )
+        .map_err(|e| format!("the plane's handshake secret: {e}"))?;
         let mut plane = lock(&ctx.ledger)
             .spawn(&mut cmd)
             .map_err(|e| format!("starting the guest's plane: {e}"))?;
@@ -500,7 +490,7 @@ fn start_guest(ctx: &Ctx, h: &Hello) -> Result<Guest, String> {
             ctx.cgroup
                 .add_pid(pid)
                 .map_err(|e| format!("moving the plane into the pool's cgroup: {e}"))?;
-            std::io::Write::write_all(&mut std::fs::File::from(w), &secret)
+            crate::plane::process::hand_secret(secret_w, &secret, &[])
                 .map_err(|e| format!("handing the plane its secret: {e}"))?;
             let stream = accept_plane(&listener, &mut plane)?;
             crate::shm::vnic::check_auth(&stream, &secret, Duration::from_secs(1))
@@ -562,12 +552,10 @@ fn accept_plane(
     }
 }
 
-/// Writes `bytes` to `path` (recorded first), mode 0600, replacing a stale file.
+/// Writes `bytes` to a new file `path`, mode 0600 whatever the umask (a stale one of a
+/// crashed run replaced), then records it, as [`Ledger::bind_socket`] does a socket.
 fn write_private(ctx: &Ctx, path: &Path, bytes: &[u8]) -> Result<(), String> {
     use std::os::unix::fs::OpenOptionsExt;
-    lock(&ctx.ledger)
-        .record(LedgerEntry::File(path.to_owned()))
-        .map_err(|e| format!("ledger: {e}"))?;
     let _ = std::fs::remove_file(path);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -575,16 +563,17 @@ fn write_private(ctx: &Ctx, path: &Path, bytes: &[u8]) -> Result<(), String> {
         .mode(0o600)
         .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    std::io::Write::write_all(&mut f, bytes).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// A Unix listener at `path` (recorded first), mode 0600.
-fn bind_private(ctx: &Ctx, path: &Path) -> Result<UnixListener, String> {
-    lock(&ctx.ledger)
-        .record(LedgerEntry::File(path.to_owned()))
-        .map_err(|e| format!("ledger: {e}"))?;
-    crate::host::unixsock::remove_stale(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    crate::host::unixsock::bind(path, 0o600, None).map_err(|e| format!("{}: {e}", path.display()))
+    let written = std::io::Write::write_all(&mut f, bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))
+        .and_then(|()| {
+            lock(&ctx.ledger)
+                .record(LedgerEntry::File(path.to_owned()))
+                .map_err(|e| format!("ledger: {e}"))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    written
 }
 
 #[cfg(test)]

@@ -739,8 +739,9 @@ impl VnicSet {
         self.lane.send_ct(snap)
     }
 
-    /// Reads the control socket and hands every complete record to `f`.
-    pub fn recv_control(&mut self, mut f: impl FnMut(Control)) -> Result<usize, VnicError> {
+    /// Reads what the control socket has into `control_in`, and the fds that came with it
+    /// (kept for their records, or closed: a relay forwards no fds).
+    fn read_control(&mut self, keep_fds: bool) -> Result<(), VnicError> {
         let mut buf = [0u8; 16 << 10];
         loop {
             // recvmsg, not read: a VM attach record carries fds, which a plain read would close.
@@ -748,9 +749,11 @@ impl VnicSet {
                 Ok((0, _)) => return Err(VnicError::Closed),
                 Ok((n, fds)) => {
                     self.control_in.extend_from_slice(&buf[..n]);
-                    self.control_fds.extend(fds);
+                    if keep_fds {
+                        self.control_fds.extend(fds);
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
                     return Err(VnicError::Closed);
@@ -758,50 +761,82 @@ impl VnicSet {
                 Err(e) => return Err(io_err("reading the control socket")(e)),
             }
         }
-        let mut at = 0;
-        let mut n = 0;
-        while self.control_in.len() - at >= 4 {
-            let len =
-                u32::from_le_bytes(self.control_in[at..at + 4].try_into().expect("four bytes"))
-                    as usize;
-            if len > CONTROL_BUF_MAX {
+    }
+
+    /// Hands `f` every complete record read so far (its kind byte and body, never empty), with
+    /// the fds queued for the records, and drops them; returns how many. A length past
+    /// [`CONTROL_BUF_MAX`] or of 0 breaks the channel, as does an error from `f`.
+    fn each_control_record(
+        &mut self,
+        mut f: impl FnMut(&[u8], &mut std::collections::VecDeque<OwnedFd>) -> Result<(), VnicError>,
+    ) -> Result<usize, VnicError> {
+        let input = std::mem::take(&mut self.control_in);
+        let (mut at, mut n) = (0, 0);
+        let r = (|| {
+            while input.len() - at >= 4 {
+                let len =
+                    u32::from_le_bytes(input[at..at + 4].try_into().expect("four bytes")) as usize;
+                let source = match len {
+                    0 => CodecError::Truncated {
+                        field: "control.kind",
+                        need: 1,
+                        have: 0,
+                    },
+                    l if l > CONTROL_BUF_MAX => CodecError::BadValue {
+                        field: "control.len",
+                        value: l as u64,
+                    },
+                    _ if input.len() - at - 4 < len => break,
+                    _ => {
+                        f(&input[at + 4..at + 4 + len], &mut self.control_fds)?;
+                        at += 4 + len;
+                        n += 1;
+                        continue;
+                    }
+                };
                 return Err(VnicError::Codec {
                     channel: "control",
-                    source: CodecError::BadValue {
-                        field: "control.len",
-                        value: len as u64,
-                    },
+                    source,
                 });
             }
-            if self.control_in.len() - at - 4 < len {
-                break;
-            }
-            let rec = &self.control_in[at + 4..at + 4 + len];
-            let codec_err = |source| VnicError::Codec {
-                channel: "control",
-                source,
-            };
-            match rec.split_first() {
-                Some((&CONTROL_MSG, body)) => {
+            Ok(())
+        })();
+        self.control_in = input;
+        self.control_in.drain(..at);
+        self.counters.control_rx += n as u64;
+        r.map(|()| n)
+    }
+
+    /// Reads the control socket and hands every complete record to `f`.
+    pub fn recv_control(&mut self, mut f: impl FnMut(Control)) -> Result<usize, VnicError> {
+        self.read_control(true)?;
+        let codec_err = |source| VnicError::Codec {
+            channel: "control",
+            source,
+        };
+        self.each_control_record(|rec, fds| {
+            let (&kind, body) = rec.split_first().expect("records are never empty");
+            match kind {
+                CONTROL_MSG => {
                     let mut r = Reader::new(body);
                     let (m, s) = codec::decode_msg(&mut r)
                         .and_then(|m| codec::decode_snapshot(&mut r).map(|s| (m, s)))
                         .map_err(codec_err)?;
                     f(Control::Msg(m, s));
                 }
-                Some((&CONTROL_VM, body)) => {
+                CONTROL_VM => {
                     let msg = codec::decode_vatc(body).map_err(codec_err)?;
                     let want = msg.fds();
-                    if want > self.control_fds.len() {
+                    if want > fds.len() {
                         return Err(codec_err(CodecError::BadValue {
                             field: "control.fds",
                             value: want as u64,
                         }));
                     }
-                    let fds = self.control_fds.drain(..want).collect();
+                    let fds = fds.drain(..want).collect();
                     f(Control::Vm(msg, fds));
                 }
-                Some((&kind, body)) if kind == CONTROL_STATS || kind == CONTROL_COMMAND => {
+                CONTROL_STATS | CONTROL_COMMAND => {
                     let doc = serde_json::from_slice(body).map_err(|_| {
                         codec_err(CodecError::BadValue {
                             field: "control.json",
@@ -810,26 +845,15 @@ impl VnicSet {
                     })?;
                     f(Control::Json(kind, doc));
                 }
-                Some((&kind, _)) => {
+                kind => {
                     return Err(codec_err(CodecError::BadValue {
                         field: "control.kind",
                         value: u64::from(kind),
                     }));
                 }
-                None => {
-                    return Err(codec_err(CodecError::Truncated {
-                        field: "control.kind",
-                        need: 1,
-                        have: 0,
-                    }));
-                }
             }
-            at += 4 + len;
-            n += 1;
-        }
-        self.control_in.drain(..at);
-        self.counters.control_rx += n as u64;
-        Ok(n)
+            Ok(())
+        })
     }
 
     /// Every lane of the set (lane 0 first), for a relay that serves them all on one thread.
@@ -840,54 +864,22 @@ impl VnicSet {
     /// For a relay (`crate::remote`): reads the control socket and hands `f` every complete
     /// record as it is (its kind byte and body, without the length), undecoded, except
     /// [`CONTROL_VM`] records: a VM's memory (the fds some carry) cannot leave this host, so
-    /// they and any fds that came are dropped and counted in the returned second figure.
+    /// they and any fds that came are dropped, and counted in the returned second figure.
     pub fn relay_control_in(
         &mut self,
         mut f: impl FnMut(&[u8]),
     ) -> Result<(usize, usize), VnicError> {
-        let mut buf = [0u8; 16 << 10];
-        loop {
-            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, codec::VATC_FDS_MAX) {
-                Ok((0, _)) => return Err(VnicError::Closed),
-                // Fds ride only on VM records, which are dropped: closed here.
-                Ok((n, _fds)) => self.control_in.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                    return Err(VnicError::Closed);
-                }
-                Err(e) => return Err(io_err("reading the control socket")(e)),
-            }
-        }
-        let (mut at, mut n, mut vm) = (0, 0, 0);
-        while self.control_in.len() - at >= 4 {
-            let len =
-                u32::from_le_bytes(self.control_in[at..at + 4].try_into().expect("four bytes"))
-                    as usize;
-            if len == 0 || len > CONTROL_BUF_MAX {
-                return Err(VnicError::Codec {
-                    channel: "control",
-                    source: CodecError::BadValue {
-                        field: "control.len",
-                        value: len as u64,
-                    },
-                });
-            }
-            if self.control_in.len() - at - 4 < len {
-                break;
-            }
-            let rec = &self.control_in[at + 4..at + 4 + len];
+        self.read_control(false)?;
+        let mut vm = 0;
+        let n = self.each_control_record(|rec, _| {
             if rec[0] == CONTROL_VM {
                 vm += 1;
             } else {
                 f(rec);
-                n += 1;
             }
-            at += 4 + len;
-        }
-        self.control_in.drain(..at);
-        self.counters.control_rx += n as u64;
-        Ok((n, vm))
+            Ok(())
+        })?;
+        Ok((n - vm, vm))
     }
 
     /// For a relay: sends `rec` (a kind byte and body, as [`VnicSet::relay_control_in`] gave
