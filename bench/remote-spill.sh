@@ -104,68 +104,10 @@ EOF
 }
 testbed "p$ID" pool-b$ID "$HP" 'pool_cores = 2
 pool_listen = "192.0.2.102:7400"
-pool_cpus = "0-1"
-[policy.host]
-uplink_port = 0
-uplink_mac = "02:00:00:00:00:02"
-vtep_ip = "192.0.2.2"
-gateway_mac = "02:00:00:00:00:fe"
-[[policy.tenant]]
-id = 7
-vni = 700
-router_mac = "02:00:00:00:07:01"
-subnets = ["10.75.0.0/24"]
-[[policy.port]]
-id = 1
-tenant = 7
-mac = "02:00:00:00:07:0a"
-ips = ["10.75.0.1"]
-[[vm]]
-name = "p"
-port = 1'
-testbed "a$ID" host-b$ID "$HA" '[fabric.host]
-cores = 4
-tenant_cores = 2
-reserve_cores = 2
-[fabric.dpu]
-hw_pps_limit = 400.0
-[policy.host]
-uplink_port = 0
-uplink_mac = "02:00:00:00:00:01"
-vtep_ip = "192.0.2.1"
-gateway_mac = "02:00:00:00:00:fe"
-[[policy.tenant]]
-id = 1
-vni = 100
-router_mac = "02:00:00:00:01:01"
-subnets = ["10.74.0.0/24"]
-[[policy.port]]
-id = 1
-tenant = 1
-mac = "02:00:00:00:00:0a"
-ips = ["10.74.0.1"]
-security_groups = [1]
-[[policy.port]]
-id = 2
-tenant = 1
-mac = "02:00:00:00:00:0b"
-ips = ["10.74.0.2"]
-security_groups = [1]
-[[policy.security_group]]
-id = 1
-tenant = 1
-[[policy.security_group.rule]]
-direction = "ingress"
-priority = 1
-action = "allow"
-protocol = "any"
-remote = "10.74.0.0/24"
-[[vm]]
-name = "a"
-port = 1
-[[vm]]
-name = "b"
-port = 2'
+pool_cpus = "0-1"'
+cat "$ROOT/bench/remote-host-p.toml" >>"$TMP/p$ID.toml"
+testbed "a$ID" host-b$ID "$HA" ''
+cat "$ROOT/bench/remote-host-a.toml" >>"$TMP/a$ID.toml"
 
 # up NAME: starts `spillway run` on NAME's testbed; prints its pid.
 up() {

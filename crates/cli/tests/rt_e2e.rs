@@ -276,20 +276,7 @@ port = 2
     }
 
     fn redis(&mut self) {
-        self.server(
-            "b",
-            "redis-server",
-            &[
-                "--port",
-                "6380",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ],
-        );
+        self.server("b", "redis-server", common::REDIS_ARGS);
         self.wait_port("b", 6380);
     }
 

@@ -80,51 +80,7 @@ fn host_a(name: &str, state: &Path, etcd: &str, id: &str, layout: Layout) -> Str
         Layout::HostNamespaces => 2,
     };
     let text = header(name, state, etcd, 'a', id, layout)
-        + r#"
-[fabric.host]
-cores = 4
-tenant_cores = 2
-reserve_cores = 2
-[fabric.dpu]
-hw_pps_limit = 400.0
-[policy.host]
-uplink_port = 0
-uplink_mac = "02:00:00:00:00:01"
-vtep_ip = "192.0.2.1"
-gateway_mac = "02:00:00:00:00:fe"
-[[policy.tenant]]
-id = 1
-vni = 100
-router_mac = "02:00:00:00:01:01"
-subnets = ["10.74.0.0/24"]
-[[policy.port]]
-id = 1
-tenant = 1
-mac = "02:00:00:00:00:0a"
-ips = ["10.74.0.1"]
-security_groups = [1]
-[[policy.port]]
-id = 2
-tenant = 1
-mac = "02:00:00:00:00:0b"
-ips = ["10.74.0.2"]
-security_groups = [1]
-[[policy.security_group]]
-id = 1
-tenant = 1
-[[policy.security_group.rule]]
-direction = "ingress"
-priority = 1
-action = "allow"
-protocol = "any"
-remote = "10.74.0.0/24"
-[[vm]]
-name = "a"
-port = 1
-[[vm]]
-name = "b"
-port = 2
-"#;
+        + include_str!("../../../bench/remote-host-a.toml");
     text.replace(
         "hw_pps_limit = 400.0",
         &format!("hw_pps_limit = 400.0\nshards = {shards}"),
@@ -134,28 +90,8 @@ port = 2
 /// Host P: a pool host with 2 cores to offer, its service on its underlay address.
 fn host_p(name: &str, state: &Path, etcd: &str, id: &str, net: &str, layout: Layout) -> String {
     header(name, state, etcd, 'p', id, layout)
-        + &format!("pool_cores = 2\npool_listen = \"{net}.102:7400\"\n")
-        + r#"
-pool_cpus = "0-1"
-[policy.host]
-uplink_port = 0
-uplink_mac = "02:00:00:00:00:02"
-vtep_ip = "192.0.2.2"
-gateway_mac = "02:00:00:00:00:fe"
-[[policy.tenant]]
-id = 7
-vni = 700
-router_mac = "02:00:00:00:07:01"
-subnets = ["10.75.0.0/24"]
-[[policy.port]]
-id = 1
-tenant = 7
-mac = "02:00:00:00:07:0a"
-ips = ["10.75.0.1"]
-[[vm]]
-name = "p"
-port = 1
-"#
+        + &format!("pool_cores = 2\npool_listen = \"{net}.102:7400\"\npool_cpus = \"0-1\"\n")
+        + include_str!("../../../bench/remote-host-p.toml")
 }
 
 /// The underlay `net`.0/24: a namespace with a bridge, and each host's own namespace with a
@@ -339,16 +275,7 @@ fn bed(tag: &str, test: char, layout: Layout) -> Option<Bed> {
     let ns_b = format!("{na}-b");
     let redis = Killed(
         common::netns_exec(&ns_b, "redis-server")
-            .args([
-                "--port",
-                "6380",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-            ])
+            .args(common::REDIS_ARGS)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server"),

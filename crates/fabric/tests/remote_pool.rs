@@ -137,18 +137,27 @@ fn a_host_with_cores_of_its_own_starts_its_plane_locally_grant_or_not() {
     assert_eq!(dpu.remote_wanted(), None);
 }
 
-#[test]
-fn a_remote_plane_comes_home_when_the_host_has_cores_again() {
-    let f = FabricParams::default();
-    let mut dpu = DpuNode::new(&f);
-    dpu.set_tenant_cores(f.host.cores - f.host.reserve_cores);
-    dpu.set_remote_grant(Some(2));
+/// A node whose plane is up at 60 ms after an overload: on the pool (no isolatable core, a
+/// grant of 2) or, with `remote` false, on this host. Checks the `StartPlane` said so.
+fn plane_up(f: &FabricParams, remote: bool) -> DpuNode {
+    let mut dpu = DpuNode::new(f);
+    if remote {
+        dpu.set_tenant_cores(f.host.cores - f.host.reserve_cores);
+        dpu.set_remote_grant(Some(2));
+    }
     let (commands, _) = overload(&mut dpu, 0, 60);
     assert!(
-        matches!(commands[..], [Command::StartPlane { remote: true, .. }]),
+        matches!(commands[..], [Command::StartPlane { remote: r, .. }] if r == remote),
         "{commands:?}"
     );
     dpu.handle_plane_up(at(60));
+    dpu
+}
+
+#[test]
+fn a_remote_plane_comes_home_when_the_host_has_cores_again() {
+    let f = FabricParams::default();
+    let mut dpu = plane_up(&f, true);
     let Phase::Shadow { colour, .. } = dpu.phase() else {
         panic!("{:?}", dpu.phase());
     };
@@ -217,17 +226,7 @@ fn a_remote_plane_is_allowed_the_remote_heartbeat_and_a_local_one_is_not() {
     let gap_ms = (3 * f.host.heartbeat.as_millis() as u64) * 3;
     assert!(gap_ms < 3 * f.host.remote_heartbeat.as_millis() as u64);
     for (remote, fails) in [(true, false), (false, true)] {
-        let mut dpu = DpuNode::new(&f);
-        if remote {
-            dpu.set_tenant_cores(f.host.cores - f.host.reserve_cores);
-            dpu.set_remote_grant(Some(2));
-        }
-        let (commands, _) = overload(&mut dpu, 0, 60);
-        assert!(
-            matches!(commands[..], [Command::StartPlane { remote: r, .. }] if r == remote),
-            "{commands:?}"
-        );
-        dpu.handle_plane_up(at(60));
+        let mut dpu = plane_up(&f, remote);
         // Three local heartbeats' worth of silence, three times over.
         let events = silent_until(&mut dpu, at(60 + gap_ms));
         let failed = events.iter().any(|(what, _)| *what == EventKind::FailOpen);
@@ -249,15 +248,7 @@ fn a_remote_plane_that_fails_voids_the_pools_grant_on_every_path() {
     let f = FabricParams::default();
     // The plane dies (the driver's report), or stalls (its heartbeats stop).
     for died in [true, false] {
-        let mut dpu = DpuNode::new(&f);
-        dpu.set_tenant_cores(f.host.cores - f.host.reserve_cores);
-        dpu.set_remote_grant(Some(2));
-        let (commands, _) = overload(&mut dpu, 0, 60);
-        assert!(
-            matches!(commands[..], [Command::StartPlane { remote: true, .. }]),
-            "{commands:?}"
-        );
-        dpu.handle_plane_up(at(60));
+        let mut dpu = plane_up(&f, true);
         let end = if died {
             dpu.handle_plane_failed(at(61), "the relay exited");
             61

@@ -222,6 +222,19 @@ pub fn wait_for<T>(within: Duration, what: &str, mut f: impl FnMut() -> Option<T
     }
 }
 
+/// The arguments of a throwaway `redis-server` on port 6380: nothing saved, reachable from
+/// other namespaces (the fabric's VMs), for the tests' long-lived connections.
+pub const REDIS_ARGS: &[&str] = &[
+    "--port",
+    "6380",
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--protected-mode",
+    "no",
+];
+
 /// A Python client in namespace `ns` holding one TCP connection to redis at `server`
 /// (`address:port`) for `secs`: a PING every 20 ms, every PONG required within `timeout_s`.
 /// It prints the PONGs and the longest time between two (ms), and exits non-zero if the
