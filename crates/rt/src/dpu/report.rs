@@ -147,10 +147,8 @@ impl DpuDaemon {
         self.last_cluster = now;
         let dpu = self.sw.dpu();
         agent.want_remote(dpu.remote_wanted());
-        let grant = agent
-            .remote_grant()
-            .filter(|g| g.endpoint.is_some())
-            .map(|g| g.cores);
+        // Cores granted where a plane can be started: a pool host that serves them.
+        let grant = agent.granted_cores();
         let baseline = if now.0.saturating_sub(self.last_record.0) >= 1_000_000_000 {
             self.last_record = now;
             let record = crate::ops::cluster::host_record(

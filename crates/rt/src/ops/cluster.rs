@@ -187,6 +187,17 @@ impl ClusterAgent {
         let _ = rustix::io::write(&*self.poke, &1u64.to_ne_bytes());
     }
 
+    /// The cores held on a pool host whose service can start a plane (one that advertises an
+    /// endpoint), if any: what the loop reports to the core every 100 ms, without copying the
+    /// grant.
+    pub fn granted_cores(&self) -> Option<u32> {
+        lock(&self.slot)
+            .reserved
+            .as_ref()
+            .filter(|g| g.endpoint.is_some())
+            .map(|g| g.cores)
+    }
+
     /// What this host holds on a pool host now, if anything.
     pub fn remote_grant(&self) -> Option<RemoteGrant> {
         lock(&self.slot).reserved.clone()
