@@ -96,7 +96,18 @@ impl Bed {
         shards: u32,
         host_extra: &str,
     ) -> Bed {
-        let mut bed = Bed::configure(hw_entries, "", host_extra, hw_pps);
+        Bed::start_sharded_vms(hold, (hw_entries, hw_pps), shards, "", host_extra)
+    }
+
+    /// [`Bed::start_sharded_with`] whose VMs' tables carry `vm_extra`.
+    fn start_sharded_vms(
+        hold: &str,
+        (hw_entries, hw_pps): (u32, u32),
+        shards: u32,
+        vm_extra: &str,
+        host_extra: &str,
+    ) -> Bed {
+        let mut bed = Bed::configure(hw_entries, vm_extra, host_extra, hw_pps);
         let text = std::fs::read_to_string(&bed.config).unwrap();
         let text = text.replacen(
             "[fabric.dpu]\n",
@@ -1359,6 +1370,49 @@ fn iperf3_and_wrk_run_over_shared_memory_ports_with_vatc_on_and_off() {
         Duration::from_secs(5),
     );
     eprintln!("shared-memory ports: TCP {gbps:.2} Gbit/s, wrk {rps:.0} req/s (debug build)");
+    bed.stop_and_check_clean();
+}
+
+/// Shared-memory ports in front of two forwarding threads: each port's receive queue has one
+/// producer, thread 0, which thread 1 hands the frames of its connections for the VMs
+/// (`rt.handoff.to_port`); the plane, active, delivers into the VMs' memory from both of its
+/// threads under one vATC.
+#[test]
+fn two_forwarding_threads_serve_shared_memory_ports() {
+    if !spillway_testkit::prerequisites(&["ip", "iperf3", "nginx", "wrk", "ss"]) {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bed = Bed::start_sharded_vms(
+        "active",
+        (2000, 30_000),
+        2,
+        "backend = \"shm\"",
+        "vatc = true",
+    );
+    bed.wait_phase("active", Duration::from_secs(10));
+    bed.iperf3_server();
+    // Four parallel streams: connections on both shards.
+    let v = iperf3_json(&bed, &["-t", "2", "-P", "4"]);
+    let gbps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap()
+        / 1e9;
+    assert!(gbps > 0.05, "TCP over shared-memory ports: {gbps} Gbit/s");
+    bed.nginx();
+    let (rps, errors) = wrk(&bed, false, 8, 2);
+    assert!(rps > 50.0 && errors.is_empty(), "{rps} req/s, {errors}");
+    let s = bed.wait_plane_counter("plane.vatc.delivered", 1000, Duration::from_secs(5));
+    let per_thread = s["conns_per_thread"].as_array().expect("conns_per_thread");
+    assert_eq!(per_thread.len(), 2, "{s:#}");
+    assert!(counter(&s, "rt.handoff.to_port") > 0, "{s:#}");
+    assert_eq!(counter(&s, "rt.lane.misrouted"), 0, "{s:#}");
+    eprintln!(
+        "shared-memory ports on two threads: TCP {gbps:.2} Gbit/s, wrk {rps:.0} req/s, {} frames \
+         handed to thread 0 for the VMs ({} dropped for a full hand-off)",
+        counter(&s, "rt.handoff.to_port"),
+        counter(&s, "rt.handoff.full")
+    );
     bed.stop_and_check_clean();
 }
 

@@ -36,6 +36,11 @@ struct Bed {
 impl Bed {
     /// A testbed of guests a and b; `b_extra` is more of b's `[[vm]]` table.
     fn start(guests: &Path, b_extra: &str) -> Bed {
+        Bed::start_on(guests, b_extra, 1)
+    }
+
+    /// [`Bed::start`] with the DPU process forwarding on `threads` threads (one per shard).
+    fn start_on(guests: &Path, b_extra: &str, threads: u32) -> Bed {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("vu{:x}", (std::process::id() % 0xffff) * 16 + n % 16);
@@ -56,6 +61,8 @@ vatc = true
 # The plane keeps what it takes (no recall): the kill below hits connections it owns.
 [fabric.placement]
 policy = "none"
+[fabric.dpu]
+shards = {threads}
 [policy.host]
 uplink_port = 0
 uplink_mac = "02:00:00:00:00:01"
@@ -486,6 +493,85 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
         .filter(|n| n.ends_with(".sock") || n.ends_with(".ledger"))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Two forwarding threads (`fabric.dpu.shards = 2`) in front of vhost-user guests. A guest's
+/// receive queue has one producer, so thread 0 writes every frame into the guests: thread 1
+/// hands it those of its connections (`rt.handoff.to_port`), and thread 0 hands thread 1 the
+/// frames it reads from the guests that are thread 1's (`rt.handoff.frames`). With the plane
+/// active, its two threads deliver into the guests' lent queue 1 under one vATC; after
+/// `kill -9` of the plane the DPU fails open and the guests go on.
+#[test]
+fn two_guests_across_vhost_user_ports_on_two_forwarding_threads() {
+    let Some(guests) = guest_dir() else {
+        return;
+    };
+    let mut bed = Bed::start_on(&guests, "guest_cmdline = \"spillway.echo=9000\"", 2);
+    // A new TCP connection for every fetch (one a second), another every 10 s to the echo
+    // port: a dozen connections over the two shards.
+    let pongs = bed.wait_lines(PONG, 0, 3, Duration::from_secs(120));
+    let fetched = bed.wait_lines(FETCHED, 0, 8, Duration::from_secs(60));
+    bed.wait_big_fetch(Duration::from_secs(60));
+    let held = bed.wait_held(0, |_| true, 4, Duration::from_secs(30));
+    let s = bed.ctl(&["status"]);
+    let per_thread = s["conns_per_thread"].as_array().expect("conns_per_thread");
+    assert_eq!(per_thread.len(), 2, "{s:#}");
+    for k in ["rt.handoff.to_port", "rt.handoff.frames"] {
+        assert!(counter(&s, k) > 0, "no {k}: {s:#}");
+    }
+    for k in [
+        "rt.handoff.full",
+        "rt.lane.misrouted",
+        "rt.vm.desc.bad",
+        "rt.vm.detached",
+    ] {
+        assert_eq!(counter(&s, k), 0, "{k}: {s:#}");
+    }
+    eprintln!(
+        "DPU alone on two threads: connections per thread {per_thread:?}, {} frames handed to \
+         thread 0 for the guests, {} handed between threads from them",
+        counter(&s, "rt.handoff.to_port"),
+        counter(&s, "rt.handoff.frames")
+    );
+
+    bed.ctl(&["activate"]);
+    bed.wait_phase("active", Duration::from_secs(20));
+    let pongs = bed.wait_lines(PONG, pongs, 3, Duration::from_secs(30));
+    let fetched = bed.wait_lines(FETCHED, fetched, 4, Duration::from_secs(30));
+    let s = bed.ctl(&["status"]);
+    assert!(
+        counter(&s, "rt.steered.frames") > 0,
+        "nothing steered: {s:#}"
+    );
+    assert!(
+        plane_counter(&s, "plane.vatc.delivered") > 0,
+        "the plane delivered nothing into a guest: {s:#}"
+    );
+    for k in ["rt.handoff.full", "rt.lane.misrouted"] {
+        assert_eq!(counter(&s, k), 0, "{k}: {s:#}");
+    }
+    for k in ["plane.vatc.bad_desc", "plane.vatc.broken"] {
+        assert_eq!(plane_counter(&s, k), 0, "{k}: {s:#}");
+    }
+
+    let pid = s["plane"]["pid"].as_u64().expect("a plane runs");
+    let before = bed.held();
+    // SAFETY: kill(2) with a pid read from the daemon; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    bed.wait_lines(PONG, pongs, 3, Duration::from_secs(30));
+    bed.wait_lines(FETCHED, fetched, 2, Duration::from_secs(30));
+    // The long connection opened with the DPU alone carries on through all of it.
+    bed.wait_held_past(held.0, before[&held.0] + 4, Duration::from_secs(30));
+    let s = bed.ctl(&["status"]);
+    assert!(counter(&s, "dpu.failopen") >= 1, "{s:#}");
+    bed.wait_phase("active", Duration::from_secs(20));
+
+    let status = bed.stop().expect("the daemon ran");
+    assert!(
+        status.success(),
+        "spillway run exited with {status}: {}",
+        bed.log()
+    );
 }
 
 /// Guest b run by the test (`endpoint = "external"`), on the socket the DPU process connects to.

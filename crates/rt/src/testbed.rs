@@ -913,9 +913,9 @@ impl Testbed {
                 guest_cmdline,
             });
         }
-        // One forwarding thread per shard, each over its own queue of every TAP: every port a
-        // multi-queue TAP in the ring (a shared-memory port has one queue, which one thread
-        // would have to serve for all).
+        // One forwarding thread per shard, each over its own queue of every TAP (through its
+        // own io_uring). A shared-memory or vhost-user port has one receive queue, with one
+        // producer: thread 0 serves it, and the other threads hand it their frames for it.
         if raw.fabric.dpu.shards > 1 {
             let threads = |why: &str| {
                 err(
@@ -924,12 +924,6 @@ impl Testbed {
                     raw.fabric.dpu.shards.to_string(),
                 )
             };
-            if let Some(v) = vms.iter().find(|v| v.backend != VmBackend::Tap) {
-                return Err(threads(&format!(
-                    "while vm {} is not on a TAP; several threads need TAP ports",
-                    v.name
-                )));
-            }
             if tap_io != TapIo::Uring {
                 return Err(threads("with testbed.tap_io = \"syscalls\""));
             }
@@ -1196,13 +1190,15 @@ netns = "swvs-b"
     }
 
     #[test]
-    fn several_forwarding_threads_need_tap_ports_on_io_uring() {
+    fn several_forwarding_threads_need_io_uring_and_take_any_port() {
         let sharded = GOOD.replace("[fabric.dpu]\n", "[fabric.dpu]\nshards = 2\n");
         let t = Testbed::from_toml_str(&sharded, Path::new("t.toml")).unwrap();
         assert_eq!(t.fabric.dpu.shards, 2);
-        let e = load_err(&sharded.replace("port = 2\nnetns", "port = 2\nbackend = \"shm\"\nnetns"));
-        assert_eq!(e.field, "fabric.dpu.shards", "{e}");
-        assert!(e.expected.contains("vm b is not on a TAP"), "{e}");
+        // A shared-memory port beside them: thread 0 serves it.
+        let shm = sharded.replace("port = 2\nnetns", "port = 2\nbackend = \"shm\"\nnetns");
+        let t = Testbed::from_toml_str(&shm, Path::new("t.toml")).unwrap();
+        assert_eq!(t.fabric.dpu.shards, 2);
+        assert!(matches!(t.vms[1].backend, VmBackend::Shm(_)));
         let e = load_err(&sharded.replace("name = \"t1\"", "name = \"t1\"\ntap_io = \"syscalls\""));
         assert_eq!(e.field, "fabric.dpu.shards", "{e}");
         assert!(e.expected.contains("syscalls"), "{e}");

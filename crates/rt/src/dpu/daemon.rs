@@ -858,6 +858,17 @@ impl DpuDaemon {
                     }
                 }
                 Parcel::LaneBack { lane, plane } => self.lane_back(*lane, plane),
+                // A forwarding thread's frame for a port only this thread writes.
+                Parcel::ToPort {
+                    from,
+                    port,
+                    vnet,
+                    mut pkt,
+                } => {
+                    let tx = self.taps.as_mut().map(|t| t.tx());
+                    self.dp.write_port_buf(now, tx, port, &vnet, &mut pkt);
+                    self.recycle(from, pkt);
+                }
                 Parcel::Keep {
                     from,
                     port,

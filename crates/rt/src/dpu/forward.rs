@@ -11,6 +11,10 @@
 //!
 //! - Every thread reads queue k of every TAP through its own io_uring (the kernel picks a
 //!   frame's queue by its own flow hash) and writes out of that queue.
+//! - A shared-memory or vhost-user VM port has one receive queue with one producer: thread 0
+//!   reads and writes it. A frame another thread sends to such a port goes to thread 0 in a
+//!   pooled buffer ([`Parcel::ToPort`]); one thread 0 reads from it that is another shard's
+//!   goes to that shard's thread like any other.
 //! - A frame whose connection belongs to another shard (the node says so from its own parse,
 //!   [`Outcome::Elsewhere`](spillway_fabric::frame::Outcome::Elsewhere), before it learns
 //!   anything) is copied into a pooled buffer and handed to that shard's thread
@@ -155,6 +159,15 @@ pub(super) enum Parcel {
         vnet: Vnet,
         pkt: PacketBuf,
     },
+    /// To thread 0: a frame for a port only thread 0 serves (a shared-memory or vhost-user
+    /// VM's: its receive queue has one producer), with the buffer's pool as in
+    /// [`Parcel::Frame`].
+    ToPort {
+        from: usize,
+        port: PortId,
+        vnet: Vnet,
+        pkt: PacketBuf,
+    },
     /// From thread 0: `ctl flows` asks for this shard's rows and its record count.
     Flows(FlowQuery, SyncSender<FlowReply>),
     /// From thread 0: a new vSwitch policy (`ctl reload`) for this thread's pipeline.
@@ -170,6 +183,9 @@ spillway_vswitch::counters! {
     pub struct HandoffCounters {
         /// Frames handed to the thread of their connection's shard.
         handed_off => "rt.handoff.frames",
+        /// Frames for a port thread 0 serves (a shared-memory or vhost-user VM's), handed to
+        /// thread 0.
+        to_port => "rt.handoff.to_port",
         /// Parcels dropped because the receiver's queue or the sender's buffers were full.
         full => "rt.handoff.full",
         /// Frames and records from the plane on a lane that is not their connection's
@@ -305,6 +321,24 @@ impl Links {
         sent
     }
 
+    /// A forwarding thread: sends thread 0 a frame for `port`, which only thread 0 writes
+    /// (see [`Parcel::ToPort`]); dropped and counted (`rt.handoff.full`) if there was no
+    /// buffer or no room, as a full receive queue would drop it.
+    fn hand_to_port(&mut self, port: PortId, vnet: &Vnet, frame: &[u8]) {
+        let vnet = *vnet;
+        let sent = self.send_frame(0, frame, false, |from, pkt| Parcel::ToPort {
+            from,
+            port,
+            vnet,
+            pkt,
+        });
+        if sent {
+            self.counters.to_port += 1;
+        } else {
+            self.counters.full += 1;
+        }
+    }
+
     /// A forwarding thread: sends thread 0 a frame to keep (see [`Parcel::Keep`]); false
     /// (counted) if there was no buffer or no room.
     fn keep_at_zero(&mut self, port: PortId, vnet: &Vnet, frame: &[u8]) -> bool {
@@ -355,7 +389,9 @@ impl Links {
 
     pub(super) fn recycle_parcel(&self, p: Parcel) {
         match p {
-            Parcel::Frame { from, pkt, .. } | Parcel::Keep { from, pkt, .. } => {
+            Parcel::Frame { from, pkt, .. }
+            | Parcel::Keep { from, pkt, .. }
+            | Parcel::ToPort { from, pkt, .. } => {
                 self.recycle(from, pkt);
             }
             Parcel::Msg { .. }
@@ -603,7 +639,9 @@ pub(super) fn spawn(specs: Vec<ForwarderSpec>) -> io::Result<Forwarders> {
 /// One forwarding thread: shard k of the DPU over queue k of every TAP.
 struct Forwarder {
     sw: DpuSwitch<ShardModel<SharedResources>>,
-    ring: TapUring,
+    /// None when the testbed has no TAP (every VM port is one thread 0 serves): the thread
+    /// then forwards what the other threads and its lanes hand it.
+    ring: Option<TapUring>,
     /// The port of each file in the ring, and the file of each port.
     ports: Vec<PortId>,
     files: BTreeMap<PortId, usize>,
@@ -640,7 +678,17 @@ impl Forwarder {
         let fds: Vec<_> = queues.iter().map(AsFd::as_fd).collect();
         let prefix = if spec.vnet_hdr { VnetHdr::LEN } else { 0 };
         // Made on this thread: the ring takes submissions from the thread that made it only.
-        let ring = TapUring::new(&fds, TAP_RING_READS, TAP_RING_TX, prefix, FRAME_MAX)?;
+        let ring = if fds.is_empty() {
+            None
+        } else {
+            Some(TapUring::new(
+                &fds,
+                TAP_RING_READS,
+                TAP_RING_TX,
+                prefix,
+                FRAME_MAX,
+            )?)
+        };
         let files = ports.iter().enumerate().map(|(i, p)| (*p, i)).collect();
         Ok(Forwarder {
             sw: spec.sw,
@@ -680,7 +728,7 @@ impl Forwarder {
                 self.sw.dpu_mut().shard_mut().complete_due_inserts(now);
             }
             self.relay_outgoing(now);
-            if let Err(e) = self.ring.enter() {
+            if let Some(Err(e)) = self.ring.as_mut().map(TapUring::enter) {
                 tracing::error!(target: "spillway::run", shard = self.links.me, error = %e, "io_uring_enter failed; the forwarding thread stops");
                 return;
             }
@@ -714,6 +762,9 @@ impl Forwarder {
             lanes,
             ..
         } = self;
+        let Some(ring) = ring else {
+            return false;
+        };
         let n = ring.drain_frames(|file, pkt, tx| {
             counters.rx_frames += 1;
             let Some(vnet) = take_vnet(pkt, *vnet_hdr, counters) else {
@@ -723,7 +774,7 @@ impl Forwarder {
             let mut out = ShardOut {
                 files,
                 vnet_hdr: *vnet_hdr,
-                tx,
+                tx: Some(tx),
                 counters,
                 links,
                 lane: lanes[a].as_mut().map(|(l, _)| l),
@@ -749,7 +800,7 @@ impl Forwarder {
             };
             busy = true;
             let a = self.active();
-            let tx = self.ring.tx();
+            let tx = self.ring.as_mut().map(TapUring::tx);
             let mut out = ShardOut {
                 files: &self.files,
                 vnet_hdr: self.vnet_hdr,
@@ -803,6 +854,7 @@ impl Forwarder {
                     }
                 }
                 p @ (Parcel::Out { .. }
+                | Parcel::ToPort { .. }
                 | Parcel::LaneFailed { .. }
                 | Parcel::LaneBack { .. }
                 | Parcel::Keep { .. }) => {
@@ -848,7 +900,7 @@ impl Forwarder {
         let mut out = ShardOut {
             files,
             vnet_hdr: *vnet_hdr,
-            tx: ring.tx(),
+            tx: ring.as_mut().map(TapUring::tx),
             counters,
             links,
             lane: None,
@@ -954,7 +1006,7 @@ impl Forwarder {
             &self.sw,
             (shard.counters(), shard.drops(), shard.conns_len() as u64),
             &self.counters,
-            Some(self.ring.counters()),
+            self.ring.as_ref().map(TapUring::counters),
         );
         s.handoff = self.links.counters.clone();
         s.forwarding_allocs = self.allocs.forwarding();
@@ -967,7 +1019,7 @@ impl Forwarder {
     }
 
     fn sleep(&mut self, now: Instant) {
-        if self.ring.has_frames() || !self.links.prepare_sleep() {
+        if self.ring.as_ref().is_some_and(TapUring::has_frames) || !self.links.prepare_sleep() {
             return;
         }
         // Each lane's doorbell armed; a lane with records already waiting calls the sleep off.
@@ -1050,7 +1102,7 @@ pub(super) fn act_from_plane(
 struct ShardOut<'a> {
     files: &'a BTreeMap<PortId, usize>,
     vnet_hdr: bool,
-    tx: &'a mut TapTx,
+    tx: Option<&'a mut TapTx>,
     counters: &'a mut RtCounters,
     links: &'a mut Links,
     /// The lane of the slot the shard steers to, if a plane runs there.
@@ -1072,24 +1124,26 @@ impl ShardOut<'_> {
 
 impl Egress for ShardOut<'_> {
     fn forward_buf(&mut self, _now: Instant, port: PortId, vnet: &Vnet, pkt: &mut PacketBuf) {
-        let Some(&file) = self.files.get(&port) else {
-            self.count(false);
+        let (Some(&file), Some(tx)) = (self.files.get(&port), self.tx.as_deref_mut()) else {
+            // Not a TAP: a port thread 0 serves (or none, which thread 0 counts).
+            self.links.hand_to_port(port, vnet, pkt.data());
             return;
         };
         let hdr = tap_hdr(vnet);
         let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
-        let r = self.tx.send_in_place(file, hdr, pkt) || self.tx.write(file, [hdr, pkt.data()]);
+        let r = tx.send_in_place(file, hdr, pkt) || tx.write(file, [hdr, pkt.data()]);
         self.count(r);
     }
 
     fn forward_bytes(&mut self, _now: Instant, port: PortId, vnet: &[u8], frame: &[u8]) {
-        let Some(&file) = self.files.get(&port) else {
-            self.count(false);
+        let (Some(&file), Some(tx)) = (self.files.get(&port), self.tx.as_deref_mut()) else {
+            let vnet = Vnet::try_from(vnet).unwrap_or(PLAIN_VNET);
+            self.links.hand_to_port(port, &vnet, frame);
             return;
         };
         let hdr = tap_hdr(vnet);
         let hdr: &[u8] = if self.vnet_hdr { &hdr } else { &[] };
-        let r = self.tx.write(file, [hdr, frame]);
+        let r = tx.write(file, [hdr, frame]);
         self.count(r);
     }
 
@@ -1195,6 +1249,41 @@ mod tests {
         let mut l = links(2, f.dpu.redirect_buckets, DpuControl::new(&f).view()).expect("links");
         let b = l.pop().expect("thread 1");
         (l.pop().expect("thread 0"), b)
+    }
+
+    #[test]
+    fn a_frame_for_a_port_of_thread_0_goes_there_and_a_full_queue_drops_it_counted() {
+        let (mut zero, mut one) = two();
+        let frame: Vec<u8> = (0..90u8).collect();
+        let vnet = [3u8; VnetHdr::LEN];
+        one.hand_to_port(PortId(2), &vnet, &frame);
+        match zero.recv() {
+            Some(Parcel::ToPort {
+                from,
+                port,
+                vnet: v,
+                pkt,
+            }) => {
+                assert_eq!((from, port, v), (1, PortId(2), vnet));
+                assert_eq!(pkt.data(), &frame[..]);
+                zero.recycle(from, pkt);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Thread 0 takes nothing: its queue fills, then what cannot go is dropped, counted,
+        // and every buffer stays with its pool.
+        for _ in 0..INBOX + 10 {
+            one.hand_to_port(PortId(2), &vnet, &frame);
+        }
+        let sent = POOL.min(INBOX) as u64;
+        assert_eq!(one.counters.to_port, 1 + sent);
+        assert_eq!(one.counters.full, (INBOX + 10) as u64 - sent);
+        let mut n = 0;
+        while let Some(p) = zero.recv() {
+            zero.recycle_parcel(p);
+            n += 1;
+        }
+        assert_eq!(n, sent as usize);
     }
 
     #[test]
