@@ -85,6 +85,9 @@ spillway_vswitch::counters! {
         vm_from_guest_gso => "rt.vm.from_guest.gso",
         /// GSO super-frames written whole into vhost-user guests (`GUEST_TSO4/6`).
         vm_to_guest_gso => "rt.vm.to_guest.gso",
+        /// Frames written into a vhost-user guest across several of its receive buffers
+        /// (`MRG_RXBUF`).
+        vm_to_guest_merged => "rt.vm.to_guest.merged",
         /// Frames for a vhost-user guest that did not take the GSO kind they are (no
         /// `GUEST_TSO4/6`), or with a partial checksum that could not be completed, dropped.
         vm_rx_offload_refused => "rt.vm.rx.offload_refused",
@@ -341,7 +344,7 @@ impl DataPath {
                 let r = match vdev::to_guest(acked, &h) {
                     vdev::ToGuest::As(out) => {
                         let r = vdev::send(slot.dev(), &out.to_bytes(), frame);
-                        if out.gso_type != VnetHdr::GSO_NONE && r == Ok(true) {
+                        if out.gso_type != VnetHdr::GSO_NONE && r.is_ok_and(|n| n > 0) {
                             self.counters.vm_to_guest_gso += 1;
                         }
                         r
@@ -389,12 +392,16 @@ impl DataPath {
     }
 
     /// What became of a frame sent into vhost-user port slot `i`'s receive queue.
-    fn vhost_sent(&mut self, i: usize, r: Result<bool, ChainError>) -> bool {
+    fn vhost_sent(&mut self, i: usize, r: Result<usize, ChainError>) -> bool {
         match r {
-            Ok(true) => true,
-            Ok(false) => {
+            Ok(0) => {
                 self.counters.vm_rx_no_buffer += 1;
                 false
+            }
+            Ok(1) => true,
+            Ok(_) => {
+                self.counters.vm_to_guest_merged += 1;
+                true
             }
             Err(ChainError::Bad(_)) => {
                 self.counters.vm_desc_bad += 1;

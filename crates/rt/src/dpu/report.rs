@@ -221,6 +221,11 @@ impl DpuDaemon {
                     "attached": s.backend.connected(),
                     "connections": s.dev().counters.connections.load(std::sync::atomic::Ordering::Relaxed),
                     "requests_refused": s.dev().counters.refused.load(std::sync::atomic::Ordering::Relaxed),
+                    // What the guest's driver acked (0 before it did), and whether it merges
+                    // receive buffers.
+                    "features": format!("{:#x}", s.dev().acked.load(std::sync::atomic::Ordering::Relaxed)),
+                    "mergeable_rx": crate::vm::vhost_user::device::mergeable(
+                        s.dev().acked.load(std::sync::atomic::Ordering::Relaxed)),
                     "guest_pid": s.guest.as_ref().and_then(|g| g.pid()),
                     "accel": s.guest.as_ref().map(|g| g.accel().name()),
                 })),

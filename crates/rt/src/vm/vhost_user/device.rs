@@ -45,11 +45,12 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4,
     VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MQ,
+    VIRTIO_NET_F_MRG_RXBUF,
 };
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_INDIRECT_DESC, VRING_AVAIL_F_NO_INTERRUPT};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{
-    Address, Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic,
+    Address, Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemory, GuestMemoryAtomic,
     GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
 };
 
@@ -82,13 +83,15 @@ pub const REGIONS_MAX: usize = msg::FDS_MAX;
 pub const MEMORY_MAX: u64 = 64 << 30;
 
 /// The virtio features offered: virtio 1.x, indirect descriptors, vhost-user's protocol
-/// features, and checksum and TCP segmentation offload both ways (`CSUM`, `HOST_TSO4/6`: the
+/// features, checksum and TCP segmentation offload both ways (`CSUM`, `HOST_TSO4/6`: the
 /// guest may send partial checksums and 64 KiB super-frames, which cross the fabric whole as a
-/// TAP's do; `GUEST_CSUM`, `GUEST_TSO4/6`: it takes them). No mergeable buffers: a guest that
-/// takes TSO then posts receive chains large enough for 64 KiB ("big packets"), which
-/// [`send`] fills across their descriptors.
+/// TAP's do; `GUEST_CSUM`, `GUEST_TSO4/6`: it takes them), and mergeable receive buffers
+/// (`MRG_RXBUF`: the guest posts buffers of about a page, and a frame larger than one spans
+/// several, [`fill_rx`]; without it a guest that takes TSO posts 64 KiB chains, "big packets",
+/// and every frame, however small, takes one).
 pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_NET_F_MRG_RXBUF)
     | (1 << VIRTIO_NET_F_CSUM)
     | (1 << VIRTIO_NET_F_GUEST_CSUM)
     | (1 << VIRTIO_NET_F_GUEST_TSO4)
@@ -117,7 +120,7 @@ pub enum ToGuest {
 pub fn to_guest(acked: u64, h: &VnetHdr) -> ToGuest {
     let has = |bit: u32| acked & (1 << bit) != 0;
     let mut out = *h;
-    // Without mergeable buffers a frame fills one chain: `num_buffers` is 1.
+    // One buffer; [`fill_rx`] says how many it took when the guest merges them.
     out.num_buffers = 1;
     let gso_ok = match h.gso_type & !VnetHdr::GSO_ECN {
         VnetHdr::GSO_NONE => true,
@@ -383,9 +386,17 @@ fn pop<'m>(
     q: &mut Queue,
     mem: &'m GuestMemoryMmap,
 ) -> Result<Option<DescriptorChain<&'m GuestMemoryMmap>>, ChainError> {
+    next_chain(q, mem).map_err(|_| ChainError::Broken)
+}
+
+/// [`pop`] over any guest memory, for [`fill_rx`].
+fn next_chain<'m, M: GuestMemory>(
+    q: &mut Queue,
+    mem: &'m M,
+) -> Result<Option<DescriptorChain<&'m M>>, FillError> {
     match q.iter(mem) {
         Ok(mut it) => Ok(it.next()),
-        Err(virtio_queue::Error::InvalidAvailRingIndex) => Err(ChainError::Broken),
+        Err(virtio_queue::Error::InvalidAvailRingIndex) => Err(FillError::Broken),
         Err(_) => Ok(None),
     }
 }
@@ -483,13 +494,14 @@ pub type Writer<'a> = dyn FnMut(GuestAddress, &[u8]) -> Result<(), Fault> + 'a;
 pub enum FillError {
     Bad(BadChain),
     Miss,
+    /// The queue is unusable (an available index more than a queue ahead, a used ring that
+    /// cannot be written): [`fill_rx`] only.
+    Broken,
 }
 
 /// Writes `hdr` then `frame` across the writable descriptors of receive chain `chain`, each
 /// piece through `write` (the guest address and the bytes that go there); returns the bytes
-/// written. The rest of a chain longer than needed is the guest's to reuse. The one walk of a
-/// receive chain (of a queue of `queue_size`), for the DPU process (writing through the memory table) and the spill plane
-/// (writing through its vATC).
+/// written. The rest of a chain longer than needed is the guest's to reuse.
 pub fn fill_chain<M>(
     chain: DescriptorChain<M>,
     queue_size: u16,
@@ -503,35 +515,9 @@ where
 {
     let head = chain.head_index();
     let (mut src, mut rest) = (hdr, frame);
-    let mut written = 0usize;
-    let mut seen = 0;
-    let mut more = true;
-    for d in chain {
-        seen += 1;
-        more = d.has_next();
-        if !d.is_write_only() {
-            return Err(FillError::Bad(BadChain::Direction));
-        }
-        let mut addr = d.addr();
-        let mut room = d.len() as usize;
-        while room > 0 && !(src.is_empty() && rest.is_empty()) {
-            if src.is_empty() {
-                (src, rest) = (rest, &[]);
-            }
-            let k = room.min(src.len());
-            match write(addr, &src[..k]) {
-                Ok(()) => {}
-                Err(Fault::Address) => return Err(FillError::Bad(BadChain::Address)),
-                Err(Fault::Miss) => return Err(FillError::Miss),
-            }
-            src = &src[k..];
-            room -= k;
-            written += k;
-            addr = addr.unchecked_add(k as u64);
-        }
-        if src.is_empty() && rest.is_empty() {
-            return Ok(written as u32);
-        }
+    let (written, seen, more) = write_chain(chain, usize::MAX, (&mut src, &mut rest), write)?;
+    if src.is_empty() && rest.is_empty() {
+        return Ok(written as u32);
     }
     if seen == 0 {
         return Err(FillError::Bad(empty_chain(head, queue_size)));
@@ -543,33 +529,249 @@ where
     }))
 }
 
-/// The data path: writes `hdr` (the 12-byte virtio-net header) and `frame` into the next receive
-/// buffer the guest posted on [`RX`]. `Ok(false)`: no buffer posted (or the ring is not running).
-pub fn send(dev: &Device, hdr: &[u8], frame: &[u8]) -> Result<bool, ChainError> {
+/// Writes the stream `src` then `rest` (both advanced past what went) across the writable
+/// descriptors of `chain`, at most `cap` bytes; returns the bytes written, the descriptors
+/// seen and whether the last one seen pointed to another. The one walk of a receive chain.
+fn write_chain<'a, M>(
+    chain: DescriptorChain<M>,
+    cap: usize,
+    (src, rest): (&mut &'a [u8], &mut &'a [u8]),
+    write: &mut Writer<'_>,
+) -> Result<(usize, usize, bool), FillError>
+where
+    M: std::ops::Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    let (mut written, mut seen, mut more) = (0usize, 0usize, true);
+    for d in chain {
+        seen += 1;
+        more = d.has_next();
+        if !d.is_write_only() {
+            return Err(FillError::Bad(BadChain::Direction));
+        }
+        let mut addr = d.addr();
+        let mut room = (d.len() as usize).min(cap - written);
+        while room > 0 && !(src.is_empty() && rest.is_empty()) {
+            if src.is_empty() {
+                (*src, *rest) = (*rest, &[]);
+            }
+            let k = room.min(src.len());
+            match write(addr, &src[..k]) {
+                Ok(()) => {}
+                Err(Fault::Address) => return Err(FillError::Bad(BadChain::Address)),
+                Err(Fault::Miss) => return Err(FillError::Miss),
+            }
+            *src = &src[k..];
+            room -= k;
+            written += k;
+            addr = addr.unchecked_add(k as u64);
+        }
+        if (src.is_empty() && rest.is_empty()) || written == cap {
+            break;
+        }
+    }
+    Ok((written, seen, more))
+}
+
+/// The bytes the writable descriptors of receive chain `chain` hold, or why it is refused.
+fn chain_room<M>(chain: DescriptorChain<M>, queue_size: u16) -> Result<usize, BadChain>
+where
+    M: std::ops::Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    let head = chain.head_index();
+    let (mut room, mut seen, mut more) = (0usize, 0usize, true);
+    for d in chain {
+        seen += 1;
+        more = d.has_next();
+        if !d.is_write_only() {
+            return Err(BadChain::Direction);
+        }
+        room = room.saturating_add(d.len() as usize);
+    }
+    if seen == 0 {
+        return Err(empty_chain(head, queue_size));
+    }
+    if more {
+        // The chain broke off: a next index beyond the table, or a loop.
+        return Err(BadChain::Address);
+    }
+    Ok(room)
+}
+
+/// Receive chains one frame may take with mergeable buffers: a 64 KiB super-frame in the
+/// smallest buffers Linux posts (1,518 bytes and the header) takes 44.
+pub const MERGE_MAX: usize = 64;
+
+/// Whether a guest that acked `acked` merges receive buffers.
+pub fn mergeable(acked: u64) -> bool {
+    acked & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0
+}
+
+/// Writes `hdr` (the virtio-net header [`to_guest`] made) and `frame` into the receive chains
+/// the guest posted on `queue`, each piece through `write`, and returns them used. Without
+/// mergeable buffers the frame fills one chain. With them (`mergeable`) it takes as many
+/// chains as their room needs, at most [`MERGE_MAX`], and the header's `num_buffers` says how
+/// many; their used entries are published together, so the guest never sees part of a frame.
+/// The one rule for filling a guest's receive queue: the DPU process's ([`send`], through the
+/// memory table) and the spill plane's (through its vATC).
+///
+/// `Ok(n)`: written into `n` buffers. `Ok(0)`: too few posted; nothing taken. `Err(Miss)`: a translation missed;
+/// nothing taken, for the retry after the fill. `Err(Bad(b))`: a chain was refused; the chains
+/// taken for the frame are returned used with length 0 (but a head beyond the queue).
+pub fn fill_rx<M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &M,
+    mergeable: bool,
+    hdr: &[u8; NET_HDR_LEN],
+    frame: &[u8],
+    write: &mut Writer<'_>,
+) -> Result<usize, FillError> {
+    let start = queue.next_avail();
+    let size = queue.size();
+    if !mergeable {
+        let Some(chain) = next_chain(queue, mem)? else {
+            return Ok(0);
+        };
+        let head = chain.head_index();
+        return match fill_chain(chain, size, hdr, frame, write) {
+            Ok(n) => publish_used(queue, mem, &[(head, n)]).map(|()| 1),
+            Err(FillError::Miss) => {
+                queue.set_next_avail(start);
+                Err(FillError::Miss)
+            }
+            Err(e @ (FillError::Bad(BadChain::Head) | FillError::Broken)) => Err(e),
+            Err(e) => publish_used(queue, mem, &[(head, 0)]).and(Err(e)),
+        };
+    }
+    // First the room of as many chains as the frame needs, then the writes, the header saying
+    // how many.
+    let need = hdr.len() + frame.len();
+    let mut taken = [(0u16, 0u32); MERGE_MAX];
+    let (mut n, mut room) = (0usize, 0usize);
+    while room < need {
+        if n == MERGE_MAX {
+            return refuse(queue, mem, &mut taken[..n], BadChain::Size);
+        }
+        let Some(chain) = next_chain(queue, mem)? else {
+            queue.set_next_avail(start);
+            return Ok(0);
+        };
+        let head = chain.head_index();
+        match chain_room(chain, size) {
+            Ok(r) => {
+                taken[n] = (head, u32::try_from(r).unwrap_or(u32::MAX));
+                room += r;
+                n += 1;
+            }
+            Err(BadChain::Head) => return refuse(queue, mem, &mut taken[..n], BadChain::Head),
+            Err(b) => {
+                taken[n] = (head, 0);
+                return refuse(queue, mem, &mut taken[..=n], b);
+            }
+        }
+    }
+    let mut h = *hdr;
+    h[NET_HDR_LEN - 2..].copy_from_slice(&(n as u16).to_le_bytes());
+    queue.set_next_avail(start);
+    let (mut src, mut rest) = (&h[..], frame);
+    for i in 0..n {
+        // The same chains again: the guest cannot take back what it made available.
+        let Some(chain) = next_chain(queue, mem)? else {
+            return Err(FillError::Broken);
+        };
+        let head = chain.head_index();
+        match write_chain(chain, taken[i].1 as usize, (&mut src, &mut rest), write) {
+            Ok((w, _, _)) => taken[i] = (head, w as u32),
+            Err(FillError::Miss) => {
+                queue.set_next_avail(start);
+                return Err(FillError::Miss);
+            }
+            Err(FillError::Bad(b)) => {
+                queue.set_next_avail(start.wrapping_add(n as u16));
+                return refuse(queue, mem, &mut taken[..n], b);
+            }
+            Err(FillError::Broken) => return Err(FillError::Broken),
+        }
+    }
+    if !(src.is_empty() && rest.is_empty()) {
+        // The guest rewrote its chains between the two walks.
+        return refuse(queue, mem, &mut taken[..n], BadChain::Size);
+    }
+    publish_used(queue, mem, &taken[..n]).map(|()| n)
+}
+
+/// Returns the chains `taken` used with length 0 and refuses the frame for `why`.
+fn refuse<M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &M,
+    taken: &mut [(u16, u32)],
+    why: BadChain,
+) -> Result<usize, FillError> {
+    for t in taken.iter_mut() {
+        t.1 = 0;
+    }
+    publish_used(queue, mem, taken)?;
+    Err(FillError::Bad(why))
+}
+
+/// Adds `used` (head, length) to the used ring and then moves its index once, past all of them.
+fn publish_used<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    used: &[(u16, u32)],
+) -> Result<(), FillError> {
+    if used.is_empty() {
+        return Ok(());
+    }
+    let (size, ring) = (q.size(), GuestAddress(q.used_ring()));
+    let mut next = q.next_used();
+    for &(head, len) in used {
+        if head >= size {
+            return Err(FillError::Broken);
+        }
+        let mut e = [0u8; 8];
+        e[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        e[4..].copy_from_slice(&len.to_le_bytes());
+        let at = ring
+            .checked_add(4 + 8 * u64::from(next % size))
+            .ok_or(FillError::Broken)?;
+        mem.write_slice(&e, at).map_err(|_| FillError::Broken)?;
+        next = next.wrapping_add(1);
+    }
+    let idx = ring.checked_add(2).ok_or(FillError::Broken)?;
+    mem.store(next.to_le(), idx, Ordering::Release)
+        .map_err(|_| FillError::Broken)?;
+    q.set_next_used(next);
+    Ok(())
+}
+
+/// The data path: writes `hdr` (the 12-byte virtio-net header) and `frame` into the receive
+/// buffers the guest posted on [`RX`] ([`fill_rx`]); returns how many it took. `Ok(0)`: too
+/// few buffers posted (or the ring is not running).
+pub fn send(dev: &Device, hdr: &[u8; NET_HDR_LEN], frame: &[u8]) -> Result<usize, ChainError> {
     let mut v = dev.vring(RX);
     if !v.live() {
-        return Ok(false);
+        return Ok(0);
     }
     let mem = dev.mem.memory();
-    let Some(chain) = pop(&mut v.queue, &mem)? else {
-        return Ok(false);
-    };
-    let (head, size) = (chain.head_index(), v.queue.size());
     let m: &GuestMemoryMmap = &mem;
-    let verdict = fill_chain(chain, size, hdr, frame, &mut |addr, bytes| {
+    let merge = mergeable(dev.acked.load(Ordering::Relaxed));
+    let r = fill_rx(&mut v.queue, m, merge, hdr, frame, &mut |addr, bytes| {
         m.write_slice(bytes, addr).map_err(|_| Fault::Address)
     });
-    let (len, verdict) = match verdict {
-        Ok(n) => (n, Ok(())),
-        Err(FillError::Bad(BadChain::Head)) => return Err(ChainError::Bad(BadChain::Head)),
-        Err(FillError::Bad(b)) => (0, Err(b)),
+    match r {
+        Ok(n) => {
+            v.irq_due |= n > 0;
+            Ok(n)
+        }
+        Err(FillError::Bad(b)) => {
+            v.irq_due = true;
+            Err(ChainError::Bad(b))
+        }
+        Err(FillError::Broken) => Err(ChainError::Broken),
         Err(FillError::Miss) => unreachable!("the memory table has no misses"),
-    };
-    v.queue
-        .add_used(&*mem, head, len)
-        .map_err(|_| ChainError::Broken)?;
-    v.irq_due = true;
-    verdict.map(|()| true).map_err(ChainError::Bad)
+    }
 }
 
 /// The data path: interrupts the guest for ring `i` if it got used entries since the last

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{MemfdFlags, SealFlags};
 use spillway_fabric::atc::{Atc, AtcEpoch, AtcError, HostAddr, Iova, Mapping, Perm, VmId};
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{
     Address, Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap,
     GuestMemoryRegion, MemoryRegionAddress, MmapRegion,
@@ -364,7 +364,7 @@ impl PlaneGuest {
     fn deliver_held(
         &mut self,
         atc: &mut Atc,
-        hdr: &[u8],
+        hdr: &[u8; device::NET_HDR_LEN],
         frame: &[u8],
     ) -> Result<(), DirectRefused> {
         let idx = self
@@ -374,53 +374,54 @@ impl PlaneGuest {
         let idx = u16::from_le(idx);
         self.queue.set_next_avail(idx);
         self.queue.set_next_used(idx);
-        let chain = match self.queue.iter(&self.mem) {
-            Ok(mut it) => it.next(),
-            Err(virtio_queue::Error::InvalidAvailRingIndex) => return Err(DirectRefused::Broken),
-            Err(_) => None,
-        };
-        let Some(chain) = chain else {
-            return Err(DirectRefused::NoBuffer);
-        };
-        let (head, size) = (chain.head_index(), self.queue.size());
         let (vm, epoch, starts, mem) = (self.vm, self.epoch, &self.starts, &self.mem);
+        let merge = device::mergeable(self.features);
         let mut miss = None;
-        let r = device::fill_chain(chain, size, hdr, frame, &mut |addr, bytes| {
-            let t = match atc.translate_at(epoch, vm, Iova(addr.0), bytes.len() as u64, Perm::WRITE)
-            {
-                Ok(t) => t,
-                Err(AtcError::Miss(m)) => {
-                    miss = Some(m);
-                    return Err(Fault::Miss);
+        let r = device::fill_rx(
+            &mut self.queue,
+            mem,
+            merge,
+            hdr,
+            frame,
+            &mut |addr, bytes| {
+                let t = match atc.translate_at(
+                    epoch,
+                    vm,
+                    Iova(addr.0),
+                    bytes.len() as u64,
+                    Perm::WRITE,
+                ) {
+                    Ok(t) => t,
+                    Err(AtcError::Miss(m)) => {
+                        miss = Some(m);
+                        return Err(Fault::Miss);
+                    }
+                    Err(_) => return Err(Fault::Address),
+                };
+                let mut at = 0usize;
+                for s in t.segments() {
+                    let n = s.len as usize;
+                    write_host(mem, starts, s.host.0, &bytes[at..at + n])?;
+                    at += n;
                 }
-                Err(_) => return Err(Fault::Address),
-            };
-            let mut at = 0usize;
-            for s in t.segments() {
-                let n = s.len as usize;
-                write_host(mem, starts, s.host.0, &bytes[at..at + n])?;
-                at += n;
+                Ok(())
+            },
+        );
+        match r {
+            Ok(0) => Err(DirectRefused::NoBuffer),
+            Ok(_) => {
+                self.irq_pending = true;
+                Ok(())
             }
-            Ok(())
-        });
-        let len = match r {
-            Ok(n) => n,
-            // Not taken: the chain stays available (the used index did not move) for the retry
+            // Not taken: the chains stay available (the used index did not move) for the retry
             // after the fill.
-            Err(FillError::Miss) => {
-                return Err(DirectRefused::Miss(miss.expect("a miss was recorded")));
+            Err(FillError::Miss) => Err(DirectRefused::Miss(miss.expect("a miss was recorded"))),
+            Err(FillError::Bad(BadChain::Head) | FillError::Broken) => Err(DirectRefused::Broken),
+            Err(FillError::Bad(_)) => {
+                self.irq_pending = true;
+                Err(DirectRefused::BadDesc)
             }
-            Err(FillError::Bad(BadChain::Head)) => return Err(DirectRefused::Broken),
-            Err(FillError::Bad(_)) => 0,
-        };
-        self.queue
-            .add_used(&self.mem, head, len)
-            .map_err(|_| DirectRefused::Broken)?;
-        self.irq_pending = true;
-        if len == 0 {
-            return Err(DirectRefused::BadDesc);
         }
-        Ok(())
     }
 
     /// Interrupts the guest if anything was delivered since the last call and it asked for it.

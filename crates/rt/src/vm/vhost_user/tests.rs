@@ -18,6 +18,7 @@ use super::device::{self, BadChain, ChainError, FEATURES, NET_HDR_LEN, PROTOCOL_
 use super::lend;
 use super::msg::{self, FLAG_NEED_REPLY, le_u32, le_u64};
 use crate::dpu::vmport::DirectRefused;
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 
 const GUEST_BYTES: u64 = 1 << 20;
 /// Where the frontend says the guest's memory is in its own address space (QEMU's virtual
@@ -202,6 +203,11 @@ fn connect() -> (Backend, Fe, tempfile::TempDir) {
 
 /// Sets the device up as QEMU 7.2 does, `SET_VRING_ENABLE` before `SET_FEATURES` included.
 fn bed() -> Bed {
+    bed_with(FEATURES)
+}
+
+/// [`bed`] with the guest's driver acking `features` of those offered.
+fn bed_with(features: u64) -> Bed {
     let (backend, fe, dir) = connect();
     let guest = guest(true);
     assert_eq!(fe.get_u64(FrontendReq::GET_FEATURES), FEATURES);
@@ -222,7 +228,7 @@ fn bed() -> Bed {
     assert_eq!(fe.state(FrontendReq::SET_VRING_ENABLE, 0, 1), 0);
     assert_eq!(fe.state(FrontendReq::SET_VRING_ENABLE, 1, 1), 0);
     assert_eq!(
-        fe.set(FrontendReq::SET_FEATURES, &FEATURES.to_le_bytes(), &[]),
+        fe.set(FrontendReq::SET_FEATURES, &features.to_le_bytes(), &[]),
         0
     );
     assert_eq!(fe.mem_table(&guest, GUEST_BYTES), 0);
@@ -297,7 +303,7 @@ fn frames_cross_both_ways_after_qemu_72s_setup() {
     b.rx.post(g, 5);
     let hdr = [0u8; NET_HDR_LEN];
     let f = frame(100, 9);
-    assert_eq!(device::send(&b.backend.dev, &hdr, &f), Ok(true));
+    assert_eq!(device::send(&b.backend.dev, &hdr, &f), Ok(1));
     assert_eq!(b.rx.used(g), Some((5, (NET_HDR_LEN + 100) as u32)));
     let mut got = vec![0u8; 100];
     g.mem
@@ -306,7 +312,7 @@ fn frames_cross_both_ways_after_qemu_72s_setup() {
     assert_eq!(got, f);
     assert_eq!(
         device::send(&b.backend.dev, &hdr, &f),
-        Ok(false),
+        Ok(0),
         "no buffer posted"
     );
     device::flush_irq(&b.backend.dev, RX);
@@ -316,7 +322,7 @@ fn frames_cross_both_ways_after_qemu_72s_setup() {
     b.rx.desc(g, 6, BUF + 0x2000, 40, WRITE | NEXT, 7);
     b.rx.desc(g, 7, BUF + 0x3000, 200, WRITE, 0);
     b.rx.post(g, 6);
-    assert_eq!(device::send(&b.backend.dev, &hdr, &f), Ok(true));
+    assert_eq!(device::send(&b.backend.dev, &hdr, &f), Ok(1));
     assert_eq!(b.rx.used(g), Some((6, 112)));
     let mut got = vec![0u8; 72];
     g.mem
@@ -407,21 +413,6 @@ fn bad_chains_are_refused_counted_and_returned() {
     b.tx.post(g, 7);
     assert_eq!(device::recv(dev, &mut 0, &mut area), Ok(Some(80)));
 
-    // A receive chain too small for the frame, and one that is readable.
-    b.rx.desc(g, 0, BUF + 0x1000, 20, WRITE, 0);
-    b.rx.post(g, 0);
-    assert_eq!(
-        device::send(dev, &[0; NET_HDR_LEN], &frame(100, 1)),
-        Err(ChainError::Bad(BadChain::Size))
-    );
-    assert_eq!(b.rx.used(g), Some((0, 0)));
-    b.rx.desc(g, 1, BUF + 0x1000, 2000, 0, 0);
-    b.rx.post(g, 1);
-    assert_eq!(
-        device::send(dev, &[0; NET_HDR_LEN], &frame(100, 1)),
-        Err(ChainError::Bad(BadChain::Direction))
-    );
-
     // An available index more than a queue ahead: the queue is broken.
     b.tx.avail_idx = b.tx.avail_idx.wrapping_add(QSIZE + 1);
     b.tx.post(g, 0);
@@ -429,6 +420,115 @@ fn bad_chains_are_refused_counted_and_returned() {
         device::recv(dev, &mut 0, &mut area),
         Err(ChainError::Broken)
     );
+}
+
+/// Without mergeable buffers a receive chain too small for the frame is refused; with them
+/// the frame waits for more buffers, and a readable chain or one outside the guest's memory
+/// among those it would take refuses the frame and returns every chain taken for it.
+#[test]
+fn small_and_bad_receive_chains_are_refused_with_and_without_merging() {
+    let hdr = [0; NET_HDR_LEN];
+    let whole = bed_with(FEATURES & !(1 << VIRTIO_NET_F_MRG_RXBUF));
+    let (g, dev, mut rx) = (&whole.guest, &whole.backend.dev, Ring::at(0x0));
+    rx.desc(g, 0, BUF + 0x1000, 20, WRITE, 0);
+    rx.post(g, 0);
+    assert_eq!(
+        device::send(dev, &hdr, &frame(100, 1)),
+        Err(ChainError::Bad(BadChain::Size))
+    );
+    assert_eq!(rx.used(g), Some((0, 0)));
+    rx.desc(g, 1, BUF + 0x1000, 2000, 0, 0);
+    rx.post(g, 1);
+    assert_eq!(
+        device::send(dev, &hdr, &frame(100, 1)),
+        Err(ChainError::Bad(BadChain::Direction))
+    );
+    assert_eq!(rx.used(g), Some((1, 0)));
+
+    let merged = bed();
+    let (g, dev, mut rx) = (&merged.guest, &merged.backend.dev, Ring::at(0x0));
+    rx.desc(g, 0, BUF + 0x1000, 20, WRITE, 0);
+    rx.post(g, 0);
+    assert_eq!(device::send(dev, &hdr, &frame(100, 1)), Ok(0));
+    assert_eq!(
+        rx.used(g),
+        None,
+        "nothing taken while too few buffers are posted"
+    );
+    rx.desc(g, 1, BUF + 0x1000, 2000, 0, 0);
+    rx.post(g, 1);
+    assert_eq!(
+        device::send(dev, &hdr, &frame(100, 1)),
+        Err(ChainError::Bad(BadChain::Direction))
+    );
+    assert_eq!((rx.used(g), rx.used(g)), (Some((0, 0)), Some((1, 0))));
+    // Outside the guest's memory, in the second buffer: both returned.
+    rx.desc(g, 2, BUF + 0x1000, 40, WRITE, 0);
+    rx.desc(g, 3, GUEST_BYTES + 0x1000, 2000, WRITE, 0);
+    rx.post(g, 2);
+    rx.post(g, 3);
+    assert_eq!(
+        device::send(dev, &hdr, &frame(100, 1)),
+        Err(ChainError::Bad(BadChain::Address))
+    );
+    assert_eq!((rx.used(g), rx.used(g)), (Some((2, 0)), Some((3, 0))));
+    assert_eq!(rx.used(g), None);
+}
+
+/// With mergeable buffers a frame larger than one buffer spans as many as it needs, the
+/// header's `num_buffers` says how many, and their used entries appear together; a frame that
+/// fits one takes one.
+#[test]
+fn mergeable_buffers_take_a_frame_across_chains_published_together() {
+    let b = bed();
+    let (g, dev, mut rx) = (&b.guest, &b.backend.dev, Ring::at(0x0));
+    for i in 0..4u16 {
+        rx.desc(g, i, BUF + 0x1000 * u64::from(i), 1000, WRITE, 0);
+        rx.post(g, i);
+    }
+    let f = frame(2500, 5);
+    assert_eq!(device::send(dev, &[0; NET_HDR_LEN], &f), Ok(3));
+    // The three entries at once: the used index moved by three.
+    let idx: u16 = g.mem.read_obj(GuestAddress(rx.used + 2)).unwrap();
+    assert_eq!(idx, 3);
+    assert_eq!(
+        [rx.used(g), rx.used(g), rx.used(g)],
+        [Some((0, 1000)), Some((1, 1000)), Some((2, 512))]
+    );
+    let mut hdr = [0u8; NET_HDR_LEN];
+    g.mem.read_slice(&mut hdr, GuestAddress(BUF)).unwrap();
+    assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 3, "num_buffers");
+    let mut got = vec![0u8; 2500];
+    g.mem
+        .read_slice(&mut got[..988], GuestAddress(BUF + NET_HDR_LEN as u64))
+        .unwrap();
+    g.mem
+        .read_slice(&mut got[988..1988], GuestAddress(BUF + 0x1000))
+        .unwrap();
+    g.mem
+        .read_slice(&mut got[1988..], GuestAddress(BUF + 0x2000))
+        .unwrap();
+    assert_eq!(got, f);
+    // A small frame takes the one buffer left.
+    assert_eq!(device::send(dev, &[0; NET_HDR_LEN], &frame(60, 1)), Ok(1));
+    assert_eq!(rx.used(g), Some((3, 72)));
+    g.mem
+        .read_slice(&mut hdr, GuestAddress(BUF + 0x3000))
+        .unwrap();
+    assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 1);
+    // More buffers than a frame may take: refused, and the ones taken returned.
+    for i in 0..=device::MERGE_MAX as u16 {
+        rx.desc(g, 10 + i, BUF + 0x1000, 16, WRITE, 0);
+        rx.post(g, 10 + i);
+    }
+    assert_eq!(
+        device::send(dev, &[0; NET_HDR_LEN], &frame(1500, 1)),
+        Err(ChainError::Bad(BadChain::Size))
+    );
+    for i in 0..device::MERGE_MAX as u16 {
+        assert_eq!(rx.used(g), Some((u32::from(10 + i), 0)));
+    }
+    assert_eq!(rx.used(g), None);
 }
 
 #[test]
@@ -827,6 +927,47 @@ fn the_plane_fills_a_lent_receive_queue_through_its_vatc() {
         Err(DirectRefused::NotLent)
     );
     assert_eq!(rx2.used(g), None, "nothing written after the revocation");
+}
+
+/// The plane merges receive buffers as the DPU process does: a frame across two chains; a vATC
+/// miss leaves both posted, nothing used, until the fill.
+#[test]
+fn the_plane_spans_mergeable_buffers_and_a_miss_takes_none() {
+    let b = bed();
+    let g = &b.guest;
+    let mut rx2 = Ring::at(0xc000);
+    let _call = start_ring(&b, device::PLANE_RX, &rx2);
+    let dev = &b.backend.dev;
+    let (mut plane, mut atc, authority) = plane_end(&b, 1);
+    assert!(dev.lend_plane(dev.generation.load(Ordering::Acquire), 1));
+    rx2.desc(g, 0, BUF + 0x4000, 1000, WRITE, 0);
+    rx2.desc(g, 1, BUF + 0x8000, 1000, WRITE, 0);
+    rx2.post(g, 0);
+    rx2.post(g, 1);
+    let vm = plane.vm;
+    let f = frame(1500, 8);
+    let vnet = [0u8; NET_HDR_LEN];
+    let r = plane.deliver(&mut atc, &vnet, &f);
+    assert!(matches!(r, Err(DirectRefused::Miss(_))), "{r:?}");
+    assert_eq!(rx2.used(g), None);
+    let (iova, len) = plane.span();
+    atc.fill_map(vm, plane.epoch, authority.regions(vm), iova, len)
+        .unwrap();
+    assert_eq!(plane.deliver(&mut atc, &vnet, &f), Ok(()));
+    assert_eq!(
+        (rx2.used(g), rx2.used(g)),
+        (Some((0, 1000)), Some((1, 512)))
+    );
+    let mut hdr = [0u8; NET_HDR_LEN];
+    g.mem
+        .read_slice(&mut hdr, GuestAddress(BUF + 0x4000))
+        .unwrap();
+    assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 2, "num_buffers");
+    let mut got = vec![0u8; 512];
+    g.mem
+        .read_slice(&mut got, GuestAddress(BUF + 0x8000))
+        .unwrap();
+    assert_eq!(got, f[988..]);
 }
 
 /// The lease: one holder at a time, only under the current lend number, none after a
