@@ -2,7 +2,8 @@
 # Builds the small guest `spillway` boots under QEMU (issue 18), from Debian packages only:
 # the kernel of `linux-image-amd64` and its virtio modules, and an initramfs of
 # `busybox-static` with an init that brings up the virtio-net interface from the kernel command
-# line and serves HTTP (busybox httpd) on port 80. Nothing is downloaded from outside the
+# line and serves HTTP (busybox httpd) on port 80, and the benches' tools: iperf3 and wrk with
+# the libraries they load (bench/vm-vs.sh). Nothing is downloaded from outside the
 # package registry: the packages come through apt (`apt-get download`, no install, no
 # maintainer scripts run), and are unpacked with `dpkg-deb -x`.
 #
@@ -28,6 +29,12 @@
 #                             stops printing (tests)
 #   spillway.rxstat=S         every S seconds, `spillway-guest rx PACKETS UPTIME`: eth0's
 #                             received packets and the guest's uptime in seconds (benches)
+#   spillway.iperf3s=1        an iperf3 server (benches)
+#   spillway.bench=ADDR:S     once ADDR answers a ping: iperf3 TCP for S seconds, iperf3 UDP
+#                             with 64-byte datagrams flat out, wrk with `Connection: close`
+#                             against ADDR's httpd, each printed between
+#                             `spillway-guest bench-begin NAME` and `... bench-end NAME`
+#                             (iperf3 as JSON), then `spillway-guest bench-done` (benches)
 #
 # and prints `spillway-guest ready` on the console once eth0 is up and httpd runs, then
 # `spillway-guest eth0 MAC` with the interface's address. A guest powers off when its init's
@@ -50,8 +57,11 @@ kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-im
 [[ -n $kpkg ]] || { echo "guest/build.sh: apt knows no linux-image-amd64 (apt-get update?)" >&2; exit 1; }
 kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
 bver=$(apt-cache policy busybox-static | awk '/Candidate:/ {print $2}')
+# The benches' tools and what they load (the loader below checks that nothing is missing).
+tools="iperf3 libiperf0 libsctp1 libssl3 wrk libluajit-5.1-2 libgcc-s1 libc6"
+tver=$(for p in $tools; do apt-cache policy "$p" | awk -v p="$p" '/Candidate:/ {print p "=" $2}'; done | tr '\n' ' ')
 # The script's own hash too: a changed init rebuilds the guest.
-want="$kpkg $kver busybox-static $bver $(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
+want="$kpkg $kver busybox-static $bver ${tver}$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)"
 if [[ -f $OUT/VERSION && $(cat "$OUT/VERSION") == "$want" && -f $OUT/vmlinuz && -f $OUT/initramfs.cpio.gz ]]; then
     echo "guest/build.sh: $OUT is up to date ($want)"
     exit 0
@@ -66,6 +76,11 @@ chmod 0755 "$WORK"
 mkdir "$WORK/k" "$WORK/b"
 dpkg-deb -x "$WORK"/linux-image-*.deb "$WORK/k"
 dpkg-deb -x "$WORK"/busybox-static_*.deb "$WORK/b"
+# shellcheck disable=SC2086 # a list of package names
+(cd "$WORK" && mkdir t && cd t && apt-get download -qq -o APT::Sandbox::User=root $tools) ||
+    { echo "guest/build.sh: apt-get download $tools failed" >&2; exit 1; }
+mkdir "$WORK/tools"
+for d in "$WORK"/t/*.deb; do dpkg-deb -x "$d" "$WORK/tools"; done
 
 krel=$(ls "$WORK/k/lib/modules")
 mods=$WORK/k/lib/modules/$krel/kernel
@@ -93,6 +108,30 @@ for m in $order; do
     esac
     echo "$(basename "$m")" >>"$R/lib/modules/order"
 done
+# iperf3 and wrk, the loader, and every library the loader says the two need, into /lib (on
+# the loader's default path). The loader is the package's, run here only to list them.
+T=$WORK/tools
+ldso=$T/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+mkdir -p "$R/lib64"
+cp "$T/usr/bin/iperf3" "$T/usr/bin/wrk" "$R/bin/"
+cp "$ldso" "$R/lib64/ld-linux-x86-64.so.2"
+for tool in iperf3 wrk; do
+    "$ldso" --library-path "$T/lib/x86_64-linux-gnu:$T/usr/lib/x86_64-linux-gnu" \
+        --list "$T/usr/bin/$tool" >"$WORK/$tool.libs" ||
+        { echo "guest/build.sh: the loader cannot list $tool's libraries" >&2; exit 1; }
+    if grep -q "not found" "$WORK/$tool.libs"; then
+        echo "guest/build.sh: $tool needs what no package here has: $(grep "not found" "$WORK/$tool.libs")" >&2
+        exit 1
+    fi
+    # (The loader's own line names it by path: it is in place already.)
+    awk '$2 == "=>" && $3 ~ /^\// && $1 !~ /\// {print $1, $3}' "$WORK/$tool.libs" |
+        while read -r name path; do
+            case $path in
+                "$T"/*) cp -L "$path" "$R/lib/$name" ;;
+                *) echo "guest/build.sh: $tool's $name is not in the packages: $path" >&2; exit 1 ;;
+            esac
+        done
+done
 echo "hello from a spillway guest" >"$R/www/index.html"
 dd if=/dev/zero of="$R/www/big" bs=1024 count=256 2>/dev/null
 
@@ -112,6 +151,8 @@ ping=$(arg spillway.ping)
 fetch=$(arg spillway.fetch)
 fetchbig=$(arg spillway.fetchbig)
 rxstat=$(arg spillway.rxstat)
+iperf3s=$(arg spillway.iperf3s)
+bench=$(arg spillway.bench)
 echo_port=$(arg spillway.echo)
 hold=$(arg spillway.hold)
 if [ -n "$addr" ]; then
@@ -158,6 +199,23 @@ if [ -n "$addr" ]; then
             echo "spillway-guest rx $(cat /sys/class/net/eth0/statistics/rx_packets) $up"
             sleep "$rxstat"
         done ) &
+    fi
+    [ -n "$iperf3s" ] && iperf3 -s -D
+    if [ -n "$bench" ]; then
+        ( peer=${bench%%:*}; secs=${bench#*:}
+          for _ in $(seq 300); do ping -c 1 -W 1 "$peer" >/dev/null 2>&1 && break; sleep 0.2; done
+          sleep 1
+          for t in tcp udp64 http; do
+              echo "spillway-guest bench-begin $t"
+              case $t in
+                  tcp) iperf3 -c "$peer" -t "$secs" -J ;;
+                  udp64) iperf3 -c "$peer" -u -b 0 -l 64 -t "$secs" -J ;;
+                  http) wrk -t1 -c16 -d"${secs}s" -H 'Connection: close' "http://$peer:80/" ;;
+              esac 2>&1
+              echo "spillway-guest bench-end $t"
+              sleep 1
+          done
+          echo "spillway-guest bench-done" ) &
     fi
     echo "spillway-guest eth0 $(cat /sys/class/net/eth0/address)"
 fi
