@@ -183,7 +183,7 @@ mode_spillway() {
 
 mode_ovs_dpdk() {
     [[ -x $OVS_DPDK ]] || { echo "skip: $OVS_DPDK not found (apt-get install openvswitch-switch-dpdk)"; return 0; }
-    local o=$TMP/ovs
+    local o=$TMP/ovs-$1
     mkdir -p "$o"
     # 1 GiB of 2 MiB pages for DPDK's socket memory (mempools per port: the shared default asks
     # for 262,144 buffers and fails in less).

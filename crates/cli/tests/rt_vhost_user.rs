@@ -357,6 +357,13 @@ fn two_guests_ping_and_fetch_across_vhost_user_ports_through_plane_and_kill() {
         assert_eq!(p["attached"], true, "{s:#}");
         // Linux takes mergeable receive buffers when offered: a super-frame then spans pages.
         assert_eq!(p["mergeable_rx"], true, "{s:#}");
+        // And event indices (VIRTIO_RING_F_EVENT_IDX, bit 29): interrupts and kicks at the
+        // entries each side asks for.
+        let acked = p["features"]
+            .as_str()
+            .and_then(|f| u64::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+            .expect("features");
+        assert_ne!(acked & (1 << 29), 0, "{s:#}");
     }
     let c = &s["counters"];
     eprintln!(

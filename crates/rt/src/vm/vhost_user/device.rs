@@ -47,7 +47,9 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MQ,
     VIRTIO_NET_F_MRG_RXBUF,
 };
-use virtio_bindings::virtio_ring::{VIRTIO_RING_F_INDIRECT_DESC, VRING_AVAIL_F_NO_INTERRUPT};
+use virtio_bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC, VRING_AVAIL_F_NO_INTERRUPT,
+};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{
     Address, Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemory, GuestMemoryAtomic,
@@ -82,7 +84,9 @@ pub const REGIONS_MAX: usize = msg::FDS_MAX;
 /// The most guest memory the DPU process maps for one VM.
 pub const MEMORY_MAX: u64 = 64 << 30;
 
-/// The virtio features offered: virtio 1.x, indirect descriptors, vhost-user's protocol
+/// The virtio features offered: virtio 1.x, indirect descriptors, event indices
+/// (`EVENT_IDX`: the guest says after which used entry it wants an interrupt, and the device
+/// after which available entry it wants a kick, [`wants_interrupt`]), vhost-user's protocol
 /// features, checksum and TCP segmentation offload both ways (`CSUM`, `HOST_TSO4/6`: the
 /// guest may send partial checksums and 64 KiB super-frames, which cross the fabric whole as a
 /// TAP's do; `GUEST_CSUM`, `GUEST_TSO4/6`: it takes them), and mergeable receive buffers
@@ -91,6 +95,7 @@ pub const MEMORY_MAX: u64 = 64 << 30;
 /// and every frame, however small, takes one).
 pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_NET_F_MRG_RXBUF)
     | (1 << VIRTIO_NET_F_CSUM)
     | (1 << VIRTIO_NET_F_GUEST_CSUM)
@@ -156,6 +161,8 @@ pub struct Vring {
     pub enabled: bool,
     /// Used entries added since the last interrupt.
     pub irq_due: bool,
+    /// The used index at the last interrupt decision (none yet: the next one interrupts).
+    pub signalled: Option<u16>,
 }
 
 impl Vring {
@@ -166,6 +173,7 @@ impl Vring {
             call: None,
             enabled: false,
             irq_due: false,
+            signalled: None,
         }
     }
 
@@ -783,18 +791,51 @@ pub fn flush_irq(dev: &Device, i: usize) {
     }
     v.irq_due = false;
     let mem = dev.mem.memory();
-    if wants_interrupt(&mem, GuestAddress(v.queue.avail_ring()))
+    let new = v.queue.next_used();
+    let old = v.signalled.replace(new);
+    let ring = (GuestAddress(v.queue.avail_ring()), v.queue.size());
+    if wants_interrupt(&mem, ring, v.queue.event_idx_enabled(), (old, new))
         && let Some(call) = &v.call
     {
         let _ = call.kick();
     }
 }
 
-/// Whether the guest asks for interrupts on the queue whose available ring is at `avail`: it
-/// has not set `VRING_AVAIL_F_NO_INTERRUPT` (the one rule for the DPU's queues and the plane's).
-pub(crate) fn wants_interrupt(mem: &GuestMemoryMmap, avail: GuestAddress) -> bool {
-    !mem.load::<u16>(avail, Ordering::Acquire)
-        .is_ok_and(|f| u16::from_le(f) & VRING_AVAIL_F_NO_INTERRUPT as u16 != 0)
+/// Whether the guest wants an interrupt on the queue whose available ring is at `avail` (of
+/// `size` entries), now that the used index moved from `old` (at the last decision; none yet:
+/// it does) to `new`. With event indices (`event_idx`), when the used index passed the
+/// `used_event` the guest wrote behind its available ring; without, unless it set
+/// `VRING_AVAIL_F_NO_INTERRUPT`. The one rule for the DPU's queues and the plane's.
+pub(crate) fn wants_interrupt(
+    mem: &GuestMemoryMmap,
+    (avail, size): (GuestAddress, u16),
+    event_idx: bool,
+    (old, new): (Option<u16>, u16),
+) -> bool {
+    if !event_idx {
+        return !mem
+            .load::<u16>(avail, Ordering::Acquire)
+            .is_ok_and(|f| u16::from_le(f) & VRING_AVAIL_F_NO_INTERRUPT as u16 != 0);
+    }
+    let Some(old) = old else {
+        return true;
+    };
+    // The used index is published; what the guest asked for is read after it (a full fence,
+    // as the driver's side has between its used-event write and its read of the index).
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let Some(event) = avail
+        .checked_add(4 + 2 * u64::from(size))
+        .and_then(|a| mem.load::<u16>(a, Ordering::Acquire).ok())
+        .map(u16::from_le)
+    else {
+        return true;
+    };
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+/// Whether a guest that acked `acked` uses event indices.
+pub fn event_idx(acked: u64) -> bool {
+    acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0
 }
 
 /// Maps memory region `k` of a table, `r` in file `fd`: the file must be sealed against
@@ -1006,6 +1047,12 @@ impl Session {
                 }
                 self.acked = Some(f);
                 self.dev.acked.store(f, Ordering::Relaxed);
+                // A ring started before the features (QEMU starts them after) takes them too.
+                for i in 0..VRINGS {
+                    let mut v = self.dev.vring(i);
+                    v.queue.set_event_idx(event_idx(f));
+                    v.signalled = None;
+                }
                 // Without the protocol features every ring is enabled as it starts.
                 if f & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
                     for i in 0..VRINGS {
@@ -1149,6 +1196,9 @@ impl Session {
                 // guest's memory to run.
                 let mem = self.dev.mem.memory();
                 v.kick = bell;
+                v.queue
+                    .set_event_idx(event_idx(self.dev.acked.load(Ordering::Relaxed)));
+                v.signalled = None;
                 v.queue.set_ready(true);
                 if !v.queue.is_valid(&*mem) {
                     v.queue.set_ready(false);

@@ -262,6 +262,8 @@ pub struct PlaneGuest {
     /// `SET_FEATURES` revokes it).
     features: u64,
     irq_pending: bool,
+    /// The used index at the last interrupt decision (none yet: the next one interrupts).
+    signalled: Option<u16>,
 }
 
 impl PlaneGuest {
@@ -323,6 +325,7 @@ impl PlaneGuest {
             me,
             features: lend.features,
             irq_pending: false,
+            signalled: None,
         })
     }
 
@@ -429,7 +432,15 @@ impl PlaneGuest {
         if !std::mem::take(&mut self.irq_pending) {
             return;
         }
-        if device::wants_interrupt(&self.mem, self.avail) {
+        let new = self.queue.next_used();
+        let old = self.signalled.replace(new);
+        let ring = (self.avail, self.queue.size());
+        if device::wants_interrupt(
+            &self.mem,
+            ring,
+            device::event_idx(self.features),
+            (old, new),
+        ) {
             let _ = self.call.kick();
         }
     }

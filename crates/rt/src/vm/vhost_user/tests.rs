@@ -19,6 +19,7 @@ use super::lend;
 use super::msg::{self, FLAG_NEED_REPLY, le_u32, le_u64};
 use crate::dpu::vmport::DirectRefused;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 const GUEST_BYTES: u64 = 1 << 20;
 /// Where the frontend says the guest's memory is in its own address space (QEMU's virtual
@@ -529,6 +530,59 @@ fn mergeable_buffers_take_a_frame_across_chains_published_together() {
         assert_eq!(rx.used(g), Some((u32::from(10 + i), 0)));
     }
     assert_eq!(rx.used(g), None);
+}
+
+/// Event indices: the guest is interrupted once the used index passes the `used_event` it wrote
+/// (and always the first time), and a data path about to sleep asks for a kick at the next
+/// available entry by writing `avail_event`; without them, the flags rule.
+#[test]
+fn event_indices_time_interrupts_and_kicks() {
+    let mut b = bed();
+    let g = &b.guest;
+    let dev = &b.backend.dev;
+    let used_event = GuestAddress(b.tx.avail + 4 + 2 * u64::from(QSIZE));
+    let avail_event = GuestAddress(b.tx.used + 4 + 8 * u64::from(QSIZE));
+    for i in 0..3u16 {
+        b.tx.desc(g, i, BUF + 0x100 * u64::from(i), 80, 0, 0);
+        b.tx.post(g, i);
+    }
+    // Interrupt me once the third entry (index 2) is used.
+    g.mem.write_obj(2u16.to_le(), used_event).unwrap();
+    let mut area = vec![0u8; 2048];
+    let mut take_and_flush = || {
+        assert_eq!(device::recv(dev, &mut 0, &mut area), Ok(Some(80)));
+        device::flush_irq(dev, TX);
+        readable(&b.call[TX])
+    };
+    assert!(take_and_flush(), "the first decision interrupts");
+    assert!(!take_and_flush(), "used index 2: not past used_event 2 yet");
+    assert!(take_and_flush(), "used index 3: past used_event 2");
+    // Before sleeping: a kick is asked for at the next available entry (3).
+    assert!(device::prepare_sleep(dev));
+    let ev: u16 = g.mem.read_obj(avail_event).unwrap();
+    assert_eq!(u16::from_le(ev), 3);
+    device::woke(dev);
+
+    // Without event indices the guest's flag decides.
+    let mut b = bed_with(FEATURES & !(1 << VIRTIO_RING_F_EVENT_IDX));
+    let g = &b.guest;
+    let dev = &b.backend.dev;
+    for i in 0..2u16 {
+        b.tx.desc(g, i, BUF, 80, 0, 0);
+        b.tx.post(g, i);
+    }
+    g.mem
+        .write_obj(1u16.to_le(), GuestAddress(b.tx.avail))
+        .unwrap();
+    assert_eq!(device::recv(dev, &mut 0, &mut area), Ok(Some(80)));
+    device::flush_irq(dev, TX);
+    assert!(!readable(&b.call[TX]), "VRING_AVAIL_F_NO_INTERRUPT is set");
+    g.mem
+        .write_obj(0u16.to_le(), GuestAddress(b.tx.avail))
+        .unwrap();
+    assert_eq!(device::recv(dev, &mut 0, &mut area), Ok(Some(80)));
+    device::flush_irq(dev, TX);
+    assert!(readable(&b.call[TX]));
 }
 
 #[test]
