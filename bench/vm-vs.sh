@@ -166,8 +166,12 @@ wait_bench() {
 mode_spillway() {
     [[ -x $BIN ]] || { echo "skip: $BIN not found (cargo build --release -p spillway)"; return 0; }
     mkdir -p "$TMP/spillway"
-    sed -e "s|@NAME@|$NAME|; s|@STATE@|$TMP/spillway|; s|@GUEST@|$GUEST|" \
-        -e "s|@BENCH_A@|$BENCH_A|; s|@BENCH_B@|$BENCH_B|" "$ROOT/bench/testbed-vm-vs.toml" >"$TMP/spillway.toml"
+    sed -e "s|^name = \"vmvs\"\$|name = \"$NAME\"|" \
+        -e "s|^state_dir = .*|state_dir = \"$TMP/spillway\"\nguest_dir = \"$GUEST\"|" \
+        -e "s|spillway.bench=10.79.0.2:5|$BENCH_A|; s|spillway.iperf3s=1|$BENCH_B|" \
+        "$ROOT/bench/testbed-vm-vs.toml" >"$TMP/spillway.toml"
+    grep -q "^name = \"$NAME\"" "$TMP/spillway.toml" && grep -q "$BENCH_A" "$TMP/spillway.toml" ||
+        { echo "fail: bench/testbed-vm-vs.toml is not what this script expects"; return 1; }
     "$BIN" run --config "$TMP/spillway.toml" --ready-file "$TMP/spillway/ready" --log warn \
         2>"$TMP/spillway.log" &
     local d=$!

@@ -484,7 +484,7 @@ fn recv_on(dev: &Device, q: usize, area: &mut [u8]) -> Result<Option<usize>, Cha
     verdict.map(|()| Some(n)).map_err(ChainError::Bad)
 }
 
-/// Why [`fill_chain`]'s writer could not write a piece of a frame.
+/// Why [`fill_rx`]'s writer could not write a piece of a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// The address is outside what may be written (the chain is refused: [`BadChain::Address`]).
@@ -493,11 +493,11 @@ pub enum Fault {
     Miss,
 }
 
-/// How [`fill_chain`] writes a piece of a frame: the guest address and the bytes that go
+/// How [`fill_rx`] writes a piece of a frame: the guest address and the bytes that go
 /// there.
 pub type Writer<'a> = dyn FnMut(GuestAddress, &[u8]) -> Result<(), Fault> + 'a;
 
-/// Why [`fill_chain`] did not fill a chain.
+/// Why [`fill_rx`] did not fill a guest's receive chains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FillError {
     Bad(BadChain),
@@ -510,7 +510,7 @@ pub enum FillError {
 /// Writes `hdr` then `frame` across the writable descriptors of receive chain `chain`, each
 /// piece through `write` (the guest address and the bytes that go there); returns the bytes
 /// written. The rest of a chain longer than needed is the guest's to reuse.
-pub fn fill_chain<M>(
+fn fill_chain<M>(
     chain: DescriptorChain<M>,
     queue_size: u16,
     hdr: &[u8],
@@ -624,9 +624,10 @@ pub fn mergeable(acked: u64) -> bool {
 /// The one rule for filling a guest's receive queue: the DPU process's ([`send`], through the
 /// memory table) and the spill plane's (through its vATC).
 ///
-/// `Ok(n)`: written into `n` buffers. `Ok(0)`: too few posted; nothing taken. `Err(Miss)`: a translation missed;
-/// nothing taken, for the retry after the fill. `Err(Bad(b))`: a chain was refused; the chains
-/// taken for the frame are returned used with length 0 (but a head beyond the queue).
+/// `Ok(n)`: written into `n` buffers. `Ok(0)`: too few posted; nothing taken. `Err(Miss)`: a
+/// translation missed; nothing taken, for the retry after the fill. `Err(Bad(b))`: a chain was
+/// refused; the chains taken for the frame are returned used with length 0 (but a head beyond
+/// the queue).
 pub fn fill_rx<M: GuestMemory>(
     queue: &mut Queue,
     mem: &M,
