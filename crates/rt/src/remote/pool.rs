@@ -262,13 +262,16 @@ fn accept_loop(ctx: &Arc<Ctx>, listener: &TcpListener) {
 }
 
 fn refuse(ctx: &Ctx, mut tcp: TcpStream, why: &str) {
+    // Counted before the answer goes: a peer that has the answer finds it in the status.
+    {
+        let mut s = lock(&ctx.state);
+        s.refused += 1;
+        s.last_refusal = Some(why.to_string());
+    }
+    tracing::warn!(target: "spillway::run", why, "pool: refused a link");
     // A peer that does not read cannot hold the accept loop for more than this.
     let _ = tcp.set_write_timeout(Some(Duration::from_millis(100)));
     let _ = link::send_json(&mut tcp, &json!({"ok": false, "error": why}));
-    let mut s = lock(&ctx.state);
-    s.refused += 1;
-    s.last_refusal = Some(why.to_string());
-    tracing::warn!(target: "spillway::run", why, "pool: refused a link");
 }
 
 /// A guest's hello, checked.
