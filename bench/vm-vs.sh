@@ -69,14 +69,24 @@ PIDS=()
 HUGE_BEFORE=$(cat /proc/sys/vm/nr_hugepages)
 NAME=vv$(printf %x $(($$ % 0xffffff)))
 BR=${NAME}br
+# OVS's netdev bridge: its internal port is a persistent TAP of that name (see stop_all).
+OVS_BR=${NAME}ovs
 IP_A=10.79.0.1
 IP_B=10.79.0.2
 MAC_A=02:00:00:00:00:0a
 MAC_B=02:00:00:00:00:0b
 log() { printf '[vm-vs %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+OVS_DIR=
 stop_all() {
     local p
+    # OVS first, by its own hand: deleting the bridge and asking ovs-vswitchd to exit removes
+    # its persistent TAPs (the bridge's and the datapath's `ovs-netdev`), which a kill leaves.
+    if [[ -n $OVS_DIR ]]; then
+        ovs-vsctl --db="unix:$OVS_DIR/db.sock" --timeout=5 --if-exists del-br "$OVS_BR" >/dev/null 2>&1 || true
+        ovs-appctl -t "$OVS_DIR/vswitchd.ctl" --timeout=5 exit >/dev/null 2>&1 || true
+        OVS_DIR=
+    fi
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do
         for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
@@ -85,6 +95,7 @@ stop_all() {
     done
     PIDS=()
     ip link del "$BR" 2>/dev/null || true
+    ip link del "$OVS_BR" 2>/dev/null || true
     ip link del "${NAME}a" 2>/dev/null || true
     ip link del "${NAME}b" 2>/dev/null || true
 }
@@ -189,6 +200,7 @@ mode_ovs_dpdk() {
     [[ -x $OVS_DPDK ]] || { echo "skip: $OVS_DPDK not found (apt-get install openvswitch-switch-dpdk)"; return 0; }
     local o=$TMP/ovs-$1
     mkdir -p "$o"
+    OVS_DIR=$o
     # 1 GiB of 2 MiB pages for DPDK's socket memory (mempools per port: the shared default asks
     # for 262,144 buffers and fails in less).
     echo $((HUGE_BEFORE + 560)) >/proc/sys/vm/nr_hugepages
@@ -214,9 +226,9 @@ mode_ovs_dpdk() {
     for _ in $(seq 100); do grep -q "DPDK Enabled - initialized" "$o/vswitchd.log" 2>/dev/null && break; sleep 0.1; done
     grep -q "DPDK Enabled - initialized" "$o/vswitchd.log" 2>/dev/null ||
         { echo "fail: DPDK did not initialise: $(tail -3 "$o/vswitchd.log" 2>/dev/null)"; return 1; }
-    ovs-vsctl --db="$db" add-br br0 -- set bridge br0 datapath_type=netdev \
-        -- add-port br0 vua -- set Interface vua type=dpdkvhostuserclient options:vhost-server-path="$o/a.sock" \
-        -- add-port br0 vub -- set Interface vub type=dpdkvhostuserclient options:vhost-server-path="$o/b.sock" ||
+    ovs-vsctl --db="$db" add-br "$OVS_BR" -- set bridge "$OVS_BR" datapath_type=netdev \
+        -- add-port "$OVS_BR" vua -- set Interface vua type=dpdkvhostuserclient options:vhost-server-path="$o/a.sock" \
+        -- add-port "$OVS_BR" vub -- set Interface vub type=dpdkvhostuserclient options:vhost-server-path="$o/b.sock" ||
         { echo "fail: ovs-vsctl add-br/add-port: $(tail -2 "$o/vswitchd.log")"; return 1; }
     local g
     for g in a b; do
