@@ -216,19 +216,21 @@ impl DpuDaemon {
                     "rx_no_buffer": s.port.as_ref().map(|x| x.rx_no_buffer),
                     "bad_desc": s.port.as_ref().map(|x| x.bad_desc),
                 })),
-                PortIo::VhostUser(s) => Some(json!({
+                PortIo::VhostUser(s) => Some({
+                    let acked = s.dev().acked.load(std::sync::atomic::Ordering::Relaxed);
+                    json!({
                     "vm": s.vm, "port": p.id.0, "backend": "vhost-user",
                     "attached": s.backend.connected(),
                     "connections": s.dev().counters.connections.load(std::sync::atomic::Ordering::Relaxed),
                     "requests_refused": s.dev().counters.refused.load(std::sync::atomic::Ordering::Relaxed),
                     // What the guest's driver acked (0 before it did), and whether it merges
                     // receive buffers.
-                    "features": format!("{:#x}", s.dev().acked.load(std::sync::atomic::Ordering::Relaxed)),
-                    "mergeable_rx": crate::vm::vhost_user::device::mergeable(
-                        s.dev().acked.load(std::sync::atomic::Ordering::Relaxed)),
+                    "features": format!("{acked:#x}"),
+                    "mergeable_rx": crate::vm::vhost_user::device::mergeable(acked),
                     "guest_pid": s.guest.as_ref().and_then(|g| g.pid()),
                     "accel": s.guest.as_ref().map(|g| g.accel().name()),
-                })),
+                })
+                }),
                 PortIo::Tap(_) => None,
             }).collect::<Vec<_>>(),
             "metrics_addr": self.metrics.as_ref().map(|m| m.local_addr().to_string()),

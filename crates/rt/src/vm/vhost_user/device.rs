@@ -177,6 +177,14 @@ impl Vring {
         }
     }
 
+    /// Takes what the driver acked (`acked`) that changes how the ring runs: event indices,
+    /// and a fresh interrupt decision. At the ring's start and at `SET_FEATURES`, whichever
+    /// comes last.
+    fn take_features(&mut self, acked: u64) {
+        self.queue.set_event_idx(event_idx(acked));
+        self.signalled = None;
+    }
+
     /// Whether the data path may use the queue: started (a kick fd and ready), enabled.
     pub fn live(&self) -> bool {
         self.enabled && self.queue.ready()
@@ -1050,9 +1058,7 @@ impl Session {
                 self.dev.acked.store(f, Ordering::Relaxed);
                 // A ring started before the features (QEMU starts them after) takes them too.
                 for i in 0..VRINGS {
-                    let mut v = self.dev.vring(i);
-                    v.queue.set_event_idx(event_idx(f));
-                    v.signalled = None;
+                    self.dev.vring(i).take_features(f);
                 }
                 // Without the protocol features every ring is enabled as it starts.
                 if f & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
@@ -1197,9 +1203,7 @@ impl Session {
                 // guest's memory to run.
                 let mem = self.dev.mem.memory();
                 v.kick = bell;
-                v.queue
-                    .set_event_idx(event_idx(self.dev.acked.load(Ordering::Relaxed)));
-                v.signalled = None;
+                v.take_features(self.dev.acked.load(Ordering::Relaxed));
                 v.queue.set_ready(true);
                 if !v.queue.is_valid(&*mem) {
                     v.queue.set_ready(false);
