@@ -368,8 +368,8 @@ pub struct Testbed {
 /// How the DPU process moves frames through its TAPs (`testbed.tap_io`; docs/adr/0005-tap-io.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TapIo {
-    /// io_uring: reads kept armed on every TAP, a turn's writes and re-armed reads submitted in
-    /// one system call (`"io_uring"`, the default). Falls back to `Syscalls`, with a warning,
+    /// io_uring: a multishot read on every TAP (armed reads on kernels before 6.7), a turn's
+    /// writes submitted in one system call (`"io_uring"`, the default). Falls back to `Syscalls`, with a warning,
     /// where the kernel refuses the ring.
     Uring,
     /// One `read` per frame until the TAP is empty, one `write` per frame (`"syscalls"`).

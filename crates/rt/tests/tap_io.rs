@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use oslab::{Lab, in_netns, parse_ipv4, read_until, spawn_in_netns, tcp_frame, udp_frame, unique};
 use spillway_rt::host::tap::{FrameBatch, Tap, TapOptions};
+use spillway_rt::host::tap_uring::{ReadMode, TapUring};
 use spillway_rt::host::vnet::{VnetHdr, complete_checksum};
 use spillway_rt::host::{ledger, netns};
 use spillway_wire::MacAddr;
@@ -370,18 +371,17 @@ fn udp_receiver(ns: &str, port: u16, n: usize) -> std::thread::JoinHandle<Vec<Ve
     receiver
 }
 
-#[test]
-fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there() {
+fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there(mode: ReadMode) {
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
     }
-    use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     const N: usize = 200;
     let receiver = udp_receiver(&t.ns, 9997, N);
     // Four reads armed: the N datagrams need every buffer re-armed many times over.
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 4, 64, VnetHdr::LEN, 2048).unwrap();
+    let mut ring = TapUring::with_mode(&[fd], 4, 64, VnetHdr::LEN, 2048, mode).unwrap();
+    check_mode(&ring, mode);
     in_netns(&t.ns, || {
         let s = UdpSocket::bind((LOCAL_IP, 4002)).unwrap();
         for i in 0..N as u32 {
@@ -434,18 +434,18 @@ fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there()
     );
 }
 
-/// A TAP keeps one read waiting, not `reads_per_tap`: an idle ring costs no system call per
-/// loop turn (the waiting read's completion is flagged in shared memory), and a burst is read
-/// in growing batches by reads that do not wait.
-#[test]
-fn io_uring_keeps_one_read_waiting_on_an_idle_tap_and_grows_its_batch_in_a_burst() {
+/// A TAP keeps one read waiting (its multishot read, or with armed reads one of
+/// `reads_per_tap`): an idle ring costs no system call per loop turn (the waiting read's
+/// completion is flagged in shared memory), and a burst is read in batches (by the one
+/// multishot read, or by armed reads that do not wait, in growing numbers).
+fn io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches(mode: ReadMode) {
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
     }
-    use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 32, 8, VnetHdr::LEN, 2048).unwrap();
+    let mut ring = TapUring::with_mode(&[fd], 32, 8, VnetHdr::LEN, 2048, mode).unwrap();
+    check_mode(&ring, mode);
     let idle = |ring: &mut TapUring| {
         let before = ring.counters().enters;
         for _ in 0..1000 {
@@ -481,17 +481,21 @@ fn io_uring_keeps_one_read_waiting_on_an_idle_tap_and_grows_its_batch_in_a_burst
         "the batch grew: {} enters for {N} frames ({c:?})",
         c.enters - before.enters
     );
+    if ring.read_mode() == ReadMode::Multishot {
+        assert!(
+            c.reads_armed - before.reads_armed <= 2,
+            "one multishot read took the burst: {c:?}"
+        );
+    }
     // Quiet again: back to one waiting read and no system call per turn.
     idle(&mut ring);
     assert!(idle(&mut ring) <= 2, "{:?}", ring.counters());
 }
 
-#[test]
-fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into() {
+fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into(mode: ReadMode) {
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
     }
-    use spillway_rt::host::tap_uring::TapUring;
     use spillway_vswitch::PacketBuf;
     let t = tap_in_netns(TapOptions::default());
     const N: usize = 300;
@@ -499,7 +503,8 @@ fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into() {
     // One read armed on the TAP: every frame sent in place holds a buffer until its write
     // completes, and the TAP's next read must still find one.
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 1, 4, VnetHdr::LEN, 2048).unwrap();
+    let mut ring = TapUring::with_mode(&[fd], 1, 4, VnetHdr::LEN, 2048, mode).unwrap();
+    check_mode(&ring, mode);
     let sender = spawn_in_netns(&t.ns, || {
         let s = UdpSocket::bind((LOCAL_IP, 4004)).unwrap();
         for i in 0..N as u32 {
@@ -557,15 +562,14 @@ fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into() {
     assert_eq!(c.write_errors + c.tx_full + c.read_errors, 0, "{c:?}");
 }
 
-#[test]
-fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it() {
+fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it(mode: ReadMode) {
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
     }
-    use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 1, 1, VnetHdr::LEN, 2048).unwrap();
+    let mut ring = TapUring::with_mode(&[fd], 1, 1, VnetHdr::LEN, 2048, mode).unwrap();
+    check_mode(&ring, mode);
     let f = udp_frame(PEER_MAC, LOCAL_MAC, PEER_IP, LOCAL_IP, 5555, 9, b"x");
     let hdr = VnetHdr::NONE.to_bytes();
     assert!(ring.tx().write(0, [&hdr, &f]));
@@ -587,15 +591,14 @@ fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it() {
     );
 }
 
-#[test]
-fn io_uring_moves_frames_without_allocating_once_warm() {
+fn io_uring_moves_frames_without_allocating_once_warm(mode: ReadMode) {
     if !oslab::require_root("TAP devices and network namespaces") {
         return;
     }
-    use spillway_rt::host::tap_uring::TapUring;
     let t = tap_in_netns(TapOptions::default());
     let fd = t.tap.as_fd(0).unwrap();
-    let mut ring = TapUring::new(&[fd], 8, 64, VnetHdr::LEN, 2048).unwrap();
+    let mut ring = TapUring::with_mode(&[fd], 8, 64, VnetHdr::LEN, 2048, mode).unwrap();
+    check_mode(&ring, mode);
     let hdr = VnetHdr::NONE.to_bytes();
     let back = udp_frame(PEER_MAC, LOCAL_MAC, PEER_IP, LOCAL_IP, 5555, 9, b"sink");
     let sender = spawn_in_netns(&t.ns, || {
@@ -634,4 +637,142 @@ fn io_uring_moves_frames_without_allocating_once_warm() {
     );
     assert_eq!(allocated, 0, "allocations over {counted} frames");
     assert_eq!(ring.counters().tx_full + ring.counters().write_errors, 0);
+}
+
+/// With multishot reads each TAP reads into buffers of its own: a TAP whose buffers are all
+/// held stops reading (its frames wait in its queue, its read ends, counted) while another
+/// TAP's frames are still read, and it resumes, in order and losing nothing, once its buffers
+/// come back.
+#[test]
+fn io_uring_multishot_bounds_each_tap_to_its_own_buffers() {
+    if !oslab::require_root("TAP devices and network namespaces") {
+        return;
+    }
+    let a = tap_in_netns(TapOptions::default());
+    let b = tap_in_netns(TapOptions::default());
+    let fds = [a.tap.as_fd(0).unwrap(), b.tap.as_fd(0).unwrap()];
+    // Two reads per TAP: four buffers each.
+    let mut ring =
+        TapUring::with_mode(&fds, 2, 4, VnetHdr::LEN, 2048, ReadMode::Multishot).unwrap();
+    check_mode(&ring, ReadMode::Multishot);
+    if ring.read_mode() != ReadMode::Multishot {
+        return;
+    }
+    const N: u32 = 20;
+    let send = |ns: &str, n: u32| {
+        in_netns(ns, || {
+            let s = UdpSocket::bind((LOCAL_IP, 4005)).unwrap();
+            for i in 0..n {
+                s.send_to(&i.to_be_bytes(), (PEER_IP, 9999)).unwrap();
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let wait = |ring: &mut TapUring, done: &dyn Fn(&TapUring) -> bool| {
+        while !done(ring) && std::time::Instant::now() < deadline {
+            ring.enter().unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(done(ring), "{:?}", ring.counters());
+    };
+    // Nothing handed out: A's four buffers stay taken, and its read ends for want of one.
+    send(&a.ns, N);
+    wait(&mut ring, &|r| {
+        r.counters().reads_no_buffer >= 1 && r.counters().reads >= 4
+    });
+    assert_eq!(
+        ring.counters().reads,
+        4,
+        "A read into its own four buffers only"
+    );
+    send(&b.ns, 1);
+    wait(&mut ring, &|r| r.counters().reads >= 5);
+    // Now hand the frames out, which gives A's buffers back; A's read is re-armed and the
+    // rest of its frames come, in order.
+    let mut got: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    while got[0].len() < N as usize && std::time::Instant::now() < deadline {
+        ring.enter().unwrap();
+        ring.drain_frames(|file, pkt, _| {
+            if let Some(p) = parse_ipv4(pkt.data()).filter(|p| p.proto == 17 && p.dport() == 9999) {
+                got[file].push(u32::from_be_bytes(p.l4[8..12].try_into().unwrap()));
+            }
+        })
+        .unwrap();
+    }
+    assert_eq!(got[0], (0..N).collect::<Vec<_>>(), "{:?}", ring.counters());
+    assert_eq!(got[1], vec![0]);
+    let c = *ring.counters();
+    assert!(c.reads_armed >= 3, "A's read was re-armed: {c:?}");
+    assert_eq!(c.read_errors, 0, "{c:?}");
+}
+
+/// The ring reads the way the test asked: multishot reads wherever the kernel has them
+/// (Linux 6.7 on), so that a kernel which has them and a ring that falls back is a failure.
+fn check_mode(ring: &TapUring, asked: ReadMode) {
+    let has_multishot = {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release
+            .trim()
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|x| x.parse::<u32>().unwrap_or(0));
+        (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 7)
+    };
+    let want = if has_multishot {
+        asked
+    } else {
+        ReadMode::Armed
+    };
+    assert_eq!(ring.read_mode(), want, "asked for {asked:?}");
+}
+
+#[test]
+fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there_multishot() {
+    io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there(
+        ReadMode::Multishot,
+    );
+}
+
+#[test]
+fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there_armed() {
+    io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there(ReadMode::Armed);
+}
+
+#[test]
+fn io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches_multishot() {
+    io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches(ReadMode::Multishot);
+}
+
+#[test]
+fn io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches_armed() {
+    io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches(ReadMode::Armed);
+}
+
+#[test]
+fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into_multishot() {
+    io_uring_sends_a_frame_from_the_buffer_it_was_read_into(ReadMode::Multishot);
+}
+
+#[test]
+fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into_armed() {
+    io_uring_sends_a_frame_from_the_buffer_it_was_read_into(ReadMode::Armed);
+}
+
+#[test]
+fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it_multishot() {
+    io_uring_refuses_a_write_without_a_free_buffer_and_counts_it(ReadMode::Multishot);
+}
+
+#[test]
+fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it_armed() {
+    io_uring_refuses_a_write_without_a_free_buffer_and_counts_it(ReadMode::Armed);
+}
+
+#[test]
+fn io_uring_moves_frames_without_allocating_once_warm_multishot() {
+    io_uring_moves_frames_without_allocating_once_warm(ReadMode::Multishot);
+}
+
+#[test]
+fn io_uring_moves_frames_without_allocating_once_warm_armed() {
+    io_uring_moves_frames_without_allocating_once_warm(ReadMode::Armed);
 }

@@ -627,8 +627,8 @@ impl DpuDaemon {
             }
             self.dp.detach_if_misbehaving(i, now);
         }
-        // The TAPs in the ring: the frames its last `enter` collected, at most
-        // `TAP_RING_READS` a TAP (one per armed read), so no TAP holds the loop.
+        // The TAPs in the ring: the frames its last `enter` collected, at most one per receive
+        // buffer of the TAP (`2 * TAP_RING_READS`), so no TAP holds the loop.
         if let Some(taps) = self.taps.as_mut() {
             let (sw, dp, planes, links, kept) = (
                 &mut self.sw,

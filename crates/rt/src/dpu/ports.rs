@@ -37,8 +37,9 @@ pub(super) const FRAME_MAX: usize = spillway_fabric::frame::FRAME_MAX;
 /// How long an endpoint that connected may take to send its attach message, ns.
 const ATTACH_WAIT_NS: u64 = 2_000_000_000;
 
-/// Reads kept armed on each TAP in the ring: at most this many frames of one TAP per loop turn.
-/// 32 measured as well as 64 (docs/adr/0005-tap-io.md).
+/// Each TAP in the ring reads into twice this many buffers of its own (with multishot reads;
+/// with armed reads, at most this many are armed), so one TAP gives a loop turn a bounded
+/// number of frames. 32 measured as well as 64 (docs/adr/0005-tap-io.md).
 pub(super) const TAP_RING_READS: usize = 32;
 
 /// Transmit buffers of the ring: writes a loop turn may queue before its `enter`.
@@ -696,7 +697,7 @@ pub(super) fn tap_ring(ports: &mut [Port], vnet_hdr: bool) -> (Option<TapUring>,
             for (file, &i) in slots.iter().enumerate() {
                 ports[i].file = Some(file);
             }
-            tracing::info!(target: "spillway::run", taps = slots.len(), "TAP I/O on io_uring");
+            tracing::info!(target: "spillway::run", taps = slots.len(), reads = ?ring.read_mode(), "TAP I/O on io_uring");
             (Some(ring), slots)
         }
         Err(e) => {
