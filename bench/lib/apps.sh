@@ -10,6 +10,11 @@
 #   udp_flood_rx_kpps    `spillway traffic gen` flat out (sendmmsg batches of 64, FLOOD_FLOWS
 #                        flows, 64-byte payloads) to `spillway traffic sink`: what the sink got
 #   udp_flood_tx_kpps    ... datagrams the generator sent
+#   udp_flood_switch_cores   ... CPU of the switch's forwarding process over the generator's run
+#                        (ovs-vswitchd; Spillway's DPU process), in cores: not for veth (no
+#                        switch) nor for the modes whose spill plane may forward part of it
+#   udp_flood_per_core_kpps  ... udp_flood_rx_kpps / udp_flood_switch_cores: datagrams
+#                        delivered per second per core of the switch
 #   http_close_rps       wrk -t1 -c32 with `Connection: close` against nginx (a TCP connection per
 #                        request: connection setup is what this measures)
 #   http_keepalive_rps   the same with keep-alive                                  (--all-apps)
@@ -167,8 +172,14 @@ test_udp-flood() {
         stop_pid "$sink"
         return
     fi
+    local spid c0=0 c1=0 t0 t1
+    spid=$(switch_pid)
+    t0=$(date +%s%N)
+    [[ -n $spid ]] && c0=$(ticks "$spid")
     run_client $((DURATION + 20)) "$out.gen" ip netns exec "$NS_A" "$SPILLWAY_BIN" traffic gen \
         --dst "$IP_B:$FLOOD_PORT" --size "$UDP_LEN" --flows "$FLOOD_FLOWS" --duration "$DURATION" --json
+    t1=$(date +%s%N)
+    [[ -n $spid ]] && c1=$(ticks "$spid")
     # The sink stops on its own 2 s after the last datagram (or --wait after start if none came).
     for ((i = 0; i < 100; i++)); do
         pid_alive "$sink" || break
@@ -180,7 +191,8 @@ test_udp-flood() {
         return
     fi
     wait "$sink" 2>/dev/null
-    if ! python3 - "$out.gen" "$out.sink" >"$out.figures" 2>"$out.reason" <<'PY'
+    if ! python3 - "$out.gen" "$out.sink" "$spid" $((c1 - c0)) $((t1 - t0)) "$(getconf CLK_TCK)" \
+        >"$out.figures" 2>"$out.reason" <<'PY'
 import json, sys
 
 
@@ -201,6 +213,13 @@ if sink["received"] <= 0:
     sys.exit(f"no datagram arrived (sent {gen['sent']})")
 print("udp_flood_rx_kpps", sink["pps"] / 1e3)
 print("udp_flood_tx_kpps", gen["pps"] / 1e3)
+switch, ticks, ns, hz = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+if switch:
+    cores = ticks / hz / (ns / 1e9)
+    if cores <= 0:
+        sys.exit(f"the switch (pid {switch}) used no CPU during the flood: gone?")
+    print("udp_flood_switch_cores", cores)
+    print("udp_flood_per_core_kpps", sink["pps"] / 1e3 / cores)
 PY
     then
         fail udp-flood "$(tail_of "$out.reason" 1) $(tail_of "$out.gen.err" 2) $(tail_of "$out.sink" 2)"

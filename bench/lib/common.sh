@@ -24,6 +24,10 @@ pid_alive() {
     [[ -n $state && $state != Z ]]
 }
 
+# ticks PID: the CPU time the process has used so far, every thread of it, in clock ticks (0 if
+# it is gone).
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
 # pid_comm PID: the process's command name, empty if it is gone.
 pid_comm() { cat "/proc/$1/comm" 2>/dev/null; }
 

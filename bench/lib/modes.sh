@@ -139,6 +139,16 @@ mode_down_ovs-tso() { ovs_down; }
 SPILLWAY_READY_SECONDS=30
 SPILLWAY_EXIT_SECONDS=20
 
+# switch_pid: the process that does all of the mode's forwarding, whose CPU the flood's figures
+# per core divide by; nothing for veth (no switch) and for dpu-only and elastic (a spill plane may
+# forward part of it in a process of its own).
+switch_pid() {
+    case $MODE in
+    ovs | ovs-tso) echo "${VSWITCHD_PID:-}" ;;
+    spillway | spillway-syscalls | spillway-2t) echo "${SPILLWAY_PID:-}" ;;
+    esac
+}
+
 mode_missing_spillway() {
     [[ -x $SPILLWAY_BIN ]] || { echo "$SPILLWAY_BIN not found or not executable (cargo build --release, or set SPILLWAY=path)"; return; }
     [[ -r $SPILLWAY_CONFIG ]] || echo "$SPILLWAY_CONFIG not found (set SPILLWAY_CONFIG=path)"

@@ -22,10 +22,10 @@ modes = env["BENCH_MODES"].split(",")
 runs = int(env["BENCH_RUNS"])
 metric_order = [
     "tcp_gbps", "udp64_rx_kpps", "udp64_tx_kpps", "udp_flood_rx_kpps", "udp_flood_tx_kpps",
-    "http_close_rps",
+    "udp_flood_switch_cores", "udp_flood_per_core_kpps", "http_close_rps",
     "http_keepalive_rps", "redis_set_rps", "redis_get_rps",
 ]
-units = {"gbps": "Gbit/s", "kpps": "kpps", "rps": "req/s"}
+units = {"gbps": "Gbit/s", "kpps": "kpps", "rps": "req/s", "cores": "cores"}
 
 raw = {}  # mode -> metric -> [value or None per run]
 for run, mode, metric, value in rows("results.tsv"):
@@ -85,7 +85,7 @@ print(f"vs-ovs: medians of {runs} interleaved runs, {env['BENCH_DURATION']} s pe
       f"[min-max]; {env['BENCH_CPUS']} CPUs shared by apps, kernel and switch; nothing pinned")
 if shown:
     w = 24
-    print(f"{'test':<16}{'unit':<8}" + "".join(f"{m:>{w}}" for m in shown))
+    print(f"{'test':<20}{'unit':<8}" + "".join(f"{m:>{w}}" for m in shown))
     for metric in metrics:
         name, unit = label(metric)
         cells = []
@@ -95,7 +95,7 @@ if shown:
             if s is not None and s["n"] < runs:
                 cell += f" n={s['n']}"
             cells.append(f"{cell:>{w}}")
-        print(f"{name:<16}{unit:<8}" + "".join(cells))
+        print(f"{name:<20}{unit:<8}" + "".join(cells))
 if ratios:
     print()
     print("ratios of medians")

@@ -45,37 +45,7 @@ tenant_cores = 2
 reserve_cores = 2
 [fabric.dpu]
 hw_pps_limit = 10.0
-[policy.host]
-uplink_port = 0
-uplink_mac = "02:00:00:00:00:01"
-vtep_ip = "192.0.2.1"
-gateway_mac = "02:00:00:00:00:fe"
-[[policy.tenant]]
-id = 1
-vni = 100
-router_mac = "02:00:00:00:01:01"
-subnets = ["10.71.0.0/24"]
-[[policy.port]]
-id = 1
-tenant = 1
-mac = "02:00:00:00:00:0a"
-ips = ["10.71.0.1"]
-security_groups = [1]
-[[policy.port]]
-id = 2
-tenant = 1
-mac = "02:00:00:00:00:0b"
-ips = ["10.71.0.2"]
-security_groups = [1]
-[[policy.security_group]]
-id = 1
-tenant = 1
-[[policy.security_group.rule]]
-direction = "ingress"
-priority = 1
-action = "allow"
-protocol = "icmp"
-remote = "10.71.0.0/24"
+{policy}
 [[vm]]
 name = "a"
 port = 1
@@ -83,6 +53,7 @@ port = 1
 name = "b"
 port = 2
 "#,
+        policy = common::two_port_policy("10.71.0", Some("icmp")),
         state = state.display(),
     )
 }

@@ -7,6 +7,9 @@
 //! file descriptor, and the real plane still attaches. Needs root, `ip` and `python3` (the
 //! connectors); under `CI=true` a missing one fails the test.
 
+#[allow(dead_code)]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
@@ -38,26 +41,7 @@ hold = "released"
 [spill]
 cpus = "0"
 memory_max = "256M"
-[policy.host]
-uplink_port = 0
-uplink_mac = "02:00:00:00:00:01"
-vtep_ip = "192.0.2.1"
-gateway_mac = "02:00:00:00:00:fe"
-[[policy.tenant]]
-id = 1
-vni = 100
-router_mac = "02:00:00:00:01:01"
-subnets = ["10.67.0.0/24"]
-[[policy.port]]
-id = 1
-tenant = 1
-mac = "02:00:00:00:00:0a"
-ips = ["10.67.0.1"]
-[[policy.port]]
-id = 2
-tenant = 1
-mac = "02:00:00:00:00:0b"
-ips = ["10.67.0.2"]
+{policy}
 [[vm]]
 name = "a"
 port = 1
@@ -66,6 +50,7 @@ name = "b"
 port = 2
 {vm_b}
 "#,
+        policy = common::two_port_policy("10.67.0", None),
         state = dir.display(),
     );
     std::fs::write(&config, text).unwrap();

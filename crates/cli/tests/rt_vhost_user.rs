@@ -63,37 +63,7 @@ vatc = true
 policy = "none"
 [fabric.dpu]
 shards = {threads}
-[policy.host]
-uplink_port = 0
-uplink_mac = "02:00:00:00:00:01"
-vtep_ip = "192.0.2.1"
-gateway_mac = "02:00:00:00:00:fe"
-[[policy.tenant]]
-id = 1
-vni = 100
-router_mac = "02:00:00:00:01:01"
-subnets = ["10.67.0.0/24"]
-[[policy.port]]
-id = 1
-tenant = 1
-mac = "02:00:00:00:00:0a"
-ips = ["10.67.0.1"]
-security_groups = [1]
-[[policy.port]]
-id = 2
-tenant = 1
-mac = "02:00:00:00:00:0b"
-ips = ["10.67.0.2"]
-security_groups = [1]
-[[policy.security_group]]
-id = 1
-tenant = 1
-[[policy.security_group.rule]]
-direction = "ingress"
-priority = 1
-action = "allow"
-protocol = "any"
-remote = "10.67.0.0/24"
+{policy}
 [[vm]]
 name = "a"
 port = 1
@@ -105,6 +75,7 @@ port = 2
 backend = "vhost-user"
 {b_extra}
 "#,
+            policy = common::two_port_policy("10.67.0", Some("any")),
             state = dir.path().display(),
             guests = guests.display(),
         );

@@ -5,9 +5,10 @@
 //! neighbour entry for a peer that exists only as this test's reads and writes on the fd, then
 //! checks byte by byte what the kernel sent or received. The TCP test answers the handshake by
 //! hand and shows that TSO super-frames (gso_type TCPV4, longer than the MTU) pass through.
-//! The io_uring tests do the same through the DPU process's ring (`host::tap_uring`): frames in
-//! order through a few re-armed reads, a refused write counted, and, under a counting
-//! allocator, no allocation per frame once warm.
+//! The io_uring tests do the same through the DPU process's ring (`host::tap_uring`), each in
+//! both read modes (one multishot read per TAP, and reads armed one buffer each): frames in
+//! order through few buffers, a refused write counted, a TAP bounded to its own buffers, and,
+//! under a counting allocator, no allocation per frame once warm.
 //! Needs root; without it the tests skip (or fail under CI=true).
 
 mod oslab;
@@ -725,54 +726,26 @@ fn check_mode(ring: &TapUring, asked: ReadMode) {
     assert_eq!(ring.read_mode(), want, "asked for {asked:?}");
 }
 
-#[test]
-fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there_multishot() {
-    io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there(
-        ReadMode::Multishot,
-    );
+/// Each io_uring test, once per read mode: `<test>::multishot` and `<test>::armed`.
+macro_rules! in_both_read_modes {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[test]
+            fn multishot() {
+                super::$test(super::ReadMode::Multishot);
+            }
+            #[test]
+            fn armed() {
+                super::$test(super::ReadMode::Armed);
+            }
+        }
+    )*};
 }
 
-#[test]
-fn io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there_armed() {
-    io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there(ReadMode::Armed);
-}
-
-#[test]
-fn io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches_multishot() {
-    io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches(ReadMode::Multishot);
-}
-
-#[test]
-fn io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches_armed() {
-    io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches(ReadMode::Armed);
-}
-
-#[test]
-fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into_multishot() {
-    io_uring_sends_a_frame_from_the_buffer_it_was_read_into(ReadMode::Multishot);
-}
-
-#[test]
-fn io_uring_sends_a_frame_from_the_buffer_it_was_read_into_armed() {
-    io_uring_sends_a_frame_from_the_buffer_it_was_read_into(ReadMode::Armed);
-}
-
-#[test]
-fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it_multishot() {
-    io_uring_refuses_a_write_without_a_free_buffer_and_counts_it(ReadMode::Multishot);
-}
-
-#[test]
-fn io_uring_refuses_a_write_without_a_free_buffer_and_counts_it_armed() {
-    io_uring_refuses_a_write_without_a_free_buffer_and_counts_it(ReadMode::Armed);
-}
-
-#[test]
-fn io_uring_moves_frames_without_allocating_once_warm_multishot() {
-    io_uring_moves_frames_without_allocating_once_warm(ReadMode::Multishot);
-}
-
-#[test]
-fn io_uring_moves_frames_without_allocating_once_warm_armed() {
-    io_uring_moves_frames_without_allocating_once_warm(ReadMode::Armed);
-}
+in_both_read_modes!(
+    io_uring_reads_what_the_namespace_sends_and_its_writes_reach_a_socket_there,
+    io_uring_makes_no_system_call_on_an_idle_tap_and_reads_a_burst_in_batches,
+    io_uring_sends_a_frame_from_the_buffer_it_was_read_into,
+    io_uring_refuses_a_write_without_a_free_buffer_and_counts_it,
+    io_uring_moves_frames_without_allocating_once_warm,
+);

@@ -282,3 +282,53 @@ pub fn finish(mut c: std::process::Child, what: &str) -> String {
     assert!(status.success(), "{what} failed ({status}): {out} {err}");
     out
 }
+
+/// The `[policy]` of a testbed host with one tenant (VNI 100) and two ports in `{net}.0/24`:
+/// port 1 (`02:00:00:00:00:0a`, `{net}.1`) and port 2 (`02:00:00:00:00:0b`, `{net}.2`). With
+/// `allow = Some(protocol)` both ports are in security group 1, which lets `protocol` in from
+/// the subnet; with `None` they have no security group.
+pub fn two_port_policy(net: &str, allow: Option<&str>) -> String {
+    let groups = if allow.is_some() {
+        "security_groups = [1]\n"
+    } else {
+        ""
+    };
+    let mut s = format!(
+        r#"[policy.host]
+uplink_port = 0
+uplink_mac = "02:00:00:00:00:01"
+vtep_ip = "192.0.2.1"
+gateway_mac = "02:00:00:00:00:fe"
+[[policy.tenant]]
+id = 1
+vni = 100
+router_mac = "02:00:00:00:01:01"
+subnets = ["{net}.0/24"]
+[[policy.port]]
+id = 1
+tenant = 1
+mac = "02:00:00:00:00:0a"
+ips = ["{net}.1"]
+{groups}[[policy.port]]
+id = 2
+tenant = 1
+mac = "02:00:00:00:00:0b"
+ips = ["{net}.2"]
+{groups}"#
+    );
+    if let Some(protocol) = allow {
+        s.push_str(&format!(
+            r#"[[policy.security_group]]
+id = 1
+tenant = 1
+[[policy.security_group.rule]]
+direction = "ingress"
+priority = 1
+action = "allow"
+protocol = "{protocol}"
+remote = "{net}.0/24"
+"#
+        ));
+    }
+    s
+}
