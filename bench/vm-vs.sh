@@ -7,6 +7,9 @@
 #   ovs-dpdk   Open vSwitch 3.1 with DPDK (Debian's openvswitch-switch-dpdk): a netdev bridge
 #              with two `dpdkvhostuserclient` ports, QEMU the vhost-user server, as OVS-DPDK
 #              deployments run it
+#   ovs-dpdk-tso  the same with OVS's userspace TSO (`other_config:userspace-tso-enable`,
+#              experimental in 3.1): without it OVS-DPDK segments every TCP super-frame a guest
+#              sends, which Spillway and the TAP pass whole
 #   bridge     the kernel's path: a Linux bridge and a TAP per guest, with vhost-net where
 #              /dev/vhost-net exists (QEMU's own virtio-net backend otherwise; the run says which)
 #
@@ -25,7 +28,7 @@
 # process; ovs-vswitchd, whose PMD thread polls a core flat out; none for the bridge, whose work is
 # the kernel's).
 #
-#   sudo bash bench/vm-vs.sh [--modes spillway,ovs-dpdk,bridge] [--runs N] [--duration S]
+#   sudo bash bench/vm-vs.sh [--modes spillway,ovs-dpdk,ovs-dpdk-tso,bridge] [--runs N] [--duration S]
 #                            [--json FILE] [--keep-logs DIR]
 #
 # Modes are interleaved, the order rotating each run; each run boots fresh guests. Needs root,
@@ -196,7 +199,11 @@ mode_spillway() {
     echo ok
 }
 
+mode_ovs_dpdk_tso() { OVS_TSO=1 mode_ovs_dpdk "$1"; }
+
 mode_ovs_dpdk() {
+    local tso=()
+    [[ ${OVS_TSO:-0} == 1 ]] && tso=(other_config:userspace-tso-enable=true)
     [[ -x $OVS_DPDK ]] || { echo "skip: $OVS_DPDK not found (apt-get install openvswitch-switch-dpdk)"; return 0; }
     local o=$TMP/ovs-$1
     mkdir -p "$o"
@@ -216,7 +223,7 @@ mode_ovs_dpdk() {
     ovs-vsctl --db="$db" --no-wait init &&
         ovs-vsctl --db="$db" --no-wait set Open_vSwitch . other_config:dpdk-init=true \
             other_config:dpdk-socket-mem=1024 other_config:dpdk-extra=--no-pci \
-            other_config:per-port-memory=true ||
+            other_config:per-port-memory=true "${tso[@]}" ||
         { echo "fail: ovs-vsctl could not configure DPDK: $(tail -2 "$o/ovsdb.log")"; return 1; }
     "$OVS_DPDK" "$db" --pidfile="$o/vswitchd.pid" --unixctl="$o/vswitchd.ctl" \
         --log-file="$o/vswitchd.log" 2>>"$o/vswitchd.err" &
@@ -263,7 +270,7 @@ mode_bridge() {
 
 IFS=, read -r -a modes <<<"$MODES"
 for m in "${modes[@]}"; do
-    case $m in spillway | ovs-dpdk | bridge) ;; *) echo "vm-vs: unknown mode $m" >&2; exit 2 ;; esac
+    case $m in spillway | ovs-dpdk | ovs-dpdk-tso | bridge) ;; *) echo "vm-vs: unknown mode $m" >&2; exit 2 ;; esac
 done
 failed=0
 for ((r = 0; r < RUNS; r++)); do
