@@ -726,7 +726,7 @@ impl DpuDaemon {
         }
         let mut stats = None;
         let mut vm_msgs = Vec::new();
-        let r = vnic.recv_control(|c| match c {
+        let r = vnic.recv_control_paced(now.0, |c| match c {
             Control::Msg(m, s) => inbox.push((m, s)),
             Control::Json(CONTROL_STATS, doc) => stats = Some(doc),
             Control::Json(..) => {}
@@ -1014,8 +1014,19 @@ impl DpuDaemon {
             };
             set.extend(fd.map(readable));
         }
-        for v in self.planes.iter().flatten().filter_map(|p| p.vnic.as_ref()) {
-            set.extend(v.poll_fds().map(readable));
+        // Where each plane's control socket sits in the set, in the order of the planes.
+        let mut control_at = [usize::MAX; 2];
+        for (k, v) in self
+            .planes
+            .iter()
+            .flatten()
+            .filter_map(|p| p.vnic.as_ref())
+            .enumerate()
+        {
+            let [bell, control] = v.poll_fds();
+            set.push(readable(bell));
+            control_at[k] = set.len();
+            set.push(readable(control));
         }
         set.push(readable(self.listener.as_fd()));
         if let Some(l) = &self.links {
@@ -1026,13 +1037,17 @@ impl DpuDaemon {
         // during the call; `poll` only writes the entries' `revents`. The result is not needed:
         // every source is polled again after waking, whatever woke it.
         let _ = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, timeout_ms) };
-        for v in self
+        for (k, v) in self
             .planes
             .iter_mut()
             .flatten()
             .filter_map(|p| p.vnic.as_mut())
+            .enumerate()
         {
             v.woke();
+            if set.get(control_at[k]).is_some_and(|p| p.revents != 0) {
+                v.control_woke();
+            }
         }
         if let Some(l) = &self.links {
             l.woke();

@@ -677,7 +677,7 @@ impl<R: PlaneResourcesHandle> PlaneProcess<R> {
             }
         }
         let (commands, vatc, c) = (&mut self.commands, &self.vatc, &mut self.c);
-        let ctl_n = self.vnic.recv_control(|rec| match rec {
+        let ctl_n = self.vnic.recv_control_paced(now.0, |rec| match rec {
             Control::Msg(m, s) => records.push(FlowRecord::Msg(m, s)),
             Control::Json(CONTROL_COMMAND, doc) => commands.push(doc),
             Control::Json(..) => {}
@@ -789,6 +789,10 @@ impl<R: PlaneResourcesHandle> PlaneProcess<R> {
                 if e.kind() != io::ErrorKind::Interrupted {
                     return Err(e.to_string());
                 }
+            }
+            // The control socket is the last entry.
+            if self.poll_set.last().is_some_and(|p| p.revents != 0) {
+                self.vnic.control_woke();
             }
         }
         for k in 0..lanes {

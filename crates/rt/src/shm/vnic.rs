@@ -59,6 +59,14 @@ pub const PHY_RING_BYTES: usize = 32 << 20;
 pub const FLOW_RING_BYTES: usize = 4 << 20;
 /// Control bytes buffered towards a peer that is not reading before it counts as stalled.
 pub const CONTROL_BUF_MAX: usize = 4 << 20;
+
+/// How often a busy loop reads the control socket ([`VnicSet::recv_control_paced`]), ns.
+pub const CONTROL_READ_EVERY_NS: u64 = 200_000;
+
+/// What one `recvmsg` on the control socket reads at most, and what one read of it takes at
+/// most, in bytes.
+const CONTROL_READ_CHUNK: usize = 16 << 10;
+const CONTROL_READ_MAX: usize = 256 << 10;
 /// The handshake's greeting.
 pub const HELLO: &[u8] = b"spillway-vnic-v2";
 
@@ -275,6 +283,13 @@ pub struct VnicSet {
     lanes: usize,
     control: UnixStream,
     control_in: Vec<u8>,
+    /// What one `recvmsg` on the control socket reads into (kept, so that a loop turn does not
+    /// clear 16 KiB on its stack to find the socket empty).
+    control_buf: Box<[u8]>,
+    /// When [`VnicSet::recv_control_paced`] last read the control socket, ns, and whether the
+    /// loop slept since (then it reads at once: the socket may be what woke it).
+    control_read_at: u64,
+    control_woke: bool,
     /// Fds received on the control socket, in order, until their record takes them.
     control_fds: std::collections::VecDeque<OwnedFd>,
     control_out: Vec<u8>,
@@ -517,6 +532,9 @@ impl VnicSet {
             lanes: n,
             control,
             control_in: Vec::with_capacity(64 << 10),
+            control_buf: vec![0; CONTROL_READ_CHUNK].into_boxed_slice(),
+            control_read_at: 0,
+            control_woke: true,
             control_fds: std::collections::VecDeque::new(),
             control_out: Vec::with_capacity(64 << 10),
             scratch: Vec::with_capacity(256),
@@ -742,12 +760,16 @@ impl VnicSet {
     /// Reads what the control socket has into `control_in`, and the fds that came with it
     /// (kept for their records, or closed: a relay forwards no fds).
     fn read_control(&mut self, keep_fds: bool) -> Result<(), VnicError> {
-        let mut buf = [0u8; 16 << 10];
-        loop {
+        // At most CONTROL_READ_MAX bytes a call: a peer that writes without pause does not hold
+        // the loop (the rest waits in the socket for the next turn).
+        let mut read = 0;
+        while read < CONTROL_READ_MAX {
             // recvmsg, not read: a VM attach record carries fds, which a plain read would close.
-            match crate::shm::fdpass::recv_with_fds(&self.control, &mut buf, codec::VATC_FDS_MAX) {
+            let buf = &mut self.control_buf;
+            match crate::shm::fdpass::recv_with_fds(&self.control, buf, codec::VATC_FDS_MAX) {
                 Ok((0, _)) => return Err(VnicError::Closed),
                 Ok((n, fds)) => {
+                    read += n;
                     self.control_in.extend_from_slice(&buf[..n]);
                     if keep_fds {
                         self.control_fds.extend(fds);
@@ -761,6 +783,7 @@ impl VnicSet {
                 Err(e) => return Err(io_err("reading the control socket")(e)),
             }
         }
+        Ok(())
     }
 
     /// Hands `f` every complete record read so far (its kind byte and body, never empty), with
@@ -805,6 +828,33 @@ impl VnicSet {
         self.control_in.drain(..at);
         self.counters.control_rx += n as u64;
         r.map(|()| n)
+    }
+
+    /// [`VnicSet::recv_control`] for a loop that runs many turns a millisecond: reads the
+    /// socket on the first turn after the loop's `poll` found it readable
+    /// ([`VnicSet::control_woke`]) or once [`CONTROL_READ_EVERY_NS`] have passed since the last
+    /// read, and hands over nothing otherwise. The control socket has no shared-memory index to look at, so each look is a
+    /// system call; looking every turn cost the spill plane about a tenth of its CPU under a
+    /// 64-byte flood. Whatever arrives meanwhile waits at most that long (the loop's sleep
+    /// wakes on the socket as before).
+    pub fn recv_control_paced(
+        &mut self,
+        now_ns: u64,
+        f: impl FnMut(Control),
+    ) -> Result<usize, VnicError> {
+        if !self.control_woke && now_ns.saturating_sub(self.control_read_at) < CONTROL_READ_EVERY_NS
+        {
+            return Ok(0);
+        }
+        self.control_woke = false;
+        self.control_read_at = now_ns;
+        self.recv_control(f)
+    }
+
+    /// The loop's `poll` found the control socket readable (or closed): the next
+    /// [`VnicSet::recv_control_paced`] reads it.
+    pub fn control_woke(&mut self) {
+        self.control_woke = true;
     }
 
     /// Reads the control socket and hands every complete record to `f`.
@@ -1307,6 +1357,51 @@ mod tests {
                 .unwrap(),
             0
         );
+    }
+
+    /// A busy loop reads the control socket (a system call each look) once per
+    /// `CONTROL_READ_EVERY_NS`, or on the turn after its `poll` found the socket readable;
+    /// nothing sent is lost meanwhile.
+    #[test]
+    fn a_busy_loop_reads_the_control_socket_when_poll_says_or_once_an_interval() {
+        use spillway_fabric::atc::{Iova, VmId};
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut dpu = VnicSet::create(a, "test", 1).unwrap();
+        let (mut plane, _) = VnicSet::accept(b).unwrap();
+        let ask = |n| VatcMsg::Translate {
+            vm: VmId(n),
+            iova: Iova(0x1000),
+            len: 64,
+        };
+        let look = |plane: &mut VnicSet, now: u64| {
+            let mut got = Vec::new();
+            plane
+                .recv_control_paced(now, |c| match c {
+                    Control::Vm(VatcMsg::Translate { vm, .. }, _) => got.push(vm.0),
+                    other => panic!("unexpected {other:?}"),
+                })
+                .unwrap();
+            got
+        };
+        let t0 = 5_000_000;
+        // The first look reads (nothing there yet); then the interval runs.
+        assert!(look(&mut plane, t0).is_empty());
+        dpu.send_vm(&ask(1), &[]).unwrap();
+        dpu.send_vm(&ask(2), &[]).unwrap();
+        assert!(look(&mut plane, t0 + CONTROL_READ_EVERY_NS - 1).is_empty());
+        assert_eq!(look(&mut plane, t0 + CONTROL_READ_EVERY_NS), [1, 2]);
+        // Poll said the socket is readable: the next turn reads, whenever it comes.
+        dpu.send_vm(&ask(3), &[]).unwrap();
+        let t1 = t0 + CONTROL_READ_EVERY_NS + 1;
+        assert!(look(&mut plane, t1).is_empty());
+        plane.control_woke();
+        assert_eq!(look(&mut plane, t1 + 1), [3]);
+        assert!(look(&mut plane, t1 + 2).is_empty());
+        // The unpaced read still reads at once.
+        dpu.send_vm(&ask(4), &[]).unwrap();
+        let mut n = 0;
+        plane.recv_control(|_| n += 1).unwrap();
+        assert_eq!(n, 1);
     }
 
     #[test]
