@@ -1014,19 +1014,8 @@ impl DpuDaemon {
             };
             set.extend(fd.map(readable));
         }
-        // Where each plane's control socket sits in the set, in the order of the planes.
-        let mut control_at = [usize::MAX; 2];
-        for (k, v) in self
-            .planes
-            .iter()
-            .flatten()
-            .filter_map(|p| p.vnic.as_ref())
-            .enumerate()
-        {
-            let [bell, control] = v.poll_fds();
-            set.push(readable(bell));
-            control_at[k] = set.len();
-            set.push(readable(control));
+        for v in self.planes.iter().flatten().filter_map(|p| p.vnic.as_ref()) {
+            set.extend(v.poll_fds().map(readable));
         }
         set.push(readable(self.listener.as_fd()));
         if let Some(l) = &self.links {
@@ -1037,17 +1026,14 @@ impl DpuDaemon {
         // during the call; `poll` only writes the entries' `revents`. The result is not needed:
         // every source is polled again after waking, whatever woke it.
         let _ = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, timeout_ms) };
-        for (k, v) in self
+        for v in self
             .planes
             .iter_mut()
             .flatten()
             .filter_map(|p| p.vnic.as_mut())
-            .enumerate()
         {
             v.woke();
-            if set.get(control_at[k]).is_some_and(|p| p.revents != 0) {
-                v.control_woke();
-            }
+            v.polled(set);
         }
         if let Some(l) = &self.links {
             l.woke();

@@ -790,10 +790,7 @@ impl<R: PlaneResourcesHandle> PlaneProcess<R> {
                     return Err(e.to_string());
                 }
             }
-            // The control socket is the last entry.
-            if self.poll_set.last().is_some_and(|p| p.revents != 0) {
-                self.vnic.control_woke();
-            }
+            self.vnic.polled(&self.poll_set);
         }
         for k in 0..lanes {
             if let Some(l) = self.vnic.lane_mut(k) {

@@ -41,7 +41,7 @@
 //! [`crate::shm::codec`]).
 
 use std::io::{self, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use spillway_fabric::frame::Outgoing;
@@ -832,7 +832,7 @@ impl VnicSet {
 
     /// [`VnicSet::recv_control`] for a loop that runs many turns a millisecond: reads the
     /// socket on the first turn after the loop's `poll` found it readable
-    /// ([`VnicSet::control_woke`]) or once [`CONTROL_READ_EVERY_NS`] have passed since the last
+    /// ([`VnicSet::polled`]) or once [`CONTROL_READ_EVERY_NS`] have passed since the last
     /// read, and hands over nothing otherwise. The control socket has no shared-memory index to look at, so each look is a
     /// system call; looking every turn cost the spill plane about a tenth of its CPU under a
     /// 64-byte flood. Whatever arrives meanwhile waits at most that long (the loop's sleep
@@ -851,10 +851,14 @@ impl VnicSet {
         self.recv_control(f)
     }
 
-    /// The loop's `poll` found the control socket readable (or closed): the next
+    /// After the loop's `poll` over `set`, which holds this set's control socket among its
+    /// entries: if `poll` found the socket readable (or closed), the next
     /// [`VnicSet::recv_control_paced`] reads it.
-    pub fn control_woke(&mut self) {
-        self.control_woke = true;
+    pub fn polled(&mut self, set: &[libc::pollfd]) {
+        let fd = self.control.as_raw_fd();
+        if set.iter().any(|p| p.fd == fd && p.revents != 0) {
+            self.control_woke = true;
+        }
     }
 
     /// Reads the control socket and hands every complete record to `f`.
@@ -1394,9 +1398,18 @@ mod tests {
         dpu.send_vm(&ask(3), &[]).unwrap();
         let t1 = t0 + CONTROL_READ_EVERY_NS + 1;
         assert!(look(&mut plane, t1).is_empty());
-        plane.control_woke();
-        assert_eq!(look(&mut plane, t1 + 1), [3]);
-        assert!(look(&mut plane, t1 + 2).is_empty());
+        let control = plane.poll_fds()[1].as_raw_fd();
+        let entry = |fd, revents| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents,
+        };
+        // Another entry readable, the socket's not: no read.
+        plane.polled(&[entry(control, 0), entry(control + 1000, libc::POLLIN)]);
+        assert!(look(&mut plane, t1 + 1).is_empty());
+        plane.polled(&[entry(control + 1000, 0), entry(control, libc::POLLIN)]);
+        assert_eq!(look(&mut plane, t1 + 2), [3]);
+        assert!(look(&mut plane, t1 + 3).is_empty());
         // The unpaced read still reads at once.
         dpu.send_vm(&ask(4), &[]).unwrap();
         let mut n = 0;
