@@ -156,6 +156,8 @@ pub struct TapTx {
     prefix: usize,
     /// Operations submitted or queued whose last completion has not been seen.
     inflight: usize,
+    /// The completions of one `enter`, copied out of the queue (room for a full queue).
+    cqes: Vec<cqueue::Entry>,
     counters: TapUringCounters,
 }
 
@@ -241,11 +243,12 @@ impl TapUring {
             ));
         }
         let entries = (total as u32).next_power_of_two();
+        let cq_entries = entries as usize * 2;
         let ring: IoUring = IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
             .setup_taskrun_flag()
-            .setup_cqsize(entries * 2)
+            .setup_cqsize(cq_entries as u32)
             .build(entries)?;
         let tx_len = prefix + frame_max;
         let mut rx: Vec<PacketBuf> = (0..rx_bufs)
@@ -312,6 +315,7 @@ impl TapUring {
                 lent: None,
                 prefix,
                 inflight: 0,
+                cqes: Vec::with_capacity(cq_entries),
                 counters: TapUringCounters::default(),
             },
             rx,
@@ -370,13 +374,15 @@ impl TapUring {
             }
         }
         let TapUring { tx, ready, .. } = self;
-        // One completion at a time, so that handling it may hand a buffer back (which borrows
-        // `tx`); each look at the queue is an atomic load of its tail.
-        loop {
-            let next = tx.ring.completion().next();
-            let Some(cqe) = next else { break };
+        // The batch is copied out of the queue in one look (one load of its tail, one store
+        // of its head), then handled: handling a completion may hand a buffer back, which
+        // borrows `tx` and so not while the queue is borrowed.
+        let mut cqes = std::mem::take(&mut tx.cqes);
+        cqes.extend(tx.ring.completion());
+        for cqe in cqes.drain(..) {
             tx.complete(cqe, ready);
         }
+        tx.cqes = cqes;
         // Reads re-armed now are submitted by the next `enter`, with that turn's writes.
         tx.top_up()
     }
